@@ -1,0 +1,246 @@
+// Package desktop defines the contract between legato's scheduler and the
+// machines that run computer-use tasks.
+//
+// A Desktop is one machine (a libvirt VM, a remote OSWorld guest, an
+// in-memory fake) owned by one worker for the whole batch. The worker drives
+// it through one attempt at a time:
+//
+//	Reset → WaitAfterReset → [Observe → (model) → Act]* → WaitBeforeEval → Evaluate
+//
+// and calls Close when the batch ends or the desktop has failed.
+//
+// # Contract
+//
+// Methods of one Desktop are never called concurrently; Close may be called
+// at any time from another goroutine and makes any running call return
+// promptly. Every blocking method takes a ctx and returns soon after it is
+// done, with an error that wraps ctx.Err().
+//
+// Errors are classified at the boundary:
+//   - an error returned after the caller's ctx is done means the caller gave
+//     up; it says nothing about the desktop (a backend's own internal
+//     timeouts, by contrast, are failures);
+//   - an error wrapping ErrUnsupported means the task cannot run on this
+//     backend at all (a setup step it refuses, a metric it lacks); retrying on
+//     another desktop of the same kind would fail the same way;
+//   - any other error means the desktop failed (VM died, guest server gone,
+//     setup step failed): the caller closes this desktop, creates a new one,
+//     and may retry the attempt there.
+//
+// An action that the guest runs but that fails inside the guest (a pyautogui
+// call raising) is not a desktop failure: Act reports it in ActResult.
+//
+// Close is idempotent and releases everything the desktop holds (processes,
+// VMs, disk images, ports); after Close every method returns ErrClosed.
+package desktop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Desktop is one machine that runs tasks. See the package documentation for
+// the contract every implementation keeps.
+type Desktop interface {
+	// Reset brings the desktop to the task's initial state: a clean
+	// baseline, then the task's setup steps.
+	Reset(ctx context.Context, task Task) error
+	// WaitAfterReset returns once the desktop is ready for its first
+	// observation (the screen has settled), or the backend's bound passed.
+	WaitAfterReset(ctx context.Context) error
+	// Observe takes a screenshot.
+	Observe(ctx context.Context) (Observation, error)
+	// Act runs one action.
+	Act(ctx context.Context, action Action) (ActResult, error)
+	// WaitBeforeEval returns once the desktop is ready to be graded.
+	WaitBeforeEval(ctx context.Context) error
+	// Evaluate grades the attempt with the task's evaluator and returns a
+	// reward in [0, 1]. It sees the actions taken since the last Reset (the
+	// evaluator of an infeasible task asks whether the last one was FAIL).
+	Evaluate(ctx context.Context, task Task) (float64, error)
+	// Close releases the desktop. It is idempotent.
+	Close() error
+}
+
+// Factory creates the desktop for a worker slot. The scheduler calls it once
+// per slot at the start of a batch and again each time it replaces a desktop
+// that failed.
+type Factory func(ctx context.Context, slot int) (Desktop, error)
+
+// ReadyWaiter is implemented by desktops that know when their screen is ready
+// after an action better than the generic signal built on Observe (for
+// example by also checking that the guest is idle). WaitReady returns how
+// long it waited; it returns at the latest after max, without an error.
+type ReadyWaiter interface {
+	WaitReady(ctx context.Context, max time.Duration) (time.Duration, error)
+}
+
+// Reverter is implemented by desktops that can restore a full machine
+// snapshot, a stronger and slower reset than the default.
+type Reverter interface {
+	Revert(ctx context.Context) error
+}
+
+// AccessibilityObserver is implemented by desktops that can return the
+// accessibility tree of the screen.
+type AccessibilityObserver interface {
+	AccessibilityTree(ctx context.Context) (string, error)
+}
+
+// Task is one OSWorld task: an instruction, the setup that prepares the
+// desktop, and the evaluator that grades the outcome.
+type Task struct {
+	// ID is unique within a batch.
+	ID string `json:"id"`
+	// Domain is OSWorld's domain (chrome, os, multi_apps, ...); it chooses
+	// the kind of reset.
+	Domain string `json:"domain"`
+	// Instruction is what the agent is asked to do.
+	Instruction string `json:"instruction"`
+	// Snapshot names the machine snapshot the task starts from.
+	Snapshot string `json:"snapshot,omitempty"`
+	// Setup is the task's "config": setup steps run on Reset.
+	Setup []SetupStep `json:"config,omitempty"`
+	// Evaluator is the task's evaluator, kept as written; graders parse it.
+	Evaluator json.RawMessage `json:"evaluator"`
+	// RelatedApps lists the applications the task uses.
+	RelatedApps []string `json:"related_apps,omitempty"`
+	// Raw is the whole task config as it was read.
+	Raw json.RawMessage `json:"-"`
+}
+
+// SetupStep is one entry of an OSWorld task's "config" (or of its
+// evaluator's "postconfig").
+type SetupStep struct {
+	Type       string          `json:"type"`
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// Observation is what the agent sees.
+type Observation struct {
+	// Screenshot is a PNG of the whole screen.
+	Screenshot []byte
+	// Width and Height are the screen size in pixels; the PNG has this
+	// size.
+	Width, Height int
+	// At is when the screenshot was taken.
+	At time.Time
+}
+
+// ActionKind says what an Action does.
+type ActionKind int
+
+const (
+	// Code runs Action.Code, a pyautogui program, in the guest.
+	Code ActionKind = iota
+	// Wait does nothing; the agent waits for the screen to change.
+	Wait
+	// Done says the agent believes the task is complete.
+	Done
+	// Fail says the agent believes the task cannot be done.
+	Fail
+)
+
+// Special action strings, as OSWorld writes them.
+const (
+	WaitCode = "WAIT"
+	DoneCode = "DONE"
+	FailCode = "FAIL"
+)
+
+// Action is one thing the agent asks the desktop to do.
+type Action struct {
+	Kind ActionKind
+	// Code is the pyautogui program for Kind == Code.
+	Code string
+}
+
+// Special actions.
+var (
+	WaitAction = Action{Kind: Wait}
+	DoneAction = Action{Kind: Done}
+	FailAction = Action{Kind: Fail}
+)
+
+// String returns the action exactly as it is recorded and sent: the
+// pyautogui code, or WAIT, DONE, FAIL.
+func (a Action) String() string {
+	switch a.Kind {
+	case Wait:
+		return WaitCode
+	case Done:
+		return DoneCode
+	case Fail:
+		return FailCode
+	}
+	return a.Code
+}
+
+// ParseAction is the inverse of Action.String.
+func ParseAction(s string) Action {
+	switch s {
+	case WaitCode:
+		return WaitAction
+	case DoneCode:
+		return DoneAction
+	case FailCode:
+		return FailAction
+	}
+	return Action{Kind: Code, Code: s}
+}
+
+// Terminal reports whether the action ends the attempt (DONE or FAIL).
+func (a Action) Terminal() bool { return a.Kind == Done || a.Kind == Fail }
+
+// ActResult is what running an action produced in the guest.
+type ActResult struct {
+	// ExitCode is the exit status of the action's program; non-zero means
+	// the action failed inside the guest, not that the desktop failed.
+	ExitCode int
+	// Output and Error are the program's standard output and error.
+	Output string
+	Error  string
+}
+
+// Sentinel errors callers branch on with errors.Is.
+var (
+	// ErrClosed is returned by every method after Close.
+	ErrClosed = errors.New("desktop closed")
+	// ErrUnsupported means the task cannot run on this backend; it is not a
+	// desktop failure and is not retried.
+	ErrUnsupported = errors.New("unsupported by this desktop")
+)
+
+// Error is a desktop failure with the operation and the desktop it happened
+// on.
+type Error struct {
+	// Op is the Desktop method or the step inside it ("reset", "setup
+	// step 2 (launch)", "observe").
+	Op string
+	// Desktop names the desktop (a VM name, a guest URL, "fake#3").
+	Desktop string
+	Err     error
+}
+
+func (e *Error) Error() string {
+	if e.Desktop == "" {
+		return fmt.Sprintf("%s: %v", e.Op, e.Err)
+	}
+	return fmt.Sprintf("desktop %s: %s: %v", e.Desktop, e.Op, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// IsFailure reports whether err, returned by a call made with ctx, means
+// the desktop itself failed, so that the caller should replace it and may
+// retry the attempt elsewhere. It is false for nil, once ctx is done (the
+// caller gave up, whatever the error says), and for ErrUnsupported.
+func IsFailure(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	return !errors.Is(err, ErrUnsupported)
+}

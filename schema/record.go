@@ -1,0 +1,172 @@
+// Package schema defines legato's on-disk run format, legato.rollout/v0: the
+// attempt records of rollouts.jsonl, the content-addressed message and image
+// stores, and the summary.
+package schema
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Version is the value of every record's "schema" field.
+const Version = "legato.rollout/v0"
+
+// Status is the outcome of one try of an attempt. Each record has exactly one.
+type Status string
+
+const (
+	// StatusOK: the agent ended the attempt or --max-steps was reached; graded.
+	StatusOK Status = "ok"
+	// StatusTruncated: --rollout-timeout was hit; stepping stopped, graded.
+	StatusTruncated Status = "truncated"
+	// StatusCancelled: the group closed while this attempt was stepping.
+	StatusCancelled Status = "cancelled"
+	// StatusSkipped: the group closed before this attempt started.
+	StatusSkipped Status = "skipped"
+	// StatusSurplus: the attempt was grading when its group closed; graded.
+	StatusSurplus Status = "surplus"
+	// StatusRetried: the desktop failed; the attempt was re-queued.
+	StatusRetried Status = "retried"
+	// StatusError: the attempt failed for good; see Record.Error.Kind.
+	StatusError Status = "error"
+)
+
+// Finished reports whether s counts toward closing a group (ok, truncated).
+func (s Status) Finished() bool { return s == StatusOK || s == StatusTruncated }
+
+// Graded reports whether a record with status s carries a reward.
+func (s Status) Graded() bool { return s.Finished() || s == StatusSurplus }
+
+// Error kinds.
+const (
+	ErrorPolicy = "policy" // the model call failed after its retries
+	ErrorEnv    = "env"    // the desktop failed after the env retries
+)
+
+// Record is one line of rollouts.jsonl: one try of one attempt.
+type Record struct {
+	Schema    string     `json:"schema"`
+	RolloutID string     `json:"rollout_id"`
+	TaskID    string     `json:"task_id"`
+	Domain    string     `json:"domain"`
+	GroupID   string     `json:"group_id"`
+	Attempt   int        `json:"attempt"`
+	Policy    Policy     `json:"policy"`
+	Status    Status     `json:"status"`
+	Reward    *float64   `json:"reward"`
+	Error     *ErrorInfo `json:"error"`
+	NSteps    int        `json:"n_steps"`
+	Timing    Timing     `json:"timing"`
+	Steps     []Step     `json:"steps"`
+	Desktop   int        `json:"desktop"`
+	StartedAt Time       `json:"started_at"`
+	EndedAt   Time       `json:"ended_at"`
+}
+
+// Policy identifies the weights that produced a record.
+type Policy struct {
+	Model   string `json:"model"`
+	Version string `json:"version"`
+}
+
+// ErrorInfo says why an attempt ended in StatusError (or was retried).
+type ErrorInfo struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+// Timing is seconds spent per phase of an attempt. The phases do not overlap,
+// so their sum is at most TotalS.
+type Timing struct {
+	ResetS          float64 `json:"reset_s"`
+	WaitAfterResetS float64 `json:"wait_after_reset_s"`
+	QueueS          float64 `json:"queue_s"`
+	ModelS          float64 `json:"model_s"`
+	ActS            float64 `json:"act_s"`
+	WaitS           float64 `json:"wait_s"`
+	ObsS            float64 `json:"obs_s"`
+	WaitBeforeEvalS float64 `json:"wait_before_eval_s"`
+	EvalS           float64 `json:"eval_s"`
+	TotalS          float64 `json:"total_s"`
+}
+
+// Step is one policy call and the actions its reply produced.
+type Step struct {
+	// Request is the prompt as message hashes (see Run.PutMessages).
+	Request []string `json:"request"`
+	// StartedAt is when the step's model call was issued (after any
+	// queueing for --max-inflight).
+	StartedAt Time           `json:"started_at"`
+	Response  Response       `json:"response"`
+	Model     ModelCall      `json:"model"`
+	Actions   []ActionRecord `json:"actions"`
+	// ParseError is set when the reply did not parse into actions.
+	ParseError string `json:"parse_error,omitempty"`
+	// Warnings flags data problems, e.g. "logprobs_token_ids_mismatch".
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// Response is what the model generated.
+type Response struct {
+	Content      string    `json:"content"`
+	Reasoning    string    `json:"reasoning"`
+	TokenIDs     []int64   `json:"token_ids"`
+	Logprobs     []float64 `json:"logprobs"`
+	Tokens       []string  `json:"tokens"`
+	FinishReason string    `json:"finish_reason"`
+}
+
+// ModelCall is the cost of one model call.
+type ModelCall struct {
+	Seconds          float64 `json:"seconds"`
+	QueueS           float64 `json:"queue_s"`
+	Attempts         int     `json:"attempts"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	CachedTokens     int     `json:"cached_tokens"`
+}
+
+// ActionRecord is one action sent to the desktop and the time around it.
+type ActionRecord struct {
+	// Action is exactly what was sent: pyautogui code, WAIT, DONE or FAIL.
+	Action string `json:"action"`
+	// Call is the parsed tool call the action came from.
+	Call   json.RawMessage `json:"call,omitempty"`
+	ActS   float64         `json:"act_s"`
+	WaitS  float64         `json:"wait_s"`
+	ReadyS float64         `json:"ready_s"`
+	ObsS   float64         `json:"obs_s"`
+}
+
+// TimeLayout is RFC 3339 with milliseconds, the layout of every time field.
+const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// Time is a time written as RFC 3339 with milliseconds, in UTC.
+type Time struct{ time.Time }
+
+// MarshalJSON implements json.Marshaler.
+func (t Time) MarshalJSON() ([]byte, error) {
+	if t.IsZero() {
+		return []byte("null"), nil
+	}
+	return []byte(`"` + t.UTC().Format(TimeLayout) + `"`), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (t *Time) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		t.Time = time.Time{}
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("time: %w", err)
+	}
+	v, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return err
+	}
+	t.Time = v
+	return nil
+}

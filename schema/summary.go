@@ -1,0 +1,61 @@
+package schema
+
+// SummaryVersion is the value of summary.json's "schema" field.
+const SummaryVersion = "legato.summary/v0"
+
+// Summary describes a batch, computed from its run directory. It is written
+// as DIR/summary.json during the batch and at its end, and printed by
+// `legato rl profile`.
+type Summary struct {
+	Schema string `json:"schema"`
+	Policy Policy `json:"policy"`
+	// Final is false while the batch is still running.
+	Final bool `json:"final"`
+
+	Tasks        int `json:"tasks"`
+	Groups       int `json:"groups"`
+	GroupsClosed int `json:"groups_closed"`
+	// Records counts every line of rollouts.jsonl; Counts splits them by
+	// status.
+	Records int            `json:"records"`
+	Counts  map[Status]int `json:"counts"`
+
+	// SuccessRate is the mean reward of finished (ok, truncated) attempts;
+	// SolvedShare the share of them with reward 1.
+	SuccessRate float64 `json:"success_rate"`
+	SolvedShare float64 `json:"solved_share"`
+	// GroupsWithVariance counts closed groups whose finished rewards are not
+	// all equal (the groups that carry a GRPO signal).
+	GroupsWithVariance int `json:"groups_with_variance"`
+
+	// WallS is from the first record's start to the last record's end.
+	WallS           float64 `json:"wall_s"`
+	RolloutsPerHour float64 `json:"rollouts_per_hour"`
+	// PhaseShare is each timing phase's share of the summed attempt time,
+	// keyed by the Timing field name ("model_s", "reset_s", ...).
+	PhaseShare map[string]float64 `json:"phase_share"`
+	// ServerIdleS is, per phase, the seconds of wall time during which no
+	// model call was in flight while at least one desktop was in that phase.
+	ServerIdleS map[string]float64 `json:"server_idle_s"`
+
+	ModelCalls   int         `json:"model_calls"`
+	RetriedCalls int         `json:"retried_calls"`
+	ModelLatency Percentiles `json:"model_latency_s"`
+	PolicyErrors int         `json:"policy_errors"`
+	EnvErrors    int         `json:"env_errors"`
+	// PrefixCacheHitRate is cached prompt tokens / prompt tokens.
+	PrefixCacheHitRate float64 `json:"prefix_cache_hit_rate"`
+	// StepsWithLogprobs and StepsWithTokenIDs are shares of steps.
+	StepsWithLogprobs float64 `json:"steps_with_logprobs"`
+	StepsWithTokenIDs float64 `json:"steps_with_token_ids"`
+
+	// TornLines counts unreadable lines skipped in rollouts.jsonl.
+	TornLines int `json:"torn_lines"`
+}
+
+// Percentiles are latency percentiles in seconds.
+type Percentiles struct {
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+}
