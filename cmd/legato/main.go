@@ -1,0 +1,79 @@
+// Command legato runs the rollout side of reinforcement learning for
+// computer-use agents. Run `legato rl help` for its subcommands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes. A run stopped by Ctrl-C or SIGTERM exits 130 like a shell
+// job killed by SIGINT, so scripts can tell "stopped" from "failed".
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := exitCode(ctx, err, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches the command line (without the program name).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		writeHelp(stderr)
+		return usageErrorf("legato: missing command")
+	}
+	switch args[0] {
+	case "rl":
+		return runRL(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		writeHelp(stdout)
+		return nil
+	}
+	return usageErrorf("legato: unknown command %q; legato's commands are under \"legato rl\"", args[0])
+}
+
+// usageError is a command line that cannot run as given: a missing or
+// unknown subcommand, a bad flag.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// exitCode reports err on stderr and returns the process's exit code. It
+// is the one place that maps errors to exit codes. ctx is the context the
+// command ran with; in main only a signal cancels it.
+func exitCode(ctx context.Context, err error, stderr io.Writer) int {
+	var usage *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		// The flag set printed the help that was asked for.
+		return exitOK
+	case ctx.Err() != nil:
+		fmt.Fprintf(stderr, "%v\nlegato: interrupted\n", err)
+		return exitInterrupted
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "%v\nRun 'legato rl help' for usage.\n", err)
+		return exitUsage
+	}
+	fmt.Fprintln(stderr, err)
+	return exitFailure
+}

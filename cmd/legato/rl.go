@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// command is one `legato rl` subcommand.
+type command struct {
+	name string
+	// summary is the line shown in the list of subcommands.
+	summary string
+	// run runs the subcommand with the arguments after its name. Its
+	// errors are prefixed with "legato rl <name>: " by the dispatcher.
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands returns the table of subcommands, in the order help lists them.
+// A function rather than a package variable: help reads the table it is
+// part of.
+func commands() []command {
+	return []command{
+		{"probe", "check that a model server returns logprobs, token ids and cached tokens", runProbe},
+		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
+		{"export", "write a run's training samples, with GRPO group advantages", runExport},
+		{"profile", "show where a batch spent its time (phases, latency, timelines)", runProfile},
+		{"help", "show this help, or the help of one subcommand", runHelp},
+	}
+}
+
+func lookup(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// errNotBuilt is returned by subcommands that exist only as a name so far.
+var errNotBuilt = errors.New("not built yet")
+
+// runRL dispatches `legato rl <subcommand> [flags]`.
+func runRL(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		writeHelp(stderr)
+		return usageErrorf("legato rl: missing subcommand")
+	}
+	name := args[0]
+	switch name {
+	case "-h", "-help", "--help":
+		writeHelp(stdout)
+		return nil
+	}
+	c, ok := lookup(name)
+	if !ok {
+		return usageErrorf("legato rl: unknown subcommand %q; the subcommands are %s", name, names())
+	}
+	if err := c.run(ctx, args[1:], stdout, stderr); err != nil {
+		return fmt.Errorf("legato rl %s: %w", name, err)
+	}
+	return nil
+}
+
+func names() string {
+	var ns []string
+	for _, c := range commands() {
+		ns = append(ns, c.name)
+	}
+	return strings.Join(ns, ", ")
+}
+
+// runHelp is `legato rl help [subcommand]`.
+func runHelp(_ context.Context, args []string, stdout, _ io.Writer) error {
+	switch len(args) {
+	case 0:
+		writeHelp(stdout)
+		return nil
+	case 1:
+		c, ok := lookup(args[0])
+		if !ok {
+			return usageErrorf("unknown subcommand %q; the subcommands are %s", args[0], names())
+		}
+		fmt.Fprintf(stdout, "legato rl %s: %s\n\nUsage:\n\n  legato rl %s [flags]\n\nRun 'legato rl %s -h' for its flags.\n", c.name, c.summary, c.name, c.name)
+		return nil
+	}
+	return usageErrorf("want at most one subcommand, got %q", args)
+}
+
+// writeHelp writes the overview: what legato is and its subcommands.
+func writeHelp(w io.Writer) {
+	fmt.Fprint(w, `legato collects graded rollouts for reinforcement learning of computer-use
+agents. It drives a pool of desktops (OSWorld tasks in VMs) against a model
+served over an OpenAI-compatible API, grades every attempt with the task's own
+evaluator, and writes trajectories a trainer can use as they are: token ids,
+logprobs, rewards, group advantages and the policy version.
+
+Usage:
+
+  legato rl <subcommand> [flags]
+
+Subcommands:
+
+`)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	for _, c := range commands() {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
+	tw.Flush()
+	fmt.Fprint(w, `
+The model server's API key is read from LEGATO_POLICY_KEY, never from a flag.
+Run 'legato rl help <subcommand>' for more about one subcommand.
+`)
+}
+
+// parseFlags parses a subcommand's flags. A bad flag becomes a usage error
+// (the flag set has already printed what is wrong and its usage); -h gives
+// flag.ErrHelp, which exits 0.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &usageError{msg: err.Error()}
+}
