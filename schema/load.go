@@ -1,0 +1,270 @@
+package schema
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Default cache sizes of a MessageStore.
+const (
+	// DefaultMessageCacheBytes holds the distinct messages of thousands of
+	// steps: a message without images is a few KB of JSON.
+	DefaultMessageCacheBytes = 64 << 20
+	// DefaultImageCacheBytes holds the inlined screenshots of several
+	// rollouts (about 1–2 MB each as a data URL), so exporting the steps of a
+	// rollout reads and encodes each screenshot once.
+	DefaultImageCacheBytes = 256 << 20
+)
+
+// StoreOptions tunes a MessageStore. The zero value is ready to use.
+type StoreOptions struct {
+	// MessageCacheBytes bounds the cache of decoded messages, in bytes of
+	// canonical JSON. 0 means DefaultMessageCacheBytes; negative disables it.
+	MessageCacheBytes int64
+	// ImageCacheBytes bounds the cache of images as data URLs, in bytes. 0
+	// means DefaultImageCacheBytes; negative disables it.
+	ImageCacheBytes int64
+}
+
+// LoadOptions says how to rebuild messages.
+type LoadOptions struct {
+	// KeepImageRefs leaves images as legato-image://<sha256> references
+	// (see MessageStore.ImagePNG) instead of inlining them as PNG data URLs.
+	KeepImageRefs bool
+}
+
+// MessageStore reads messages and images from a run's content store.
+// Every object is checked against its hash. Repeated loads, such as every
+// step of a rollout sharing its history, are served from bounded caches.
+// A MessageStore is safe for concurrent use.
+type MessageStore struct {
+	msgDir string
+	imgDir string
+
+	// life is held shared by every load and exclusively by Close: the
+	// decoder must not be used after it is closed.
+	life   sync.RWMutex
+	closed bool
+	dec    *zstd.Decoder // DecodeAll only: safe for concurrent use
+
+	msgs *lru[[32]byte, Message] // image references kept
+	imgs *lru[[32]byte, string]  // PNG data URLs
+}
+
+// OpenMessageStore opens the content store of the run directory runDir for
+// reading. It may be used while a Run writes to the same directory.
+func OpenMessageStore(runDir string, opts StoreOptions) (*MessageStore, error) {
+	s := &MessageStore{
+		msgDir: filepath.Join(runDir, MessagesDir),
+		imgDir: filepath.Join(runDir, ImagesDir),
+		msgs:   newLRU[[32]byte, Message](orDefault(opts.MessageCacheBytes, DefaultMessageCacheBytes)),
+		imgs:   newLRU[[32]byte, string](orDefault(opts.ImageCacheBytes, DefaultImageCacheBytes)),
+	}
+	fi, err := os.Stat(s.msgDir)
+	if err != nil {
+		return nil, fmt.Errorf("open message store: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("open message store: %s is not a directory", s.msgDir)
+	}
+	// A message is at most a few MB; the bound stops a damaged file from
+	// claiming memory for a huge frame.
+	s.dec, err = zstd.NewReader(nil, zstd.WithDecoderMaxMemory(MaxRecordBytes))
+	if err != nil {
+		return nil, fmt.Errorf("open message store: zstd: %w", err)
+	}
+	return s, nil
+}
+
+func orDefault(v, def int64) int64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Close releases the store. Later loads return ErrClosed.
+func (s *MessageStore) Close() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if !s.closed {
+		s.closed = true
+		s.dec.Close()
+	}
+	return nil
+}
+
+// LoadRequest rebuilds the exact prompt of step from the content store of
+// the run directory runDir. To load many steps, use one MessageStore.
+func LoadRequest(runDir string, step Step, opts LoadOptions) ([]Message, error) {
+	s, err := OpenMessageStore(runDir, StoreOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return s.LoadRequest(step, opts)
+}
+
+// LoadRequest rebuilds the exact prompt of step.
+func (s *MessageStore) LoadRequest(step Step, opts LoadOptions) ([]Message, error) {
+	return s.Messages(step.Request, opts)
+}
+
+// Messages loads the messages with the given hashes, in order.
+func (s *MessageStore) Messages(hashes []string, opts LoadOptions) ([]Message, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	out := make([]Message, len(hashes))
+	for i, h := range hashes {
+		m, err := s.message(h)
+		if err == nil && !opts.KeepImageRefs {
+			err = s.inlineImages(&m)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("load request: message %d: %w", i, err)
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// Message loads one message with its images left as references.
+func (s *MessageStore) Message(hash string) (Message, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closed {
+		return Message{}, ErrClosed
+	}
+	return s.message(hash)
+}
+
+// message returns a copy of a stored message that the caller may modify.
+func (s *MessageStore) message(hash string) (Message, error) {
+	sum, err := parseHash(hash)
+	if err != nil {
+		return Message{}, &ObjectError{Op: "load", Kind: "message", Err: err}
+	}
+	m, ok := s.msgs.get(sum)
+	if !ok {
+		var cost int64
+		m, cost, err = s.readMessage(hash, sum)
+		if err != nil {
+			return Message{}, &ObjectError{Op: "load", Kind: "message", Hash: hash, Err: err}
+		}
+		s.msgs.put(sum, m, cost)
+	}
+	return cloneMessage(m), nil
+}
+
+func (s *MessageStore) readMessage(hash string, sum [32]byte) (Message, int64, error) {
+	b, err := os.ReadFile(filepath.Join(s.msgDir, hash))
+	if err != nil {
+		return Message{}, 0, notFound(err)
+	}
+	canon, err := s.dec.DecodeAll(b, nil)
+	if err != nil {
+		return Message{}, 0, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+	}
+	if sha256.Sum256(canon) != sum {
+		return Message{}, 0, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
+	}
+	var m Message
+	if err := json.Unmarshal(canon, &m); err != nil {
+		return Message{}, 0, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return m, int64(len(canon)), nil
+}
+
+// inlineImages replaces m's image references by PNG data URLs. m must be a
+// copy owned by the caller.
+func (s *MessageStore) inlineImages(m *Message) error {
+	for i, p := range m.Content {
+		if p.ImageURL == nil || !strings.HasPrefix(p.ImageURL.URL, ImageScheme) {
+			continue
+		}
+		h, sum, err := hashImageRef(p.ImageURL.URL)
+		if err != nil {
+			return &ObjectError{Op: "load", Kind: "image", Err: err}
+		}
+		url, ok := s.imgs.get(sum)
+		if !ok {
+			png, err := s.readImage(h, sum)
+			if err != nil {
+				return &ObjectError{Op: "load", Kind: "image", Hash: h, Err: err}
+			}
+			url = pngDataURLPrefix + base64.StdEncoding.EncodeToString(png)
+			s.imgs.put(sum, url, int64(len(url)))
+		}
+		m.Content[i].ImageURL.URL = url
+	}
+	return nil
+}
+
+// ImagePNG returns the PNG bytes of the image with the given hash (the part
+// of a legato-image:// reference after the scheme).
+func (s *MessageStore) ImagePNG(hash string) ([]byte, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	sum, err := parseHash(hash)
+	if err != nil {
+		return nil, &ObjectError{Op: "load", Kind: "image", Err: err}
+	}
+	png, err := s.readImage(hash, sum)
+	if err != nil {
+		return nil, &ObjectError{Op: "load", Kind: "image", Hash: hash, Err: err}
+	}
+	return png, nil
+}
+
+func (s *MessageStore) readImage(hash string, sum [32]byte) ([]byte, error) {
+	png, err := os.ReadFile(filepath.Join(s.imgDir, hash+".png"))
+	if err != nil {
+		return nil, notFound(err)
+	}
+	if sha256.Sum256(png) != sum {
+		return nil, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
+	}
+	return png, nil
+}
+
+// notFound adds ErrNotFound to a missing file's error.
+func notFound(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	return err
+}
+
+// cloneMessage copies the parts of m, so callers can change a message
+// without changing the cache.
+func cloneMessage(m Message) Message {
+	if m.Content == nil {
+		return m
+	}
+	parts := make([]Part, len(m.Content))
+	for i, p := range m.Content {
+		if p.ImageURL != nil {
+			u := *p.ImageURL
+			p.ImageURL = &u
+		}
+		parts[i] = p
+	}
+	m.Content = parts
+	return m
+}

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package schema
+
+import "os"
+
+// lockFile is a no-op where flock is missing: legato's desktops need Linux,
+// and readers of a run never lock.
+func lockFile(*os.File) error { return nil }

@@ -1,0 +1,20 @@
+//go:build unix
+
+package schema
+
+import (
+	"errors"
+	"os"
+	"syscall"
+)
+
+// lockFile takes an exclusive advisory lock on f without waiting. The lock
+// belongs to the open file and is released when f is closed or the process
+// dies, so a crashed writer never leaves a stale lock behind.
+func lockFile(f *os.File) error {
+	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return ErrLocked
+	}
+	return err
+}
