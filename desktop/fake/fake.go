@@ -1,0 +1,544 @@
+// Package fake is an in-memory desktop.Desktop: no VMs, deterministic from a
+// seed, with scriptable latencies, rewards and faults, so that every path of
+// the scheduler can be tested and benchmarked, and a trainer can be wired up
+// before any VM exists.
+//
+// # Determinism
+//
+// Every random draw (a latency, a reward, a fault with a probability) is a
+// function of the seed, what is drawn and a counter (the call number of the
+// phase, or for rewards how many times the desktop was reset to the task),
+// never of the order of other draws. Screenshots are a function of the task
+// ID, the Code actions since Reset and, while the screen settles, the number
+// of Observe calls: two desktops given the same actions show the same
+// images, whatever their seeds.
+//
+// # Time
+//
+// Latencies are waited with time.Timer in a select with the call's ctx and
+// Close, so a call returns as soon as either is done. Under testing/synctest
+// the waits use the bubble's fake clock: create the desktop inside the
+// bubble, and a batch with minutes of latency runs in microseconds.
+//
+// # Screen
+//
+// Observe returns a real PNG (1920×1080 by default): a background chosen by
+// the task, a window of coloured cells chosen by the action history, and,
+// for Latency.Settle after a Reset or a Code action, a progress bar that
+// advances on every Observe, so that a ready signal built on equal
+// consecutive screenshots has real work to do.
+//
+// # Grading
+//
+// Evaluate follows OSWorld: an infeasible task (evaluator func
+// "infeasible") scores 1 iff the last action since Reset was FAIL; a feasible
+// task scores 0 after FAIL and otherwise what its Reward draws.
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"legato/rl/desktop"
+)
+
+// Errors of injected faults and of misuse; all are desktop failures.
+var (
+	// ErrInjected is wrapped by the error of a FaultError.
+	ErrInjected = errors.New("injected fault")
+	// ErrCrashed is wrapped by the error of a FaultCrash and of every call
+	// after it.
+	ErrCrashed = errors.New("desktop crashed")
+	// ErrNoTask is returned by the methods of an attempt (WaitAfterReset,
+	// Observe, Act, WaitBeforeEval, Evaluate) called before a successful
+	// Reset, or after a Revert: the fake catches a scheduler that skips a
+	// Reset.
+	ErrNoTask = errors.New("no task: call Reset first")
+)
+
+var (
+	_ desktop.Desktop     = (*Desktop)(nil)
+	_ desktop.ReadyWaiter = readyWaiter{}
+	_ desktop.Reverter    = reverter{}
+	_ desktop.ReadyWaiter = readyReverter{}
+	_ desktop.Reverter    = readyReverter{}
+)
+
+// Desktop is a fake desktop. Its methods keep the desktop.Desktop contract:
+// they are not called concurrently, except Close, Stats and Name, which may
+// be called at any time.
+type Desktop struct {
+	cfg    Config
+	name   string
+	seed   uint64
+	width  int
+	height int
+	// closed is closed by the first Close; sleeps select on it.
+	closed chan struct{}
+
+	mu       sync.Mutex
+	isClosed bool
+	crashed  bool
+	calls    [nPhases]int
+	closes   int
+	resets   map[string]int // per task ID: successful Resets so far
+	cur      attempt
+
+	// screen is used by Observe only, which is never concurrent with
+	// itself, so it is not guarded by mu.
+	screen *screen
+}
+
+// attempt is what the desktop knows about the attempt since the last Reset.
+type attempt struct {
+	hasTask    bool
+	task       string
+	infeasible bool
+	// n counts the earlier attempts at task on this desktop; the reward
+	// is drawn from it.
+	n int
+	// taskHash and history give the screen (see frame).
+	taskHash, history uint64
+	last              desktop.Action
+	acted             bool
+	settleUntil       time.Time
+	tick              int
+}
+
+// New returns a fake desktop. It panics if cfg.Validate fails: a config is
+// written by the test that uses it. NewFleet returns the error instead.
+func New(cfg Config) *Desktop {
+	if err := cfg.Validate(); err != nil {
+		panic("fake.New: invalid config: " + err.Error())
+	}
+	name := cfg.Name
+	if name == "" {
+		name = "fake"
+	}
+	cfg.Rewards = maps.Clone(cfg.Rewards)
+	cfg.Faults = slices.Clone(cfg.Faults)
+	return newDesktop(cfg, name, cfg.Seed)
+}
+
+// newDesktop makes a desktop from a validated config it may keep.
+func newDesktop(cfg Config, name string, seed uint64) *Desktop {
+	w, h := cfg.size()
+	return &Desktop{
+		cfg:    cfg,
+		name:   name,
+		seed:   seed,
+		width:  w,
+		height: h,
+		closed: make(chan struct{}),
+		resets: make(map[string]int),
+	}
+}
+
+// Name returns the name the desktop uses in its errors.
+func (d *Desktop) Name() string { return d.name }
+
+// Stats counts the calls made to a desktop, every call counted, failed ones
+// too.
+type Stats struct {
+	Resets          int
+	WaitAfterResets int
+	Observes        int
+	Acts            int
+	WaitBeforeEvals int
+	Evaluates       int
+	WaitReadies     int
+	Reverts         int
+	Closes          int
+}
+
+func (s Stats) add(o Stats) Stats {
+	return Stats{
+		Resets:          s.Resets + o.Resets,
+		WaitAfterResets: s.WaitAfterResets + o.WaitAfterResets,
+		Observes:        s.Observes + o.Observes,
+		Acts:            s.Acts + o.Acts,
+		WaitBeforeEvals: s.WaitBeforeEvals + o.WaitBeforeEvals,
+		Evaluates:       s.Evaluates + o.Evaluates,
+		WaitReadies:     s.WaitReadies + o.WaitReadies,
+		Reverts:         s.Reverts + o.Reverts,
+		Closes:          s.Closes + o.Closes,
+	}
+}
+
+// Stats returns the call counts so far. It is safe to call at any time.
+func (d *Desktop) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.calls
+	return Stats{
+		Resets:          c[PhaseReset.index()],
+		WaitAfterResets: c[PhaseWaitAfterReset.index()],
+		Observes:        c[PhaseObserve.index()],
+		Acts:            c[PhaseAct.index()],
+		WaitBeforeEvals: c[PhaseWaitBeforeEval.index()],
+		Evaluates:       c[PhaseEvaluate.index()],
+		WaitReadies:     c[PhaseWaitReady.index()],
+		Reverts:         c[PhaseRevert.index()],
+		Closes:          d.closes,
+	}
+}
+
+// AsConfigured returns d as the scheduler should see it: a desktop.Desktop
+// that also implements desktop.ReadyWaiter if Config.ReadyWaiter is set and
+// desktop.Reverter if Config.Reverter is set, and neither otherwise. (A
+// *Desktop itself implements neither, so that a type assertion on it never
+// finds a capability the config did not ask for.)
+func (d *Desktop) AsConfigured() desktop.Desktop {
+	switch {
+	case d.cfg.ReadyWaiter && d.cfg.Reverter:
+		return readyReverter{d}
+	case d.cfg.ReadyWaiter:
+		return readyWaiter{d}
+	case d.cfg.Reverter:
+		return reverter{d}
+	}
+	return d
+}
+
+type readyWaiter struct{ *Desktop }
+
+func (r readyWaiter) WaitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
+	return r.waitReady(ctx, max)
+}
+
+type reverter struct{ *Desktop }
+
+func (r reverter) Revert(ctx context.Context) error { return r.revert(ctx) }
+
+type readyReverter struct{ *Desktop }
+
+func (r readyReverter) WaitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
+	return r.waitReady(ctx, max)
+}
+
+func (r readyReverter) Revert(ctx context.Context) error { return r.revert(ctx) }
+
+// Reset starts an attempt at task after Latency.Reset; the screen then
+// settles for Latency.Settle.
+func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
+	n, err := d.enter(ctx, PhaseReset, task.ID, false)
+	if err != nil {
+		return err
+	}
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Reset, "reset", n)); err != nil {
+		return d.fail(PhaseReset, err)
+	}
+	infeasible := isInfeasible(task.Evaluator)
+	settle := d.latency(d.cfg.Latency.Settle, "settle after reset", n)
+	h := hashKey(task.ID)
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cur = attempt{
+		hasTask:     true,
+		task:        task.ID,
+		infeasible:  infeasible,
+		n:           d.resets[task.ID],
+		taskHash:    h,
+		history:     h,
+		settleUntil: time.Now().Add(settle),
+	}
+	d.resets[task.ID]++
+	return nil
+}
+
+// WaitAfterReset takes Latency.WaitAfterReset, then waits for the screen to
+// settle.
+func (d *Desktop) WaitAfterReset(ctx context.Context) error {
+	return d.waitSettled(ctx, PhaseWaitAfterReset, d.cfg.Latency.WaitAfterReset)
+}
+
+// WaitBeforeEval takes Latency.WaitBeforeEval, then waits for the screen to
+// settle.
+func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
+	return d.waitSettled(ctx, PhaseWaitBeforeEval, d.cfg.Latency.WaitBeforeEval)
+}
+
+func (d *Desktop) waitSettled(ctx context.Context, p Phase, l Latency) error {
+	n, err := d.enter(ctx, p, "", true)
+	if err != nil {
+		return err
+	}
+	if err := d.sleep(ctx, d.latency(l, string(p), n)); err != nil {
+		return d.fail(p, err)
+	}
+	d.mu.Lock()
+	rest := time.Until(d.cur.settleUntil)
+	d.mu.Unlock()
+	if err := d.sleep(ctx, rest); err != nil {
+		return d.fail(p, err)
+	}
+	return nil
+}
+
+// Observe takes Latency.Observe and returns the screen: a different frame
+// on every call while the screen settles, the same one afterwards.
+func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
+	n, err := d.enter(ctx, PhaseObserve, "", true)
+	if err != nil {
+		return desktop.Observation{}, err
+	}
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Observe, "observe", n)); err != nil {
+		return desktop.Observation{}, d.fail(PhaseObserve, err)
+	}
+
+	d.mu.Lock()
+	now := time.Now()
+	f := frame{task: d.cur.taskHash, history: d.cur.history}
+	if now.Before(d.cur.settleUntil) {
+		f.settling, f.tick = true, d.cur.tick
+		d.cur.tick++
+	}
+	d.mu.Unlock()
+
+	if d.screen == nil {
+		d.screen = newScreen(d.width, d.height)
+	}
+	img, err := d.screen.png(f)
+	if err != nil {
+		return desktop.Observation{}, d.fail(PhaseObserve, err)
+	}
+	return desktop.Observation{Screenshot: img, Width: d.width, Height: d.height, At: now}, nil
+}
+
+// Act takes Latency.Act and records the action. A Code action changes the
+// screen, which then settles for Latency.Settle; every action succeeds in
+// the guest (exit code 0).
+func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActResult, error) {
+	n, err := d.enter(ctx, PhaseAct, "", true)
+	if err != nil {
+		return desktop.ActResult{}, err
+	}
+	switch action.Kind {
+	case desktop.Code, desktop.Wait, desktop.Done, desktop.Fail:
+	default:
+		return desktop.ActResult{}, d.fail(PhaseAct, fmt.Errorf("unknown action kind %d", action.Kind))
+	}
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Act, "act", n)); err != nil {
+		return desktop.ActResult{}, d.fail(PhaseAct, err)
+	}
+	settle := d.latency(d.cfg.Latency.Settle, "settle after act", n)
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cur.last, d.cur.acted = action, true
+	if action.Kind == desktop.Code {
+		d.cur.history = mix(d.cur.history ^ hashKey(action.Code))
+		d.cur.settleUntil = time.Now().Add(settle)
+		d.cur.tick = 0
+	}
+	return desktop.ActResult{}, nil
+}
+
+// Evaluate takes Latency.Evaluate and grades the attempt (see the package
+// documentation). task must be the task of the last Reset.
+func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, error) {
+	n, err := d.enter(ctx, PhaseEvaluate, task.ID, true)
+	if err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	cur := d.cur
+	d.mu.Unlock()
+	if cur.task != task.ID {
+		return 0, d.fail(PhaseEvaluate, fmt.Errorf("task %q, but the desktop was reset to task %q", task.ID, cur.task))
+	}
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", n)); err != nil {
+		return 0, d.fail(PhaseEvaluate, err)
+	}
+	return d.grade(cur), nil
+}
+
+func (d *Desktop) grade(a attempt) float64 {
+	lastFail := a.acted && a.last.Kind == desktop.Fail
+	if a.infeasible {
+		if lastFail {
+			return 1
+		}
+		return 0
+	}
+	if lastFail {
+		return 0
+	}
+	r, ok := d.cfg.Rewards[a.task]
+	if !ok {
+		r = d.cfg.DefaultReward
+	}
+	if r.P == 0 || draw(d.seed, "reward", a.task, a.n).Float64() >= r.P {
+		return 0
+	}
+	if r.Value == 0 {
+		return 1
+	}
+	return r.Value
+}
+
+// isInfeasible reports whether an OSWorld evaluator is the "infeasible"
+// one. A malformed evaluator is feasible: grading it is not the fake's job.
+func isInfeasible(evaluator json.RawMessage) bool {
+	var ev struct {
+		Func json.RawMessage `json:"func"`
+	}
+	if json.Unmarshal(evaluator, &ev) != nil {
+		return false
+	}
+	var f string
+	return json.Unmarshal(ev.Func, &f) == nil && f == "infeasible"
+}
+
+// waitReady waits until the screen has settled, at most max.
+func (d *Desktop) waitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
+	if _, err := d.enter(ctx, PhaseWaitReady, "", false); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	d.mu.Lock()
+	rest := min(d.cur.settleUntil.Sub(start), max)
+	d.mu.Unlock()
+	if err := d.sleep(ctx, rest); err != nil {
+		return time.Since(start), d.fail(PhaseWaitReady, err)
+	}
+	return time.Since(start), nil
+}
+
+// revert takes Latency.Revert and forgets the task: the next attempt needs
+// a Reset.
+func (d *Desktop) revert(ctx context.Context) error {
+	n, err := d.enter(ctx, PhaseRevert, "", false)
+	if err != nil {
+		return err
+	}
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Revert, "revert", n)); err != nil {
+		return d.fail(PhaseRevert, err)
+	}
+	return nil
+}
+
+// Close makes every running call return and every later call fail with
+// desktop.ErrClosed. It is idempotent and safe to call at any time.
+func (d *Desktop) Close() error {
+	d.mu.Lock()
+	d.closes++
+	first := !d.isClosed
+	d.isClosed = true
+	d.mu.Unlock()
+	if first {
+		close(d.closed)
+	}
+	return nil
+}
+
+// enter starts a call of phase p: it counts it, fails it if the desktop is
+// closed, the ctx done, the desktop crashed, or (with needTask) no task was
+// reset to, then injects the first fault that fires. task is the task the
+// call is for; "" means the current one. It returns the call's number.
+func (d *Desktop) enter(ctx context.Context, p Phase, task string, needTask bool) (int, error) {
+	d.mu.Lock()
+	i := p.index()
+	d.calls[i]++
+	n := d.calls[i]
+	closed, crashed, hasTask := d.isClosed, d.crashed, d.cur.hasTask
+	if task == "" {
+		task = d.cur.task
+	}
+	if p == PhaseReset || p == PhaseRevert {
+		// Whatever happens next, the previous attempt is over.
+		d.cur = attempt{}
+	}
+	d.mu.Unlock()
+
+	switch {
+	case closed:
+		return n, d.fail(p, desktop.ErrClosed)
+	case ctx.Err() != nil:
+		return n, d.fail(p, ctx.Err())
+	case crashed:
+		return n, d.fail(p, ErrCrashed)
+	case needTask && !hasTask:
+		return n, d.fail(p, ErrNoTask)
+	}
+	f, ok := matchFault(d.cfg.Faults, d.seed, d.name, p, n, task)
+	if !ok {
+		return n, nil
+	}
+	switch f.Kind {
+	case FaultHang:
+		return n, d.fail(p, d.hang(ctx))
+	case FaultCrash:
+		d.mu.Lock()
+		d.crashed = true
+		d.mu.Unlock()
+		return n, d.fail(p, fmt.Errorf("%w on call %d", ErrCrashed, n))
+	case FaultUnsupported:
+		return n, d.fail(p, unsupported(task, n))
+	}
+	return n, d.fail(p, fmt.Errorf("%w on call %d", ErrInjected, n))
+}
+
+func unsupported(task string, n int) error {
+	return fmt.Errorf("task %q: %w (injected on call %d)", task, desktop.ErrUnsupported, n)
+}
+
+// matchFault returns the first of faults that fires on the n-th call of p
+// for task on the desktop named name.
+func matchFault(faults []Fault, seed uint64, name string, p Phase, n int, task string) (Fault, bool) {
+	for i, f := range faults {
+		if f.Phase != p || (f.Desktop != "" && f.Desktop != name) || (f.Task != "" && f.Task != task) {
+			continue
+		}
+		if f.OnCall == n || (f.Prob > 0 && draw(seed, "fault", strconv.Itoa(i), n).Float64() < f.Prob) {
+			return f, true
+		}
+	}
+	return Fault{}, false
+}
+
+func (d *Desktop) fail(p Phase, err error) error {
+	return &desktop.Error{Op: string(p), Desktop: d.name, Err: err}
+}
+
+func (d *Desktop) latency(l Latency, what string, n int) time.Duration {
+	if l == (Latency{}) {
+		return 0
+	}
+	return l.Sample(draw(d.seed, "latency", what, n))
+}
+
+// sleep waits for dur, or until ctx is done or the desktop closed.
+func (d *Desktop) sleep(ctx context.Context, dur time.Duration) error {
+	if dur <= 0 {
+		return nil
+	}
+	t := time.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.closed:
+		return desktop.ErrClosed
+	}
+}
+
+// hang waits until ctx is done or the desktop closed.
+func (d *Desktop) hang(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.closed:
+		return desktop.ErrClosed
+	}
+}

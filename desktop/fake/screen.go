@@ -1,0 +1,186 @@
+package fake
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"image"
+	"image/color/palette"
+	"math/rand/v2"
+
+	"github.com/klauspost/compress/zlib"
+)
+
+// frame says what one screenshot shows. Equal frames are equal images.
+type frame struct {
+	// task hashes the task ID: it picks the background, so that every
+	// attempt at a task starts from the same screen, as on a real VM.
+	task uint64
+	// history hashes the task ID and the Code actions since Reset: it
+	// picks the colours of the window's cells.
+	history uint64
+	// settling is set while the screen is still changing; tick then
+	// advances a progress bar on every Observe.
+	settling bool
+	tick     int
+}
+
+// Layout of the screen, in fractions of its size: a top bar, a window of
+// gridCols×gridRows cells whose colours follow the action history, and a
+// progress bar under the window while the screen settles. Mostly flat, like
+// a desktop, so that it compresses well.
+const (
+	gridCols  = 16
+	gridRows  = 9
+	barTicks  = 16 // positions of the progress bar; consecutive ticks differ
+	topBarIdx = 1  // palette indexes (palette.Plan9)
+	barOnIdx  = 200
+	barOffIdx = 20
+)
+
+// screen renders frames into one reused buffer and encodes them with one
+// reused compressor. It belongs to one desktop and is used by Observe only,
+// which the contract never calls concurrently.
+type screen struct {
+	// img draws into raw, the PNG's uncompressed image data: each row is
+	// a filter-type byte (0, none) followed by the row's palette indexes,
+	// so a frame is compressed without copying it first.
+	img *image.Paletted
+	raw []byte
+	// plte is the PNG palette chunk's data.
+	plte []byte
+	zw   *zlib.Writer
+	z    bytes.Buffer // compressed raw
+	out  bytes.Buffer
+	bg   uint8 // background index the image was last filled with; 0 when new
+	// last is the frame encoded in lastPNG.
+	last    frame
+	lastPNG []byte
+}
+
+func newScreen(w, h int) *screen {
+	raw := make([]byte, h*(w+1))
+	s := &screen{
+		raw: raw,
+		img: &image.Paletted{Pix: raw[1:], Stride: w + 1, Rect: image.Rect(0, 0, w, h), Palette: palette.Plan9},
+	}
+	for _, c := range palette.Plan9 {
+		r, g, b, _ := c.RGBA()
+		s.plte = append(s.plte, byte(r>>8), byte(g>>8), byte(b>>8))
+	}
+	// Level 1 of klauspost's zlib compresses a mostly flat 1920×1080
+	// frame several times faster than image/png at png.BestSpeed, and the
+	// frame is no larger. The error is nil for a valid level.
+	s.zw, _ = zlib.NewWriterLevel(&s.z, zlib.BestSpeed)
+	return s
+}
+
+// png returns the PNG of f; the caller owns the returned slice.
+func (s *screen) png(f frame) ([]byte, error) {
+	if s.lastPNG != nil && f == s.last {
+		return bytes.Clone(s.lastPNG), nil
+	}
+	s.render(f)
+	if err := s.encode(); err != nil {
+		return nil, fmt.Errorf("encode png: %w", err)
+	}
+	s.last = f
+	s.lastPNG = bytes.Clone(s.out.Bytes())
+	return bytes.Clone(s.lastPNG), nil
+}
+
+// encode writes the PNG of raw into out: an 8-bit paletted, non-interlaced
+// image (PNG specification, sections 5 and 11).
+func (s *screen) encode() error {
+	s.z.Reset()
+	s.zw.Reset(&s.z)
+	if _, err := s.zw.Write(s.raw); err != nil {
+		return err
+	}
+	if err := s.zw.Close(); err != nil {
+		return err
+	}
+	b := s.img.Bounds()
+	var ihdr [13]byte
+	binary.BigEndian.PutUint32(ihdr[0:], uint32(b.Dx()))
+	binary.BigEndian.PutUint32(ihdr[4:], uint32(b.Dy()))
+	ihdr[8] = 8 // bit depth
+	ihdr[9] = 3 // colour type: palette indexes
+	// Compression, filter and interlace methods stay 0.
+
+	s.out.Reset()
+	s.out.WriteString("\x89PNG\r\n\x1a\n")
+	writeChunk(&s.out, "IHDR", ihdr[:])
+	writeChunk(&s.out, "PLTE", s.plte)
+	writeChunk(&s.out, "IDAT", s.z.Bytes())
+	writeChunk(&s.out, "IEND", nil)
+	return nil
+}
+
+// writeChunk writes a PNG chunk: length, type, data, CRC of type and data.
+func writeChunk(w *bytes.Buffer, typ string, data []byte) {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(data)))
+	w.Write(n[:])
+	w.WriteString(typ)
+	w.Write(data)
+	crc := crc32.NewIEEE()
+	crc.Write([]byte(typ))
+	crc.Write(data)
+	binary.BigEndian.PutUint32(n[:], crc.Sum32())
+	w.Write(n[:])
+}
+
+func (s *screen) render(f frame) {
+	b := s.img.Bounds()
+	w, h := b.Dx(), b.Dy()
+	// Indexes 32..223 keep clear of the near-black and near-white ends of
+	// the palette, so neighbouring regions stay distinguishable.
+	if bg := uint8(32 + f.task%192); bg != s.bg {
+		s.fillBackground(bg)
+	}
+	s.fill(image.Rect(0, 0, w, h/36+1), topBarIdx)
+
+	win := image.Rect(w/8, h/8, w-w/8, h-h/4)
+	cells := rand.New(rand.NewPCG(f.history, mix(f.history)))
+	for r := range gridRows {
+		for c := range gridCols {
+			cell := image.Rect(
+				win.Min.X+c*win.Dx()/gridCols, win.Min.Y+r*win.Dy()/gridRows,
+				win.Min.X+(c+1)*win.Dx()/gridCols, win.Min.Y+(r+1)*win.Dy()/gridRows,
+			)
+			s.fill(cell, uint8(cells.UintN(256)))
+		}
+	}
+
+	bar := image.Rect(win.Min.X, h-h/6, win.Max.X, h-h/6+h/54+1)
+	if !f.settling {
+		s.fill(bar, s.bg)
+		return
+	}
+	lit := bar.Dx() * (f.tick%barTicks + 1) / barTicks
+	s.fill(image.Rect(bar.Min.X, bar.Min.Y, bar.Min.X+lit, bar.Max.Y), barOnIdx)
+	s.fill(image.Rect(bar.Min.X+lit, bar.Min.Y, bar.Max.X, bar.Max.Y), barOffIdx)
+}
+
+func (s *screen) fillBackground(idx uint8) {
+	s.bg = idx
+	s.fill(s.img.Bounds(), idx)
+}
+
+// fill paints r with one palette index: the first row by hand, the others
+// by copying it, which is about as fast as memory allows.
+func (s *screen) fill(r image.Rectangle, idx uint8) {
+	r = r.Intersect(s.img.Bounds())
+	if r.Empty() {
+		return
+	}
+	first := s.img.Pix[s.img.PixOffset(r.Min.X, r.Min.Y):][:r.Dx()]
+	for i := range first {
+		first[i] = idx
+	}
+	for y := r.Min.Y + 1; y < r.Max.Y; y++ {
+		copy(s.img.Pix[s.img.PixOffset(r.Min.X, y):][:r.Dx()], first)
+	}
+}
