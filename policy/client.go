@@ -1,0 +1,501 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"golang.org/x/sync/semaphore"
+
+	"legato/rl/schema"
+)
+
+// Warnings a Result may carry, recorded on the step.
+const (
+	// WarnLogprobsMismatch: the server returned a different number of
+	// logprobs and token ids; both are kept as they came.
+	WarnLogprobsMismatch = "logprobs_token_ids_mismatch"
+	// WarnNoLogprobs: the reply has tokens but the server sent no logprobs.
+	WarnNoLogprobs = "no_logprobs"
+)
+
+// TokenIDSupport is what a Client has learnt about the server's
+// return_token_ids.
+type TokenIDSupport int32
+
+const (
+	// TokenIDsUnknown: no reply yet.
+	TokenIDsUnknown TokenIDSupport = iota
+	// TokenIDsReturned: replies carry token ids.
+	TokenIDsReturned
+	// TokenIDsIgnored: the server accepted the field and sent no ids (vLLM
+	// too old to know it, SGLang, any server that drops unknown fields).
+	TokenIDsIgnored
+	// TokenIDsRefused: the server rejected the field with a 400 naming it
+	// (hosted APIs); the client stopped sending it.
+	TokenIDsRefused
+)
+
+func (s TokenIDSupport) String() string {
+	switch s {
+	case TokenIDsReturned:
+		return "returned"
+	case TokenIDsIgnored:
+		return "ignored"
+	case TokenIDsRefused:
+		return "refused"
+	}
+	return "unknown"
+}
+
+// Result is one completed model call.
+type Result struct {
+	Response schema.Response
+	// Model is the call's cost. Seconds runs from StartedAt to the end of
+	// the last attempt, including waits between attempts; QueueS is the
+	// wait for a MaxInflight slot before StartedAt.
+	Model schema.ModelCall
+	// ToolCalls are the OpenAI tool calls, when the server parsed them.
+	ToolCalls []ToolCall
+	// StartedAt is when the call was issued, after queueing.
+	StartedAt time.Time
+	// Warnings flag data problems (WarnLogprobsMismatch, WarnNoLogprobs).
+	Warnings []string
+	// PromptTokenIDs are the prompt's token ids when the server returned
+	// them (vLLM at the top level, SGLang on the choice).
+	PromptTokenIDs []int64
+	// CacheReported reports whether the server reported cached prompt
+	// tokens at all (usage.prompt_tokens_details); without it a
+	// CachedTokens of 0 means unknown.
+	CacheReported bool
+}
+
+// Reply is the part of r a Harness reads.
+func (r *Result) Reply() Reply {
+	return Reply{Content: r.Response.Content, Reasoning: r.Response.Reasoning, ToolCalls: r.ToolCalls}
+}
+
+// Client calls one model on one server. It is safe for concurrent use, and
+// meant to be shared by every worker of a batch. Close it when done.
+type Client struct {
+	cfg      Config
+	endpoint string // for errors and logs: BaseURL/chat/completions without credentials
+	svc      openai.ChatCompletionService
+	log      *slog.Logger
+	sem      *semaphore.Weighted // nil: no cap
+	own      *http.Transport     // the transport New made, closed by Close
+
+	inflight atomic.Int64
+	tokenIDs atomic.Int32 // TokenIDSupport
+}
+
+// New returns a client for cfg, after validating it.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.StepTimeout == 0 {
+		cfg.StepTimeout = DefaultStepTimeout
+	}
+	cfg.Extra = maps.Clone(cfg.Extra)
+	c := &Client{
+		cfg:      cfg,
+		endpoint: strings.TrimSuffix(redactURL(cfg.BaseURL), "/") + "/chat/completions",
+		log:      cfg.Logger,
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxInflight > 0 {
+		c.sem = semaphore.NewWeighted(int64(cfg.MaxInflight))
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		// The default transport keeps 2 idle connections per host, so a
+		// batch of desktops would open and close connections all the time.
+		conns := cfg.MaxInflight
+		if conns == 0 {
+			conns = 256
+		}
+		c.own = http.DefaultTransport.(*http.Transport).Clone()
+		c.own.MaxIdleConns = conns
+		c.own.MaxIdleConnsPerHost = conns
+		hc = &http.Client{Transport: c.own}
+	}
+	opts := []option.RequestOption{
+		option.WithBaseURL(cfg.BaseURL),
+		option.WithHTTPClient(hc),
+		// The retry policy is ours: openai-go does not retry its own
+		// per-attempt timeout, and would retry 5xx on its own schedule.
+		option.WithMaxRetries(0),
+		option.WithMiddleware(catchHTTPErrors),
+	}
+	if cfg.APIKey != "" {
+		opts = append(opts, option.WithAPIKey(cfg.APIKey))
+	}
+	// NewChatCompletionService rather than openai.NewClient: the latter
+	// would pick up OPENAI_API_KEY and OPENAI_BASE_URL from the
+	// environment and send a key the user did not give us.
+	c.svc = openai.NewChatCompletionService(opts...)
+	return c, nil
+}
+
+// Close releases the idle connections of the client's own transport.
+// Calls in flight are not affected.
+func (c *Client) Close() {
+	if c.own != nil {
+		c.own.CloseIdleConnections()
+	}
+}
+
+// Config returns the client's configuration, with defaults filled in.
+func (c *Client) Config() Config { return c.cfg }
+
+// InFlight is the number of calls issued and not yet finished (not counting
+// those queued for a MaxInflight slot).
+func (c *Client) InFlight() int { return int(c.inflight.Load()) }
+
+// TokenIDs reports what the client has learnt about the server's
+// return_token_ids.
+func (c *Client) TokenIDs() TokenIDSupport { return TokenIDSupport(c.tokenIDs.Load()) }
+
+// Complete sends msgs and returns the reply. Images must be data URLs.
+//
+// It waits for a MaxInflight slot, then makes up to Retries+1 attempts of
+// at most StepTimeout each, all within (Retries+1)·StepTimeout. A 400 that
+// names return_token_ids makes the client stop sending the field, for this
+// and every later call, and retry at once without it (not counted as a
+// retry).
+//
+// On failure the error is a *Error; once ctx is done it wraps ctx.Err().
+// The Result is then still non-nil when the call was issued, and carries
+// StartedAt and the Model timing and attempts, for the record.
+func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, error) {
+	wire, err := messages(msgs)
+	if err != nil {
+		return nil, err
+	}
+	// The body of each variant is built on first use and reused by later
+	// attempts.
+	var bodies [2][]byte
+	body := func(withIDs bool) ([]byte, error) {
+		i := 0
+		if withIDs {
+			i = 1
+		}
+		if bodies[i] == nil {
+			req := chatRequest{Model: c.cfg.Model, Messages: wire, Logprobs: true,
+				MaxTokens: c.cfg.MaxTokens, Temperature: c.cfg.Temperature, ReturnTokenIDs: withIDs}
+			b, err := requestBody(req, c.cfg.Extra)
+			if err != nil {
+				return nil, err
+			}
+			bodies[i] = b
+		}
+		return bodies[i], nil
+	}
+	queued := time.Now()
+	if c.sem != nil {
+		if err := c.sem.Acquire(ctx, 1); err != nil {
+			return nil, c.fail(0, 0, ctx.Err(), "cancelled while waiting for a free slot", nil)
+		}
+		defer c.sem.Release(1)
+	}
+	c.inflight.Add(1)
+	defer c.inflight.Add(-1)
+
+	start := time.Now()
+	res := &Result{StartedAt: start}
+	res.Model.QueueS = start.Sub(queued).Seconds()
+	deadline := start.Add(time.Duration(c.cfg.Retries+1) * c.cfg.StepTimeout)
+	retries := 0
+	refusalRetried := false
+	for attempt := 1; ; attempt++ {
+		res.Model.Attempts = attempt
+		withIDs := c.TokenIDs() != TokenIDsRefused
+		b, err := body(withIDs)
+		if err != nil {
+			return nil, err
+		}
+		e := c.attempt(ctx, b, withIDs, min(c.cfg.StepTimeout, time.Until(deadline)), res)
+		res.Model.Seconds = time.Since(start).Seconds()
+		if e == nil {
+			c.log.Debug("policy call", "url", c.endpoint, "seconds", res.Model.Seconds, "attempts", attempt)
+			return res, nil
+		}
+		e.Attempts = attempt
+		if ctx.Err() != nil {
+			return res, c.fail(attempt, 0, ctx.Err(), "", nil)
+		}
+		if e.Status == http.StatusBadRequest && withIDs && namesTokenIDs(e) && !refusalRetried {
+			// Hosted APIs refuse fields they do not know; token ids are a
+			// bonus, logprobs are what the call cannot do without.
+			if c.tokenIDs.Swap(int32(TokenIDsRefused)) != int32(TokenIDsRefused) {
+				c.log.Warn("policy server refused return_token_ids; continuing without token ids",
+					"url", c.endpoint, "message", e.Message)
+			}
+			refusalRetried = true
+			continue
+		}
+		if e.Permanent || retries >= c.cfg.Retries {
+			return res, e
+		}
+		wait := c.backoff(e, retries)
+		if time.Until(deadline)-wait < time.Millisecond {
+			return res, e
+		}
+		c.log.Warn("policy call failed; retrying", "url", c.endpoint, "attempt", attempt,
+			"error", e.Error(), "wait", wait)
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				res.Model.Seconds = time.Since(start).Seconds()
+				return res, c.fail(attempt, 0, ctx.Err(), "", nil)
+			}
+		}
+		retries++
+	}
+}
+
+// retryBackoff is the first wait before retrying a 5xx or a connection
+// error; it doubles with each retry. A timeout is retried at once (the
+// attempt already waited StepTimeout) and a 429 after its Retry-After.
+const retryBackoff = 500 * time.Millisecond
+
+func (c *Client) backoff(e *Error, retries int) time.Duration {
+	var d time.Duration
+	switch {
+	case errors.Is(e.Err, ErrTimeout):
+		return 0
+	case errors.Is(e.Err, ErrRateLimited) && e.retryAfter > 0:
+		d = e.retryAfter
+	default:
+		d = retryBackoff << min(retries, 10)
+	}
+	return min(d, c.cfg.StepTimeout)
+}
+
+// errAttemptTimeout is the cause of an attempt's context when StepTimeout
+// expires, to tell it apart from the caller's deadline.
+var errAttemptTimeout = errors.New("attempt timed out")
+
+// attempt makes one request and fills res from the answer; it returns nil
+// on success.
+func (c *Client) attempt(ctx context.Context, body []byte, withIDs bool, timeout time.Duration, res *Result) *Error {
+	actx, cancel := context.WithTimeoutCause(ctx, timeout, errAttemptTimeout)
+	defer cancel()
+	var raw []byte
+	_, err := c.svc.New(actx, openai.ChatCompletionNewParams{},
+		option.WithRequestBody("application/json", body),
+		option.WithResponseBodyInto(&raw))
+	if err == nil {
+		err = c.fill(res, raw, withIDs)
+	}
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() == nil && errors.Is(context.Cause(actx), errAttemptTimeout) {
+		return c.newError(0, ErrTimeout, fmt.Sprintf("no complete answer within %v", timeout), nil)
+	}
+	return c.classify(err)
+}
+
+func (c *Client) classify(err error) *Error {
+	var se *statusError
+	switch {
+	case errors.As(err, &se):
+		e := c.newError(se.status, nil, se.message, nil)
+		e.param = c.redact(se.param)
+		e.retryAfter = se.retryAfter
+		switch s := se.status; {
+		case s == http.StatusTooManyRequests:
+			e.Err = ErrRateLimited
+		case s == http.StatusRequestTimeout:
+			e.Err = ErrTimeout
+		case s >= 500:
+			e.Err = ErrServer
+		case s == http.StatusUnauthorized || s == http.StatusForbidden:
+			e.Err, e.Permanent = ErrUnauthorized, true
+		case s == http.StatusNotFound:
+			e.Err, e.Permanent = ErrNotFound, true
+		default:
+			e.Err, e.Permanent = ErrBadRequest, true
+		}
+		return e
+	case errors.Is(err, errBadCompletion):
+		return c.newError(0, ErrBadResponse, err.Error(), nil)
+	case isJSONError(err):
+		return c.newError(0, ErrBadResponse, "response is not valid JSON: "+err.Error(), nil)
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || isNetError(err):
+		return c.newError(0, ErrConnection, err.Error(), err)
+	default:
+		// openai-go's own complaints about a 200 answer (wrong content
+		// type, unreadable body) land here.
+		return c.newError(0, ErrBadResponse, err.Error(), nil)
+	}
+}
+
+func isJSONError(err error) bool {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	return errors.As(err, &syn) || errors.As(err, &typ)
+}
+
+func isNetError(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+func (c *Client) newError(status int, kind error, message string, cause error) *Error {
+	return &Error{
+		URL:     c.endpoint,
+		Model:   c.cfg.Model,
+		Status:  status,
+		Message: c.redact(message),
+		Err:     kind,
+		cause:   cause,
+	}
+}
+
+// fail is the error of a call the caller's ctx ended.
+func (c *Client) fail(attempts, status int, ctxErr error, message string, cause error) *Error {
+	e := c.newError(status, ctxErr, message, cause)
+	e.Attempts = attempts
+	return e
+}
+
+// redact removes the API key from text that came from elsewhere (server
+// messages, transport errors), in case a server echoes it.
+func (c *Client) redact(s string) string {
+	if c.cfg.APIKey == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, c.cfg.APIKey, "[redacted]")
+}
+
+func namesTokenIDs(e *Error) bool {
+	return e.param == "return_token_ids" || strings.Contains(e.Message, "return_token_ids")
+}
+
+// catchHTTPErrors turns an HTTP error answer into a *statusError before
+// openai-go sees it: openai-go only understands nested error bodies and
+// loses the message of flat ones and of {"error": "Unauthorized"}.
+func catchHTTPErrors(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+	res, err := next(req)
+	if err != nil || res.StatusCode < 400 {
+		return res, err
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+	msg, param := errorMessage(body)
+	if msg == "" {
+		msg = http.StatusText(res.StatusCode)
+	}
+	return nil, &statusError{
+		status:     res.StatusCode,
+		message:    msg,
+		param:      param,
+		retryAfter: parseRetryAfter(res.Header.Get("Retry-After"), time.Now()),
+	}
+}
+
+// errBadCompletion marks a 200 answer that parsed but is not a usable
+// chat completion.
+var errBadCompletion = errors.New("not a chat completion")
+
+// fill copies what a trainer needs from the answer raw into res.
+func (c *Client) fill(res *Result, raw []byte, withIDs bool) error {
+	var cc chatResponse
+	if err := json.Unmarshal(raw, &cc); err != nil {
+		return err
+	}
+	if len(cc.Choices) == 0 {
+		return fmt.Errorf("%w: the answer has no choices", errBadCompletion)
+	}
+	ch := cc.Choices[0]
+	msg := ch.Message
+	r := schema.Response{Content: deref(msg.Content), FinishReason: ch.FinishReason}
+	r.Reasoning = deref(msg.Reasoning)
+	if r.Reasoning == "" {
+		r.Reasoning = deref(msg.ReasoningContent)
+	}
+	var tokens []string
+	if ch.Logprobs != nil && len(ch.Logprobs.Content) > 0 {
+		n := len(ch.Logprobs.Content)
+		r.Logprobs = make([]float64, n)
+		tokens = make([]string, n)
+		for i, t := range ch.Logprobs.Content {
+			r.Logprobs[i] = t.Logprob
+			tokens[i] = t.Token
+		}
+	}
+	haveIDs := ch.TokenIDs != nil
+	if haveIDs {
+		r.TokenIDs = *ch.TokenIDs
+		if r.TokenIDs == nil {
+			r.TokenIDs = []int64{}
+		}
+	} else {
+		r.Tokens = tokens
+	}
+	var completionTokens int
+	if cc.Usage != nil {
+		completionTokens = cc.Usage.CompletionTokens
+	}
+
+	var warnings []string
+	if haveIDs && r.Logprobs != nil && len(r.TokenIDs) != len(r.Logprobs) {
+		warnings = append(warnings, WarnLogprobsMismatch)
+	}
+	if r.Logprobs == nil && (len(r.TokenIDs) > 0 || completionTokens > 0) {
+		warnings = append(warnings, WarnNoLogprobs)
+	}
+	var promptIDs []int64
+	switch {
+	case cc.PromptTokenIDs != nil:
+		promptIDs = *cc.PromptTokenIDs
+	case ch.PromptTokenIDs != nil:
+		promptIDs = *ch.PromptTokenIDs
+	}
+	var calls []ToolCall
+	for _, tc := range msg.ToolCalls {
+		if tc.Function.Name != "" {
+			calls = append(calls, ToolCall{Name: tc.Function.Name, Arguments: arguments(tc.Function.Arguments)})
+		}
+	}
+
+	if withIDs {
+		if haveIDs {
+			c.tokenIDs.Store(int32(TokenIDsReturned))
+		} else {
+			c.tokenIDs.CompareAndSwap(int32(TokenIDsUnknown), int32(TokenIDsIgnored))
+		}
+	}
+	res.Response = r
+	res.ToolCalls = calls
+	res.Warnings = warnings
+	res.PromptTokenIDs = promptIDs
+	if u := cc.Usage; u != nil {
+		res.Model.PromptTokens = u.PromptTokens
+		res.Model.CompletionTokens = u.CompletionTokens
+		if u.PromptTokensDetails != nil {
+			res.CacheReported = true
+			res.Model.CachedTokens = u.PromptTokensDetails.CachedTokens
+		}
+	}
+	return nil
+}

@@ -1,0 +1,169 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Defaults for Config.
+const (
+	// DefaultStepTimeout bounds one attempt of a model call.
+	DefaultStepTimeout = 60 * time.Second
+	// DefaultRetries is the number of extra tries the CLI allows after a
+	// retryable failure.
+	DefaultRetries = 1
+	// DefaultMaxInflight means no cap on concurrent model calls.
+	DefaultMaxInflight = 0
+)
+
+// ErrInvalidConfig is wrapped by every error of Config.Validate.
+var ErrInvalidConfig = errors.New("invalid policy config")
+
+// Config says which server and model to call and how. The zero value of
+// each optional field is documented; Validate reports what is missing.
+//
+// The APIKey is secret: String, GoString and LogValue redact it, and no error
+// or log line of this package contains it. Printing a struct that holds a
+// Config in an unexported field bypasses String, so don't.
+type Config struct {
+	// BaseURL is the server's OpenAI API root, e.g.
+	// "http://127.0.0.1:8000/v1"; requests go to BaseURL/chat/completions.
+	BaseURL string
+	// Model is the model name sent with every request.
+	Model string
+	// Version names the policy weights; it is recorded with the
+	// trajectories, not sent.
+	Version string
+	// APIKey is sent as a bearer token when set. The CLI reads it from
+	// LEGATO_POLICY_KEY; it is never a flag.
+	APIKey string
+	// StepTimeout bounds one attempt of a call; zero means
+	// DefaultStepTimeout. A call never runs longer than
+	// (Retries+1)·StepTimeout.
+	StepTimeout time.Duration
+	// Retries is the number of extra tries after a timeout, a connection
+	// error, a 429 or a 5xx. Zero means none; the CLI's default is
+	// DefaultRetries.
+	Retries int
+	// MaxInflight caps concurrent calls across every user of the Client;
+	// zero means no cap. Time spent waiting for a slot is reported as
+	// queue time, not model time.
+	MaxInflight int
+	// MaxTokens caps generated tokens per call; zero leaves it to the
+	// server.
+	MaxTokens int
+	// Temperature is the sampling temperature; nil leaves it to the server
+	// (vLLM then uses the model's generation config).
+	Temperature *float64
+	// Extra holds more top-level request fields, sent as they are (e.g.
+	// "top_k", "chat_template_kwargs"). It may not set the fields the
+	// client owns: model, messages, logprobs, return_token_ids, stream,
+	// max_tokens and temperature (set MaxTokens and Temperature instead).
+	Extra map[string]any
+	// Logger receives retries and degradations; nil discards them.
+	Logger *slog.Logger
+	// HTTPClient sends the requests; nil means a client of the Client's
+	// own, with enough idle connections for MaxInflight callers, closed by
+	// Client.Close.
+	HTTPClient *http.Client
+}
+
+// ownedFields are the request fields the client sets itself (max_tokens and
+// temperature through their Config fields), so that no body carries a key
+// twice.
+var ownedFields = []string{"model", "messages", "logprobs", "return_token_ids", "stream", "max_tokens", "temperature"}
+
+// Validate reports every problem of c, each naming the field and what to
+// do; the errors wrap ErrInvalidConfig.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if c.BaseURL == "" {
+		bad("BaseURL is empty: set it to the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
+	} else if u, err := url.Parse(c.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad("BaseURL %q is not an http(s) URL: set it to the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1", redactURL(c.BaseURL))
+	}
+	if c.Model == "" {
+		bad("Model is empty: set it to the name the server serves the policy under")
+	}
+	if strings.ContainsAny(c.APIKey, "\r\n") {
+		bad("APIKey contains a line break: check how it was read")
+	}
+	if c.StepTimeout < 0 {
+		bad("StepTimeout is %v: use a positive duration, or zero for %v", c.StepTimeout, DefaultStepTimeout)
+	}
+	if c.Retries < 0 {
+		bad("Retries is %d: use zero or more", c.Retries)
+	}
+	if c.MaxInflight < 0 {
+		bad("MaxInflight is %d: use zero (no cap) or more", c.MaxInflight)
+	}
+	if c.MaxTokens < 0 {
+		bad("MaxTokens is %d: use zero (server default) or more", c.MaxTokens)
+	}
+	if t := c.Temperature; t != nil && (*t < 0 || *t > 2) {
+		bad("Temperature is %v: use a value in [0, 2], or nil for the server's default", *t)
+	}
+	for _, f := range ownedFields {
+		if _, ok := c.Extra[f]; ok {
+			bad("Extra sets %q, which the client sets itself: remove it (use MaxTokens and Temperature for those)", f)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// String describes c with the API key redacted.
+func (c Config) String() string {
+	temp := "server default"
+	if c.Temperature != nil {
+		temp = fmt.Sprint(*c.Temperature)
+	}
+	return fmt.Sprintf("policy.Config{BaseURL: %q, Model: %q, Version: %q, APIKey: %s, StepTimeout: %v, Retries: %d, MaxInflight: %d, MaxTokens: %d, Temperature: %s}",
+		redactURL(c.BaseURL), c.Model, c.Version, redactedKey(c.APIKey), c.StepTimeout, c.Retries, c.MaxInflight, c.MaxTokens, temp)
+}
+
+// GoString is String, so that %#v does not print the key either.
+func (c Config) GoString() string { return c.String() }
+
+// LogValue implements slog.LogValuer with the API key redacted.
+func (c Config) LogValue() slog.Value {
+	attrs := []slog.Attr{
+		slog.String("base_url", redactURL(c.BaseURL)),
+		slog.String("model", c.Model),
+		slog.String("version", c.Version),
+		slog.String("api_key", redactedKey(c.APIKey)),
+		slog.Duration("step_timeout", c.StepTimeout),
+		slog.Int("retries", c.Retries),
+		slog.Int("max_inflight", c.MaxInflight),
+	}
+	if c.MaxTokens > 0 {
+		attrs = append(attrs, slog.Int("max_tokens", c.MaxTokens))
+	}
+	if c.Temperature != nil {
+		attrs = append(attrs, slog.Float64("temperature", *c.Temperature))
+	}
+	return slog.GroupValue(attrs...)
+}
+
+func redactedKey(key string) string {
+	if key == "" {
+		return "(none)"
+	}
+	return "[redacted]"
+}
+
+// redactURL hides a password in a URL's user info.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}

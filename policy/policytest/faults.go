@@ -1,0 +1,108 @@
+package policytest
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Fault is a misbehaviour the server shows on one request, chosen by
+// Options.Faults.
+type Fault int
+
+const (
+	// NoFault answers normally.
+	NoFault Fault = iota
+	// FaultHang never answers: the request is held until the client gives
+	// up or the server closes.
+	FaultHang
+	// FaultServerError answers 500 with the dialect's error body.
+	FaultServerError
+	// FaultRateLimit answers 429 with a Retry-After header
+	// (Options.RetryAfter).
+	FaultRateLimit
+	// FaultRefuseField answers 400 naming return_token_ids when the
+	// request carries it, as hosted APIs do; a request without it is
+	// answered normally.
+	FaultRefuseField
+	// FaultIgnoreField answers as if return_token_ids had not been sent, as
+	// servers too old to know it do.
+	FaultIgnoreField
+	// FaultFlatError answers 500 with a flat {"object":"error","message":…}
+	// body, as SGLang and old vLLM do.
+	FaultFlatError
+	// FaultUnauthorizedString answers 401 {"error":"Unauthorized"}, as
+	// vLLM's --api-key check does.
+	FaultUnauthorizedString
+	// FaultMalformedJSON answers 200 with a complete body that is not JSON.
+	FaultMalformedJSON
+	// FaultTruncatedBody answers 200, sends half the body and drops the
+	// connection.
+	FaultTruncatedBody
+	// FaultSlowFirstByte waits Options.FirstByteDelay before answering.
+	FaultSlowFirstByte
+	// FaultNoLogprobs answers without logprobs even when they were asked
+	// for.
+	FaultNoLogprobs
+	// FaultLogprobsMismatch answers with one logprob fewer than token ids.
+	FaultLogprobsMismatch
+)
+
+var faultNames = [...]string{
+	NoFault:                 "none",
+	FaultHang:               "hang",
+	FaultServerError:        "500",
+	FaultRateLimit:          "429",
+	FaultRefuseField:        "refuse-field",
+	FaultIgnoreField:        "ignore-field",
+	FaultFlatError:          "flat-error",
+	FaultUnauthorizedString: "401-string",
+	FaultMalformedJSON:      "malformed-json",
+	FaultTruncatedBody:      "truncated-body",
+	FaultSlowFirstByte:      "slow-first-byte",
+	FaultNoLogprobs:         "no-logprobs",
+	FaultLogprobsMismatch:   "logprobs-mismatch",
+}
+
+func (f Fault) String() string {
+	if f >= 0 && int(f) < len(faultNames) {
+		return faultNames[f]
+	}
+	return fmt.Sprintf("Fault(%d)", int(f))
+}
+
+// ParseFault returns the fault named s (as printed by Fault.String).
+func ParseFault(s string) (Fault, error) {
+	for f, name := range faultNames {
+		if name == s {
+			return Fault(f), nil
+		}
+	}
+	return NoFault, fmt.Errorf("unknown fault %q: want one of %s", s, strings.Join(faultNames[:], ", "))
+}
+
+// FaultSeq returns an Options.Faults that gives the n-th request (from 0)
+// faults[n] and every later request NoFault.
+func FaultSeq(faults ...Fault) func(n int, req Request) Fault {
+	return func(n int, _ Request) Fault {
+		if n < len(faults) {
+			return faults[n]
+		}
+		return NoFault
+	}
+}
+
+// FaultAlways returns an Options.Faults that gives every request f.
+func FaultAlways(f Fault) func(n int, req Request) Fault {
+	return func(int, Request) Fault { return f }
+}
+
+// FaultEvery returns an Options.Faults that gives every k-th request f
+// (requests k-1, 2k-1, …).
+func FaultEvery(k int, f Fault) func(n int, req Request) Fault {
+	return func(n int, _ Request) Fault {
+		if k > 0 && (n+1)%k == 0 {
+			return f
+		}
+		return NoFault
+	}
+}

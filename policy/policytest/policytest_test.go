@@ -1,0 +1,629 @@
+package policytest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+
+	"legato/rl/schema"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPiecesRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"empty", "", nil},
+		{"words", "Click the button", []string{"Click", " the", " button"}},
+		{"punctuation", "at (12, 340).", []string{"at", " ", "(", "12", ",", " 340", ")", "."}},
+		{"newlines", "a\n\nb", []string{"a", "\n\n", "b"}},
+		{"spaces", "a   b", []string{"a", "  ", " b"}},
+		{"unicode", "café ☕", []string{"café", " ", "☕"}},
+		{"tool call", `{"action": "key"}`, []string{"{", `"`, "action", `"`, ":", " ", `"`, "key", `"`, "}"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := pieces(tt.in)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("pieces(%q) (-want +got):\n%s", tt.in, diff)
+			}
+			if joined := strings.Join(got, ""); joined != tt.in {
+				t.Errorf("pieces(%q) joined = %q", tt.in, joined)
+			}
+		})
+	}
+}
+
+func FuzzPieces(f *testing.F) {
+	f.Add("Action: Click at (841, 101).\n<tool_call>\n{}\n</tool_call>")
+	f.Add("  \n\n x\xff\xfe")
+	f.Fuzz(func(t *testing.T, s string) {
+		if joined := strings.Join(pieces(s), ""); joined != s {
+			t.Fatalf("pieces(%q) joined = %q", s, joined)
+		}
+	})
+}
+
+func TestTokenize(t *testing.T) {
+	reply := DefaultScript(Request{Instruction: "Open the terminal"})
+	a, b := Tokenize(reply), Tokenize(reply)
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Fatalf("Tokenize is not deterministic (-first +second):\n%s", diff)
+	}
+	var text strings.Builder
+	for i, tok := range a {
+		text.WriteString(tok.Text)
+		if tok.Logprob >= 0 || tok.Logprob < -4.01 {
+			t.Errorf("token %d %q: logprob %v outside (-4.01, 0)", i, tok.Text, tok.Logprob)
+		}
+		if tok.ID < 0 || tok.ID >= wordVocab {
+			t.Errorf("token %d %q: id %d outside the vocabulary", i, tok.Text, tok.ID)
+		}
+	}
+	if text.String() != reply {
+		t.Errorf("tokens spell %q, want %q", text.String(), reply)
+	}
+}
+
+func TestLatencyShape(t *testing.T) {
+	var l Latency // zero: the default model
+	if got := l.Slowdown(32); got < 1.99 || got > 2.01 {
+		t.Errorf("Slowdown(32) = %v, want 2 (latency doubles at the knee)", got)
+	}
+	if got := l.Slowdown(1); got > 1.01 {
+		t.Errorf("Slowdown(1) = %v, want about 1", got)
+	}
+	throughput := func(n int) float64 { return float64(n) / l.Slowdown(n) }
+	peak := 1
+	for n := 1; n <= 200; n++ {
+		if throughput(n) > throughput(peak) {
+			peak = n
+		}
+	}
+	if peak != 48 {
+		t.Errorf("throughput peaks at %d in flight, want 48", peak)
+	}
+	if throughput(80) > throughput(64)/2 {
+		t.Errorf("throughput at 80 = %.2f, want less than half of %.2f at 64 (collapse past capacity)", throughput(80), throughput(64))
+	}
+	d := DefaultLatency()
+	want := time.Duration(float64(d.Base+100*d.PerPromptToken+10*d.PerToken) * l.Slowdown(5))
+	if got := l.Duration(5, 100, 10); got != want {
+		t.Errorf("Duration(5, 100, 10) = %v, want %v", got, want)
+	}
+}
+
+// commonBlocks is what a block-granular prefix cache should serve for b
+// after a: the whole blocks of their common prefix, leaving at least the
+// last token of b to compute.
+func commonBlocks(a, b []uint64) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	n = n / BlockSize * BlockSize
+	if n >= len(b) {
+		n = (len(b) - 1) / BlockSize * BlockSize
+	}
+	return n
+}
+
+func TestPrefixCache(t *testing.T) {
+	sys := schema.Message{Role: "system", Content: []schema.Part{schema.TextPart(strings.Repeat("You operate a desktop. ", 10))}}
+	user := func(text, img string) schema.Message {
+		return schema.Message{Role: "user", Content: []schema.Part{schema.TextPart(text), schema.ImagePart(img)}}
+	}
+	asst := func(text string) schema.Message {
+		return schema.Message{Role: "assistant", Content: []schema.Part{schema.TextPart(text)}}
+	}
+	step0 := []schema.Message{sys, user("Open the file manager", "data:image/png;base64,ONE")}
+	step1 := append(append([]schema.Message(nil), step0...), asst("Action: click"), user("", "data:image/png;base64,TWO"))
+	step2 := append(append([]schema.Message(nil), step1...), asst("Action: type"), user("", "data:image/png;base64,THREE"))
+	// step2 with its oldest screenshot dropped, as an image-max limit does.
+	dropped := append([]schema.Message{sys, {Role: "user", Content: []schema.Part{schema.TextPart("Open the file manager")}}}, step2[2:]...)
+	otherImage := []schema.Message{sys, user("Open the file manager", "data:image/png;base64,OTHER")}
+
+	tests := []struct {
+		name        string
+		before, req []schema.Message
+		capacity    int
+	}{
+		{"group sibling repeats the prompt", step0, step0, DefaultCacheBlocks},
+		{"next step extends the prompt", step0, step1, DefaultCacheBlocks},
+		{"step after next", step1, step2, DefaultCacheBlocks},
+		{"dropping the oldest screenshot misses", step2, dropped, DefaultCacheBlocks},
+		{"a different image misses from the image on", step0, otherImage, DefaultCacheBlocks},
+		{"evicted when the cache is too small", step0, step0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newPrefixCache(tt.capacity)
+			_, before := promptTokens(tt.before, 64)
+			_, keys := promptTokens(tt.req, 64)
+			if got := c.serve(before); got != 0 {
+				t.Fatalf("cold cache served %d tokens, want 0", got)
+			}
+			want := commonBlocks(before, keys)
+			if tt.capacity < len(before)/BlockSize {
+				want = 0
+			}
+			if got := c.serve(keys); got != want {
+				t.Errorf("cached = %d of %d tokens, want %d", got, len(keys), want)
+			}
+		})
+	}
+	// The cases above must show the effects they are named for.
+	_, k0 := promptTokens(step0, 64)
+	_, k1 := promptTokens(step1, 64)
+	_, k2 := promptTokens(step2, 64)
+	_, kd := promptTokens(dropped, 64)
+	if got := commonBlocks(k0, k1); got < len(k0)-BlockSize {
+		t.Errorf("step 1 shares %d tokens with step 0 (%d tokens), want all but the last block", got, len(k0))
+	}
+	if got := commonBlocks(k2, kd); got > len(k2)/4 {
+		t.Errorf("dropping a screenshot still shares %d of %d tokens", got, len(k2))
+	}
+}
+
+func TestDefaultScript(t *testing.T) {
+	var failures, types, keys int
+	for i := range 60 {
+		instr := fmt.Sprintf("Task number %d: do something on the desktop", i)
+		ended := false
+		for step := 0; step < 5 && !ended; step++ {
+			reply := DefaultScript(Request{Instruction: instr, Step: step})
+			if reply != DefaultScript(Request{Instruction: instr, Step: step}) {
+				t.Fatalf("%q step %d: reply is not deterministic", instr, step)
+			}
+			calls, rest := extractToolCalls(reply, 0)
+			if len(calls) != 1 || calls[0].Function.Name != "computer_use" {
+				t.Fatalf("%q step %d: reply %q has %d computer_use calls, want 1", instr, step, reply, len(calls))
+			}
+			if !strings.HasPrefix(rest, "Action: ") {
+				t.Errorf("%q step %d: text %q does not start with Action:", instr, step, rest)
+			}
+			var args struct {
+				Action     string `json:"action"`
+				Status     string `json:"status"`
+				Coordinate []int  `json:"coordinate"`
+			}
+			if err := json.Unmarshal([]byte(calls[0].Function.Arguments), &args); err != nil {
+				t.Fatalf("%q step %d: arguments %s: %v", instr, step, calls[0].Function.Arguments, err)
+			}
+			switch args.Action {
+			case "terminate":
+				ended = true
+				if args.Status == "failure" {
+					failures++
+				}
+			case "type":
+				types++
+			case "key":
+				keys++
+			case "left_click":
+				for _, c := range args.Coordinate {
+					if c < 0 || c > 999 {
+						t.Errorf("%q step %d: coordinate %d off the 0-999 grid", instr, step, c)
+					}
+				}
+			default:
+				t.Errorf("%q step %d: unexpected action %q", instr, step, args.Action)
+			}
+		}
+		if !ended {
+			t.Errorf("%q: no terminate within 5 steps", instr)
+		}
+	}
+	if failures == 0 || failures == 60 || types == 0 || keys == 0 {
+		t.Errorf("over 60 tasks: %d failures, %d type actions, %d key actions; want some of each", failures, types, keys)
+	}
+}
+
+// post sends body to the server's chat endpoint and returns the answer.
+func post(t *testing.T, s *Server, header http.Header, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.URL()+"/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	res, err := s.Client().Do(req)
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return res, b
+}
+
+const chatBody = `{"model": "m", "logprobs": true, "return_token_ids": true, "messages": [
+	{"role": "system", "content": "You operate a Linux desktop. Answer with one tool call per step."},
+	{"role": "user", "content": [{"type": "text", "text": "Open the terminal"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}`
+
+func TestDialectGolden(t *testing.T) {
+	reasoningScript := func(Request) string {
+		return "<think>\nThe terminal icon is on the left.\n</think>\nAction: open it.\n<tool_call>\n" +
+			`{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [12, 34]}}` + "\n</tool_call>"
+	}
+	noIDs := strings.Replace(chatBody, `"return_token_ids": true, `, "", 1)
+	tests := []struct {
+		name string
+		opts Options
+		// bodies are sent in turn; the default is chatBody twice, the
+		// second answer showing cached tokens.
+		bodies []string
+	}{
+		{"vllm", Options{Dialect: VLLM}, nil},
+		{"vllm-no-cache-report", Options{Dialect: VLLM, NoCacheReport: true}, nil},
+		{"vllm-reasoning-tool-calls", Options{Dialect: VLLM, SplitReasoning: true, ToolCalls: true, Script: reasoningScript}, nil},
+		{"vllm-ignores-return-token-ids", Options{Dialect: VLLM, Faults: FaultAlways(FaultIgnoreField)}, []string{chatBody}},
+		{"sglang", Options{Dialect: SGLang}, nil},
+		{"sglang-reasoning", Options{Dialect: SGLang, SplitReasoning: true, Script: reasoningScript}, nil},
+		{"openai", Options{Dialect: OpenAI}, []string{chatBody, noIDs, noIDs}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tt.opts.NoLatency = true
+				tt.opts.ImageTokens = 32
+				s := NewPipeServer(tt.opts)
+				defer s.Close()
+				var out bytes.Buffer
+				bodies := tt.bodies
+				if bodies == nil {
+					bodies = []string{chatBody, chatBody}
+				}
+				for i, req := range bodies {
+					res, body := post(t, s, nil, req)
+					fmt.Fprintf(&out, "# request %d: %d\n", i, res.StatusCode)
+					var pretty bytes.Buffer
+					if err := json.Indent(&pretty, body, "", "  "); err != nil {
+						t.Fatalf("answer is not JSON: %v\n%s", err, body)
+					}
+					out.Write(numberLists.ReplaceAllFunc(pretty.Bytes(), func(m []byte) []byte {
+						return spaces.ReplaceAll(m, nil)
+					}))
+					out.WriteString("\n")
+				}
+				golden(t, filepath.Join("testdata", tt.name+".golden"), out.Bytes())
+			})
+		})
+	}
+}
+
+// numberLists and spaces fold the indented lists of numbers (token ids,
+// bytes) of a golden answer onto one line each.
+var (
+	numberLists = regexp.MustCompile(`\[\n[-0-9.,\s]+\]`)
+	spaces      = regexp.MustCompile(`\s+`)
+)
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", path, diff)
+	}
+}
+
+func TestFaultAnswers(t *testing.T) {
+	tests := []struct {
+		name       string
+		opts       Options
+		fault      Fault
+		wantStatus int
+		// wantBody is a substring of the body; wantHeader a header value.
+		wantBody   string
+		wantHeader [2]string
+	}{
+		{"500", Options{}, FaultServerError, 500, `"error":{"code":500,"message":"scripted internal server error"`, [2]string{}},
+		{"500 sglang is flat", Options{Dialect: SGLang}, FaultServerError, 500, `"object":"error"`, [2]string{}},
+		{"429", Options{RetryAfter: 2500 * time.Millisecond}, FaultRateLimit, 429, "rate limit", [2]string{"Retry-After", "3"}},
+		{"refuse field", Options{}, FaultRefuseField, 400, `"param":"return_token_ids"`, [2]string{}},
+		{"ignore field", Options{}, FaultIgnoreField, 200, `"token_ids":null`, [2]string{}},
+		{"flat error", Options{}, FaultFlatError, 500, `{"code":500,"message":"scripted internal server error","object":"error"`, [2]string{}},
+		{"401 string", Options{}, FaultUnauthorizedString, 401, `{"error":"Unauthorized"}`, [2]string{}},
+		{"malformed", Options{}, FaultMalformedJSON, 200, `"index": 0 "message"`, [2]string{}},
+		{"no logprobs", Options{}, FaultNoLogprobs, 200, `"logprobs":null`, [2]string{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tt.opts.NoLatency = true
+				tt.opts.Faults = FaultAlways(tt.fault)
+				s := NewPipeServer(tt.opts)
+				defer s.Close()
+				res, body := post(t, s, nil, chatBody)
+				if res.StatusCode != tt.wantStatus || !strings.Contains(string(body), tt.wantBody) {
+					t.Errorf("got %d %s\nwant %d with %s", res.StatusCode, body, tt.wantStatus, tt.wantBody)
+				}
+				if h := tt.wantHeader; h[0] != "" && res.Header.Get(h[0]) != h[1] {
+					t.Errorf("%s = %q, want %q", h[0], res.Header.Get(h[0]), h[1])
+				}
+				if got := s.Stats().Faults; got != 1 {
+					t.Errorf("Stats().Faults = %d, want 1", got)
+				}
+			})
+		})
+	}
+}
+
+func TestFaultTruncatedBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewPipeServer(Options{NoLatency: true, Faults: FaultAlways(FaultTruncatedBody)})
+		defer s.Close()
+		res, err := s.Client().Post(s.URL()+"/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("reading the body: err = %v after %d bytes, want unexpected EOF", err, len(b))
+		}
+	})
+}
+
+func TestFaultDelays(t *testing.T) {
+	tests := []struct {
+		name    string
+		fault   Fault
+		timeout time.Duration
+		wantErr bool
+		want    time.Duration
+	}{
+		{"slow first byte", FaultSlowFirstByte, time.Minute, false, 7 * time.Second},
+		{"hang until the client gives up", FaultHang, 30 * time.Second, true, 30 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := NewPipeServer(Options{NoLatency: true, FirstByteDelay: 7 * time.Second, Faults: FaultAlways(tt.fault)})
+				defer s.Close()
+				ctx, cancel := context.WithTimeout(t.Context(), tt.timeout)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/chat/completions", strings.NewReader(chatBody))
+				start := time.Now()
+				res, err := s.Client().Do(req)
+				if err == nil {
+					_, err = io.ReadAll(res.Body)
+					res.Body.Close()
+				}
+				if (err != nil) != tt.wantErr {
+					t.Errorf("err = %v, want error: %v", err, tt.wantErr)
+				}
+				if got := time.Since(start); got != tt.want {
+					t.Errorf("answer after %v, want %v", got, tt.want)
+				}
+			})
+		})
+	}
+}
+
+func TestLatencyUnderLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lat := Latency{Base: time.Second}
+		s := NewPipeServer(Options{Latency: lat})
+		defer s.Close()
+		const n = 40
+		done := make(chan time.Duration, n)
+		start := time.Now()
+		for range n {
+			go func() {
+				post(t, s, nil, chatBody)
+				done <- time.Since(start)
+			}()
+		}
+		var last time.Duration
+		for range n {
+			last = max(last, <-done)
+		}
+		// Requests arrive one by one, so the last sees all 40 in flight.
+		if want := lat.Duration(n, 0, 0); last != want {
+			t.Errorf("slowest request took %v, want %v (Slowdown(40) = %.2f)", last, want, lat.Slowdown(n))
+		}
+		st := s.Stats()
+		if st.MaxInFlight != n || st.Completed != n || st.InFlight != 0 {
+			t.Errorf("stats = %+v, want %d completed with %d in flight at most", st, n, n)
+		}
+	})
+}
+
+func TestRequestChecks(t *testing.T) {
+	tests := []struct {
+		name       string
+		opts       Options
+		header     http.Header
+		body       string
+		wantStatus int
+		wantBody   string
+	}{
+		{"key missing", Options{APIKey: "k1"}, nil, chatBody, 401, `{"error":"Unauthorized"}`},
+		{"key wrong openai", Options{APIKey: "k1", Dialect: OpenAI}, http.Header{"Authorization": {"Bearer k2"}}, chatBody, 401, "invalid_api_key"},
+		{"key right", Options{APIKey: "k1"}, http.Header{"Authorization": {"Bearer k1"}}, chatBody, 200, `"finish_reason":"stop"`},
+		{"unknown model", Options{Model: "served"}, nil, chatBody, 404, "The model `m` does not exist."},
+		{"openai unknown fields", Options{Dialect: OpenAI}, nil, `{"model":"m","messages":[{"role":"user","content":"hi"}],"top_k":5,"return_token_ids":true}`, 400, "Unrecognized request argument supplied: return_token_ids, top_k"},
+		{"vllm ignores unknown fields", Options{}, nil, `{"model":"m","messages":[{"role":"user","content":"hi"}],"top_k":5}`, 200, `"token_ids":null`},
+		{"not json", Options{}, nil, `{"model":`, 400, "not a JSON object"},
+		{"no messages", Options{}, nil, `{"model":"m","messages":[]}`, 400, "messages must not be empty"},
+		{"stream", Options{}, nil, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, 400, "streaming"},
+		{"text only", Options{TextOnly: true}, nil, chatBody, 400, "not a multimodal model"},
+		{"max tokens", Options{}, nil, `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`, 200, `"finish_reason":"length"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tt.opts.NoLatency = true
+				s := NewPipeServer(tt.opts)
+				defer s.Close()
+				res, body := post(t, s, tt.header, tt.body)
+				if res.StatusCode != tt.wantStatus || !strings.Contains(string(body), tt.wantBody) {
+					t.Errorf("got %d %s\nwant %d with %s", res.StatusCode, body, tt.wantStatus, tt.wantBody)
+				}
+			})
+		})
+	}
+}
+
+func TestModelsEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewPipeServer(Options{Dialect: SGLang, Model: "qwen"})
+		defer s.Close()
+		res, err := s.Client().Get(s.URL() + "/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var got struct {
+			Data []struct {
+				ID      string `json:"id"`
+				OwnedBy string `json:"owned_by"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(res.Body).Decode(&got); err != nil {
+			t.Fatal(err)
+		}
+		want := []struct {
+			ID      string `json:"id"`
+			OwnedBy string `json:"owned_by"`
+		}{{"qwen", "sglang"}}
+		if diff := cmp.Diff(want, got.Data); diff != "" {
+			t.Errorf("/v1/models (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestListenLoopbackOnly(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", ":0", "192.0.2.1:8000", "example.com:80"} {
+		if s, err := Listen(addr, Options{}); err == nil {
+			s.Close()
+			t.Errorf("Listen(%q) succeeded, want a loopback error", addr)
+		}
+	}
+}
+
+func TestTCPServer(t *testing.T) {
+	s := NewServer(Options{NoLatency: true, KeepRequests: true})
+	defer s.Close()
+	res, body := post(t, s, nil, chatBody)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d: %s", res.StatusCode, body)
+	}
+	reqs := s.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("Requests() has %d entries, want 1", len(reqs))
+	}
+	want := Request{
+		Model: "m",
+		Messages: []schema.Message{
+			{Role: "system", Content: []schema.Part{schema.TextPart("You operate a Linux desktop. Answer with one tool call per step.")}},
+			{Role: "user", Content: []schema.Part{schema.TextPart("Open the terminal"), schema.ImagePart("data:image/png;base64,AAAA")}},
+		},
+		Instruction:    "Open the terminal",
+		Images:         1,
+		Fields:         []string{"logprobs", "messages", "model", "return_token_ids"},
+		Logprobs:       true,
+		ReturnTokenIDs: true,
+	}
+	if diff := cmp.Diff(want, reqs[0]); diff != "" {
+		t.Errorf("request (-want +got):\n%s", diff)
+	}
+}
+
+// lineWriter hands each write to a channel, so a test can wait for a
+// server's first line without polling.
+type lineWriter chan string
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	w <- string(p)
+	return len(p), nil
+}
+
+func TestServeMain(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	out := make(lineWriter, 8)
+	done := make(chan error, 1)
+	go func() {
+		done <- ServeMain(ctx, []string{"-addr", "127.0.0.1:0", "-dialect", "sglang", "-no-latency", "-fault", "500", "-fault-every", "2"}, out)
+	}()
+	var line string
+	select {
+	case line = <-out:
+	case err := <-done:
+		t.Fatalf("ServeMain returned early: %v", err)
+	}
+	url := line[strings.Index(line, "http://") : len(line)-1]
+	for i, want := range []int{200, 500, 200} {
+		res, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != want {
+			t.Errorf("request %d: status %d, want %d", i, res.StatusCode, want)
+		}
+	}
+	http.DefaultClient.CloseIdleConnections()
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("ServeMain after cancel = %v, want nil", err)
+	}
+}
+
+func TestServeMainErrors(t *testing.T) {
+	t.Setenv(KeyEnv, "")
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"dialect", []string{"-dialect", "tgi"}, `unknown dialect "tgi"`},
+		{"fault", []string{"-fault", "explode"}, `unknown fault "explode"`},
+		{"public address", []string{"-addr", "0.0.0.0:8000"}, "not a loopback address"},
+		{"key missing", []string{"-require-key"}, "LEGATO_POLICY_KEY"},
+		{"stray argument", []string{"serve"}, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ServeMain(t.Context(), tt.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ServeMain(%q) = %v, want an error containing %q", tt.args, err, tt.want)
+			}
+		})
+	}
+}
