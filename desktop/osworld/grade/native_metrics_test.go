@@ -1,0 +1,201 @@
+package grade
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// metricCase is a native metric call with hand-computed outcome. Result
+// and expected are JSON; a file's content in resultFile / expectedFile
+// makes that argument the file's path instead ("-" for a path that does
+// not exist).
+type metricCase struct {
+	name         string
+	metric       string
+	result       string
+	expected     string // "" for none
+	options      string // "" for {}
+	resultFile   *string
+	expectedFile *string
+	want         float64
+	wantRaise    string // Python exception type, "" for a score
+}
+
+func text(s string) *string { return &s }
+
+func (c metricCase) run(t *testing.T) (float64, error) {
+	t.Helper()
+	dir := t.TempDir()
+	arg := func(jsonText string, file *string, name string) any {
+		if file != nil {
+			p := filepath.Join(dir, name)
+			if *file != "-" {
+				if err := os.WriteFile(p, []byte(*file), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return p
+		}
+		v, err := decodePy([]byte(jsonText))
+		if err != nil {
+			t.Fatalf("bad JSON %q: %v", jsonText, err)
+		}
+		return v
+	}
+	result := arg(c.result, c.resultFile, "result.txt")
+	var expected any
+	hasExpected := c.expected != "" || c.expectedFile != nil
+	if hasExpected {
+		expected = arg(c.expected, c.expectedFile, "expected.txt")
+	}
+	opts := c.options
+	if opts == "" {
+		opts = "{}"
+	}
+	o, err := decodePy([]byte(opts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, ok := nativeMetricFor(c.metric)
+	if !ok {
+		t.Fatalf("no native %s", c.metric)
+	}
+	return m.call(c.metric, result, expected, hasExpected, o.(*pyDict))
+}
+
+// metricCases are shared with the differential tests against Python.
+var metricCases = []metricCase{
+	// exact_match(result, rules)
+	{name: "exact: same text", metric: "exact_match", result: `"100\n"`, expected: `{"expected":"100\n"}`, want: 1},
+	{name: "exact: missing newline", metric: "exact_match", result: `"100"`, expected: `{"expected":"100\n"}`, want: 0},
+	{name: "exact: int equals float", metric: "exact_match", result: `1`, expected: `{"expected":1.0}`, want: 1},
+	{name: "exact: True equals 1", metric: "exact_match", result: `true`, expected: `{"expected":1}`, want: 1},
+	{name: "exact: dict order ignored", metric: "exact_match", result: `{"a":1,"b":[2,3]}`, expected: `{"expected":{"b":[2,3],"a":1}}`, want: 1},
+	{name: "exact: None", metric: "exact_match", result: `null`, expected: `{"expected":null}`, want: 1},
+	{name: "exact: str is not int", metric: "exact_match", result: `"1"`, expected: `{"expected":1}`, want: 0},
+	{name: "exact: no expected key", metric: "exact_match", result: `"x"`, expected: `{}`, wantRaise: "KeyError"},
+	{name: "exact: rules a list", metric: "exact_match", result: `"x"`, expected: `["expected"]`, wantRaise: "TypeError"},
+	{name: "exact: unknown option", metric: "exact_match", result: `"x"`, expected: `{"expected":"x"}`, options: `{"ignore_case":true}`, wantRaise: "TypeError"},
+	{name: "exact: rules by keyword", metric: "exact_match", result: `"x"`, options: `{"rules":{"expected":"x"}}`, want: 1},
+	{name: "exact: no rules at all", metric: "exact_match", result: `"x"`, wantRaise: "TypeError"},
+
+	// check_include_exclude(result, rules)
+	{name: "incl: included", metric: "check_include_exclude", result: `"use terminal\n"`, expected: `{"include":["use terminal"]}`, want: 1},
+	{name: "incl: not included", metric: "check_include_exclude", result: `"use no terminal\n"`, expected: `{"include":["use terminal"]}`, want: 0},
+	{name: "incl: real task passes", metric: "check_include_exclude", result: `"no libreoffice is running\nkilled from terminal\n"`,
+		expected: `{"include":["no libreoffice is running","killed from terminal"],"exclude":["libreoffice is still running","not killed from terminal"]}`, want: 1},
+	{name: "incl: excluded text present", metric: "check_include_exclude", result: `"no libreoffice is running\nnot killed from terminal\n"`,
+		expected: `{"include":["no libreoffice is running","killed from terminal"],"exclude":["libreoffice is still running","not killed from terminal"]}`, want: 0},
+	{name: "incl: None result", metric: "check_include_exclude", result: `null`, expected: `{"include":["x"]}`, want: 0},
+	{name: "incl: a string include iterates characters", metric: "check_include_exclude", result: `"bca"`, expected: `{"include":"ab"}`, want: 1},
+	{name: "incl: list result is membership", metric: "check_include_exclude", result: `["a","bc"]`, expected: `{"include":["a"],"exclude":["b"]}`, want: 1},
+	{name: "incl: int result", metric: "check_include_exclude", result: `5`, expected: `{"include":["a"]}`, wantRaise: "TypeError"},
+	{name: "incl: int in str", metric: "check_include_exclude", result: `"abc"`, expected: `{"include":[1]}`, wantRaise: "TypeError"},
+	{name: "incl: empty rules", metric: "check_include_exclude", result: `""`, expected: `{}`, want: 1},
+	{name: "incl: rules a list", metric: "check_include_exclude", result: `"x"`, expected: `["x"]`, wantRaise: "AttributeError"},
+	{name: "incl: exclude not reached after a miss", metric: "check_include_exclude", result: `"abc"`, expected: `{"include":["z"],"exclude":[1]}`, want: 0},
+	{name: "incl: null include", metric: "check_include_exclude", result: `"abc"`, expected: `{"include":null}`, wantRaise: "TypeError"},
+
+	// match_in_list(result, rules): result in expected
+	{name: "match: in list", metric: "match_in_list", result: `"Bing"`, expected: `{"expected":["Microsoft Bing","Bing"]}`, want: 1},
+	{name: "match: not in list", metric: "match_in_list", result: `"Google"`, expected: `{"expected":["Microsoft Bing","Bing"]}`, want: 0},
+	{name: "match: substring of a str", metric: "match_in_list", result: `"Bing"`, expected: `{"expected":"Microsoft Bing"}`, want: 1},
+	{name: "match: None in a str", metric: "match_in_list", result: `null`, expected: `{"expected":"x"}`, wantRaise: "TypeError"},
+	{name: "match: int in floats", metric: "match_in_list", result: `1`, expected: `{"expected":[1.0]}`, want: 1},
+
+	// is_in_list(result, rules): expected in result
+	{name: "isin: in list", metric: "is_in_list", result: `["/home/user/Desktop/helloExtension","/x"]`, expected: `{"expected":"/home/user/Desktop/helloExtension"}`, want: 1},
+	{name: "isin: substring", metric: "is_in_list", result: `"abc"`, expected: `{"expected":"b"}`, want: 1},
+	{name: "isin: None result", metric: "is_in_list", result: `null`, expected: `{"expected":"b"}`, wantRaise: "TypeError"},
+	{name: "isin: dict key", metric: "is_in_list", result: `{"k":1}`, expected: `{"expected":"k"}`, want: 1},
+	{name: "isin: list in dict is unhashable", metric: "is_in_list", result: `{"k":1}`, expected: `{"expected":["k"]}`, wantRaise: "TypeError"},
+
+	// literal_match(result, expected, **options): str() comparison
+	{name: "literal: same", metric: "literal_match", result: `"abc"`, expected: `"abc"`, want: 1},
+	{name: "literal: case differs", metric: "literal_match", result: `"ABC"`, expected: `"abc"`, want: 0},
+	{name: "literal: ignore case", metric: "literal_match", result: `"ABC"`, expected: `"abc"`, options: `{"ignore_case":true}`, want: 1},
+	{name: "literal: int and its text", metric: "literal_match", result: `1`, expected: `"1"`, want: 1},
+	{name: "literal: float keeps .0", metric: "literal_match", result: `1.0`, expected: `"1"`, want: 0},
+	{name: "literal: float text", metric: "literal_match", result: `1.0`, expected: `"1.0"`, want: 1},
+	{name: "literal: big float", metric: "literal_match", result: `1e16`, expected: `"1e+16"`, want: 1},
+	{name: "literal: small float", metric: "literal_match", result: `0.0001`, expected: `"0.0001"`, want: 1},
+	{name: "literal: tiny float", metric: "literal_match", result: `0.00001`, expected: `"1e-05"`, want: 1},
+	{name: "literal: True", metric: "literal_match", result: `true`, expected: `"True"`, want: 1},
+	{name: "literal: None", metric: "literal_match", result: `null`, expected: `"None"`, want: 1},
+	{name: "literal: list repr", metric: "literal_match", result: `[1,"a",null]`, expected: `"[1, 'a', None]"`, want: 1},
+	{name: "literal: dict repr with quote", metric: "literal_match", result: `{"b":"it's","a":2}`, expected: `"{'b': \"it's\", 'a': 2}"`, want: 1},
+	{name: "literal: list type, ignore case", metric: "literal_match", result: `["A","b"]`, expected: `["a","B"]`, options: `{"type":"list","ignore_case":true}`, want: 1},
+	{name: "literal: list type, lengths differ", metric: "literal_match", result: `["a"]`, expected: `["a","b"]`, options: `{"type":"list"}`, want: 0},
+	{name: "literal: list type, not a list", metric: "literal_match", result: `"a"`, expected: `["a"]`, options: `{"type":"list"}`, want: 0},
+	{name: "literal: list type, str of elements", metric: "literal_match", result: `[1,2]`, expected: `["1","2"]`, options: `{"type":"list"}`, want: 1},
+	{name: "literal: unknown type", metric: "literal_match", result: `"a"`, expected: `"a"`, options: `{"type":"dict"}`, wantRaise: "NotImplementedError"},
+
+	// check_direct_json_object(result, rules)
+	{name: "json: expected keys equal", metric: "check_direct_json_object", result: `{"a":1,"b":"x"}`, expected: `{"expected":{"a":1}}`, want: 1},
+	{name: "json: a key differs", metric: "check_direct_json_object", result: `{"a":2}`, expected: `{"expected":{"a":1}}`, want: 0},
+	{name: "json: a key missing", metric: "check_direct_json_object", result: `{"b":1}`, expected: `{"expected":{"a":1}}`, want: 0},
+	{name: "json: text with single quotes", metric: "check_direct_json_object", result: `"  {'a': 1}\n"`, expected: `{"expected":{"a":1}}`, want: 1},
+	{name: "json: text that is not JSON", metric: "check_direct_json_object", result: `"not json"`, expected: `{"expected":{"a":1}}`, wantRaise: "JSONDecodeError"},
+	{name: "json: None", metric: "check_direct_json_object", result: `null`, expected: `{"expected":{"a":1}}`, want: 0},
+	{name: "json: JSON null text", metric: "check_direct_json_object", result: `"null"`, expected: `{"expected":{"a":1}}`, want: 0},
+	{name: "json: evaluation-failed marker", metric: "check_direct_json_object", result: `{"a":"__EVALUATION_FAILED__"}`, expected: `{"expected":{"a":"__EVALUATION_FAILED__"}}`, want: 0},
+	{name: "json: ignore_list_order always fails, as in OSWorld", metric: "check_direct_json_object", result: `{"a":[2,1]}`, expected: `{"expected":{"a":[1,2],"ignore_list_order":true}}`, want: 0},
+	{name: "json: in result, substring", metric: "check_direct_json_object", result: `{"time":"Mon, Jan 05, 2026"}`, expected: `{"expect_in_result":true,"expected":{"time":"Jan 05"}}`, want: 1},
+	{name: "json: in result, one of a list", metric: "check_direct_json_object", result: `{"start":"SEA"}`, expected: `{"expect_in_result":true,"expected":{"start":["Seattle","SEA"]}}`, want: 1},
+	{name: "json: in result, list member", metric: "check_direct_json_object", result: `{"tags":["x","y"]}`, expected: `{"expect_in_result":true,"expected":{"tags":["y"]}}`, want: 1},
+	{name: "json: in result, none of a list", metric: "check_direct_json_object", result: `{"start":"NYC"}`, expected: `{"expect_in_result":true,"expected":{"start":["SEA"]}}`, want: 0},
+	{name: "json: in result, missing key", metric: "check_direct_json_object", result: `{}`, expected: `{"expect_in_result":true,"expected":{"time":"Jan"}}`, want: 0},
+	{name: "json: in result, number", metric: "check_direct_json_object", result: `{"n":1}`, expected: `{"expect_in_result":true,"expected":{"n":1}}`, want: 0},
+	{name: "json: list result", metric: "check_direct_json_object", result: `[1]`, expected: `{"expected":{"a":1}}`, want: 0},
+	{name: "json: list result, nothing expected", metric: "check_direct_json_object", result: `[1]`, expected: `{"expected":{}}`, want: 1},
+	{name: "json: no expected", metric: "check_direct_json_object", result: `{"a":1}`, expected: `{}`, want: 0},
+
+	// compare_text_file(actual, expected, **options)
+	{name: "text: same", metric: "compare_text_file", resultFile: text("a\nb\n"), expectedFile: text("a\nb\n"), want: 1},
+	{name: "text: differ", metric: "compare_text_file", resultFile: text("a\nb\n"), expectedFile: text("a\nc\n"), want: 0},
+	{name: "text: universal newlines", metric: "compare_text_file", resultFile: text("a\r\nb\rc\n"), expectedFile: text("a\nb\nc\n"), want: 1},
+	{name: "text: blanks differ", metric: "compare_text_file", resultFile: text("a  b\n\tc\n"), expectedFile: text("a b c"), want: 0},
+	{name: "text: ignore blanks", metric: "compare_text_file", resultFile: text("a  b\n\tc\n"), expectedFile: text("a b c"), options: `{"ignore_blanks":true}`, want: 1},
+	{name: "text: ignore blanks, unicode space", metric: "compare_text_file", resultFile: text("a\u00a0\u2003b\x1fc"), expectedFile: text(" a b c "), options: `{"ignore_blanks":true}`, want: 1},
+	{name: "text: ignore case", metric: "compare_text_file", resultFile: text("ÄBC"), expectedFile: text("äbc"), options: `{"ignore_case":true}`, want: 1},
+	{name: "text: no result", metric: "compare_text_file", result: `null`, expectedFile: text("x"), want: 0},
+	{name: "text: empty result path", metric: "compare_text_file", result: `""`, expectedFile: text("x"), want: 0},
+	{name: "text: expected file missing", metric: "compare_text_file", resultFile: text("x"), expectedFile: text("-"), wantRaise: "FileNotFoundError"},
+	{name: "text: result file missing", metric: "compare_text_file", resultFile: text("-"), expectedFile: text("x"), wantRaise: "FileNotFoundError"},
+	{name: "text: not UTF-8", metric: "compare_text_file", resultFile: text("\xff\xfe"), expectedFile: text("x"), wantRaise: "UnicodeDecodeError"},
+	{name: "text: expected None", metric: "compare_text_file", resultFile: text("x"), expected: `null`, wantRaise: "TypeError"},
+
+	// diff_text_file(result, expect): difflib ratio over lines
+	{name: "diff: identical", metric: "diff_text_file", resultFile: text("x\ny\nz\n"), expectedFile: text("x\ny\nz\n"), want: 1},
+	{name: "diff: one line dropped", metric: "diff_text_file", resultFile: text("x\ny\nz\n"), expectedFile: text("x\nz\n"), want: 0.8},
+	{name: "diff: swapped pair", metric: "diff_text_file", resultFile: text("a\nb\n"), expectedFile: text("b\na\n"), want: 0.5},
+	{name: "diff: both empty", metric: "diff_text_file", resultFile: text(""), expectedFile: text(""), want: 1},
+	{name: "diff: empty result", metric: "diff_text_file", resultFile: text(""), expectedFile: text("a\n"), want: 0},
+	{name: "diff: CRLF is a line break", metric: "diff_text_file", resultFile: text("a\r\nb"), expectedFile: text("a\nb\n"), want: 1},
+	{name: "diff: None", metric: "diff_text_file", result: `null`, expectedFile: text("a\n"), want: 0},
+	{name: "diff: options refused", metric: "diff_text_file", resultFile: text("a"), expectedFile: text("a"), options: `{"x":1}`, wantRaise: "TypeError"},
+	{name: "diff: missing result file", metric: "diff_text_file", resultFile: text("-"), expectedFile: text("a"), wantRaise: "FileNotFoundError"},
+}
+
+func TestNativeMetrics(t *testing.T) {
+	for _, c := range metricCases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := c.run(t)
+			if c.wantRaise != "" {
+				var pe *PythonError
+				if !errors.As(err, &pe) || pe.Type != c.wantRaise {
+					t.Fatalf("%s = %v, %v; want it to raise %s", c.metric, got, err, c.wantRaise)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", c.metric, err)
+			}
+			if got != c.want {
+				t.Errorf("%s = %v, want %v", c.metric, got, c.want)
+			}
+		})
+	}
+}
