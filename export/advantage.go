@@ -1,0 +1,116 @@
+package export
+
+import (
+	"math"
+
+	"legato/rl/schema"
+)
+
+// Advantages returns the GRPO advantage of each reward within its group:
+// (reward − mean) / std with the population std. They are all 0 when the
+// rewards are all equal, so one reward, or a group every attempt solved,
+// gives 0 rather than a division by zero. The result has the length of
+// rewards.
+func Advantages(rewards []float64) []float64 {
+	adv := make([]float64, len(rewards))
+	if constant(rewards) {
+		return adv
+	}
+	n := float64(len(rewards))
+	var sum float64
+	for _, r := range rewards {
+		sum += r
+	}
+	mean := sum / n
+	// Two passes over the rewards: summing squared deviations from the mean
+	// loses no precision the way E[x²] − E[x]² does.
+	var ss float64
+	for _, r := range rewards {
+		ss += (r - mean) * (r - mean)
+	}
+	std := math.Sqrt(ss / n)
+	if std == 0 { // unequal rewards whose deviations underflow
+		return adv
+	}
+	for i, r := range rewards {
+		adv[i] = (r - mean) / std
+	}
+	return adv
+}
+
+// constant reports whether all rewards are equal (true for none or one).
+// Equality is tested directly, not through std == 0: the mean of equal
+// rewards such as 0.1 may differ from them in the last bit, and dividing
+// by that tiny std would turn rounding noise into advantages of ±1.
+func constant(rewards []float64) bool {
+	for _, r := range rewards[min(1, len(rewards)):] {
+		if r != rewards[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// groupTable collects the rewards of finished attempts per group and gives
+// each its advantage. It keeps a few words per finished attempt.
+type groupTable struct {
+	groups map[string]*groupRewards
+	// order lists group ids in order of first appearance, so reports are
+	// deterministic.
+	order []string
+}
+
+type groupRewards struct {
+	ids     []string
+	rewards []float64
+	adv     []float64 // filled by finish
+}
+
+func newGroupTable() *groupTable {
+	return &groupTable{groups: make(map[string]*groupRewards)}
+}
+
+// add records rec if it is a finished attempt with a reward, and reports
+// whether it did.
+func (t *groupTable) add(rec *schema.Record) bool {
+	if !rec.Status.Finished() || rec.Reward == nil {
+		return false
+	}
+	g := t.groups[rec.GroupID]
+	if g == nil {
+		g = &groupRewards{}
+		t.groups[rec.GroupID] = g
+		t.order = append(t.order, rec.GroupID)
+	}
+	g.ids = append(g.ids, rec.RolloutID)
+	g.rewards = append(g.rewards, *rec.Reward)
+	return true
+}
+
+// finish computes every group's advantages.
+func (t *groupTable) finish() {
+	for _, g := range t.groups {
+		g.adv = Advantages(g.rewards)
+	}
+}
+
+// advantage returns the advantage of the finished attempt rolloutID of
+// group, after finish; ok is false when add never took it.
+func (t *groupTable) advantage(group, rolloutID string) (adv float64, ok bool) {
+	g := t.groups[group]
+	if g == nil {
+		return 0, false
+	}
+	for i, id := range g.ids {
+		if id == rolloutID {
+			return g.adv[i], true
+		}
+	}
+	return 0, false
+}
+
+// constant reports whether group's finished rewards are all equal.
+func (t *groupTable) constant(group string) bool {
+	g := t.groups[group]
+	return g == nil || constant(g.rewards)
+}

@@ -1,0 +1,282 @@
+package export_test
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
+
+	"legato/rl/export"
+	"legato/rl/schema"
+)
+
+// syntheticRun describes a large run for the benchmark.
+type syntheticRun struct {
+	rollouts, steps, group int
+}
+
+// write writes the run into dir the way the content store lays it out,
+// without a Run: a Run syncs every object and record, which would make
+// generating 300,000 messages take minutes. Like a real run, each step's
+// prompt repeats the rollout's history (system prompt, instruction, every
+// earlier reply and screenshot), so messages are shared across steps and
+// each rollout adds two new ones per step. Images are references only; the
+// benchmark exports references and never reads them.
+func (s syntheticRun) write(dir string) error {
+	for _, d := range []string{schema.MessagesDir, schema.ImagesDir} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		return err
+	}
+	defer enc.Close()
+	put := func(m schema.Message) (string, error) {
+		canon, err := json.Marshal(m)
+		if err != nil {
+			return "", err
+		}
+		sum := sha256.Sum256(canon)
+		h := hex.EncodeToString(sum[:])
+		return h, os.WriteFile(filepath.Join(dir, schema.MessagesDir, h), enc.EncodeAll(canon, nil), 0o644)
+	}
+	// A system prompt the size of a computer_use tool schema.
+	system, err := put(schema.Message{Role: "system", Content: []schema.Part{
+		schema.TextPart(strings.Repeat("You control a desktop through the computer_use tool; describe each action. ", 40)),
+	}})
+	if err != nil {
+		return err
+	}
+
+	f, err := os.Create(filepath.Join(dir, schema.RecordsFile))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+	start := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+	// Rollouts are built by two workers (the machine has two cores) and
+	// written in order.
+	recs := make([][]byte, s.rollouts)
+	var g errgroup.Group
+	g.SetLimit(2)
+	instructions := make([]string, (s.rollouts+s.group-1)/s.group)
+	var instrMu sync.Mutex
+	for i := range s.rollouts {
+		g.Go(func() error {
+			task := i / s.group
+			instrMu.Lock()
+			instr := instructions[task]
+			if instr == "" {
+				if instr, err = put(schema.Message{Role: "user", Content: []schema.Part{
+					schema.TextPart(fmt.Sprintf("Task %d: open the report in the spreadsheet and sum column B, then save it as a PDF.", task)),
+				}}); err != nil {
+					instrMu.Unlock()
+					return err
+				}
+				instructions[task] = instr
+			}
+			instrMu.Unlock()
+			rec := schema.Record{
+				Schema: schema.Version, RolloutID: fmt.Sprintf("r-%05d", i), TaskID: fmt.Sprintf("task-%04d", task),
+				Domain: "libreoffice_calc", GroupID: fmt.Sprintf("v1/task-%04d", task), Attempt: i % s.group,
+				Policy: schema.Policy{Model: "qwen3-vl-8b", Version: "v1"}, Status: schema.StatusOK,
+				Reward: new(float64), NSteps: s.steps, Desktop: i % 16,
+				StartedAt: schema.Time{Time: start.Add(time.Duration(i) * time.Second)},
+				EndedAt:   schema.Time{Time: start.Add(time.Duration(i)*time.Second + 90*time.Second)},
+			}
+			*rec.Reward = float64(i % 3 % 2)
+			history := []string{system, instr}
+			for k := range s.steps {
+				shot, err := put(schema.Message{Role: "user", Content: []schema.Part{
+					schema.ImagePart(fmt.Sprintf("%s%064x", schema.ImageScheme, i*1000+k)),
+				}})
+				if err != nil {
+					return err
+				}
+				history = append(history, shot)
+				content := fmt.Sprintf("I will click cell B%d to select it.\n<tool_call>{\"name\": \"computer_use\", \"arguments\": {\"action\": \"left_click\", \"coordinate\": [%d, %d]}}</tool_call>", k+2, 100+k, 200+i%500)
+				ids := make([]int64, 80)
+				lps := make([]float64, 80)
+				for j := range ids {
+					ids[j] = int64(1000 + (i*7+j*13)%150000)
+					lps[j] = -float64((i+j)%97) / 64
+				}
+				rec.Steps = append(rec.Steps, schema.Step{
+					Request:   append([]string(nil), history...),
+					StartedAt: rec.StartedAt,
+					Response: schema.Response{Content: content, Reasoning: "The spreadsheet is open; column B holds the values.",
+						TokenIDs: ids, Logprobs: lps, FinishReason: "stop"},
+					Model:   schema.ModelCall{Seconds: 1.5, Attempts: 1, PromptTokens: 2000 + 1200*k, CompletionTokens: 80, CachedTokens: 1200 * k},
+					Actions: []schema.ActionRecord{{Action: fmt.Sprintf("import pyautogui; pyautogui.click(%d, %d)", 100+k, 200), ActS: 0.2, WaitS: 1, ObsS: 0.3}},
+				})
+				reply, err := put(schema.Message{Role: "assistant", Content: []schema.Part{schema.TextPart(content)}})
+				if err != nil {
+					return err
+				}
+				history = append(history, reply)
+			}
+			line, err := json.Marshal(&rec)
+			recs[i] = append(line, '\n')
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for _, line := range recs {
+		if _, err := w.Write(line); err != nil {
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// peakHeap samples the heap in use until stop is closed and returns the
+// largest value seen.
+func peakHeap(stop <-chan struct{}) uint64 {
+	var peak uint64
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var ms runtime.MemStats
+	for {
+		runtime.ReadMemStats(&ms)
+		peak = max(peak, ms.HeapInuse)
+		select {
+		case <-stop:
+			return peak
+		case <-tick.C:
+		}
+	}
+}
+
+// BenchmarkExportSteps exports a synthetic run of 10,000 rollouts × 15
+// steps (groups of 8) with image references, and reports the JSONL
+// written per second and the peak heap in use during the export. Run it
+// with -benchtime=1x: one export writes about a gigabyte.
+func BenchmarkExportSteps(b *testing.B) {
+	run := syntheticRun{rollouts: 10_000, steps: 15, group: 8}
+	dir := filepath.Join(b.TempDir(), "run")
+	// LEGATO_EXPORT_BENCH_RUN names a directory to keep the generated run
+	// in between benchmark runs; it is generated there when missing.
+	keep := os.Getenv("LEGATO_EXPORT_BENCH_RUN")
+	if keep != "" {
+		dir = keep
+	}
+	complete := filepath.Join(dir, ".complete")
+	if _, err := os.Stat(complete); err != nil {
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			b.Fatalf("%s holds files but no complete generated run: remove it or name an empty directory", dir)
+		}
+		t0, cpu0 := time.Now(), cpuTime()
+		if err := run.write(dir); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("generated %d rollouts × %d steps in %v (%v of CPU)", run.rollouts, run.steps,
+			time.Since(t0).Round(time.Millisecond), (cpuTime() - cpu0).Round(time.Millisecond))
+		if err := os.WriteFile(complete, nil, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runtime.GC()
+	out := filepath.Join(b.TempDir(), "train.jsonl")
+	b.ResetTimer()
+	var peak uint64
+	var st export.Stats
+	cpu0 := cpuTime()
+	for range b.N {
+		stop, done := make(chan struct{}), make(chan uint64)
+		go func() { done <- peakHeap(stop) }()
+		var err error
+		st, err = export.ExportSteps(dir, out, export.Options{})
+		close(stop)
+		peak = max(peak, <-done)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	if cpu := cpuTime() - cpu0; cpu > 0 {
+		b.ReportMetric(float64(st.Bytes)*float64(b.N)/1e6/cpu.Seconds(), "MB/cpu-s")
+	}
+	b.SetBytes(st.Bytes)
+	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
+	b.ReportMetric(float64(st.Lines), "lines")
+	if st.Lines != run.rollouts*run.steps {
+		b.Fatalf("wrote %d lines, want %d", st.Lines, run.rollouts*run.steps)
+	}
+}
+
+// BenchmarkSummaryBuilder feeds the records of 10,000 rollouts × 15 steps
+// on 16 desktops to a SummaryBuilder, taking a summary after every 8
+// records as collect refreshes summary.json when a group closes. One op is
+// the whole batch.
+func BenchmarkSummaryBuilder(b *testing.B) {
+	const rollouts, steps, desktops = 10_000, 15, 16
+	start := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	recs := make([]schema.Record, rollouts)
+	free := make([]time.Time, desktops)
+	for i := range free {
+		free[i] = start
+	}
+	for i := range recs {
+		d := i % desktops
+		at := free[d]
+		rec := schema.Record{
+			RolloutID: fmt.Sprintf("r-%05d", i), TaskID: fmt.Sprintf("t-%04d", i/8), GroupID: fmt.Sprintf("v1/t-%04d", i/8),
+			Status: schema.StatusOK, Reward: new(float64), Desktop: d, StartedAt: schema.Time{Time: at},
+			Timing: schema.Timing{ResetS: 20, WaitAfterResetS: 5, ObsS: 0.5},
+		}
+		*rec.Reward = float64(i % 2)
+		cur := at.Add(25500 * time.Millisecond)
+		for k := range steps {
+			model := time.Duration(1000+(i*37+k*101)%3000) * time.Millisecond
+			rec.Steps = append(rec.Steps, schema.Step{
+				StartedAt: schema.Time{Time: cur},
+				Model:     schema.ModelCall{Seconds: model.Seconds(), Attempts: 1, PromptTokens: 3000, CachedTokens: 2000},
+				Response:  schema.Response{TokenIDs: []int64{1}, Logprobs: []float64{-1}},
+				Actions:   []schema.ActionRecord{{ActS: 0.2, WaitS: 1.5, ObsS: 0.3}},
+			})
+			rec.Timing.ModelS += model.Seconds()
+			rec.Timing.ActS += 0.2
+			rec.Timing.WaitS += 1.5
+			rec.Timing.ObsS += 0.3
+			cur = cur.Add(model + 2*time.Second)
+		}
+		rec.Timing.WaitBeforeEvalS, rec.Timing.EvalS = 2, 3
+		cur = cur.Add(5 * time.Second)
+		rec.Timing.TotalS = cur.Sub(at).Seconds()
+		rec.EndedAt = schema.Time{Time: cur}
+		free[d] = cur
+		recs[i] = rec
+	}
+	b.ResetTimer()
+	for range b.N {
+		sb := export.NewSummaryBuilder(schema.Policy{}, 0, 0)
+		for i := range recs {
+			sb.Add(&recs[i])
+			if i%8 == 7 {
+				sb.Summary()
+			}
+		}
+		if s := sb.Summary(); s.ModelCalls != rollouts*steps {
+			b.Fatalf("ModelCalls = %d", s.ModelCalls)
+		}
+	}
+}

@@ -1,0 +1,448 @@
+package export
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sync/errgroup"
+
+	"legato/rl/schema"
+)
+
+// Options says how ExportSteps writes samples. The zero value writes image
+// references and keeps every group.
+type Options struct {
+	// InlineImages writes images as PNG data URLs. By default they stay
+	// legato-image://<sha256> references to DIR/images/<sha256>.png, which
+	// keeps the file small (a prompt repeats up to 20 screenshots).
+	InlineImages bool
+	// DropConstantGroups leaves out the groups whose finished rewards are
+	// all equal: their advantages are all 0, so they carry no GRPO signal.
+	DropConstantGroups bool
+}
+
+// The content-store caches of an export. An export goes rollout by
+// rollout, and a step's prompt repeats the earlier messages of its own
+// rollout and little else, so the caches only need to hold one rollout's
+// history (about 30 messages and, inlined, 15 screenshots of 1–2 MB as
+// data URLs). Bigger caches would only raise the memory an export holds
+// without saving reads.
+const (
+	exportMessageCacheBytes = 8 << 20
+	exportImageCacheBytes   = 64 << 20
+)
+
+// Stats describes one export.
+type Stats struct {
+	// Lines is the number of samples written: one per step.
+	Lines int
+	// Rollouts and Groups count the finished attempts and the groups whose
+	// samples were written.
+	Rollouts int
+	Groups   int
+	// DroppedGroups and DroppedLines count what DropConstantGroups left out.
+	DroppedGroups int
+	DroppedLines  int
+	// Records is the number of records read from rollouts.jsonl.
+	Records int
+	// MissingReward counts finished records without a reward, which are
+	// neither exported nor part of their group's statistics.
+	MissingReward int
+	// TornLines counts the unreadable lines of rollouts.jsonl that were
+	// skipped (see schema.ReadRecords); FirstTorn says where the first is.
+	TornLines int
+	FirstTorn *schema.LineError
+	// Bytes is the size of the written file.
+	Bytes int64
+}
+
+// Sample is one line of an export: one model call of a finished attempt,
+// with the prompt it was given, what the model generated and the attempt's
+// reward and group advantage. Decode lines into it.
+type Sample struct {
+	RolloutID string        `json:"rollout_id"`
+	TaskID    string        `json:"task_id"`
+	GroupID   string        `json:"group_id"`
+	Attempt   int           `json:"attempt"`
+	Step      int           `json:"step"` // index into the record's steps, from 0
+	Status    schema.Status `json:"status"`
+	// PolicyVersion is the version of the weights that generated the
+	// response, so a trainer can correct for off-policy samples.
+	PolicyVersion string  `json:"policy_version"`
+	Reward        float64 `json:"reward"`
+	Advantage     float64 `json:"advantage"`
+	// Messages is the exact prompt of the call.
+	Messages          []schema.Message `json:"messages"`
+	ResponseText      string           `json:"response_text"`
+	ResponseReasoning string           `json:"response_reasoning"`
+	ResponseTokenIDs  []int64          `json:"response_token_ids"`
+	ResponseLogprobs  []float64        `json:"response_logprobs"`
+	// ResponseTokens holds token strings when the server gave no ids.
+	ResponseTokens []string `json:"response_tokens"`
+	FinishReason   string   `json:"finish_reason"`
+	// Warnings repeats the step's data warnings, such as a logprobs and
+	// token ids length mismatch.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// sampleHead and sampleTail are the fields of Sample before and after its
+// messages. A line is written in three pieces so that a prompt with inline
+// screenshots (tens of MB) is never encoded as one buffer.
+type sampleHead struct {
+	RolloutID     string        `json:"rollout_id"`
+	TaskID        string        `json:"task_id"`
+	GroupID       string        `json:"group_id"`
+	Attempt       int           `json:"attempt"`
+	Step          int           `json:"step"`
+	Status        schema.Status `json:"status"`
+	PolicyVersion string        `json:"policy_version"`
+	Reward        float64       `json:"reward"`
+	Advantage     float64       `json:"advantage"`
+}
+
+type sampleTail struct {
+	ResponseText      string    `json:"response_text"`
+	ResponseReasoning string    `json:"response_reasoning"`
+	ResponseTokenIDs  []int64   `json:"response_token_ids"`
+	ResponseLogprobs  []float64 `json:"response_logprobs"`
+	ResponseTokens    []string  `json:"response_tokens"`
+	FinishReason      string    `json:"finish_reason"`
+	Warnings          []string  `json:"warnings,omitempty"`
+}
+
+// ExportSteps writes the training samples of the run directory runDir to
+// outPath as JSON lines: one Sample per step of every ok or truncated
+// attempt, in the order of rollouts.jsonl, with the group advantages
+// described in the package comment.
+//
+// It reads rollouts.jsonl twice, first for the rewards of each group and
+// then for the samples, holding a few words per finished attempt; prompts
+// come from the content store one step at a time. Records appended while
+// it runs are left for the next export. Unreadable lines are skipped and
+// counted in Stats.TornLines. outPath is written through a temp file in
+// its directory and renamed when complete, so it is never half-written.
+func ExportSteps(runDir, outPath string, opts Options) (Stats, error) {
+	return ExportStepsContext(context.Background(), runDir, outPath, opts)
+}
+
+// ExportStepsContext is ExportSteps stopping, with ctx's error and without
+// leaving outPath behind, when ctx is done.
+func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Options) (st Stats, err error) {
+	if runDir == "" {
+		return st, errors.New("export: empty run directory name: pass the run directory")
+	}
+	if outPath == "" {
+		return st, errors.New("export: empty output path: name the file to write the samples to")
+	}
+	if same, _ := sameFile(outPath, filepath.Join(runDir, schema.RecordsFile)); same {
+		return st, fmt.Errorf("export: output %s is the run's own %s: choose another file", outPath, schema.RecordsFile)
+	}
+
+	groups := newGroupTable()
+	var rs schema.ReadStats
+	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
+		rs, err := schema.ReadRecords(r, func(rec schema.Record) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if !groups.add(&rec) && rec.Status.Finished() {
+				st.MissingReward++
+			}
+			return nil
+		})
+		if err != nil {
+			return rs, err
+		}
+		groups.finish()
+
+		store, err := schema.OpenMessageStore(runDir, schema.StoreOptions{
+			MessageCacheBytes: exportMessageCacheBytes,
+			ImageCacheBytes:   exportImageCacheBytes,
+		})
+		if err != nil {
+			return rs, err
+		}
+		defer store.Close()
+		// The second pass reads the same bytes as the first, so every
+		// finished record it meets has its advantage.
+		if _, err := r.Seek(0, io.SeekStart); err != nil {
+			return rs, err
+		}
+		st.Bytes, err = writeAtomic(outPath, func(w io.Writer) error {
+			return writeSamples(ctx, r, w, store, groups, opts, &st)
+		})
+		return rs, err
+	})
+	st.Records, st.TornLines, st.FirstTorn = rs.Records, rs.TornLines, rs.FirstTorn
+	if err != nil {
+		return st, fmt.Errorf("export %s: %w", runDir, err)
+	}
+	for _, g := range groups.order {
+		if opts.DropConstantGroups && groups.constant(g) {
+			st.DroppedGroups++
+		}
+	}
+	return st, nil
+}
+
+// writeSamples is the second pass of an export. It runs as two stages of
+// about equal cost: a reader goroutine parses the next records and reads
+// their new messages from disk into the store's cache, while a writer
+// builds and writes the lines.
+func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.MessageStore, groups *groupTable, opts Options, st *Stats) error {
+	g, ctx := errgroup.WithContext(ctx)
+	recs := make(chan *schema.Record, 4)
+	g.Go(func() error {
+		defer close(recs)
+		seen := make(map[string]struct{})
+		_, err := schema.ReadRecords(r, func(rec schema.Record) error {
+			if _, ok := groups.advantage(rec.GroupID, rec.RolloutID); !ok {
+				return nil // not finished, or finished without a reward
+			}
+			if opts.DropConstantGroups && groups.constant(rec.GroupID) {
+				st.DroppedLines += len(rec.Steps) // only this goroutine writes it
+				return nil
+			}
+			// Warm the cache with the rollout's distinct messages; the
+			// writer reports any error when it loads them.
+			clear(seen)
+			for i := range rec.Steps {
+				for _, h := range rec.Steps[i].Request {
+					if _, ok := seen[h]; !ok {
+						seen[h] = struct{}{}
+						_, _ = store.Message(h)
+					}
+				}
+			}
+			select {
+			case recs <- &rec:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		return err
+	})
+	// On an error of the writer, g cancels ctx, which stops the reader.
+	g.Go(func() error { return writeRecords(ctx, recs, w, store, groups, opts, st) })
+	return g.Wait()
+}
+
+// writeRecords writes the samples of the records from recs.
+func writeRecords(ctx context.Context, recs <-chan *schema.Record, w io.Writer, store *schema.MessageStore, groups *groupTable, opts Options, st *Stats) error {
+	sw := newSampleWriter(w)
+	exported := make(map[string]struct{})
+	defer func() { st.Groups = len(exported) }()
+	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
+	for rec := range recs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		adv, _ := groups.advantage(rec.GroupID, rec.RolloutID)
+		head := sampleHead{
+			RolloutID:     rec.RolloutID,
+			TaskID:        rec.TaskID,
+			GroupID:       rec.GroupID,
+			Attempt:       rec.Attempt,
+			Status:        rec.Status,
+			PolicyVersion: rec.Policy.Version,
+			Reward:        *rec.Reward,
+			Advantage:     adv,
+		}
+		for i := range rec.Steps {
+			step := &rec.Steps[i]
+			msgs, err := store.LoadRequest(*step, load)
+			if err != nil {
+				return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+			}
+			head.Step = i
+			tail := sampleTail{
+				ResponseText:      step.Response.Content,
+				ResponseReasoning: step.Response.Reasoning,
+				ResponseTokenIDs:  step.Response.TokenIDs,
+				ResponseLogprobs:  step.Response.Logprobs,
+				ResponseTokens:    step.Response.Tokens,
+				FinishReason:      step.Response.FinishReason,
+				Warnings:          step.Warnings,
+			}
+			if err := sw.write(&head, msgs, &tail); err != nil {
+				return err
+			}
+			st.Lines++
+		}
+		st.Rollouts++
+		exported[rec.GroupID] = struct{}{}
+	}
+	return nil
+}
+
+// sampleWriter writes samples as JSON lines. HTML characters are not
+// escaped: replies are full of <tool_call> tags, and a trainer reads them
+// as text.
+type sampleWriter struct {
+	w       io.Writer
+	scratch bytes.Buffer
+	enc     *json.Encoder
+}
+
+func newSampleWriter(w io.Writer) *sampleWriter {
+	sw := &sampleWriter{w: w}
+	sw.enc = json.NewEncoder(&sw.scratch)
+	sw.enc.SetEscapeHTML(false)
+	return sw
+}
+
+// encode returns v's JSON, without the newline, in scratch memory valid
+// until the next call.
+func (sw *sampleWriter) encode(v any) ([]byte, error) {
+	sw.scratch.Reset()
+	if err := sw.enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(sw.scratch.Bytes(), []byte("\n")), nil
+}
+
+// write writes one line: head's fields, "messages", then tail's fields.
+func (sw *sampleWriter) write(head *sampleHead, msgs []schema.Message, tail *sampleTail) error {
+	b, err := sw.encode(head)
+	if err != nil {
+		return err
+	}
+	if _, err := sw.w.Write(b[:len(b)-1]); err != nil { // without its "}"
+		return err
+	}
+	if _, err := io.WriteString(sw.w, `,"messages":[`); err != nil {
+		return err
+	}
+	for i := range msgs {
+		if i > 0 {
+			if _, err := io.WriteString(sw.w, ","); err != nil {
+				return err
+			}
+		}
+		b, err := sw.encode(&msgs[i])
+		if err != nil {
+			return err
+		}
+		if _, err := sw.w.Write(b); err != nil {
+			return err
+		}
+	}
+	if _, err := io.WriteString(sw.w, "],"); err != nil {
+		return err
+	}
+	if b, err = sw.encode(tail); err != nil {
+		return err
+	}
+	b = append(b[1:], '\n') // without its "{"
+	_, err = sw.w.Write(b)
+	return err
+}
+
+// readRun calls read with a reader of runDir/rollouts.jsonl limited to its
+// size when opened: a snapshot of the append-only file, so that passes
+// over it see the same records while collect appends more.
+func readRun(runDir string, read func(*io.SectionReader) (schema.ReadStats, error)) (schema.ReadStats, error) {
+	f, err := os.Open(filepath.Join(runDir, schema.RecordsFile))
+	if err != nil {
+		return schema.ReadStats{}, fmt.Errorf("read records: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return schema.ReadStats{}, fmt.Errorf("read records: %w", err)
+	}
+	return read(io.NewSectionReader(f, 0, fi.Size()))
+}
+
+// writeAtomic writes path through a synced temp file in its directory and
+// a rename, and returns the bytes written. On error nothing is left behind.
+// Errors of write are returned as they are. The temp name does not start
+// with ".tmp-": a collect opening the run directory deletes those.
+func writeAtomic(path string, write func(io.Writer) error) (n int64, err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	cw := &countingWriter{w: f}
+	bw := bufio.NewWriterSize(cw, 1<<20)
+	if err := write(bw); err != nil {
+		return 0, err
+	}
+	if err := finish(f, bw, path); err != nil {
+		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	return cw.n, nil
+}
+
+// finish makes the temp file f, buffered by bw, the durable file path.
+func finish(f *os.File, bw *bufio.Writer, path string) error {
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	// CreateTemp makes 0600 files; a sample file is read by trainers run
+	// by other users like any output.
+	if err := f.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// sameFile reports whether a and b name the same existing file.
+func sameFile(a, b string) (bool, error) {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false, err
+	}
+	fb, err := os.Stat(b)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fa, fb), nil
+}

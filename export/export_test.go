@@ -1,0 +1,412 @@
+package export_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"legato/rl/export"
+	"legato/rl/schema"
+)
+
+func TestAdvantages(t *testing.T) {
+	tests := []struct {
+		name    string
+		rewards []float64
+		want    []float64
+	}{
+		{"two of four solved", []float64{1, 0, 1, 0}, []float64{1, -1, 1, -1}},
+		// mean 1/3, population std √2/3.
+		{"one of three solved", []float64{1, 0, 0}, []float64{math.Sqrt2, -1 / math.Sqrt2, -1 / math.Sqrt2}},
+		// mean 1/2, population std 1/√6.
+		{"partial credit", []float64{0.5, 1, 0}, []float64{0, math.Sqrt(1.5), -math.Sqrt(1.5)}},
+		{"all solved", []float64{1, 1, 1, 1}, []float64{0, 0, 0, 0}},
+		{"all failed", []float64{0, 0}, []float64{0, 0}},
+		// The mean of three 0.1s is not exactly 0.1: equal rewards must
+		// still give 0, not rounding noise divided by a tiny std.
+		{"all equal fractions", []float64{0.1, 0.1, 0.1}, []float64{0, 0, 0}},
+		{"single attempt", []float64{0.5}, []float64{0}},
+		{"none", []float64{}, []float64{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := export.Advantages(tt.rewards)
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
+				t.Errorf("Advantages(%v) (-want +got):\n%s", tt.rewards, diff)
+			}
+		})
+	}
+}
+
+func readSamples(t *testing.T, path string) []export.Sample {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []export.Sample
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 64<<20)
+	for sc.Scan() {
+		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		dec.DisallowUnknownFields()
+		var s export.Sample
+		if err := dec.Decode(&s); err != nil {
+			t.Fatalf("line %d: %v", len(out)+1, err)
+		}
+		out = append(out, s)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// key identifies a sample in test tables.
+type key struct {
+	Rollout string
+	Step    int
+}
+
+type expected struct {
+	Reward, Advantage float64
+}
+
+// fixedSamples lists the samples of the fixed run, hand-computed from its
+// description in fixedAttempts: group a's finished rewards are 1 and 0
+// (advantages ±1; the surplus a2 is left out), group b's are equal and
+// group c has one finished attempt (advantages 0).
+func fixedSamples(dropConstant bool) map[key]expected {
+	out := map[key]expected{}
+	add := func(id string, steps int, reward, adv float64) {
+		for s := range steps {
+			out[key{id, s}] = expected{reward, adv}
+		}
+	}
+	add("r-a0", 3, 1, 1)
+	add("r-a1", 3, 0, -1)
+	if !dropConstant {
+		add("r-b0", 2, 1, 0)
+		add("r-b1", 1, 1, 0)
+		add("r-c1", 2, 0.5, 0)
+	}
+	return out
+}
+
+func TestExportSteps(t *testing.T) {
+	tests := []struct {
+		name      string
+		opts      export.Options
+		golden    string
+		wantStats export.Stats
+	}{
+		{"refs", export.Options{}, "export-refs.golden.jsonl",
+			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11}},
+		{"inline images", export.Options{InlineImages: true}, "export-inline.golden.jsonl",
+			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11}},
+		{"drop constant groups", export.Options{DropConstantGroups: true}, "export-drop.golden.jsonl",
+			export.Stats{Lines: 6, Rollouts: 2, Groups: 1, DroppedGroups: 2, DroppedLines: 5, Records: 11}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "train.jsonl")
+			st, err := export.ExportSteps(fixedRun, out, tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.wantStats.Bytes = int64(len(data))
+			if diff := cmp.Diff(tt.wantStats, st); diff != "" {
+				t.Errorf("stats (-want +got):\n%s", diff)
+			}
+			golden(t, tt.golden, data)
+
+			samples := readSamples(t, out)
+			got := map[key]expected{}
+			for _, s := range samples {
+				got[key{s.RolloutID, s.Step}] = expected{s.Reward, s.Advantage}
+			}
+			if diff := cmp.Diff(fixedSamples(tt.opts.DropConstantGroups), got); diff != "" {
+				t.Errorf("rewards and advantages (-want +got):\n%s", diff)
+			}
+			checkAgainstRecords(t, samples, tt.opts.InlineImages)
+		})
+	}
+}
+
+// checkAgainstRecords checks each sample against the record and step it
+// came from: the prompt LoadRequest rebuilds, the response, the ids.
+func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
+	t.Helper()
+	recs := map[string]schema.Record{}
+	if _, err := schema.ReadRunRecords(fixedRun, func(r schema.Record) error { recs[r.RolloutID] = r; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		rec := recs[s.RolloutID]
+		step := rec.Steps[s.Step]
+		msgs, err := schema.LoadRequest(fixedRun, step, schema.LoadOptions{KeepImageRefs: !inline})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := export.Sample{
+			RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt,
+			Step: s.Step, Status: rec.Status, PolicyVersion: rec.Policy.Version, Reward: *rec.Reward,
+			Advantage: s.Advantage, Messages: msgs,
+			ResponseText: step.Response.Content, ResponseReasoning: step.Response.Reasoning,
+			ResponseTokenIDs: step.Response.TokenIDs, ResponseLogprobs: step.Response.Logprobs,
+			ResponseTokens: step.Response.Tokens, FinishReason: step.Response.FinishReason,
+			Warnings: step.Warnings,
+		}
+		if diff := cmp.Diff(want, s); diff != "" {
+			t.Errorf("sample %s step %d (-want +got):\n%s", s.RolloutID, s.Step, diff)
+		}
+		for _, m := range s.Messages {
+			for _, p := range m.Content {
+				if p.ImageURL == nil {
+					continue
+				}
+				if isRef := strings.HasPrefix(p.ImageURL.URL, schema.ImageScheme); isRef == inline {
+					t.Errorf("sample %s step %d: image %.40q with inline=%v", s.RolloutID, s.Step, p.ImageURL.URL, inline)
+				}
+			}
+		}
+	}
+}
+
+// TestExportTornLine exports a run whose last line was torn by a crash:
+// the samples are those of the intact run, and the torn line is reported.
+func TestExportTornLine(t *testing.T) {
+	dir := tornCopy(t)
+	out := filepath.Join(t.TempDir(), "train.jsonl")
+	st, err := export.ExportSteps(dir, out, export.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TornLines != 1 || st.FirstTorn == nil || st.FirstTorn.Line != 12 {
+		t.Errorf("TornLines = %d, FirstTorn = %v; want 1 torn line at line 12", st.TornLines, st.FirstTorn)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join("testdata", "export-refs.golden.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("export of the torn run (-want +got):\n%s", diff)
+	}
+}
+
+// TestExportErrors checks that a failed export names what failed and
+// leaves neither the output file nor a temp file behind.
+func TestExportErrors(t *testing.T) {
+	missingMessage := func(t *testing.T) string {
+		dir := filepath.Join(t.TempDir(), "run")
+		if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+			t.Fatal(err)
+		}
+		var hash string
+		schema.ReadRunRecords(dir, func(r schema.Record) error {
+			if r.RolloutID == "r-b0" {
+				hash = r.Steps[1].Request[3]
+			}
+			return nil
+		})
+		if err := os.Remove(filepath.Join(dir, schema.MessagesDir, hash)); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name    string
+		ctx     context.Context
+		dir     func(t *testing.T) string
+		wantIs  error
+		wantMsg string
+	}{
+		{"no run", context.Background(), func(t *testing.T) string { return filepath.Join(t.TempDir(), "nope") },
+			fs.ErrNotExist, "rollouts.jsonl"},
+		{"missing message", context.Background(), missingMessage, schema.ErrNotFound, "rollout r-b0 step 1"},
+		{"cancelled", cancelled, func(*testing.T) string { return fixedRun }, context.Canceled, "export testdata/run"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			outDir := t.TempDir()
+			out := filepath.Join(outDir, "train.jsonl")
+			_, err := export.ExportStepsContext(tt.ctx, tt.dir(t), out, export.Options{})
+			if !errors.Is(err, tt.wantIs) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("err = %v, want one matching %v that says %q", err, tt.wantIs, tt.wantMsg)
+			}
+			if left := listDir(t, outDir); len(left) != 0 {
+				t.Errorf("left behind %q", left)
+			}
+		})
+	}
+}
+
+// TestSummarize checks the fixed run's summary against hand-counted
+// values, then pins every field in a golden file.
+func TestSummarize(t *testing.T) {
+	s, st, err := export.Summarize(fixedRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Records != 11 || st.TornLines != 0 {
+		t.Errorf("read %d records, %d torn lines; want 11, 0", st.Records, st.TornLines)
+	}
+	type counted struct {
+		Tasks, Groups, Records     int
+		Counts                     map[schema.Status]int
+		SuccessRate, SolvedShare   float64
+		GroupsWithVariance         int
+		ModelCalls, RetriedCalls   int
+		PolicyErrors, EnvErrors    int
+		StepsWithLogprobs, WithIDs float64
+	}
+	want := counted{
+		Tasks: 3, Groups: 3, Records: 11,
+		Counts: map[schema.Status]int{"ok": 4, "truncated": 1, "cancelled": 1, "skipped": 1, "surplus": 1, "retried": 1, "error": 2},
+		// Finished rewards 1, 0, 1, 1, 0.5: three of five solved.
+		SuccessRate: 3.5 / 5, SolvedShare: 3.0 / 5,
+		GroupsWithVariance: 1, // group a
+		// Steps: a0 3, a2 2, a1 3, b0 2, b1 1, b2 1, c0 1, c1 2, c2 1.
+		ModelCalls: 16, RetriedCalls: 1,
+		PolicyErrors: 1, EnvErrors: 1,
+		// No logprobs: c1's 2 steps and c0's failed call; no ids: a1's 3
+		// steps and c0's failed call.
+		StepsWithLogprobs: 13.0 / 16, WithIDs: 12.0 / 16,
+	}
+	got := counted{s.Tasks, s.Groups, s.Records, s.Counts, s.SuccessRate, s.SolvedShare, s.GroupsWithVariance,
+		s.ModelCalls, s.RetriedCalls, s.PolicyErrors, s.EnvErrors, s.StepsWithLogprobs, s.StepsWithTokenIDs}
+	if diff := cmp.Diff(want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
+		t.Errorf("summary (-want +got):\n%s", diff)
+	}
+	var shares float64
+	for _, v := range s.PhaseShare {
+		shares += v
+	}
+	if math.Abs(shares-1) > 1e-9 {
+		t.Errorf("phase shares sum to %v, want 1: %v", shares, s.PhaseShare)
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "summary.golden.json", append(b, '\n'))
+
+	torn, st, err := export.Summarize(tornCopy(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TornLines != 1 || torn.TornLines != 1 {
+		t.Errorf("torn run: ReadStats.TornLines %d, Summary.TornLines %d; want 1", st.TornLines, torn.TornLines)
+	}
+	torn.TornLines = 0
+	if diff := cmp.Diff(s, torn); diff != "" {
+		t.Errorf("summary of the torn run differs beyond TornLines (-want +got):\n%s", diff)
+	}
+}
+
+// TestSummaryBuilderIncremental checks that summaries taken while records
+// arrive, as collect does, end equal to one taken at the end.
+func TestSummaryBuilderIncremental(t *testing.T) {
+	var recs []schema.Record
+	if _, err := schema.ReadRunRecords(fixedRun, func(r schema.Record) error { recs = append(recs, r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	policy := schema.Policy{Model: "qwen3-vl-8b", Version: "v7"}
+	once := export.NewSummaryBuilder(policy, 3, 3)
+	often := export.NewSummaryBuilder(policy, 3, 3)
+	for i := range recs {
+		once.Add(&recs[i])
+		often.Add(&recs[i])
+		if s := often.Summary(); s.Records != i+1 || s.Schema != schema.SummaryVersion {
+			t.Fatalf("after %d records: Records %d, Schema %q", i+1, s.Records, s.Schema)
+		}
+	}
+	if diff := cmp.Diff(once.Summary(), often.Summary()); diff != "" {
+		t.Errorf("(-once +often):\n%s", diff)
+	}
+	first, last, ok := once.Window()
+	wantFirst, wantLast := t0, recs[len(recs)-1].EndedAt.Time
+	if !ok || !first.Equal(wantFirst) || !last.Equal(wantLast) {
+		t.Errorf("Window() = %v, %v, %v; want %v, %v, true", first, last, ok, wantFirst, wantLast)
+	}
+}
+
+// TestTimeline checks the layout of r-a0 against its construction in
+// buildRecord: reset 4, wait 2, first observation 0.5, then per step its
+// queueing, its call and one action (act 0.25, wait 1.5, obs 0.5), then
+// the wait before grading 1 and grading 1.5.
+func TestTimeline(t *testing.T) {
+	var a0 schema.Record
+	schema.ReadRunRecords(fixedRun, func(r schema.Record) error {
+		if r.RolloutID == "r-a0" {
+			a0 = r
+		}
+		return nil
+	})
+	type span struct {
+		Phase      string
+		Start, End float64 // seconds from t0
+	}
+	want := []span{
+		{"reset_s", 0, 4}, {"wait_after_reset_s", 4, 6}, {"obs_s", 6, 6.5},
+		{"model_s", 6.5, 8}, {"act_s", 8, 8.25}, {"wait_s", 8.25, 9.75}, {"obs_s", 9.75, 10.25},
+		{"queue_s", 10.25, 10.5}, {"model_s", 10.5, 12.75}, {"act_s", 12.75, 13}, {"wait_s", 13, 14.5}, {"obs_s", 14.5, 15},
+		{"model_s", 15, 16.75}, {"act_s", 16.75, 17}, {"wait_s", 17, 18.5}, {"obs_s", 18.5, 19},
+		{"wait_before_eval_s", 19, 20}, {"eval_s", 20, 21.5},
+	}
+	var got []span
+	for _, s := range export.Timeline(&a0) {
+		got = append(got, span{s.Phase, s.Start.Sub(t0).Seconds(), s.End.Sub(t0).Seconds()})
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Timeline(r-a0) (-want +got):\n%s", diff)
+	}
+	if got := export.Timeline(&schema.Record{}); got != nil {
+		t.Errorf("Timeline of a record without a start = %v, want nil", got)
+	}
+}
+
+// TestTimelineQueueAnchored checks that a step's recorded start wins over
+// the summed durations: a gap before queueing is left to no phase.
+func TestTimelineQueueAnchored(t *testing.T) {
+	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	rec := &schema.Record{
+		Timing: schema.Timing{ResetS: 1, QueueS: 2, ModelS: 1},
+		Steps: []schema.Step{{
+			StartedAt: schema.Time{Time: at.Add(5 * time.Second)},
+			Model:     schema.ModelCall{Seconds: 1, QueueS: 2},
+		}},
+		StartedAt: schema.Time{Time: at},
+	}
+	var got []string
+	for _, s := range export.Timeline(rec) {
+		got = append(got, s.Phase+" "+s.Start.Sub(at).String()+"-"+s.End.Sub(at).String())
+	}
+	want := []string{"reset_s 0s-1s", "queue_s 3s-5s", "model_s 5s-6s"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}

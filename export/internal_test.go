@@ -1,0 +1,212 @@
+package export
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"legato/rl/schema"
+)
+
+func rec(id, group string, status schema.Status, reward *float64) *schema.Record {
+	return &schema.Record{RolloutID: id, GroupID: group, Status: status, Reward: reward}
+}
+
+func r(v float64) *float64 { return &v }
+
+// TestGroupTable checks which records enter a group's statistics and the
+// advantages they get, against hand-computed values.
+func TestGroupTable(t *testing.T) {
+	records := []*schema.Record{
+		// g1: finished rewards 1, 0, 0 → mean 1/3, population std √2/3.
+		rec("g1-ok1", "g1", schema.StatusOK, r(1)),
+		rec("g1-retried", "g1", schema.StatusRetried, nil),
+		rec("g1-trunc0", "g1", schema.StatusTruncated, r(0)),
+		rec("g1-surplus", "g1", schema.StatusSurplus, r(1)),
+		rec("g1-cancelled", "g1", schema.StatusCancelled, nil),
+		rec("g1-error", "g1", schema.StatusError, nil),
+		rec("g1-skipped", "g1", schema.StatusSkipped, nil),
+		rec("g1-ok0", "g1", schema.StatusOK, r(0)),
+		// g2: a single finished attempt among errors and surplus → 0.
+		rec("g2-error", "g2", schema.StatusError, nil),
+		rec("g2-ok", "g2", schema.StatusOK, r(1)),
+		rec("g2-surplus", "g2", schema.StatusSurplus, r(0)),
+		// g3: all equal → 0.
+		rec("g3-a", "g3", schema.StatusOK, r(1)),
+		rec("g3-b", "g3", schema.StatusTruncated, r(1)),
+		// g4: only surplus; a finished record without reward is not taken.
+		rec("g4-surplus", "g4", schema.StatusSurplus, r(1)),
+		rec("g4-noreward", "g4", schema.StatusOK, nil),
+	}
+	tab := newGroupTable()
+	var taken []string
+	for _, rc := range records {
+		if tab.add(rc) {
+			taken = append(taken, rc.RolloutID)
+		}
+	}
+	tab.finish()
+	if diff := cmp.Diff([]string{"g1-ok1", "g1-trunc0", "g1-ok0", "g2-ok", "g3-a", "g3-b"}, taken); diff != "" {
+		t.Errorf("records in the statistics (-want +got):\n%s", diff)
+	}
+
+	type adv struct {
+		Adv float64
+		OK  bool
+	}
+	want := map[string]adv{
+		"g1-ok1": {math.Sqrt2, true}, "g1-trunc0": {-1 / math.Sqrt2, true}, "g1-ok0": {-1 / math.Sqrt2, true},
+		"g2-ok": {0, true}, "g3-a": {0, true}, "g3-b": {0, true},
+	}
+	got := map[string]adv{}
+	for _, rc := range records {
+		if a, ok := tab.advantage(rc.GroupID, rc.RolloutID); ok {
+			got[rc.RolloutID] = adv{a, ok}
+		}
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
+		t.Errorf("advantages (-want +got):\n%s", diff)
+	}
+	gotConst := map[string]bool{}
+	for _, g := range []string{"g1", "g2", "g3", "g4"} {
+		gotConst[g] = tab.constant(g)
+	}
+	if diff := cmp.Diff(map[string]bool{"g1": false, "g2": true, "g3": true, "g4": true}, gotConst); diff != "" {
+		t.Errorf("constant groups (-want +got):\n%s", diff)
+	}
+}
+
+func TestIntervalSet(t *testing.T) {
+	tests := []struct {
+		name       string
+		a, b       []interval
+		wantUnion  []interval
+		wantMinus  int64
+		compactMid bool
+	}{
+		{name: "empty"},
+		{name: "disjoint", a: []interval{{5, 7}, {0, 2}}, b: []interval{{3, 4}},
+			wantUnion: []interval{{0, 2}, {5, 7}}, wantMinus: 4},
+		{name: "overlapping and touching merge", a: []interval{{0, 2}, {1, 4}, {4, 5}, {8, 9}},
+			b: []interval{{1, 3}}, wantUnion: []interval{{0, 5}, {8, 9}}, wantMinus: 4},
+		{name: "b covers a", a: []interval{{2, 3}}, b: []interval{{0, 10}},
+			wantUnion: []interval{{2, 3}}, wantMinus: 0},
+		{name: "b cuts holes", a: []interval{{0, 10}}, b: []interval{{1, 2}, {4, 6}, {9, 12}},
+			wantUnion: []interval{{0, 10}}, wantMinus: 6},
+		{name: "b spans two of a", a: []interval{{0, 3}, {5, 8}}, b: []interval{{2, 6}},
+			wantUnion: []interval{{0, 3}, {5, 8}}, wantMinus: 4},
+		{name: "empty intervals ignored", a: []interval{{3, 3}, {4, 2}},
+			wantUnion: nil, wantMinus: 0},
+		{name: "added after a compaction", a: []interval{{6, 8}, {0, 1}, {7, 9}}, compactMid: true,
+			wantUnion: []interval{{0, 1}, {6, 9}}, wantMinus: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var a, b intervalSet
+			for i, iv := range tt.a {
+				a.add(iv.start, iv.end)
+				if tt.compactMid && i == 0 {
+					a.compact()
+				}
+			}
+			for _, iv := range tt.b {
+				b.add(iv.start, iv.end)
+			}
+			if got := a.minus(&b); got != tt.wantMinus {
+				t.Errorf("minus = %d, want %d", got, tt.wantMinus)
+			}
+			if diff := cmp.Diff(tt.wantUnion, a.union, cmp.AllowUnexported(interval{}), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("union (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	tests := []struct {
+		name   string
+		sorted []float64
+		p      float64
+		want   float64
+	}{
+		{"none", nil, 0.5, 0},
+		{"one", []float64{3}, 0.99, 3},
+		{"median of even", []float64{1, 2, 3, 4}, 0.5, 2.5},
+		{"p95 interpolates", []float64{0, 10}, 0.95, 9.5},
+		{"p99 of 1..101", seq(1, 101), 0.99, 100},
+		{"max", []float64{1, 5}, 1, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := percentile(tt.sorted, tt.p); math.Abs(got-tt.want) > 1e-12 {
+				t.Errorf("percentile(%v, %v) = %v, want %v", tt.sorted, tt.p, got, tt.want)
+			}
+		})
+	}
+}
+
+func seq(lo, hi int) []float64 {
+	var out []float64
+	for i := lo; i <= hi; i++ {
+		out = append(out, float64(i))
+	}
+	return out
+}
+
+// TestSortedFloats checks that values added between sorts come out
+// merged in order.
+func TestSortedFloats(t *testing.T) {
+	var f sortedFloats
+	for _, v := range []float64{5, 1, 3} {
+		f.add(v)
+	}
+	if diff := cmp.Diff([]float64{1, 3, 5}, f.sorted()); diff != "" {
+		t.Errorf("first sort (-want +got):\n%s", diff)
+	}
+	for _, v := range []float64{4, 0, 6, 3} {
+		f.add(v)
+	}
+	if diff := cmp.Diff([]float64{0, 1, 3, 3, 4, 5, 6}, f.sorted()); diff != "" {
+		t.Errorf("after more (-want +got):\n%s", diff)
+	}
+}
+
+// TestServerIdle checks the idle time per phase on two hand-laid attempts
+// (seconds from t):
+//
+//	desktop 0: reset [0,2]  model [2,5]  act [5,6]  eval [6,7]
+//	desktop 1: reset [1,4]  queue [4,5]  model [5,6]  wait [6,8]
+//
+// The server is busy during [2,6].
+func TestServerIdle(t *testing.T) {
+	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	ts := func(s float64) schema.Time { return schema.Time{Time: at.Add(time.Duration(s * 1e9))} }
+	d0 := &schema.Record{
+		RolloutID: "d0", GroupID: "g", Status: schema.StatusOK, Reward: r(1), Desktop: 0,
+		Timing: schema.Timing{ResetS: 2, ModelS: 3, ActS: 1, EvalS: 1, TotalS: 7},
+		Steps: []schema.Step{{StartedAt: ts(2), Model: schema.ModelCall{Seconds: 3},
+			Actions: []schema.ActionRecord{{ActS: 1}}}},
+		StartedAt: ts(0), EndedAt: ts(7),
+	}
+	d1 := &schema.Record{
+		RolloutID: "d1", GroupID: "g", Status: schema.StatusCancelled, Desktop: 1,
+		Timing: schema.Timing{ResetS: 3, QueueS: 1, ModelS: 1, WaitS: 2, TotalS: 7},
+		Steps: []schema.Step{{StartedAt: ts(5), Model: schema.ModelCall{Seconds: 1, QueueS: 1},
+			Actions: []schema.ActionRecord{{WaitS: 2}}}},
+		StartedAt: ts(1), EndedAt: ts(8),
+	}
+	b := NewSummaryBuilder(schema.Policy{}, 0, 0)
+	b.Add(d0)
+	b.Add(d1)
+	got := b.Summary().ServerIdleS
+	want := map[string]float64{
+		PhaseReset: 2, PhaseWaitAfterReset: 0, PhaseQueue: 0, PhaseAct: 0, PhaseWait: 2, PhaseObs: 0,
+		PhaseWaitBeforeEval: 0, PhaseEval: 1, IdleTotal: 4,
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateApprox(0, 1e-9)); diff != "" {
+		t.Errorf("ServerIdleS (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,78 @@
+package export
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"legato/rl/export/internal/cli"
+)
+
+// UsageError is a command line of Main (or profile.Main) that cannot run
+// as given; the command-line tool exits with its usage code.
+type UsageError = cli.UsageError
+
+// Main is `legato rl export DIR --out FILE [--inline-images]
+// [--drop-constant-groups]`: it writes the run's training samples and
+// reports what it wrote on stdout, and skipped lines on stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("export", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "", "write the samples to `FILE`, one JSON line per model call (required)")
+	var opts Options
+	fs.BoolVar(&opts.InlineImages, "inline-images", false, "write images as PNG data URLs instead of references to DIR/images/")
+	fs.BoolVar(&opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
+
+Writes one training sample per model call of every ok or truncated attempt
+of the run directory DIR: the prompt, the response's text, token ids and
+logprobs, the reward, and the GRPO advantage within the attempt's group
+((reward - mean) / population std; 0 when the group's rewards are equal).
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	pos, err := cli.Parse(fs, args)
+	if err != nil {
+		return err
+	}
+	dir, err := cli.OneDir(pos, "export")
+	if err != nil {
+		return err
+	}
+	if *out == "" {
+		return cli.Usagef("export: missing --out FILE: name the file to write the samples to")
+	}
+	st, err := ExportStepsContext(ctx, dir, *out, opts)
+	if st.TornLines > 0 {
+		fmt.Fprintf(stderr, "warning: skipped %d unreadable line(s) of %s/rollouts.jsonl; first: %v\n", st.TornLines, dir, st.FirstTorn)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %d samples from %d rollouts in %d groups to %s (%s)\n",
+		st.Lines, st.Rollouts, st.Groups, *out, byteSize(st.Bytes))
+	if opts.DropConstantGroups {
+		fmt.Fprintf(stdout, "dropped %d groups with equal rewards (%d samples)\n", st.DroppedGroups, st.DroppedLines)
+	}
+	if st.MissingReward > 0 {
+		fmt.Fprintf(stderr, "warning: %d finished rollouts have no reward and were left out\n", st.MissingReward)
+	}
+	return nil
+}
+
+// byteSize formats n bytes for people.
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,96 @@
+package export_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"legato/rl/export"
+)
+
+func TestMainCommand(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "train.jsonl")
+	tests := []struct {
+		name       string
+		args       []string
+		dir        func(t *testing.T) string
+		wantStdout string
+		wantStderr string // a substring
+	}{
+		{name: "flags after the directory", args: []string{"DIR", "--out", out},
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n"},
+		{name: "flags before the directory", args: []string{"-out=" + out, "--drop-constant-groups", "DIR"},
+			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (6.7 KiB)\n" +
+				"dropped 2 groups with equal rewards (5 samples)\n"},
+		{name: "torn last line", args: []string{"DIR", "--out", out}, dir: tornCopy,
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n",
+			wantStderr: "warning: skipped 1 unreadable line(s) of "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := fixedRun
+			if tt.dir != nil {
+				dir = tt.dir(t)
+			}
+			args := append([]string(nil), tt.args...)
+			for i, a := range args {
+				if a == "DIR" {
+					args[i] = dir
+				}
+			}
+			var stdout, stderr bytes.Buffer
+			if err := export.Main(context.Background(), args, &stdout, &stderr); err != nil {
+				t.Fatalf("Main(%q): %v\nstderr: %s", args, err, stderr.String())
+			}
+			if diff := cmp.Diff(tt.wantStdout, stdout.String()); diff != "" {
+				t.Errorf("stdout (-want +got):\n%s", diff)
+			}
+			if tt.wantStderr == "" && stderr.Len() > 0 || !strings.Contains(stderr.String(), tt.wantStderr) {
+				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tt.wantStderr)
+			}
+			if _, err := os.Stat(out); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestMainCommandUsage(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantMsg string
+	}{
+		{"no directory", []string{"--out", "x.jsonl"}, "missing run directory"},
+		{"no --out", []string{fixedRun}, "missing --out FILE"},
+		{"two directories", []string{fixedRun, fixedRun, "--out", "x.jsonl"}, "want one run directory"},
+		{"unknown flag", []string{fixedRun, "--out", "x.jsonl", "--inline"}, "flag provided but not defined: -inline"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := export.Main(context.Background(), tt.args, &stdout, &stderr)
+			var usage *export.UsageError
+			if !errors.As(err, &usage) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("Main(%q) = %v, want a *UsageError saying %q", tt.args, err, tt.wantMsg)
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("stdout = %q, want nothing", stdout.String())
+			}
+		})
+	}
+	var stderr bytes.Buffer
+	if err := export.Main(context.Background(), []string{"-h"}, &bytes.Buffer{}, &stderr); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("Main(-h) = %v, want flag.ErrHelp", err)
+	}
+	if !strings.Contains(stderr.String(), "Usage: legato rl export DIR --out FILE") {
+		t.Errorf("-h printed %q, want the usage", stderr.String())
+	}
+}

@@ -1,0 +1,370 @@
+package export
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"legato/rl/schema"
+)
+
+// SummaryBuilder computes a batch's summary from its records. Feed it every
+// record of rollouts.jsonl, in file order, with Add; Summary may be called
+// at any time, as often as wanted. It keeps a few numbers per attempt and
+// per model call, and the merged intervals of each phase, never a record.
+// A SummaryBuilder is not safe for concurrent use.
+type SummaryBuilder struct {
+	policy        schema.Policy
+	tasks, groups int
+	taskIDs       map[string]struct{}
+	groupIDs      map[string]struct{}
+
+	records   int
+	counts    map[schema.Status]int
+	finished  int
+	rewardSum float64
+	solved    int
+	// rewards tracks whether each group's finished rewards vary.
+	rewards map[string]*rewardSpread
+
+	first, last  int64 // Unix ns; valid when timed
+	timed        bool
+	phaseS       [numPhases]float64
+	attemptTimeS float64 // Σ max(total_s, Σ phases)
+
+	latencies    sortedFloats
+	retriedCalls int
+	policyErrors int
+	envErrors    int
+	promptTokens int64
+	cachedTokens int64
+	steps        int
+	withLogprobs int
+	withTokenIDs int
+
+	busy    intervalSet // model calls in flight
+	inPhase [numPhases]intervalSet
+
+	tornLines int
+}
+
+type rewardSpread struct {
+	first  float64
+	varies bool
+}
+
+// NewSummaryBuilder returns a builder for a batch of tasks tasks and groups
+// groups run with policy. A zero tasks or groups is replaced by the number
+// of distinct task or group ids seen; a zero policy by the first record's.
+func NewSummaryBuilder(policy schema.Policy, tasks, groups int) *SummaryBuilder {
+	return &SummaryBuilder{
+		policy:   policy,
+		tasks:    tasks,
+		groups:   groups,
+		taskIDs:  make(map[string]struct{}),
+		groupIDs: make(map[string]struct{}),
+		counts:   make(map[schema.Status]int),
+		rewards:  make(map[string]*rewardSpread),
+	}
+}
+
+// statuses lists every status, so a summary's counts show the zeros too.
+func statuses() []schema.Status {
+	return []schema.Status{schema.StatusOK, schema.StatusTruncated, schema.StatusCancelled,
+		schema.StatusSkipped, schema.StatusSurplus, schema.StatusRetried, schema.StatusError}
+}
+
+// Add accounts for one record. Retried records count as records, and their
+// time and model calls count (the desktop and the server spent them), but
+// they have no reward.
+func (b *SummaryBuilder) Add(rec *schema.Record) {
+	if b.policy == (schema.Policy{}) {
+		b.policy = rec.Policy
+	}
+	b.taskIDs[rec.TaskID] = struct{}{}
+	b.groupIDs[rec.GroupID] = struct{}{}
+	b.records++
+	b.counts[rec.Status]++
+
+	if rec.Status.Finished() && rec.Reward != nil {
+		r := *rec.Reward
+		b.finished++
+		b.rewardSum += r
+		if r >= 1 {
+			b.solved++
+		}
+		if g := b.rewards[rec.GroupID]; g == nil {
+			b.rewards[rec.GroupID] = &rewardSpread{first: r}
+		} else if r != g.first {
+			g.varies = true
+		}
+	}
+	if rec.Status == schema.StatusError && rec.Error != nil {
+		switch rec.Error.Kind {
+		case schema.ErrorPolicy:
+			b.policyErrors++
+		case schema.ErrorEnv:
+			b.envErrors++
+		}
+	}
+
+	if !rec.StartedAt.IsZero() && !rec.EndedAt.IsZero() {
+		s, e := rec.StartedAt.UnixNano(), rec.EndedAt.UnixNano()
+		if !b.timed {
+			b.first, b.last, b.timed = s, e, true
+		}
+		b.first, b.last = min(b.first, s), max(b.last, e)
+	}
+	t := rec.Timing
+	durations := [numPhases]float64{t.ResetS, t.WaitAfterResetS, t.QueueS, t.ModelS, t.ActS,
+		t.WaitS, t.ObsS, t.WaitBeforeEvalS, t.EvalS}
+	var sum float64
+	for p, d := range durations {
+		if d > 0 {
+			b.phaseS[p] += d
+			sum += d
+		}
+	}
+	b.attemptTimeS += max(t.TotalS, sum)
+
+	for i := range rec.Steps {
+		st := &rec.Steps[i]
+		b.steps++
+		b.latencies.add(st.Model.Seconds)
+		if st.Model.Attempts > 1 {
+			b.retriedCalls++
+		}
+		b.promptTokens += int64(st.Model.PromptTokens)
+		b.cachedTokens += int64(st.Model.CachedTokens)
+		if len(st.Response.Logprobs) > 0 {
+			b.withLogprobs++
+		}
+		if len(st.Response.TokenIDs) > 0 {
+			b.withTokenIDs++
+		}
+	}
+	layout(rec, func(p phase, start, end int64) {
+		if p == phModel {
+			b.busy.add(start, end)
+		}
+		b.inPhase[p].add(start, end)
+	})
+}
+
+// setTornLines records how many unreadable lines the reader skipped.
+func (b *SummaryBuilder) setTornLines(n int) { b.tornLines = n }
+
+// Summary returns the summary of the records added so far, a new value on
+// each call. Final and GroupsClosed are left for the caller, which knows
+// whether the batch is over and which groups it closed.
+func (b *SummaryBuilder) Summary() *schema.Summary {
+	s := &schema.Summary{
+		Schema:      schema.SummaryVersion,
+		Policy:      b.policy,
+		Tasks:       b.tasks,
+		Groups:      b.groups,
+		Records:     b.records,
+		Counts:      make(map[schema.Status]int),
+		PhaseShare:  make(map[string]float64),
+		ServerIdleS: make(map[string]float64),
+		ModelCalls:  b.steps,
+		TornLines:   b.tornLines,
+	}
+	if s.Tasks == 0 {
+		s.Tasks = len(b.taskIDs)
+	}
+	if s.Groups == 0 {
+		s.Groups = len(b.groupIDs)
+	}
+	for _, st := range statuses() {
+		s.Counts[st] = 0
+	}
+	for st, n := range b.counts {
+		s.Counts[st] = n
+	}
+	if b.finished > 0 {
+		s.SuccessRate = b.rewardSum / float64(b.finished)
+		s.SolvedShare = float64(b.solved) / float64(b.finished)
+	}
+	for _, g := range b.rewards {
+		if g.varies {
+			s.GroupsWithVariance++
+		}
+	}
+	if b.timed {
+		s.WallS = seconds(b.last - b.first)
+		if s.WallS > 0 {
+			s.RolloutsPerHour = float64(b.finished) / (s.WallS / 3600)
+		}
+	}
+	if b.attemptTimeS > 0 {
+		var phases float64
+		for p := range numPhases {
+			s.PhaseShare[p.String()] = b.phaseS[p] / b.attemptTimeS
+			phases += b.phaseS[p]
+		}
+		if other := b.attemptTimeS - phases; other > 0 {
+			s.PhaseShare[PhaseOther] = other / b.attemptTimeS
+		}
+	}
+	for p := range numPhases {
+		if p == phModel {
+			continue // a desktop in its model call keeps the server busy
+		}
+		s.ServerIdleS[p.String()] = seconds(b.inPhase[p].minus(&b.busy))
+	}
+	if b.timed {
+		wall := intervalSet{union: []interval{{b.first, b.last}}}
+		s.ServerIdleS[IdleTotal] = seconds(wall.minus(&b.busy))
+	}
+	s.RetriedCalls = b.retriedCalls
+	lat := b.latencies.sorted()
+	s.ModelLatency = schema.Percentiles{
+		P50: percentile(lat, 0.50),
+		P95: percentile(lat, 0.95),
+		P99: percentile(lat, 0.99),
+	}
+	s.PolicyErrors = b.policyErrors
+	s.EnvErrors = b.envErrors
+	if b.promptTokens > 0 {
+		s.PrefixCacheHitRate = float64(b.cachedTokens) / float64(b.promptTokens)
+	}
+	if b.steps > 0 {
+		s.StepsWithLogprobs = float64(b.withLogprobs) / float64(b.steps)
+		s.StepsWithTokenIDs = float64(b.withTokenIDs) / float64(b.steps)
+	}
+	return s
+}
+
+// ModelLatencies returns the model-call latencies in seconds, sorted
+// ascending, in a new slice.
+func (b *SummaryBuilder) ModelLatencies() []float64 {
+	return slices.Clone(b.latencies.sorted())
+}
+
+// Window returns the wall-time window of the records added so far: the
+// first start and the last end; ok is false before a record with both.
+func (b *SummaryBuilder) Window() (first, last time.Time, ok bool) {
+	if !b.timed {
+		return time.Time{}, time.Time{}, false
+	}
+	return time.Unix(0, b.first).UTC(), time.Unix(0, b.last).UTC(), true
+}
+
+func seconds(ns int64) float64 { return float64(ns) / 1e9 }
+
+// percentile returns the p-quantile of sorted values, interpolating
+// linearly between the two nearest ranks (numpy's default); 0 for none.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := p * float64(len(sorted)-1)
+	lo := int(math.Floor(rank))
+	hi := min(lo+1, len(sorted)-1)
+	return sorted[lo] + (sorted[hi]-sorted[lo])*(rank-float64(lo))
+}
+
+// sortedFloats accumulates values and sorts them lazily, merging new values
+// into the sorted ones, so repeated summaries do not re-sort everything.
+type sortedFloats struct {
+	done    []float64
+	pending []float64
+	spare   []float64 // the previous done, reused by the next merge
+}
+
+func (f *sortedFloats) add(v float64) { f.pending = append(f.pending, v) }
+
+func (f *sortedFloats) sorted() []float64 {
+	if len(f.pending) == 0 {
+		return f.done
+	}
+	slices.Sort(f.pending)
+	merged := slices.Grow(f.spare[:0], len(f.done)+len(f.pending))
+	i, j := 0, 0
+	for i < len(f.done) && j < len(f.pending) {
+		if f.done[i] <= f.pending[j] {
+			merged = append(merged, f.done[i])
+			i++
+		} else {
+			merged = append(merged, f.pending[j])
+			j++
+		}
+	}
+	merged = append(merged, f.done[i:]...)
+	merged = append(merged, f.pending[j:]...)
+	f.done, f.spare, f.pending = merged, f.done, f.pending[:0]
+	return f.done
+}
+
+// BatchFile is the name of the batch description collect writes into a run
+// directory: the batch's task ids, so a summary knows how many tasks and
+// groups the batch has even before every one has a record.
+const BatchFile = "batch.json"
+
+// batchInfo is the part of batch.json a summary needs.
+type batchInfo struct {
+	TaskIDs []string `json:"task_ids"`
+}
+
+// readBatch returns the number of tasks in runDir/batch.json, or 0 when
+// there is no such file.
+func readBatch(runDir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(runDir, BatchFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read batch: %w", err)
+	}
+	var info batchInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return 0, fmt.Errorf("read batch %s: %w", filepath.Join(runDir, BatchFile), err)
+	}
+	return len(info.TaskIDs), nil
+}
+
+// Summarize computes the summary of the run directory runDir from its
+// records, with the same SummaryBuilder collect uses. The number of tasks
+// and groups (one group per task) comes from runDir/batch.json when it
+// exists, else from the distinct ids in the records. Unreadable lines are
+// skipped and counted in the summary's TornLines and in the ReadStats.
+func Summarize(runDir string) (*schema.Summary, schema.ReadStats, error) {
+	b, st, err := SummarizeEach(runDir, nil)
+	if err != nil {
+		return nil, st, err
+	}
+	return b.Summary(), st, nil
+}
+
+// SummarizeEach is Summarize for callers that need more than the summary
+// from the same pass over the records: it passes each record to fn (when
+// fn is not nil) after adding it, and returns the builder.
+func SummarizeEach(runDir string, fn func(*schema.Record)) (*SummaryBuilder, schema.ReadStats, error) {
+	tasks, err := readBatch(runDir)
+	if err != nil {
+		return nil, schema.ReadStats{}, err
+	}
+	b := NewSummaryBuilder(schema.Policy{}, tasks, tasks)
+	st, err := readRun(runDir, func(f *io.SectionReader) (schema.ReadStats, error) {
+		return schema.ReadRecords(f, func(rec schema.Record) error {
+			b.Add(&rec)
+			if fn != nil {
+				fn(&rec)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, st, fmt.Errorf("summarize %s: %w", runDir, err)
+	}
+	b.setTornLines(st.TornLines)
+	return b, st, nil
+}
