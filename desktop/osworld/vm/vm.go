@@ -1,0 +1,608 @@
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+)
+
+// SnapshotName is the internal snapshot (disk and memory) Start takes once
+// the guest answers, and that Revert restores.
+const SnapshotName = "legato-clean"
+
+// monitorHMP is libvirt-qemu.h's VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP, which
+// go-libvirt does not define: the command is HMP text, not QMP JSON.
+const monitorHMP = 1
+
+// startAttempts bounds the retries when a picked host port was taken by
+// someone else before QEMU bound it.
+const startAttempts = 4
+
+// Timings says how long the phases of Start and of the last reset took.
+type Timings struct {
+	// Define covers the overlay, the domain definition and QEMU's start.
+	Define time.Duration
+	// Boot is from QEMU's start until the guest server answered.
+	Boot time.Duration
+	// Snapshot is the creation of the clean snapshot.
+	Snapshot time.Duration
+	// LastReset is the last Revert/RevertLibvirt/RevertLoadvm/ColdBoot,
+	// until the guest answered again.
+	LastReset time.Duration
+}
+
+// VM is one running libvirt domain on its own overlay, with its guest
+// server forwarded to 127.0.0.1. Its methods other than Close must not be
+// called concurrently; Close may be called at any time and makes a running
+// call return promptly.
+type VM struct {
+	cfg     Config
+	name    string
+	overlay string
+	console string
+	ports   Ports
+	accel   Accel
+	conn    *conn
+	log     *slog.Logger
+	http    *http.Client
+
+	// closeCtx is cancelled when Close starts: running calls give up.
+	closeCtx  context.Context
+	closeNow  context.CancelFunc
+	closeOnce sync.Once
+	closeErr  error
+
+	mu      sync.Mutex // guards timings
+	timings Timings
+}
+
+// Name is the libvirt domain name.
+func (v *VM) Name() string { return v.name }
+
+// Ports are the host ports forwarded to the guest.
+func (v *VM) Ports() Ports { return v.ports }
+
+// Accel is how the domain runs (never AccelAuto).
+func (v *VM) Accel() Accel { return v.accel }
+
+// Overlay is the path of the VM's qcow2 overlay.
+func (v *VM) Overlay() string { return v.overlay }
+
+// Timings reports how long Start's phases and the last reset took.
+func (v *VM) Timings() Timings {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.timings
+}
+
+// Start creates a VM for a worker slot: a fresh overlay on cfg.BaseImage,
+// a domain named cfg.NamePrefix + slot + a random suffix, booted with its
+// ports forwarded to free ports on 127.0.0.1; it waits until the guest
+// answers, then takes the clean snapshot. On any error, including a
+// cancelled ctx, everything created so far is removed again.
+func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("vm config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if slot < 0 {
+		return nil, fmt.Errorf("vm slot %d: want 0 or more", slot)
+	}
+	var suffix [4]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return nil, fmt.Errorf("vm name: %w", err)
+	}
+	name := fmt.Sprintf("%s%d-%s", cfg.NamePrefix, slot, hex.EncodeToString(suffix[:]))
+	c, err := newConn(cfg.URI, cfg.CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	accel, why := resolveAccel(cfg.Accel, DetectAccel)
+	v := &VM{
+		cfg:     cfg,
+		name:    name,
+		overlay: filepath.Join(cfg.OverlayDir, name+".qcow2"),
+		console: filepath.Join(cfg.OverlayDir, name+".console.log"),
+		accel:   accel,
+		conn:    c,
+		log:     cfg.Logger.With("vm", name),
+		// No keep-alive: a probe leaves no connection (or goroutine) behind.
+		http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+	}
+	v.closeCtx, v.closeNow = context.WithCancel(context.Background())
+	v.log.Info("starting vm", "slot", slot, "accel", accel, "accel_reason", why,
+		"vcpus", cfg.VCPUs, "memory_mib", cfg.MemoryMiB, "base", cfg.BaseImage)
+	if err := v.start(ctx); err != nil {
+		// Cleanup must finish even when ctx was cancelled (Ctrl-C).
+		if cerr := v.Close(); cerr != nil {
+			v.log.Error("cleanup after a failed start", "err", cerr)
+			err = errors.Join(err, cerr)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+func (v *VM) start(ctx context.Context) error {
+	t0 := time.Now()
+	if err := os.MkdirAll(v.cfg.OverlayDir, 0o755); err != nil {
+		return v.fail("create overlay dir", err)
+	}
+	if err := v.createOverlay(ctx); err != nil {
+		return err
+	}
+	if err := v.defineAndBoot(ctx); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	if err := v.waitReady(ctx); err != nil {
+		return err
+	}
+	t2 := time.Now()
+	if err := v.snapshot(ctx); err != nil {
+		return err
+	}
+	t3 := time.Now()
+	v.mu.Lock()
+	v.timings = Timings{Define: t1.Sub(t0), Boot: t2.Sub(t1), Snapshot: t3.Sub(t2)}
+	v.mu.Unlock()
+	v.log.Info("vm ready", "guest", v.ports.GuestURL(), "devtools_port", v.ports.DevTools,
+		"vlc_port", v.ports.VLC, "define", t1.Sub(t0), "boot", t2.Sub(t1), "snapshot", t3.Sub(t2))
+	return nil
+}
+
+// fail wraps err as an *Error of this VM; nil stays nil.
+func (v *VM) fail(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if v.closeCtx.Err() != nil && !errors.Is(err, ErrClosed) {
+		// Close cut the call off; whatever the call saw (a closed
+		// connection, a cancelled ctx), the reason is the Close.
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		if e.VM == "" {
+			e.VM = v.name
+		}
+		return err
+	}
+	return &Error{Op: op, VM: v.name, Err: err}
+}
+
+// opCtx bounds a VM method's ctx by Close: once Close starts, running calls
+// give up with ErrClosed.
+func (v *VM) opCtx(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if v.closeCtx.Err() != nil {
+		return nil, nil, ErrClosed
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(v.closeCtx, func() { cancel(ErrClosed) })
+	return ctx, func() { stop(); cancel(context.Canceled) }, nil
+}
+
+// createOverlay makes a fresh qcow2 overlay backed by the base image.
+func (v *VM) createOverlay(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.CallTimeout)
+	defer cancel()
+	_ = os.Remove(v.overlay)
+	cmd := exec.CommandContext(ctx, v.cfg.QemuImg, "create", "-q", "-f", "qcow2",
+		"-b", v.cfg.BaseImage, "-F", "qcow2", v.overlay)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
+		}
+		return v.fail("create overlay", fmt.Errorf("qemu-img: %w: %s", err, strings.TrimSpace(string(out))))
+	}
+	return nil
+}
+
+// defineAndBoot defines the domain and starts it, picking new ports when
+// one was taken between picking and QEMU binding it.
+func (v *VM) defineAndBoot(ctx context.Context) error {
+	var lastErr error
+	for attempt := 1; attempt <= startAttempts; attempt++ {
+		ps, err := freePorts(3)
+		if err != nil {
+			return v.fail("pick ports", err)
+		}
+		v.ports = Ports{Guest: ps[0], DevTools: ps[1], VLC: ps[2]}
+		x, err := domainXML(v.spec())
+		if err != nil {
+			return v.fail("define domain", err)
+		}
+		_ = os.Remove(v.console)
+		var dom libvirt.Domain
+		err = v.conn.do(ctx, "define domain", func(lv *libvirt.Libvirt) error {
+			var err error
+			dom, err = lv.DomainDefineXMLFlags(x, libvirt.DomainDefineValidate)
+			return err
+		})
+		if err != nil {
+			return v.fail("define domain", err)
+		}
+		err = v.conn.do(ctx, "start domain", func(lv *libvirt.Libvirt) error { return lv.DomainCreate(dom) })
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+		if ctx.Err() != nil || !isPortTaken(err) {
+			return v.fail("start domain", err)
+		}
+		v.log.Warn("a forwarded port was taken before QEMU bound it; retrying with new ports",
+			"attempt", attempt, "err", err)
+	}
+	return v.fail("start domain", fmt.Errorf("%d attempts: %w", startAttempts, lastErr))
+}
+
+// isPortTaken reports whether QEMU failed to start because a host forward
+// could not bind its port. QEMU says so only in text.
+func isPortTaken(err error) bool {
+	return strings.Contains(err.Error(), "Could not set up host forwarding rule")
+}
+
+func (v *VM) spec() domainSpec {
+	return domainSpec{
+		Name:      v.name,
+		Accel:     v.accel,
+		VCPUs:     v.cfg.VCPUs,
+		MemoryMiB: v.cfg.MemoryMiB,
+		Overlay:   v.overlay,
+		Console:   v.console,
+		Kernel:    v.cfg.Kernel,
+		Initrd:    v.cfg.Initrd,
+		Cmdline:   v.cfg.Cmdline,
+		Forwards: []forward{
+			{Host: v.ports.Guest, Guest: v.cfg.GuestPort},
+			{Host: v.ports.DevTools, Guest: v.cfg.DevToolsPort},
+			{Host: v.ports.VLC, Guest: v.cfg.VLCPort},
+		},
+	}
+}
+
+// domain looks the domain up by name.
+func (v *VM) domain(ctx context.Context) (libvirt.Domain, error) {
+	var dom libvirt.Domain
+	err := v.conn.do(ctx, "look up domain", func(lv *libvirt.Libvirt) error {
+		var err error
+		dom, err = lv.DomainLookupByName(v.name)
+		return err
+	})
+	return dom, err
+}
+
+// running reports whether the domain is running.
+func (v *VM) running(ctx context.Context) (bool, error) {
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return false, err
+	}
+	var state int32
+	err = v.conn.do(ctx, "domain state", func(lv *libvirt.Libvirt) error {
+		var err error
+		state, _, err = lv.DomainGetState(dom, 0)
+		return err
+	})
+	return err == nil && libvirt.DomainState(state) == libvirt.DomainRunning, err
+}
+
+// waitReady polls the guest server until it answers, within BootTimeout.
+// It gives up early when the domain stops.
+func (v *VM) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, v.cfg.BootTimeout,
+		fmt.Errorf("%w after %v", ErrNotReady, v.cfg.BootTimeout))
+	defer cancel()
+	ready := v.cfg.Ready
+	if ready == nil {
+		ready = v.httpReady
+	}
+	const pause = 100 * time.Millisecond
+	lastCheck := time.Now()
+	var lastErr error
+	for {
+		tryCtx, tryCancel := context.WithTimeout(ctx, v.cfg.ReadyTry)
+		err := ready(tryCtx, v.ports)
+		tryCancel()
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+		if time.Since(lastCheck) > 2*time.Second {
+			lastCheck = time.Now()
+			if up, err := v.running(ctx); err == nil && !up {
+				return v.fail("wait for guest", fmt.Errorf("%w while booting; console: %s", ErrNotRunning, v.consoleTail()))
+			}
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			cause := context.Cause(ctx)
+			if errors.Is(cause, ErrNotReady) {
+				return v.fail("wait for guest", fmt.Errorf("%w (last probe: %v); console: %s", cause, lastErr, v.consoleTail()))
+			}
+			return v.fail("wait for guest", cause)
+		case <-t.C:
+		}
+	}
+}
+
+// httpReady is the default readiness probe: any HTTP answer from the guest
+// port. The forward accepts TCP before the guest listens, so a connection
+// alone proves nothing; an HTTP status line does.
+func (v *VM) httpReady(ctx context.Context, p Ports) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.GuestURL()+"/platform", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := v.http.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// consoleTail returns the end of the serial console log, for errors.
+func (v *VM) consoleTail() string {
+	b, err := os.ReadFile(v.console)
+	if err != nil {
+		return "(no console log: " + err.Error() + ")"
+	}
+	const max = 600
+	s := strings.TrimSpace(string(b))
+	if len(s) > max {
+		s = "…" + s[len(s)-max:]
+	}
+	if s == "" {
+		return "(empty)"
+	}
+	return s
+}
+
+// snapshot takes the clean internal snapshot (disk and memory) of the
+// running domain.
+func (v *VM) snapshot(ctx context.Context) error {
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return v.fail("create snapshot", err)
+	}
+	x := "<domainsnapshot><name>" + SnapshotName + "</name><description>legato clean state</description></domainsnapshot>"
+	err = v.conn.do(ctx, "create snapshot", func(lv *libvirt.Libvirt) error {
+		_, err := lv.DomainSnapshotCreateXML(dom, x, uint32(libvirt.DomainSnapshotCreateAtomic))
+		return err
+	})
+	return v.fail("create snapshot", err)
+}
+
+// Revert restores the clean snapshot in the running QEMU (RevertLoadvm); if
+// that fails it falls back to libvirt's revert (RevertLibvirt), which starts
+// a new QEMU.
+//
+// loadvm is the default because it restores the same snapshot (disk and
+// memory: same boot, files and processes back) about four times faster
+// than libvirt's revert under software emulation, and because it keeps the
+// QEMU process, so the forwarded ports stay bound: libvirt's revert starts
+// a new QEMU that must bind them again, and fails if another process took
+// one in between.
+//
+// After any revert the guest clock reads the time the snapshot was taken:
+// callers that care (graders do) set it through the guest.
+func (v *VM) Revert(ctx context.Context) error {
+	err := v.RevertLoadvm(ctx)
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) {
+		return err
+	}
+	v.log.Warn("in-place loadvm failed; reverting through libvirt", "err", err)
+	if err2 := v.RevertLibvirt(ctx); err2 != nil {
+		return errors.Join(err, err2)
+	}
+	return nil
+}
+
+// RevertLibvirt reverts to the clean snapshot through libvirt
+// (virDomainRevertToSnapshot, running), then waits until the guest answers.
+// libvirt 9 does this by killing QEMU and starting a new one that loads the
+// snapshot and binds the forwarded ports again.
+func (v *VM) RevertLibvirt(ctx context.Context) error {
+	return v.reset(ctx, "revert snapshot (libvirt)", func(ctx context.Context) error {
+		dom, err := v.domain(ctx)
+		if err != nil {
+			return err
+		}
+		return v.conn.do(ctx, "revert snapshot", func(lv *libvirt.Libvirt) error {
+			snap, err := lv.DomainSnapshotLookupByName(dom, SnapshotName, 0)
+			if err != nil {
+				return err
+			}
+			return lv.DomainRevertToSnapshot(snap, uint32(libvirt.DomainSnapshotRevertRunning))
+		})
+	})
+}
+
+// RevertLoadvm loads the clean snapshot into the running QEMU through its
+// monitor (HMP "loadvm"), then waits until the guest answers. It keeps the
+// QEMU process, so it is several times faster than RevertLibvirt. libvirt
+// marks the domain "tainted" (a monitor command it did not issue); that is
+// harmless here: the snapshot was taken by this same QEMU with the same
+// devices, and libvirt's own snapshot metadata stays valid.
+func (v *VM) RevertLoadvm(ctx context.Context) error {
+	return v.reset(ctx, "revert snapshot (loadvm)", func(ctx context.Context) error {
+		dom, err := v.domain(ctx)
+		if err != nil {
+			return err
+		}
+		var out string
+		err = v.conn.do(ctx, "loadvm", func(lv *libvirt.Libvirt) error {
+			var err error
+			out, err = lv.QEMUDomainMonitorCommand(dom, "loadvm "+SnapshotName, monitorHMP)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		// HMP answers a successful loadvm with nothing and reports errors
+		// as text.
+		if out = strings.TrimSpace(out); out != "" {
+			return fmt.Errorf("qemu monitor: %s", out)
+		}
+		return nil
+	})
+}
+
+// ColdBoot destroys the domain, replaces its overlay by a fresh one, boots
+// it, waits until the guest answers (the reset time), then takes the clean
+// snapshot again. It is the slowest reset and the one that needs no
+// snapshot to work.
+func (v *VM) ColdBoot(ctx context.Context) error {
+	ctx, cancel, err := v.opCtx(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	t0 := time.Now()
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return v.fail("cold boot", err)
+	}
+	// The snapshot lives in the overlay about to be replaced: drop
+	// libvirt's record of it first.
+	err = v.conn.do(ctx, "delete snapshot metadata", func(lv *libvirt.Libvirt) error {
+		snap, err := lv.DomainSnapshotLookupByName(dom, SnapshotName, 0)
+		if err != nil {
+			return err
+		}
+		return lv.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly)
+	})
+	if err != nil && !isNoSnapshot(err) {
+		return v.fail("cold boot", err)
+	}
+	err = v.conn.do(ctx, "destroy domain", func(lv *libvirt.Libvirt) error { return lv.DomainDestroyFlags(dom, 0) })
+	if err != nil && !isNotRunning(err) {
+		return v.fail("cold boot", err)
+	}
+	if err := v.createOverlay(ctx); err != nil {
+		return err
+	}
+	err = v.conn.do(ctx, "start domain", func(lv *libvirt.Libvirt) error { return lv.DomainCreate(dom) })
+	if err != nil {
+		return v.fail("cold boot", err)
+	}
+	if err := v.waitReady(ctx); err != nil {
+		return err
+	}
+	d := time.Since(t0)
+	v.mu.Lock()
+	v.timings.LastReset = d
+	v.mu.Unlock()
+	v.log.Info("cold boot done", "took", d)
+	return v.snapshot(ctx)
+}
+
+func isNoSnapshot(err error) bool {
+	code, ok := libvirtCode(err)
+	return ok && code == libvirt.ErrNoDomainSnapshot
+}
+
+// reset runs a restore, then waits for the guest, and records the time.
+func (v *VM) reset(ctx context.Context, op string, restore func(context.Context) error) error {
+	ctx, cancel, err := v.opCtx(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	t0 := time.Now()
+	if err := restore(ctx); err != nil {
+		return v.fail(op, err)
+	}
+	if err := v.waitReady(ctx); err != nil {
+		return err
+	}
+	d := time.Since(t0)
+	v.mu.Lock()
+	v.timings.LastReset = d
+	v.mu.Unlock()
+	v.log.Debug("reset done", "how", op, "took", d)
+	return nil
+}
+
+// Close destroys the domain, undefines it with its snapshot metadata,
+// deletes the overlay and the console log, and closes the libvirt
+// connection. It is idempotent, does not depend on any caller's ctx (so it
+// also cleans up after Ctrl-C), and is bounded by a few CallTimeouts.
+func (v *VM) Close() error {
+	v.closeOnce.Do(func() {
+		v.closeNow()
+		v.conn.close()
+		v.closeErr = v.teardown()
+		v.http.CloseIdleConnections()
+		if v.closeErr != nil {
+			v.log.Error("vm close", "err", v.closeErr)
+		} else {
+			v.log.Info("vm closed")
+		}
+	})
+	return v.closeErr
+}
+
+// teardown removes the domain and its files on a connection of its own, so
+// that a call being cut off on the VM's connection cannot fail it.
+func (v *VM) teardown() error {
+	var errs []error
+	c, err := newConn(v.cfg.URI, v.cfg.CallTimeout)
+	if err == nil {
+		err = removeDomain(context.Background(), c, v.name)
+		c.close()
+	}
+	if err != nil {
+		errs = append(errs, v.fail("remove domain", err))
+	}
+	for _, p := range []string{v.overlay, v.console} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, v.fail("remove file", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeDomain destroys and undefines a domain with its snapshot metadata.
+// A domain that is not running, or does not exist, is fine.
+func removeDomain(ctx context.Context, c *conn, name string) error {
+	var dom libvirt.Domain
+	err := c.do(ctx, "look up domain", func(lv *libvirt.Libvirt) error {
+		var err error
+		dom, err = lv.DomainLookupByName(name)
+		return err
+	})
+	if isNoDomain(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = c.do(ctx, "destroy domain", func(lv *libvirt.Libvirt) error { return lv.DomainDestroyFlags(dom, 0) })
+	if err != nil && !isNotRunning(err) && !isNoDomain(err) {
+		return err
+	}
+	err = c.do(ctx, "undefine domain", func(lv *libvirt.Libvirt) error {
+		return lv.DomainUndefineFlags(dom, libvirt.DomainUndefineSnapshotsMetadata)
+	})
+	if err != nil && !isNoDomain(err) {
+		return err
+	}
+	return nil
+}
