@@ -22,6 +22,7 @@ package rl
 
 import (
 	"legato/rl/desktop"
+	"legato/rl/export"
 	"legato/rl/schema"
 )
 
@@ -51,3 +52,23 @@ const (
 	StatusRetried   = schema.StatusRetried
 	StatusError     = schema.StatusError
 )
+
+// ExportOptions configures ExportSteps; ExportStats reports what it wrote.
+type (
+	ExportOptions = export.Options
+	ExportStats   = export.Stats
+)
+
+// ExportSteps writes one training sample per model call of every finished
+// (ok, truncated) attempt of the run in runDir to outPath as JSON lines, with
+// GRPO group advantages. It streams: memory stays flat however large the
+// run.
+func ExportSteps(runDir, outPath string, opts ExportOptions) (ExportStats, error) {
+	return export.ExportSteps(runDir, outPath, opts)
+}
+
+// LoadRequest rebuilds the exact prompt of a recorded step, with images as
+// PNG data URLs.
+func LoadRequest(runDir string, step Step) ([]Message, error) {
+	return schema.LoadRequest(runDir, step, schema.LoadOptions{})
+}

@@ -2,13 +2,315 @@ package main
 
 import (
 	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/term"
+
+	rl "legato/rl"
+	"legato/rl/desktop/fake"
+	"legato/rl/policy"
+	"legato/rl/policy/policytest"
+	"legato/rl/policy/qwen"
 )
 
-// runCollect is `legato rl collect`: it runs a batch of graded rollouts
-// into a run directory.
-// It is a placeholder until it is built: it parses no flags and fails with
-// errNotBuilt.
+// keyEnv is the only place the model server's key comes from.
+const keyEnv = "LEGATO_POLICY_KEY"
+
+//go:embed demo_tasks.json
+var demoTasks []byte
+
+// collectFlags are the flags of `legato rl collect`, bound straight into the
+// library's option structs.
+type collectFlags struct {
+	tasks, out, backend, osworld string
+	pol                          rl.PolicyConfig
+	opts                         rl.CollectOptions
+	stepTimeout, rolloutTimeout  seconds
+	fixedWait                    seconds
+	afterReset, beforeEval       seconds
+	retries                      int
+	noFastReset                  bool
+	fake                         fakeFlags
+	verbose                      bool
+}
+
+type fakeFlags struct {
+	seed    uint64
+	success float64
+	speed   string
+}
+
+func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
+	f := &collectFlags{stepTimeout: seconds(policy.DefaultStepTimeout)}
+	fs := flag.NewFlagSet("legato rl collect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.tasks, "tasks", "", "tasks file: [{\"task_id\",\"domain\"}], [{\"task_id\",\"config\"}] or an OSWorld index (default with --backend fake: built-in demo tasks)")
+	fs.StringVar(&f.pol.BaseURL, "policy-url", "", "model server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (default: a built-in scripted server on loopback)")
+	fs.StringVar(&f.pol.Model, "model", "", "model name sent to the server (default with the built-in server: scripted)")
+	fs.StringVar(&f.pol.Version, "version", "", "policy version recorded with every rollout, e.g. step-41 (default with the built-in server: demo)")
+	fs.StringVar(&f.out, "out", "", "run directory (required); collecting into it again continues the batch")
+	fs.IntVar(&f.opts.Desktops, "desktops", 4, "desktops, one worker each")
+	fs.IntVar(&f.opts.Group, "group", rl.DefaultGroup, "attempts per task that close its GRPO group")
+	fs.Float64Var(&f.opts.Oversample, "oversample", 0, "extra attempts per group, as a fraction of --group; the slowest are cancelled")
+	fs.IntVar(&f.opts.MaxSteps, "max-steps", rl.DefaultMaxSteps, "model calls per attempt")
+	fs.IntVar(&f.pol.MaxInflight, "max-inflight", 0, "cap on concurrent model requests across all desktops (0: none)")
+	fs.Var(&f.stepTimeout, "step-timeout", "bound on one model call attempt, seconds or a duration")
+	fs.IntVar(&f.retries, "retries", policy.DefaultRetries, "extra tries of a model call after a timeout, connection error, 429 or 5xx")
+	fs.Var(&f.rolloutTimeout, "rollout-timeout", "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none)")
+	fs.IntVar(&f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, "times an attempt is re-queued after its desktop failed")
+	fs.BoolVar(&f.opts.Ready.Disabled, "no-ready-signal", false, "sleep --fixed-wait after each action instead of waiting for the screen to settle")
+	fs.Var(&f.fixedWait, "fixed-wait", "sleep after each action with --no-ready-signal, seconds or a duration")
+	f.afterReset, f.beforeEval = seconds(rl.OSWorldAfterReset), seconds(rl.OSWorldBeforeEval)
+	fs.Var(&f.afterReset, "fixed-wait-after-reset", "sleep after a reset with --no-ready-signal, seconds or a duration (OSWorld's runner: 60)")
+	fs.Var(&f.beforeEval, "fixed-wait-before-eval", "sleep before grading with --no-ready-signal, seconds or a duration (OSWorld's runner: 20)")
+	fs.BoolVar(&f.noFastReset, "no-fast-reset", false, "revert the VM snapshot before every attempt (osworld backend)")
+	fs.IntVar(&f.opts.ImageMax, "image-max", rl.DefaultImageMax, "screenshots kept in the prompt")
+	fs.StringVar(&f.osworld, "osworld", "", "OSWorld checkout: resolves {\"task_id\",\"domain\"} entries and provides its evaluators")
+	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
+	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
+	fs.Float64Var(&f.fake.success, "fake-success", 0.5, "fake backend: probability that an attempt of a feasible task scores 1")
+	fs.StringVar(&f.fake.speed, "fake-speed", "demo", "fake backend latencies: none, demo (fractions of a second) or real (VM-like seconds)")
+	fs.BoolVar(&f.verbose, "v", false, "log every retry and desktop failure")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: legato rl collect --out DIR [flags]
+
+Runs a batch: every task's group of attempts on a pool of desktops, each
+attempt graded by the task's evaluator, written to DIR in the
+legato.rollout/v0 format. With no --policy-url and the fake backend it runs
+end to end on this machine: no VM, no GPU. The model server's key is read
+from LEGATO_POLICY_KEY.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs, f
+}
+
+// runCollect is `legato rl collect`.
 func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errNotBuilt
+	fs, f := newCollectFlags(stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected arguments %q; all options are flags", fs.Args())
+	}
+	if f.out == "" {
+		return usageErrorf("--out DIR is required")
+	}
+	level := slog.LevelWarn
+	if f.verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	f.pol.APIKey = os.Getenv(keyEnv)
+	f.pol.StepTimeout = time.Duration(f.stepTimeout)
+	f.pol.Retries = f.retries
+	f.pol.Logger = log
+	f.opts.Out = f.out
+	f.opts.RolloutTimeout = time.Duration(f.rolloutTimeout)
+	f.opts.Ready.FixedWait = time.Duration(f.fixedWait)
+	if f.opts.Ready.Disabled {
+		f.opts.Ready.AfterReset = time.Duration(f.afterReset)
+		f.opts.Ready.BeforeEval = time.Duration(f.beforeEval)
+	}
+	f.opts.Logger = log
+	if f.opts.EnvRetries == 0 {
+		f.opts.EnvRetries = -1 // the flag's 0 means none; the library's zero means the default
+	}
+	f.opts.Harness = qwen.New(qwen.Config{ImageMax: f.opts.ImageMax})
+
+	switch f.backend {
+	case "fake":
+		cfg, err := f.fake.config()
+		if err != nil {
+			return err
+		}
+		f.opts.NewDesktop = fake.NewFleet(cfg).New
+	case "osworld":
+		return errors.New("the osworld backend is not part of this build yet; use --backend fake")
+	default:
+		return usageErrorf("--backend %q: want fake or osworld", f.backend)
+	}
+	tasks, err := loadCollectTasks(f)
+	if err != nil {
+		return err
+	}
+
+	if f.pol.BaseURL == "" {
+		srv, err := startBuiltinServer(f, stderr)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	} else if f.pol.Model == "" || f.pol.Version == "" {
+		return usageErrorf("--model and --version are required with --policy-url")
+	}
+
+	fmt.Fprintf(stderr, "collecting %d tasks × %d attempts on %d %s desktops into %s (policy %s %s)\n",
+		len(tasks), rl.AttemptsPerTask(f.opts.Group, f.opts.Oversample), f.opts.Desktops, f.backend, f.out, f.pol.Model, f.pol.Version)
+	pr := newProgressPrinter(stderr)
+	f.opts.Progress = pr.print
+	sum, err := rl.Collect(ctx, tasks, f.pol, f.opts)
+	pr.done()
+	if sum != nil {
+		writeCollectSummary(stdout, f.out, sum)
+	}
+	return err
+}
+
+func loadCollectTasks(f *collectFlags) ([]rl.Task, error) {
+	opts := rl.LoadOptions{OSWorldDir: f.osworld}
+	if f.tasks == "" {
+		if f.backend != "fake" {
+			return nil, usageErrorf("--tasks FILE is required with --backend %s", f.backend)
+		}
+		return rl.ParseTasks(demoTasks, "built-in demo tasks", opts)
+	}
+	return rl.LoadTasks(f.tasks, opts)
+}
+
+// startBuiltinServer serves the scripted model on a loopback port and points
+// the policy at it, so that a batch runs with no GPU.
+func startBuiltinServer(f *collectFlags, stderr io.Writer) (*policytest.Server, error) {
+	if f.pol.Model == "" {
+		f.pol.Model = "scripted"
+	}
+	if f.pol.Version == "" {
+		f.pol.Version = "demo"
+	}
+	lat := policytest.DefaultLatency()
+	if f.fake.speed == "none" {
+		lat = policytest.Latency{}
+	}
+	srv, err := policytest.Listen("127.0.0.1:0", policytest.Options{Model: f.pol.Model, Latency: lat, NoLatency: f.fake.speed == "none"})
+	if err != nil {
+		return nil, fmt.Errorf("start the built-in model server: %w", err)
+	}
+	f.pol.BaseURL = srv.URL()
+	fmt.Fprintf(stderr, "policy: the built-in scripted model server at %s (vLLM dialect)\n", srv.URL())
+	return srv, nil
+}
+
+func (ff fakeFlags) config() (fake.Config, error) {
+	cfg := fake.Config{Seed: ff.seed, DefaultReward: fake.Reward{P: ff.success}}
+	ms := func(n int) fake.Latency { return fake.Latency{Fixed: time.Duration(n) * time.Millisecond} }
+	switch ff.speed {
+	case "none":
+	case "demo":
+		cfg.Latency = fake.Latencies{
+			Create: ms(200), Reset: ms(300), WaitAfterReset: ms(100), Observe: ms(20),
+			Act: ms(50), Settle: ms(150), WaitBeforeEval: ms(50), Evaluate: ms(100),
+		}
+	case "real":
+		cfg.Latency = fake.Latencies{
+			Create: ms(8000), Reset: ms(2000), WaitAfterReset: ms(1000), Observe: ms(400),
+			Act: ms(300), Settle: ms(1000), WaitBeforeEval: ms(500), Evaluate: ms(1500),
+		}
+	default:
+		return cfg, usageErrorf("--fake-speed %q: want none, demo or real", ff.speed)
+	}
+	return cfg, cfg.Validate()
+}
+
+func writeCollectSummary(w io.Writer, dir string, s *rl.Summary) {
+	var parts []string
+	for _, st := range []rl.Status{rl.StatusOK, rl.StatusTruncated, rl.StatusCancelled, rl.StatusSkipped, rl.StatusSurplus, rl.StatusRetried, rl.StatusError} {
+		if n := s.Counts[st]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", st, n))
+		}
+	}
+	fmt.Fprintf(w, "%s: %d/%d groups closed; %s\n", dir, s.GroupsClosed, s.Groups, strings.Join(parts, ", "))
+	fmt.Fprintf(w, "success rate %.3f, %.0f rollouts/hour, %d groups with reward variance, prefix-cache hit rate %.2f\n",
+		s.SuccessRate, s.RolloutsPerHour, s.GroupsWithVariance, s.PrefixCacheHitRate)
+	fmt.Fprintf(w, "next: legato rl export %s --out %s/train.jsonl; legato rl profile %s\n", dir, dir, dir)
+}
+
+// progressPrinter shows a batch's progress: one line rewritten in place on
+// a terminal, a plain line every 10 s otherwise (logs, CI).
+type progressPrinter struct {
+	w     io.Writer
+	tty   bool
+	last  time.Time
+	drawn bool
+}
+
+func newProgressPrinter(w io.Writer) *progressPrinter {
+	p := &progressPrinter{w: w}
+	if f, ok := w.(*os.File); ok {
+		p.tty = term.IsTerminal(int(f.Fd()))
+	}
+	return p
+}
+
+func (p *progressPrinter) print(pr rl.Progress) {
+	if !p.tty && !pr.Final && time.Since(p.last) < 10*time.Second {
+		return
+	}
+	p.last = time.Now()
+	line := progressLine(pr)
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+		p.drawn = true
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}
+
+func (p *progressPrinter) done() {
+	if p.drawn {
+		fmt.Fprintln(p.w)
+	}
+}
+
+func progressLine(pr rl.Progress) string {
+	var parts []string
+	for _, st := range []rl.Status{rl.StatusOK, rl.StatusTruncated, rl.StatusCancelled, rl.StatusSkipped, rl.StatusSurplus, rl.StatusRetried, rl.StatusError} {
+		if n := pr.Counts[st]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", st, n))
+		}
+	}
+	eta := "?"
+	if pr.ETA > 0 {
+		eta = pr.ETA.Round(time.Second).String()
+	}
+	return fmt.Sprintf("[%s] groups %d/%d | %s | %.0f rollouts/h | running %d, model calls in flight %d | ETA %s",
+		pr.Elapsed.Round(time.Second), pr.GroupsEnded, pr.GroupsTotal, strings.Join(parts, ", "),
+		pr.RolloutsPerHour, pr.Running, pr.InFlight, eta)
+}
+
+// seconds is a duration flag that also takes a plain number of seconds, as
+// the reference tool's flags do ("--step-timeout 60").
+type seconds time.Duration
+
+func (s *seconds) String() string { return time.Duration(*s).String() }
+
+func (s *seconds) Set(v string) error {
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f < 0 {
+			return fmt.Errorf("%q: want ≥ 0", v)
+		}
+		*s = seconds(f * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("%q: want seconds (60) or a duration (1m30s)", v)
+	}
+	if d < 0 {
+		return fmt.Errorf("%q: want ≥ 0", v)
+	}
+	*s = seconds(d)
+	return nil
 }

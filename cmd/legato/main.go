@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"legato/rl/export"
 )
 
 // Exit codes. A run stopped by Ctrl-C or SIGTERM exits 130 like a shell
@@ -61,6 +63,7 @@ func usageErrorf(format string, args ...any) error {
 // command ran with; in main only a signal cancels it.
 func exitCode(ctx context.Context, err error, stderr io.Writer) int {
 	var usage *usageError
+	var exportUsage *export.UsageError
 	switch {
 	case err == nil:
 		return exitOK
@@ -70,7 +73,7 @@ func exitCode(ctx context.Context, err error, stderr io.Writer) int {
 	case ctx.Err() != nil:
 		fmt.Fprintf(stderr, "%v\nlegato: interrupted\n", err)
 		return exitInterrupted
-	case errors.As(err, &usage):
+	case errors.As(err, &usage), errors.As(err, &exportUsage):
 		fmt.Fprintf(stderr, "%v\nRun 'legato rl help' for usage.\n", err)
 		return exitUsage
 	}

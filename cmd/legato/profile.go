@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"io"
+
+	"legato/rl/export/profile"
 )
 
-// runProfile is `legato rl profile`: it reports where a batch spent its
-// time.
-// It is a placeholder until it is built: it parses no flags and fails with
-// errNotBuilt.
+// runProfile is `legato rl profile`: where a batch spent its time, as text
+// and as a self-contained HTML page.
 func runProfile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errNotBuilt
+	return profile.Main(ctx, args, stdout, stderr)
 }

@@ -29,6 +29,7 @@ func commands() []command {
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
 		{"export", "write a run's training samples, with GRPO group advantages", runExport},
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", runProfile},
+		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", runServePolicy},
 		{"help", "show this help, or the help of one subcommand", runHelp},
 	}
 }
@@ -41,9 +42,6 @@ func lookup(name string) (command, bool) {
 	}
 	return command{}, false
 }
-
-// errNotBuilt is returned by subcommands that exist only as a name so far.
-var errNotBuilt = errors.New("not built yet")
 
 // runRL dispatches `legato rl <subcommand> [flags]`.
 func runRL(ctx context.Context, args []string, stdout, stderr io.Writer) error {

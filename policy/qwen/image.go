@@ -13,6 +13,28 @@ import (
 // pngDataURLPrefix starts every image URL the harness sends.
 const pngDataURLPrefix = "data:image/png;base64,"
 
+// screenshotURL returns the data URL sent for a screenshot whose header is
+// cfg. In the Qwen3-VL style a screenshot that the smart-resize rule would
+// only round to the 32-pixel grid (1920×1080 → 1920×1088) is sent as it
+// is: coordinates are on the 0–999 grid whatever the image size, and the
+// server's image processor applies the same rule, so the model sees the
+// same pixels while the worker skips a decode, a scale and an encode, which
+// were nine tenths of a step's CPU. Qwen2.5-VL coordinates are pixels of
+// the resized image, so there it is always resized here.
+func screenshotURL(data []byte, cfg image.Config, s Screen) (string, error) {
+	if s.Style == Qwen3VL && roundsOnly(cfg.Width, s.ImageWidth, s.Style.Factor()) && roundsOnly(cfg.Height, s.ImageHeight, s.Style.Factor()) {
+		return dataURL(data), nil
+	}
+	return resizedDataURL(data, s.ImageWidth, s.ImageHeight)
+}
+
+// roundsOnly reports whether resizing a side from n to m pixels only rounds
+// it to the factor's grid.
+func roundsOnly(n, m, factor int) bool {
+	d := n - m
+	return -factor < d && d < factor
+}
+
 // resizedDataURL returns the screenshot data (a PNG) resized to w×h, as a
 // data URL. A screenshot already of that size is sent as it is.
 func resizedDataURL(data []byte, w, h int) (string, error) {

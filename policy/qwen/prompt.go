@@ -94,7 +94,7 @@ func (e *Episode) Prompt(obs desktop.Observation) ([]schema.Message, error) {
 		// screenshot has more pixels (HiDPI).
 		screen.Width, screen.Height = obs.Width, obs.Height
 	}
-	url, err := resizedDataURL(obs.Screenshot, screen.ImageWidth, screen.ImageHeight)
+	url, err := screenshotURL(obs.Screenshot, cfg, screen)
 	if err != nil {
 		return nil, fmt.Errorf("qwen prompt: %w", err)
 	}

@@ -216,20 +216,39 @@ func TestPromptKeepsNewestImages(t *testing.T) {
 }
 
 func TestPromptImage(t *testing.T) {
-	t.Run("resized to smart-resize size", func(t *testing.T) {
-		ep := New(Config{}).NewEpisode(goldenTask)
-		msgs, err := ep.Prompt(desktop.Observation{Screenshot: desktopPNG(t, 640, 360, 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := png.DecodeConfig(bytes.NewReader(decodeDataURL(t, msgs[1].Content[1].ImageURL.URL)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cfg.Width != 640 || cfg.Height != 352 {
-			t.Errorf("sent image is %dx%d, want 640x352", cfg.Width, cfg.Height)
-		}
-	})
+	// The size sent for each style and screen: Qwen3-VL sends a screenshot
+	// the rule would only round to its grid as it is (the server rounds
+	// it the same way); a real downscale, and every Qwen2.5-VL resize,
+	// happen here, since Qwen2.5-VL coordinates are pixels of the sent
+	// image.
+	for _, tt := range []struct {
+		name         string
+		cfg          Config
+		w, h         int
+		wantW, wantH int
+	}{
+		{"qwen3 grid rounding only", Config{}, 640, 360, 640, 360},
+		{"qwen3 downscale", Config{MaxPixels: 100_000}, 640, 360, 416, 224},
+		{"qwen25 resize", Config{Style: Qwen25VL}, 640, 360, 644, 364},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ep := New(tt.cfg).NewEpisode(goldenTask)
+			msgs, err := ep.Prompt(desktop.Observation{Screenshot: desktopPNG(t, tt.w, tt.h, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := png.DecodeConfig(bytes.NewReader(decodeDataURL(t, msgs[1].Content[1].ImageURL.URL)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Width != tt.wantW || cfg.Height != tt.wantH {
+				t.Errorf("sent image is %dx%d, want %dx%d", cfg.Width, cfg.Height, tt.wantW, tt.wantH)
+			}
+			if s := tt.cfg.Screen(tt.w, tt.h); tt.cfg.Style == Qwen25VL && (s.ImageWidth != tt.wantW || s.ImageHeight != tt.wantH) {
+				t.Errorf("Qwen2.5-VL coordinates are for %dx%d, but the image sent is %dx%d", s.ImageWidth, s.ImageHeight, tt.wantW, tt.wantH)
+			}
+		})
+	}
 	t.Run("already the right size is sent as is", func(t *testing.T) {
 		shot := desktopPNG(t, 640, 352, 1)
 		ep := New(Config{}).NewEpisode(goldenTask)

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"legato/rl/schema"
+)
+
+// TestCollectBuiltinDefault runs the README's main command in-process: the
+// fake backend, the built-in scripted server, the built-in demo tasks.
+func TestCollectBuiltinDefault(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{"rl", "collect", "--out", out, "--fake-speed", "none", "--desktops", "2", "--group", "2"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("collect: %v\nstderr:\n%s", err, stderr.String())
+	}
+	var n, ok int
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		n++
+		if r.Status == schema.StatusOK {
+			ok++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// 6 demo tasks × 2 attempts, nothing failing.
+	if n != 12 || ok != 12 {
+		t.Errorf("records = %d, ok = %d; want 12 and 12", n, ok)
+	}
+	if !strings.Contains(stdout.String(), "6/6 groups closed") {
+		t.Errorf("stdout does not report 6/6 groups closed:\n%s", stdout.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, schema.SummaryFile)); err != nil {
+		t.Errorf("no summary: %v", err)
+	}
+}
+
+func TestCollectFlagErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no out", []string{}, "--out DIR is required"},
+		{"backend", []string{"--out", "x", "--backend", "docker"}, `--backend "docker"`},
+		{"speed", []string{"--out", "x", "--fake-speed", "warp"}, `--fake-speed "warp"`},
+		{"url without version", []string{"--out", "x", "--policy-url", "http://127.0.0.1:1/v1", "--model", "m"}, "--model and --version are required"},
+		{"bad seconds", []string{"--out", "x", "--step-timeout", "soon"}, "want seconds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := runCollect(t.Context(), tt.args, &bytes.Buffer{}, &stderr)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var u *usageError
+			if !errors.As(err, &u) {
+				t.Errorf("error %v is not a usage error", err)
+			}
+			if !strings.Contains(err.Error()+stderr.String(), tt.want) {
+				t.Errorf("error %q (stderr %q) does not say %q", err, stderr.String(), tt.want)
+			}
+		})
+	}
+}
+
+func TestSecondsFlag(t *testing.T) {
+	for in, want := range map[string]string{"60": "1m0s", "1.5": "1.5s", "90s": "1m30s", "0": "0s"} {
+		var s seconds
+		if err := s.Set(in); err != nil {
+			t.Fatalf("Set(%q): %v", in, err)
+		}
+		if s.String() != want {
+			t.Errorf("Set(%q) = %s, want %s", in, s.String(), want)
+		}
+	}
+	var s seconds
+	if err := s.Set("-1"); err == nil {
+		t.Error("Set(-1) accepted a negative duration")
+	}
+}
+
+// TestCollectInterrupt sends SIGINT to a real collect process mid-batch: it
+// exits 130, distinct from failure, after writing the summary; and a rerun
+// into the same directory completes the batch.
+func TestCollectInterrupt(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"rl", "collect", "--out", out, "--fake-speed", "demo", "--desktops", "2", "--group", "2"}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Interrupt once the batch has begun: the first line says so.
+	sc := bufio.NewScanner(stderr)
+	var seen []string
+	for sc.Scan() {
+		seen = append(seen, sc.Text())
+		if strings.HasPrefix(sc.Text(), "collecting ") {
+			break
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() {
+		seen = append(seen, sc.Text())
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitInterrupted {
+		t.Fatalf("exit = %v, want status %d; stderr:\n%s", err, exitInterrupted, strings.Join(seen, "\n"))
+	}
+	if _, err := os.Stat(filepath.Join(out, schema.SummaryFile)); err != nil {
+		t.Errorf("no summary after the interrupt: %v", err)
+	}
+
+	var stdout, errb bytes.Buffer
+	rerun := append([]string(nil), args...)
+	rerun[len(rerun)-5] = "none" // --fake-speed none: same batch, faster
+	if err := run(t.Context(), rerun, &stdout, &errb); err != nil {
+		t.Fatalf("rerun: %v\n%s", err, errb.String())
+	}
+	if !strings.Contains(stdout.String(), "6/6 groups closed") {
+		t.Errorf("rerun did not complete the batch:\n%s", stdout.String())
+	}
+}

@@ -1,0 +1,169 @@
+package rl
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"legato/rl/desktop"
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+// TestCollectReady checks the three ways to wait after an action: the
+// generic ready signal (screenshots until two in a row are equal), the
+// backend's own (desktop.ReadyWaiter) and fixed sleeps. The fake's screen
+// keeps changing for 1 s after a reset and after each click.
+func TestCollectReady(t *testing.T) {
+	const settle = time.Second
+	tests := []struct {
+		name        string
+		readyWaiter bool
+		ready       ReadyOptions
+		// check gets each click's action record.
+		check func(t *testing.T, ar schema.ActionRecord)
+		// wantAfterReset, wantBeforeEval are the record's waits, seconds.
+		wantAfterReset, wantBeforeEval float64
+		// wantReadies is the number of WaitReady calls per attempt.
+		wantReadies int
+	}{
+		{
+			name:  "generic signal",
+			ready: ReadyOptions{Interval: 100 * time.Millisecond, Max: 10 * time.Second},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				// The screen is still at 0.9 s and may be at 1 s; the
+				// second equal screenshot comes one interval later.
+				if ar.ReadyS < 1 || ar.ReadyS > 1.1+1e-9 || !near(ar.WaitS, ar.ReadyS+0.1) {
+					t.Errorf("ready_s %v, wait_s %v: want ready in [1, 1.1] s, wait one interval longer", ar.ReadyS, ar.WaitS)
+				}
+			},
+			wantAfterReset: 1, wantBeforeEval: 0,
+		},
+		{
+			name:  "generic signal bounded by max",
+			ready: ReadyOptions{Interval: 100 * time.Millisecond, Max: 450 * time.Millisecond},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				// Screenshots at 0, 0.1, ..., 0.5 s all differ; the
+				// bound ends the wait after the one at 0.5 s.
+				if !near(ar.ReadyS, 0.5) || !near(ar.WaitS, 0.5) {
+					t.Errorf("ready_s %v, wait_s %v: want both 0.5 s, the first screenshot past max", ar.ReadyS, ar.WaitS)
+				}
+			},
+			// The desktop's own wait before grading sees the rest of the
+			// last click's settling.
+			wantAfterReset: 1, wantBeforeEval: 0.5,
+		},
+		{
+			name:        "backend signal",
+			readyWaiter: true,
+			ready:       ReadyOptions{Max: 10 * time.Second},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				if ar.ReadyS != 1 || ar.WaitS != 1 || ar.ObsS != 0 {
+					t.Errorf("ready_s %v, wait_s %v, obs_s %v: want the backend's 1 s, then one screenshot", ar.ReadyS, ar.WaitS, ar.ObsS)
+				}
+			},
+			wantAfterReset: 1, wantReadies: 2,
+		},
+		{
+			name:        "fixed waits",
+			readyWaiter: true, // and yet not used
+			ready:       ReadyOptions{Disabled: true, FixedWait: 3 * time.Second, AfterReset: OSWorldAfterReset, BeforeEval: OSWorldBeforeEval},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				if ar.ReadyS != 0 || ar.WaitS != 3 {
+					t.Errorf("ready_s %v, wait_s %v: want no ready time, 3 s wait", ar.ReadyS, ar.WaitS)
+				}
+			},
+			wantAfterReset: 60, wantBeforeEval: 20,
+		},
+		{
+			name:  "fixed wait after actions only",
+			ready: ReadyOptions{Disabled: true, FixedWait: 2 * time.Second},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				if ar.ReadyS != 0 || ar.WaitS != 2 {
+					t.Errorf("ready_s %v, wait_s %v: want no ready time, 2 s wait", ar.ReadyS, ar.WaitS)
+				}
+			},
+			wantAfterReset: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := fake.Config{ReadyWaiter: tt.readyWaiter, Latency: fake.Latencies{Settle: fake.Latency{Fixed: settle}}}
+				e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(2)}, cfg)
+				e.opts.Desktops, e.opts.Group = 1, 1
+				e.opts.Ready = tt.ready
+				sum, err := e.collect(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs := checkBatch(t, e, sum, true)
+				if len(recs) != 1 || recs[0].Status != StatusOK || recs[0].NSteps != 3 {
+					t.Fatalf("records %+v: want one ok record of 3 steps", recs)
+				}
+				r := recs[0]
+				for i, s := range r.Steps[:2] {
+					if len(s.Actions) != 1 || !strings.HasPrefix(s.Actions[0].Action, "pyautogui.click(") {
+						t.Fatalf("step %d actions %+v, want one click", i, s.Actions)
+					}
+					tt.check(t, s.Actions[0])
+				}
+				if done := r.Steps[2].Actions; len(done) != 1 || done[0].Action != desktop.DoneCode || done[0].WaitS != 0 {
+					t.Errorf("last step's actions %+v: want DONE, with no wait", done)
+				}
+				if r.Timing.WaitAfterResetS != tt.wantAfterReset || r.Timing.WaitBeforeEvalS != tt.wantBeforeEval {
+					t.Errorf("waits after reset %v s, before eval %v s; want %v s, %v s", r.Timing.WaitAfterResetS, r.Timing.WaitBeforeEvalS, tt.wantAfterReset, tt.wantBeforeEval)
+				}
+				if got := e.fleet.Stats().WaitReadies; got != tt.wantReadies {
+					t.Errorf("%d WaitReady calls, want %d", got, tt.wantReadies)
+				}
+				// The record's action waits add up in its timing.
+				var wait, obs float64
+				for _, s := range r.Steps {
+					for _, a := range s.Actions {
+						wait += a.WaitS
+						obs += a.ObsS
+					}
+				}
+				if !near(r.Timing.WaitS, wait) || r.Timing.ObsS < obs {
+					t.Errorf("timing %+v: wait_s is not the actions' %v, or obs_s below their %v", r.Timing, wait, obs)
+				}
+			})
+		})
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestReadyOptionsValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		o    ReadyOptions
+		want []string // substrings of the error; none for valid options
+	}{
+		{name: "zero", o: ReadyOptions{}},
+		{name: "fixed", o: ReadyOptions{Disabled: true, FixedWait: time.Second, AfterReset: time.Minute, BeforeEval: time.Second}},
+		{name: "fixed wait with the signal on", o: ReadyOptions{FixedWait: time.Second}, want: []string{"fixed wait 1s", "--no-ready-signal"}},
+		{name: "after reset with the signal on", o: ReadyOptions{AfterReset: time.Second}, want: []string{"after reset 1s", "--no-ready-signal"}},
+		{name: "negative", o: ReadyOptions{Disabled: true, BeforeEval: -time.Second}, want: []string{"before eval -1s: want ≥ 0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.o.Validate()
+			var got []string
+			for _, w := range tt.want {
+				if err != nil && strings.Contains(err.Error(), w) {
+					got = append(got, w)
+				}
+			}
+			if (err == nil) != (len(tt.want) == 0) || !cmp.Equal(tt.want, got) {
+				t.Errorf("Validate() = %v, want an error saying %q", err, tt.want)
+			}
+		})
+	}
+}

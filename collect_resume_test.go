@@ -1,0 +1,358 @@
+package rl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"legato/rl/desktop"
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+// realisticDesk has a VM's latencies, in seconds, as OSWorld's desktops
+// show them.
+func realisticDesk() fake.Config {
+	return fake.Config{
+		Latency: fake.Latencies{
+			Reset:    fake.Latency{Median: 2 * time.Second, Sigma: 0.3},
+			Observe:  fake.Latency{Fixed: 100 * time.Millisecond},
+			Act:      fake.Latency{Median: 300 * time.Millisecond, Sigma: 0.3},
+			Settle:   fake.Latency{Max: time.Second},
+			Evaluate: fake.Latency{Median: time.Second, Sigma: 0.5},
+		},
+		DefaultReward: fake.Reward{P: 0.5},
+	}
+}
+
+// flatServer answers in about 2 s whatever the load.
+func flatServer(script func(policytest.Request) string) policytest.Options {
+	return policytest.Options{
+		Script:  script,
+		Latency: policytest.Latency{Base: 2 * time.Second, Knee: 1 << 20, Capacity: 1 << 20},
+	}
+}
+
+// TestCollectCancel stops a batch the way Ctrl-C does, in the middle, and
+// resumes it: the stopped run returns ctx's error with a summary, closes
+// every desktop and leaves no call in flight; the resumed run keeps every
+// record and runs only what is missing.
+func TestCollectCancel(t *testing.T) {
+	for _, at := range []time.Duration{time.Second, 15 * time.Second, 40 * time.Second} {
+		t.Run(at.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newBatchEnv(t, testTasks(6), flatServer(nil), realisticDesk())
+				e.opts.Desktops = 3
+				e.opts.Oversample = 0.5
+				ctx, cancel := context.WithCancel(t.Context())
+				stop := time.AfterFunc(at, cancel)
+				defer stop.Stop()
+				sum, err := e.collect(ctx)
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("Collect after Ctrl-C: %v, want context.Canceled", err)
+				}
+				if sum == nil {
+					t.Fatal("Collect after Ctrl-C returned no summary")
+				}
+				synctest.Wait()
+				if n := e.srv.Stats().InFlight; n != 0 {
+					t.Errorf("%d model calls still in flight after Collect returned", n)
+				}
+				checkClosed(t, e.fleet)
+				before := checkBatch(t, e, sum, false)
+				if len(before) == len(e.tasks)*AttemptsPerTask(2, 0.5) {
+					t.Fatalf("the batch ended before the cancel at %v; cancel earlier", at)
+				}
+				file, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+
+				e.fleet = fake.NewFleet(withTestScreen(realisticDesk()))
+				e.opts.NewDesktop = e.fleet.New
+				e.groups = nil
+				sum, err = e.collect(t.Context())
+				if err != nil {
+					t.Fatalf("resumed Collect: %v", err)
+				}
+				after := checkBatch(t, e, sum, true)
+				checkClosed(t, e.fleet)
+				resumed, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.HasPrefix(resumed, file) {
+					t.Errorf("the resumed batch changed the records of the stopped one")
+				}
+				t.Logf("cancelled at %v with %d records, resumed to %d", at, len(before), len(after))
+			})
+		})
+	}
+}
+
+func withTestScreen(c fake.Config) fake.Config {
+	c.Width, c.Height = testWidth, testHeight
+	return c
+}
+
+// TestCollectResumeFinished checks that collecting again into the directory
+// of a finished batch changes nothing, creates no desktop, and delivers
+// every group to OnGroup again.
+func TestCollectResumeFinished(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(3), policytest.Options{}, fake.Config{DefaultReward: fake.Reward{P: 0.5}})
+		e.opts.Oversample = 1
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		first := e.seenGroups()
+		file, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		e.fleet = fake.NewFleet(fake.Config{})
+		e.opts.NewDesktop = e.fleet.New
+		e.groups = nil
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatalf("second Collect: %v", err)
+		}
+		again, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(file, again) {
+			t.Errorf("rollouts.jsonl changed from %d to %d bytes", len(file), len(again))
+		}
+		if n := len(e.fleet.Desktops()); n != 0 {
+			t.Errorf("the second Collect created %d desktops, want none", n)
+		}
+		checkBatch(t, e, sum, true)
+		byID := func(gs []Group) map[string]Group {
+			m := map[string]Group{}
+			for _, g := range gs {
+				m[g.ID] = g
+			}
+			return m
+		}
+		if diff := cmp.Diff(byID(first), byID(e.seenGroups())); diff != "" {
+			t.Errorf("groups delivered again (-first run +second run):\n%s", diff)
+		}
+	})
+}
+
+// TestCollectResumeRefused checks that collecting into the directory of
+// another batch is refused, saying what differs and what to do, and leaves
+// the directory as it was.
+func TestCollectResumeRefused(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(e *batchEnv)
+		want   string
+	}{
+		{name: "version", change: func(e *batchEnv) { e.pol.Version = "v2" }, want: `policy version "v1", not "v2"`},
+		{name: "model", change: func(e *batchEnv) { e.pol.Model = "other" }, want: `model "scripted", not "other"`},
+		{name: "task list", change: func(e *batchEnv) { e.tasks = testTasks(3) }, want: "a different task list (2 tasks, not 3)"},
+		{name: "task config", change: func(e *batchEnv) {
+			e.tasks = testTasks(2)
+			e.tasks[1].Evaluator = json.RawMessage(`{"func":"infeasible"}`)
+		}, want: "the same task ids but changed task configs"},
+		{name: "group", change: func(e *batchEnv) { e.opts.Group = 3 }, want: "groups of 2 with 2 attempts per task, not 3 with 3"},
+		{name: "oversample", change: func(e *batchEnv) { e.opts.Oversample = 0.5 }, want: "groups of 2 with 2 attempts per task, not 2 with 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+				if _, err := e.collect(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				file, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				tt.change(e)
+				_, err = e.collect(t.Context())
+				if err == nil {
+					t.Fatal("Collect into another batch's directory succeeded")
+				}
+				for _, w := range []string{tt.want, e.opts.Out, "new --out"} {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+				again, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(file, again) {
+					t.Errorf("the refused Collect changed rollouts.jsonl")
+				}
+			})
+		})
+	}
+}
+
+// TestCollectResumeForeignRecords checks that a directory with records but
+// no batch description is not taken for a batch.
+func TestCollectResumeForeignRecords(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(1), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(filepath.Join(e.opts.Out, manifestName)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.collect(t.Context())
+		if err == nil || !strings.Contains(err.Error(), "new --out") {
+			t.Errorf("Collect into records without %s: %v, want a refusal", manifestName, err)
+		}
+	})
+}
+
+func TestCollectOptionsValidate(t *testing.T) {
+	ok := CollectOptions{Out: "dir", NewDesktop: fake.NewFleet(fake.Config{}).New}
+	tests := []struct {
+		name   string
+		change func(o *CollectOptions)
+		want   string // a substring of the error; "" for valid options
+	}{
+		{name: "valid", change: func(*CollectOptions) {}},
+		{name: "no out", change: func(o *CollectOptions) { o.Out = "" }, want: "--out DIR"},
+		{name: "no desktops", change: func(o *CollectOptions) { o.NewDesktop = nil }, want: "CollectOptions.NewDesktop"},
+		{name: "negative oversample", change: func(o *CollectOptions) { o.Oversample = -1 }, want: "oversample -1"},
+		{name: "negative timeout", change: func(o *CollectOptions) { o.RolloutTimeout = -time.Second }, want: "rollout timeout -1s"},
+		{name: "fixed wait with the ready signal", change: func(o *CollectOptions) { o.Ready.FixedWait = time.Second }, want: "--no-ready-signal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := ok
+			tt.change(&o)
+			err := o.withDefaults().Validate()
+			if (err == nil) != (tt.want == "") || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Errorf("Validate() = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestAttemptsPerTask(t *testing.T) {
+	tests := []struct {
+		group      int
+		oversample float64
+		want       int
+	}{
+		{4, 0, 4}, {4, 0.25, 5}, {8, 0.25, 10}, {4, 0.3, 6}, {3, 1, 6}, {1, 0.01, 2}, {10, 0.1, 11}, {10, 0.3, 13},
+	}
+	for _, tt := range tests {
+		if got := AttemptsPerTask(tt.group, tt.oversample); got != tt.want {
+			t.Errorf("AttemptsPerTask(%d, %v) = %d, want %d", tt.group, tt.oversample, got, tt.want)
+		}
+	}
+}
+
+// TestCollectCancelKeepsGraded checks that an attempt graded when Ctrl-C
+// comes is kept: its grading returned, so it is finished work.
+func TestCollectCancelKeepsGraded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(1)}, fake.Config{DefaultReward: fake.Reward{P: 1}})
+		e.opts.Desktops = 1
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		newDesktop := e.opts.NewDesktop
+		e.opts.NewDesktop = func(ctx context.Context, slot int) (desktop.Desktop, error) {
+			d, err := newDesktop(ctx, slot)
+			return cancelOnEvaluate{d, cancel}, err
+		}
+		if _, err := e.collect(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Collect: %v, want context.Canceled", err)
+		}
+		recs := readRecords(t, e.opts.Out)
+		if len(recs) != 1 || recs[0].Status != StatusOK || recs[0].Reward == nil {
+			t.Fatalf("records %+v: want the graded attempt, ok", recs)
+		}
+		e.opts.NewDesktop = newDesktop
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := checkBatch(t, e, sum, true); len(got) != 2 {
+			t.Errorf("%d records after resume, want 2", len(got))
+		}
+	})
+}
+
+// cancelOnEvaluate cancels the batch while the attempt is graded.
+type cancelOnEvaluate struct {
+	desktop.Desktop
+	cancel context.CancelFunc
+}
+
+func (d cancelOnEvaluate) Evaluate(ctx context.Context, task Task) (float64, error) {
+	r, err := d.Desktop.Evaluate(ctx, task)
+	d.cancel()
+	return r, err
+}
+
+// TestCollectStoreFailure checks that a batch whose run store fails stops
+// at once with the store's error, closes its desktops, and can be resumed
+// once the directory is usable again.
+func TestCollectStoreFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(3), policytest.Options{Script: clicksThenDone(2)}, fake.Config{})
+		newDesktop := e.opts.NewDesktop
+		var once sync.Once
+		e.opts.NewDesktop = func(ctx context.Context, slot int) (desktop.Desktop, error) {
+			d, err := newDesktop(ctx, slot)
+			return breakStoreOnObserve{d, func() {
+				once.Do(func() {
+					for _, sub := range []string{schema.MessagesDir, schema.ImagesDir} {
+						if err := os.RemoveAll(filepath.Join(e.opts.Out, sub)); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}}, err
+		}
+		_, err := e.collect(t.Context())
+		if err == nil || errors.Is(err, ErrBatchIncomplete) {
+			t.Fatalf("Collect with a broken store: %v, want the store's error", err)
+		}
+		t.Logf("Collect: %v", err)
+		checkClosed(t, e.fleet)
+		if recs := readRecords(t, e.opts.Out); len(recs) != 0 {
+			t.Errorf("%d records written by a batch whose store failed on its first step", len(recs))
+		}
+
+		e.opts.NewDesktop = newDesktop
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatalf("resumed Collect: %v", err)
+		}
+		checkBatch(t, e, sum, true)
+	})
+}
+
+// breakStoreOnObserve calls brk before each screenshot.
+type breakStoreOnObserve struct {
+	desktop.Desktop
+	brk func()
+}
+
+func (d breakStoreOnObserve) Observe(ctx context.Context) (desktop.Observation, error) {
+	d.brk()
+	return d.Desktop.Observe(ctx)
+}

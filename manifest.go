@@ -1,0 +1,110 @@
+package rl
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"legato/rl/schema"
+)
+
+// manifestName is the file in a run directory that says which batch it
+// holds, so that collecting into it again continues that batch and nothing
+// else.
+const manifestName = "batch.json"
+
+// manifest identifies a batch: the same tasks (by id and content), the same
+// policy, the same group shape.
+type manifest struct {
+	Schema   string   `json:"schema"`
+	Model    string   `json:"model"`
+	Version  string   `json:"version"`
+	Group    int      `json:"group"`
+	Attempts int      `json:"attempts_per_task"`
+	TaskIDs  []string `json:"task_ids"`
+	TasksSHA string   `json:"tasks_sha256"`
+}
+
+func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions) manifest {
+	h := sha256.New()
+	ids := make([]string, len(tasks))
+	for i, t := range tasks {
+		ids[i] = t.ID
+		// The raw config when there is one: a task edited between runs is
+		// a different task.
+		raw := t.Raw
+		if len(raw) == 0 {
+			raw, _ = json.Marshal(t)
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", t.ID, len(raw))
+		h.Write(raw)
+	}
+	return manifest{
+		Schema:   "legato.batch/v0",
+		Model:    pol.Model,
+		Version:  pol.Version,
+		Group:    opts.Group,
+		Attempts: AttemptsPerTask(opts.Group, opts.Oversample),
+		TaskIDs:  ids,
+		TasksSHA: hex.EncodeToString(h.Sum(nil)),
+	}
+}
+
+// checkManifest refuses to continue a batch in dir that is not m.
+func checkManifest(dir string, m manifest) error {
+	data, err := os.ReadFile(filepath.Join(dir, manifestName))
+	if errors.Is(err, fs.ErrNotExist) {
+		if fi, serr := os.Stat(filepath.Join(dir, schema.RecordsFile)); serr == nil && fi.Size() > 0 {
+			return fmt.Errorf("%s holds rollouts.jsonl but no %s: not a legato batch this version can continue; use a new --out", dir, manifestName)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var old manifest
+	if err := json.Unmarshal(data, &old); err != nil {
+		return fmt.Errorf("read %s: %w", filepath.Join(dir, manifestName), err)
+	}
+	var diffs []string
+	if old.Version != m.Version {
+		diffs = append(diffs, fmt.Sprintf("policy version %q, not %q", old.Version, m.Version))
+	}
+	if old.Model != m.Model {
+		diffs = append(diffs, fmt.Sprintf("model %q, not %q", old.Model, m.Model))
+	}
+	if old.Group != m.Group || old.Attempts != m.Attempts {
+		diffs = append(diffs, fmt.Sprintf("groups of %d with %d attempts per task, not %d with %d", old.Group, old.Attempts, m.Group, m.Attempts))
+	}
+	if old.TasksSHA != m.TasksSHA {
+		if strings.Join(old.TaskIDs, "\n") == strings.Join(m.TaskIDs, "\n") {
+			diffs = append(diffs, "the same task ids but changed task configs")
+		} else {
+			diffs = append(diffs, fmt.Sprintf("a different task list (%d tasks, not %d)", len(old.TaskIDs), len(m.TaskIDs)))
+		}
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("%s holds another batch: %s; collect into a new --out directory, or rerun with the batch's own tasks and version to continue it",
+			dir, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+func writeManifest(dir string, m manifest) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, manifestName)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
