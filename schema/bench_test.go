@@ -3,6 +3,8 @@ package schema
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 )
 
@@ -138,6 +140,50 @@ func BenchmarkLoadRequest(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkAppendParallel measures records/s with 16 goroutines appending
+// at once, as a batch's workers do when their attempts end. "record"
+// appends only; "step+record" first stores one new screenshot and message,
+// and "rollout+record" those of 15 steps, so the record's content is not yet
+// durable when Append starts. Screenshots are tiny: the benchmark measures
+// syncs, not hashing.
+func BenchmarkAppendParallel(b *testing.B) {
+	const goroutines = 16
+	for _, bc := range []struct {
+		name  string
+		steps int
+	}{{"record", 0}, {"step+record", 1}, {"rollout+record", 15}} {
+		b.Run(bc.name, func(b *testing.B) {
+			r := mustCreate(b, b.TempDir())
+			var next atomic.Int64
+			// RunParallel starts parallelism × GOMAXPROCS goroutines.
+			b.SetParallelism(max(1, goroutines/runtime.GOMAXPROCS(0)))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					id := fmt.Sprint("bench-", next.Add(1))
+					rec := fullRecord(id)
+					for k := range bc.steps {
+						step := fmt.Sprint(id, " step ", k)
+						hashes, err := r.PutMessages([]Message{{Role: "user", Content: []Part{
+							TextPart(step), ImagePart(dataURL(withTextChunk(tinyPNG, step))),
+						}}})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						rec.Steps[0].Request = append(rec.Steps[0].Request, hashes...)
+					}
+					if err := r.Append(rec); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
 		})
 	}
 }

@@ -11,17 +11,25 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // killChildEnv names the run directory TestKillChild appends to; it is set
 // only in the child process of TestAppendSurvivesKill.
 const killChildEnv = "LEGATO_SCHEMA_KILL_CHILD"
 
-// TestKillChild is the child process of TestAppendSurvivesKill: it stores a
-// prompt and appends a record per iteration, printing the record's id once
-// Append has returned, until it is killed.
+// killWorkers is how many goroutines of the child append at once, so that
+// the kill can land inside a group commit.
+const killWorkers = 4
+
+// TestKillChild is the child process of TestAppendSurvivesKill: each of its
+// workers stores a prompt with a new screenshot and appends a record that
+// refers to it, printing the record's id once Append has returned, until
+// the process is killed.
 func TestKillChild(t *testing.T) {
 	dir := os.Getenv(killChildEnv)
 	if dir == "" {
@@ -32,29 +40,44 @@ func TestKillChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	// Bounded so a parent that fails to kill it does not leave it running.
-	for i := range 100_000 {
-		hashes, err := r.PutMessages([]Message{
-			{Role: "system", Content: []Part{TextPart("sys")}},
-			{Role: "user", Content: []Part{TextPart(fmt.Sprintf("step %d", i)), ImagePart(dataURL(withTextChunk(tinyPNG, fmt.Sprint(i))))}},
+	var wg sync.WaitGroup
+	for w := range killWorkers {
+		wg.Go(func() {
+			// Bounded so a parent that fails to kill it does not leave it running.
+			for i := range 100_000 / killWorkers {
+				id := fmt.Sprintf("child-%d-%d", w, i)
+				hashes, err := r.PutMessages(killPrompt(id))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rec := fullRecord(id)
+				rec.Steps[0].Request = hashes
+				// Large enough (~200 KB) that a kill can land inside the write.
+				rec.Steps[0].Response.Logprobs = make([]float64, 20_000)
+				if err := r.Append(rec); err != nil {
+					t.Error(err)
+					return
+				}
+				fmt.Printf("appended %s\n", rec.RolloutID)
+			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec := fullRecord(fmt.Sprintf("child-%d", i))
-		rec.Steps[0].Request = hashes
-		// Large enough (~200 KB) that a kill can land inside the write.
-		rec.Steps[0].Response.Logprobs = make([]float64, 20_000)
-		if err := r.Append(rec); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Printf("appended %s\n", rec.RolloutID)
+	}
+	wg.Wait()
+}
+
+// killPrompt is the prompt the child stores for the record id.
+func killPrompt(id string) []Message {
+	return []Message{
+		{Role: "system", Content: []Part{TextPart("sys")}},
+		{Role: "user", Content: []Part{TextPart("step of " + id), ImagePart(dataURL(withTextChunk(tinyPNG, id)))}},
 	}
 }
 
 // TestAppendSurvivesKill SIGKILLs a process in the middle of appending: every
-// record whose Append returned is in the file with its prompt, and a torn
-// tail, if any, is reported and cut by the next writer.
+// record whose Append returned is in the file with its prompt and
+// screenshot, every record in the file loads, and a torn tail, if any, is
+// reported and cut by the next writer.
 func TestAppendSurvivesKill(t *testing.T) {
 	if os.Getenv(killChildEnv) != "" {
 		t.Skip("in the child")
@@ -110,8 +133,14 @@ func TestAppendSurvivesKill(t *testing.T) {
 	var inFile []string
 	st, err := ReadRunRecords(dir, func(rec Record) error {
 		inFile = append(inFile, rec.RolloutID)
-		_, err := s.LoadRequest(rec.Steps[0], LoadOptions{})
-		return err
+		got, err := s.LoadRequest(rec.Steps[0], LoadOptions{})
+		if err != nil {
+			return err
+		}
+		if diff := cmp.Diff(killPrompt(rec.RolloutID), got); diff != "" {
+			t.Errorf("prompt of record %s (-want +got):\n%s", rec.RolloutID, diff)
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatalf("reading the killed run: %v", err)
@@ -121,10 +150,10 @@ func TestAppendSurvivesKill(t *testing.T) {
 			t.Errorf("record %s was reported appended but is not in %s", id, RecordsFile)
 		}
 	}
-	// At most the record being appended at the kill is beyond the reported
-	// ones (written, not yet printed).
-	if len(inFile) > len(reported)+1 {
-		t.Errorf("%d records in the file, %d reported: want at most one more", len(inFile), len(reported))
+	// At most the records being appended at the kill, one per worker, are
+	// beyond the reported ones (written, not yet printed).
+	if len(inFile) > len(reported)+killWorkers {
+		t.Errorf("%d records in the file, %d reported: want at most %d more", len(inFile), len(reported), killWorkers)
 	}
 	if st.TornLines > 1 || (st.TornLines == 1 && !st.TornTail) {
 		t.Errorf("stats %+v: want at most one torn line, at the end", st)

@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -48,12 +48,18 @@ type Run struct {
 	life   sync.RWMutex
 	closed bool
 
-	appendMu sync.Mutex
-	f        *os.File // rollouts.jsonl, O_APPEND; its flock guards the directory
-	size     int64    // bytes of rollouts.jsonl that hold whole records
-	// dirty: a failed append may have left bytes past size; they are cut
+	// Appends commit in groups (see Append): commitMu guards the chain of
+	// groups; the group at the head of the chain owns f, size and cutTail
+	// while it commits, and groups commit one at a time.
+	commitMu sync.Mutex
+	open     *commitGroup // taking lines; nil until the next Append
+	last     *commitGroup // the newest group; a new group commits after it
+
+	f    *os.File // rollouts.jsonl, O_APPEND; its flock guards the directory
+	size int64    // bytes of rollouts.jsonl that hold whole records
+	// cutTail: a failed commit may have left bytes past size; they are cut
 	// before the next record so no record is glued to a fragment.
-	dirty bool
+	cutTail bool
 
 	summaryMu sync.Mutex
 
@@ -62,10 +68,16 @@ type Run struct {
 	msgs, imgs sync.Map // [32]byte → struct{}
 	flight     singleflight.Group
 	scratch    sync.Pool // *imageScratch
-	// storeDirsDirty is set after a new name appears in messages/ or images/;
-	// Append syncs those directories before writing a record that may
-	// refer to it.
-	storeDirsDirty atomic.Bool
+
+	// unsynced holds the content files renamed into place but not yet
+	// fsynced. PutMessages leaves syncing to the next commit, which syncs
+	// them and their directories before it writes a record that may refer
+	// to them: the step path pays no fsync, and concurrent records share
+	// the syncs.
+	unsyncedMu sync.Mutex
+	unsynced   map[string]storedObject // path → object
+
+	hooks hooks
 
 	droppedTail int64
 }
@@ -193,7 +205,8 @@ func (r *Run) Dir() string { return r.dir }
 func (r *Run) DroppedTail() int64 { return r.droppedTail }
 
 // Close releases the run directory. It waits for operations in flight; later
-// calls return ErrClosed. Closing twice is not an error.
+// calls return ErrClosed. Closing twice is not an error. Content stored by
+// PutMessages is synced even if no record refers to it.
 func (r *Run) Close() error {
 	r.life.Lock()
 	defer r.life.Unlock()
@@ -201,7 +214,8 @@ func (r *Run) Close() error {
 		return nil
 	}
 	r.closed = true
-	err := r.syncStoreDirs()
+	// No Append holds life, so no commit is in flight.
+	err := r.syncContent()
 	if cerr := r.f.Close(); err == nil {
 		err = cerr
 	}
@@ -215,6 +229,10 @@ func (r *Run) Close() error {
 // once Append returns nil the record, and every message and image stored
 // before it, survive a crash. If Append fails the record is not in the file.
 // An empty rec.Schema is set to Version.
+//
+// Concurrent Appends share their syncs: records that arrive while a commit
+// is in flight form the next group, which syncs the content stored so far,
+// writes its lines and syncs rollouts.jsonl once for all of them.
 func (r *Run) Append(rec *Record) error {
 	if rec == nil {
 		return errors.New("append record: nil record")
@@ -241,46 +259,206 @@ func (r *Run) Append(rec *Record) error {
 		return fmt.Errorf("append record %q: %w: %d bytes, limit %d", rec.RolloutID, ErrRecordTooLarge, len(line)+1, MaxRecordBytes)
 	}
 	line = append(line, '\n')
+	if err := r.commitLine(line); err != nil {
+		return fmt.Errorf("append record %q: %w", rec.RolloutID, err)
+	}
+	return nil
+}
 
-	r.appendMu.Lock()
-	defer r.appendMu.Unlock()
-	if r.storeDirsDirty.Swap(false) {
-		if err := r.syncStoreDirs(); err != nil {
-			r.storeDirsDirty.Store(true)
-			return fmt.Errorf("append record %q: %w", rec.RolloutID, err)
-		}
+// A commitGroup is the records that commit together: it takes lines until
+// its leader, the Append that opened it, starts the commit.
+type commitGroup struct {
+	lines []byte        // whole lines, in arrival order
+	after *commitGroup  // the group before this one; nil for the first
+	done  chan struct{} // closed when the commit has ended; err is set then
+	err   error
+}
+
+// commitLine adds line to the open group and returns when that group's
+// commit has ended. The Append that opens a group leads it: it waits for
+// the previous group's commit, closes the group to new lines and commits
+// them all; the others wait for it. So commits run one at a time, a group
+// never waits behind more than one commit, and no goroutine outlives its
+// Append.
+func (r *Run) commitLine(line []byte) error {
+	r.commitMu.Lock()
+	g := r.open
+	lead := g == nil
+	if lead {
+		// line is ours (Append marshaled it), so the group may grow it.
+		g = &commitGroup{lines: line, after: r.last, done: make(chan struct{})}
+		r.open, r.last = g, g
+	} else {
+		g.lines = append(g.lines, line...)
 	}
-	if r.dirty {
+	r.commitMu.Unlock()
+	if h := r.hooks.joined; h != nil {
+		h(lead)
+	}
+	if !lead {
+		<-g.done
+		return g.err
+	}
+	if g.after != nil {
+		<-g.after.done
+		g.after = nil // let the chain be collected
+	}
+	r.commitMu.Lock()
+	r.open = nil // later lines go to the next group, which commits after this one
+	r.commitMu.Unlock()
+	g.err = r.commit(g.lines)
+	close(g.done)
+	return g.err
+}
+
+// commit makes the stored content durable, then writes lines to the end
+// of rollouts.jsonl and syncs it. Only one commit runs at a time.
+func (r *Run) commit(lines []byte) error {
+	// The content first: a record on disk must never refer to a file that
+	// a power loss could take away. Every Append of this group started
+	// after its PutMessages returned, so the set holds its content or a
+	// finished commit synced it.
+	if err := r.syncContent(); err != nil {
+		return err
+	}
+	if r.cutTail {
 		if err := r.f.Truncate(r.size); err != nil {
-			return fmt.Errorf("append record %q: cut a failed append: %w", rec.RolloutID, err)
+			return fmt.Errorf("cut a failed append: %w", err)
 		}
-		r.dirty = false
+		r.cutTail = false
 	}
-	// One write of the whole line: with O_APPEND it lands at the end in one
-	// piece, so a crash leaves at most a torn last line.
-	n, err := r.f.Write(line)
+	// One write of all the lines: with O_APPEND they land at the end in one
+	// piece, so a crash leaves whole lines and at most a torn last one.
+	n, err := r.f.Write(lines)
 	if err == nil {
 		err = r.f.Sync()
 	}
 	if err != nil {
 		// Cut what may have reached the file so a failed Append leaves no
-		// record behind; if that fails too, the next Append retries it.
-		r.dirty = true
+		// record behind; if that fails too, the next commit retries it.
+		r.cutTail = true
 		if terr := r.f.Truncate(r.size); terr == nil {
-			r.dirty = false
+			r.cutTail = false
 		}
-		return fmt.Errorf("append record %q: %w", rec.RolloutID, err)
+		return err
 	}
 	r.size += int64(n)
+	if h := r.hooks.synced; h != nil {
+		h(r.f.Name())
+	}
+	if h := r.hooks.committed; h != nil {
+		h(lines)
+	}
 	return nil
 }
 
-// syncStoreDirs makes new names in messages/ and images/ durable.
-func (r *Run) syncStoreDirs() error {
-	if err := syncDir(r.msgDir); err != nil {
+// hooks let tests watch commits; nil fields are skipped. They are set
+// before the Run is shared and never change.
+type hooks struct {
+	joined    func(lead bool)    // an Append added its line to a group
+	synced    func(path string)  // an fsync of path succeeded (concurrently for content files)
+	committed func(lines []byte) // lines are durable; their Appends return next
+}
+
+// A storedObject is a content file that PutMessages renamed into place.
+type storedObject struct {
+	known *sync.Map // r.msgs or r.imgs
+	sum   [32]byte
+}
+
+// markUnsynced records that path holds new content for the next commit to
+// sync. It is called before the object is marked known, so a caller that
+// finds the object known also finds it here or synced by a commit that
+// has ended.
+func (r *Run) markUnsynced(path string, obj storedObject) {
+	r.unsyncedMu.Lock()
+	defer r.unsyncedMu.Unlock()
+	if r.unsynced == nil {
+		r.unsynced = make(map[string]storedObject)
+	}
+	r.unsynced[path] = obj
+}
+
+// syncParallel bounds the fsyncs of one commit in flight together: on
+// journaling file systems concurrent fsyncs share journal commits.
+const syncParallel = 16
+
+// syncContent fsyncs the content files stored since the last commit, each
+// once, then their directories, so that the files and their names survive
+// a power loss.
+func (r *Run) syncContent() error {
+	r.unsyncedMu.Lock()
+	objs := r.unsynced
+	r.unsynced = nil
+	r.unsyncedMu.Unlock()
+	if len(objs) == 0 {
+		return nil
+	}
+	var (
+		mu     sync.Mutex
+		failed []string
+		g      errgroup.Group
+	)
+	g.SetLimit(syncParallel)
+	dirs := make(map[string]bool, 2)
+	for path := range objs {
+		dirs[filepath.Dir(path)] = true
+		g.Go(func() error {
+			if err := syncFile(path); err != nil {
+				mu.Lock()
+				failed = append(failed, path)
+				mu.Unlock()
+				return err
+			}
+			if h := r.hooks.synced; h != nil {
+				h(path)
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	if err == nil {
+		for dir := range dirs {
+			if err = syncDir(dir); err != nil {
+				break
+			}
+			if h := r.hooks.synced; h != nil {
+				h(dir)
+			}
+		}
+	}
+	if err != nil {
+		// Keep every file for the next commit. A file whose fsync failed
+		// is also forgotten, so that the next PutMessages of its content
+		// writes it again: after a failed fsync the kernel may have dropped
+		// its dirty pages and a second fsync may succeed without them.
+		for _, path := range failed {
+			objs[path].known.Delete(objs[path].sum)
+		}
+		r.unsyncedMu.Lock()
+		for path, obj := range r.unsynced {
+			objs[path] = obj
+		}
+		r.unsynced = objs
+		r.unsyncedMu.Unlock()
+		return fmt.Errorf("sync stored content: %w", err)
+	}
+	return nil
+}
+
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
 		return err
 	}
-	return syncDir(r.imgDir)
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return nil
 }
 
 // WriteSummary replaces summary.json with s atomically: readers see the old
@@ -306,7 +484,7 @@ func (r *Run) WriteSummary(s *Summary) error {
 	// Serialized so that the last call's summary is the one left on disk.
 	r.summaryMu.Lock()
 	defer r.summaryMu.Unlock()
-	if err := writeFileAtomic(r.dir, SummaryFile, b); err != nil {
+	if err := writeFileAtomic(r.dir, SummaryFile, b, true); err != nil {
 		return fmt.Errorf("write summary: %w", err)
 	}
 	if err := syncDir(r.dir); err != nil {
@@ -328,10 +506,12 @@ func ReadSummary(dir string) (*Summary, error) {
 	return &s, nil
 }
 
-// writeFileAtomic writes data to dir/name through a synced temp file and a
-// rename, so dir/name is either absent or complete, also after a crash. The
-// caller syncs dir to make the name itself durable.
-func writeFileAtomic(dir, name string, data []byte) (err error) {
+// writeFileAtomic writes data to dir/name through a temp file and a rename,
+// so that dir/name is either absent or complete. That holds after a process
+// crash; after a power loss only if sync is set (the temp file is synced
+// before the rename) or the caller syncs dir/name before it relies on it.
+// The caller syncs dir to make the name itself durable.
+func writeFileAtomic(dir, name string, data []byte, sync bool) (err error) {
 	f, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
 		return err
@@ -350,8 +530,10 @@ func writeFileAtomic(dir, name string, data []byte) (err error) {
 	if _, err := f.Write(data); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err

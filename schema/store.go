@@ -23,8 +23,10 @@ const pngDataURLPrefix = "data:image/png;base64,"
 // PutMessages stores msgs in the run's content store and returns their
 // hashes, in order, for Step.Request. msgs is not modified. Messages and
 // images already stored cost a hash and no disk access, so callers pass the
-// whole prompt of every step. Each new object is synced before it appears
-// under its name; the names are durable once a later Append returns.
+// whole prompt of every step. Each new object appears under its name
+// complete (temp file and rename) but is not synced: the next Append syncs
+// it before writing its record, so the step path pays no fsync. Objects
+// are durable once a later Append (or Close) returns.
 //
 // The content store keeps each distinct message of a run once, so storage
 // grows with the number of steps, not with the square of the history:
@@ -80,7 +82,7 @@ func (r *Run) putMessage(m *Message) (string, error) {
 		if _, ok := r.msgs.Load(sum); ok {
 			return nil, nil
 		}
-		if err := r.writeObject(r.msgDir, h, func() []byte { return r.enc.EncodeAll(canon, nil) }); err != nil {
+		if err := r.writeObject(r.msgDir, h, storedObject{&r.msgs, sum}, r.enc.EncodeAll(canon, nil)); err != nil {
 			return nil, err
 		}
 		r.msgs.Store(sum, struct{}{})
@@ -149,7 +151,7 @@ func (r *Run) putImage(url string) (string, error) {
 		if _, ok := r.imgs.Load(sum); ok {
 			return nil, nil
 		}
-		if err := r.writeObject(r.imgDir, h+".png", func() []byte { return png }); err != nil {
+		if err := r.writeObject(r.imgDir, h+".png", storedObject{&r.imgs, sum}, png); err != nil {
 			return nil, err
 		}
 		r.imgs.Store(sum, struct{}{})
@@ -171,29 +173,28 @@ func (r *Run) checkImageRef(ref string) error {
 	if _, ok := r.imgs.Load(sum); ok {
 		return nil
 	}
-	fi, err := os.Stat(filepath.Join(r.imgDir, h+".png"))
+	path := filepath.Join(r.imgDir, h+".png")
+	fi, err := os.Stat(path)
 	if err != nil || !fi.Mode().IsRegular() {
 		return &ObjectError{Op: "put", Kind: "image", Hash: h, Err: fmt.Errorf("%w: a reference must name an image of this run", ErrNotFound)}
 	}
+	// An earlier process may have died before syncing it.
+	r.markUnsynced(path, storedObject{&r.imgs, sum})
 	r.imgs.Store(sum, struct{}{})
 	return nil
 }
 
-// writeObject stores a content-addressed file unless it is already there.
-// Concurrent writers of the same name are safe: each renames a complete
-// file with the same content over the name.
-func (r *Run) writeObject(dir, name string, data func() []byte) error {
-	// A file under its final name is complete (it was synced before the
-	// rename), so an object left by an earlier process of a resumed run can
-	// be trusted; empty files are not ours and are replaced.
-	if fi, err := os.Stat(filepath.Join(dir, name)); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
-		r.storeDirsDirty.Store(true)
-		return nil
-	}
-	if err := writeFileAtomic(dir, name, data()); err != nil {
+// writeObject stores a content-addressed file without syncing it: the next
+// commit does (see Append), off the step path. Concurrent writers of the
+// same name are safe: each renames a complete file with the same content
+// over the name. A file left under the name by an earlier process is
+// replaced, not trusted: that process may have died before syncing it, and
+// a power loss after that could have left it short.
+func (r *Run) writeObject(dir, name string, obj storedObject, data []byte) error {
+	if err := writeFileAtomic(dir, name, data, false); err != nil {
 		return err
 	}
-	r.storeDirsDirty.Store(true)
+	r.markUnsynced(filepath.Join(dir, name), obj)
 	return nil
 }
 

@@ -1,0 +1,359 @@
+package schema
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// syncLog watches a Run's commits through its hooks. It checks, as each
+// group commits, that every message and image its records refer to was
+// fsynced, file and directory, before the record was written.
+type syncLog struct {
+	t   *testing.T
+	dir string
+
+	mu        sync.Mutex
+	events    []string       // "sync <name relative to dir>" and "commit <ids>", in order
+	syncs     map[string]int // name relative to dir → fsyncs
+	commits   int            // fsyncs of rollouts.jsonl
+	committed map[string]bool
+	joins     int
+	// afterCommit, if set, runs after a commit is logged and before its
+	// Appends return, outside the lock.
+	afterCommit func(n int)
+	joined      func(n int) // like afterCommit, after each join
+}
+
+func watch(t *testing.T, r *Run) *syncLog {
+	l := &syncLog{t: t, dir: r.Dir(), syncs: map[string]int{}, committed: map[string]bool{}}
+	r.hooks = hooks{joined: l.join, synced: l.synced, committed: l.commit}
+	return l
+}
+
+func (l *syncLog) join(lead bool) {
+	l.mu.Lock()
+	l.joins++
+	n, f := l.joins, l.joined
+	l.mu.Unlock()
+	if f != nil {
+		f(n)
+	}
+}
+
+func (l *syncLog) synced(path string) {
+	rel, err := filepath.Rel(l.dir, path)
+	if err != nil {
+		l.t.Errorf("fsync outside the run: %v", err)
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, "sync "+rel)
+	l.syncs[rel]++
+	if rel == RecordsFile {
+		l.commits++
+	}
+}
+
+func (l *syncLog) commit(lines []byte) {
+	var ids []string
+	for line := range bytes.Lines(lines) {
+		var rec Record
+		if err := json.Unmarshal(line, &rec); err != nil {
+			l.t.Errorf("committed line: %v", err)
+			continue
+		}
+		ids = append(ids, rec.RolloutID)
+		for _, st := range rec.Steps {
+			l.checkSynced(rec.RolloutID, st)
+		}
+	}
+	l.mu.Lock()
+	l.events = append(l.events, "commit "+strings.Join(ids, " "))
+	for _, id := range ids {
+		l.committed[id] = true
+	}
+	n, f := l.commits, l.afterCommit
+	l.mu.Unlock()
+	if f != nil {
+		f(n)
+	}
+}
+
+// checkSynced reports the content of step that was not fsynced before its
+// record was committed.
+func (l *syncLog) checkSynced(id string, st Step) {
+	msgs, err := LoadRequest(l.dir, st, LoadOptions{KeepImageRefs: true})
+	if err != nil {
+		l.t.Errorf("record %s committed with a prompt that does not load: %v", id, err)
+		return
+	}
+	need := []string{MessagesDir}
+	for i, h := range st.Request {
+		need = append(need, filepath.Join(MessagesDir, h))
+		for _, p := range msgs[i].Content {
+			if p.ImageURL != nil {
+				need = append(need, ImagesDir, filepath.Join(ImagesDir, strings.TrimPrefix(p.ImageURL.URL, ImageScheme)+".png"))
+			}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, name := range need {
+		if l.syncs[name] == 0 {
+			l.t.Errorf("record %s committed before %s was fsynced", id, name)
+		}
+	}
+}
+
+func (l *syncLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ev := l.events
+	l.events = nil
+	return ev
+}
+
+func (l *syncLog) isCommitted(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.committed[id]
+}
+
+// inSyncOrder sorts each run of consecutive fsyncs of the same kind
+// (content files, directories), whose order is not defined: files are
+// synced in parallel, directories in map order.
+func inSyncOrder(ev []string) []string {
+	kind := func(e string) string {
+		name, ok := strings.CutPrefix(e, "sync ")
+		switch {
+		case !ok:
+			return e
+		case strings.Contains(name, string(filepath.Separator)):
+			return "file"
+		case name == MessagesDir || name == ImagesDir:
+			return "dir"
+		}
+		return e
+	}
+	ev = slices.Clone(ev)
+	for i := 0; i < len(ev); {
+		j := i + 1
+		for j < len(ev) && kind(ev[j]) == kind(ev[i]) {
+			j++
+		}
+		slices.Sort(ev[i:j])
+		i = j
+	}
+	return ev
+}
+
+// TestPutMessagesDefersSync: PutMessages syncs nothing; the next Append
+// syncs the new files, then their directories, then the record, and stored
+// content is synced once.
+func TestPutMessagesDefersSync(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	l := watch(t, r)
+	img := withTextChunk(tinyPNG, "defer")
+	msgs := []Message{
+		{Role: "system", Content: []Part{TextPart("sys")}},
+		{Role: "user", Content: []Part{TextPart("look"), ImagePart(dataURL(img))}},
+	}
+	hashes, err := r.PutMessages(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := l.take(); len(ev) != 0 {
+		t.Errorf("PutMessages synced: %q, want no fsync on the step path", ev)
+	}
+	rec := fullRecord("a")
+	rec.Steps = rec.Steps[:1]
+	rec.Steps[0].Request = hashes
+	if err := r.Append(rec); err != nil {
+		t.Fatal(err)
+	}
+	want := inSyncOrder([]string{
+		"sync " + filepath.Join(ImagesDir, sha(img)+".png"),
+		"sync " + filepath.Join(MessagesDir, hashes[0]),
+		"sync " + filepath.Join(MessagesDir, hashes[1]),
+		"sync " + ImagesDir, "sync " + MessagesDir,
+		"sync " + RecordsFile, "commit a",
+	})
+	if diff := cmp.Diff(want, inSyncOrder(l.take())); diff != "" {
+		t.Errorf("first Append (-want +got):\n%s", diff)
+	}
+
+	// Stored content is not synced again.
+	if _, err := r.PutMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	rec.RolloutID = "b"
+	if err := r.Append(rec); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"sync " + RecordsFile, "commit b"}, l.take()); diff != "" {
+		t.Errorf("second Append (-want +got):\n%s", diff)
+	}
+
+	// Close syncs content that no record refers to yet.
+	more, err := r.PutMessages([]Message{{Role: "assistant", Content: []Part{TextPart("done")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"sync " + filepath.Join(MessagesDir, more[0]), "sync " + MessagesDir}
+	if diff := cmp.Diff(want, l.take()); diff != "" {
+		t.Errorf("Close (-want +got):\n%s", diff)
+	}
+}
+
+// TestAppendGroupCommit holds the first commit until every other Append
+// has queued: they all commit in the next group, with one fsync of
+// rollouts.jsonl, and each Append returns only after its line was synced.
+func TestAppendGroupCommit(t *testing.T) {
+	const appends = 16
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	l := watch(t, r)
+	allJoined := make(chan struct{})
+	l.joined = func(n int) {
+		if n == appends {
+			close(allJoined)
+		}
+	}
+	l.afterCommit = func(n int) {
+		if n == 1 {
+			<-allJoined
+		}
+	}
+	runAppends(t, r, l, appends, 1)
+	l.mu.Lock()
+	commits := l.commits
+	l.mu.Unlock()
+	// The first group holds the Appends that joined before its leader
+	// started, the second all the others.
+	if commits > 2 {
+		t.Errorf("%d records took %d fsyncs of %s, want at most 2", appends, commits, RecordsFile)
+	}
+	if _, st := readAll(t, dir); st.Records != appends || st.TornLines != 0 {
+		t.Errorf("stats %+v, want %d records and no torn line", st, appends)
+	}
+}
+
+// TestAppendConcurrentSyncs runs workers that store a step and append its
+// record, as a batch does: each content file is synced exactly once, before
+// any record that refers to it, and each Append returns after its commit.
+func TestAppendConcurrentSyncs(t *testing.T) {
+	const workers, each = 8, 6
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	l := watch(t, r)
+	runAppends(t, r, l, workers, each)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, n := range l.syncs {
+		if n != 1 && name != RecordsFile && name != MessagesDir && name != ImagesDir {
+			t.Errorf("%s fsynced %d times, want once", name, n)
+		}
+	}
+	// Every worker's system message, plus per record a message and an image.
+	if got, want := len(l.syncs), 1+2*workers*each+3; got != want {
+		t.Errorf("%d names fsynced, want %d", got, want)
+	}
+	t.Logf("%d records, %d fsyncs of %s", workers*each, l.commits, RecordsFile)
+	if l.commits > workers*each {
+		t.Errorf("%d fsyncs of %s for %d records", l.commits, RecordsFile, workers*each)
+	}
+}
+
+// runAppends runs workers goroutines that each store a prompt with a new
+// screenshot and append a record referring to it, each times, and checks
+// that every Append returns only after its record was committed.
+func runAppends(t *testing.T, r *Run, l *syncLog, workers, each int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				hashes, err := r.PutMessages([]Message{
+					{Role: "system", Content: []Part{TextPart("sys")}},
+					{Role: "user", Content: []Part{TextPart(id), ImagePart(dataURL(withTextChunk(tinyPNG, id)))}},
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rec := fullRecord(id)
+				rec.Steps = rec.Steps[:1]
+				rec.Steps[0].Request = hashes
+				if err := r.Append(rec); err != nil {
+					t.Error(err)
+					return
+				}
+				if !l.isCommitted(id) {
+					t.Errorf("Append of %s returned before a sync covered it", id)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestAppendContentSyncFails: when content cannot be synced the record is
+// not written, and the content is written again by the next PutMessages
+// rather than trusted.
+func TestAppendContentSyncFails(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	msgs := []Message{{Role: "user", Content: []Part{TextPart("lost"), ImagePart(dataURL(withTextChunk(tinyPNG, "lost")))}}}
+	hashes, err := r.PutMessages(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Lost before it was synced: the commit cannot open it.
+	if err := os.Remove(filepath.Join(dir, MessagesDir, hashes[0])); err != nil {
+		t.Fatal(err)
+	}
+	rec := fullRecord("a")
+	rec.Steps = rec.Steps[:1]
+	rec.Steps[0].Request = hashes
+	if err := r.Append(rec); err == nil || !strings.Contains(err.Error(), "sync stored content") {
+		t.Fatalf("Append with unsyncable content: %v, want a sync error", err)
+	}
+	if _, st := readAll(t, dir); st.Lines != 0 {
+		t.Fatalf("a failed Append left %d lines", st.Lines)
+	}
+	again, err := r.PutMessages(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(hashes, again); diff != "" {
+		t.Errorf("hashes (-want +got):\n%s", diff)
+	}
+	if err := r.Append(rec); err != nil {
+		t.Fatalf("Append after the content was stored again: %v", err)
+	}
+	got, err := LoadRequest(dir, rec.Steps[0], LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(msgs, got); diff != "" {
+		t.Errorf("prompt (-want +got):\n%s", diff)
+	}
+}
