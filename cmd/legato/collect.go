@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 
 	rl "legato/rl"
 	"legato/rl/desktop/fake"
+	"legato/rl/desktop/osworld"
 	"legato/rl/policy"
 	"legato/rl/policy/policytest"
 	"legato/rl/policy/qwen"
@@ -31,16 +31,16 @@ var demoTasks []byte
 // collectFlags are the flags of `legato rl collect`, bound straight into the
 // library's option structs.
 type collectFlags struct {
-	tasks, out, backend, osworld string
-	pol                          rl.PolicyConfig
-	opts                         rl.CollectOptions
-	stepTimeout, rolloutTimeout  seconds
-	fixedWait                    seconds
-	afterReset, beforeEval       seconds
-	retries                      int
-	noFastReset                  bool
-	fake                         fakeFlags
-	verbose                      bool
+	tasks, out, backend         string
+	ow                          osworld.Flags
+	pol                         rl.PolicyConfig
+	opts                        rl.CollectOptions
+	stepTimeout, rolloutTimeout seconds
+	fixedWait                   seconds
+	afterReset, beforeEval      seconds
+	retries                     int
+	fake                        fakeFlags
+	verbose                     bool
 }
 
 type fakeFlags struct {
@@ -72,9 +72,8 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	f.afterReset, f.beforeEval = seconds(rl.OSWorldAfterReset), seconds(rl.OSWorldBeforeEval)
 	fs.Var(&f.afterReset, "fixed-wait-after-reset", "sleep after a reset with --no-ready-signal, seconds or a duration (OSWorld's runner: 60)")
 	fs.Var(&f.beforeEval, "fixed-wait-before-eval", "sleep before grading with --no-ready-signal, seconds or a duration (OSWorld's runner: 20)")
-	fs.BoolVar(&f.noFastReset, "no-fast-reset", false, "revert the VM snapshot before every attempt (osworld backend)")
 	fs.IntVar(&f.opts.ImageMax, "image-max", rl.DefaultImageMax, "screenshots kept in the prompt")
-	fs.StringVar(&f.osworld, "osworld", "", "OSWorld checkout: resolves {\"task_id\",\"domain\"} entries and provides its evaluators")
+	f.ow.Register(fs)
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
 	fs.Float64Var(&f.fake.success, "fake-success", 0.5, "fake backend: probability that an attempt of a feasible task scores 1")
@@ -131,6 +130,9 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	f.opts.Harness = qwen.New(qwen.Config{ImageMax: f.opts.ImageMax})
 
+	// checkTasks refuses, before anything runs, tasks the backend could
+	// not set up or grade.
+	checkTasks := func([]rl.Task) error { return nil }
 	switch f.backend {
 	case "fake":
 		cfg, err := f.fake.config()
@@ -139,12 +141,33 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		f.opts.NewDesktop = fake.NewFleet(cfg).New
 	case "osworld":
-		return errors.New("the osworld backend is not part of this build yet; use --backend fake")
+		f.ow.Ready.Disabled = f.opts.Ready.Disabled
+		f.ow.Ready.FixedWait = f.opts.Ready.FixedWait
+		f.ow.Ready.FixedAfterReset = f.opts.Ready.AfterReset
+		f.ow.Ready.FixedBeforeEval = f.opts.Ready.BeforeEval
+		pool, err := f.ow.Pool(ctx, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := pool.Close(); err != nil {
+				log.Warn("close desktops", "err", err)
+			}
+		}()
+		if n := pool.Config().Slots(); n > 0 && f.opts.Desktops > n {
+			fmt.Fprintf(stderr, "--desktops %d: only %d --guest-url given; using %d desktops\n", f.opts.Desktops, n, n)
+			f.opts.Desktops = n
+		}
+		f.opts.NewDesktop = pool.New
+		checkTasks = pool.CheckTasks
 	default:
 		return usageErrorf("--backend %q: want fake or osworld", f.backend)
 	}
 	tasks, err := loadCollectTasks(f)
 	if err != nil {
+		return err
+	}
+	if err := checkTasks(tasks); err != nil {
 		return err
 	}
 
@@ -171,7 +194,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func loadCollectTasks(f *collectFlags) ([]rl.Task, error) {
-	opts := rl.LoadOptions{OSWorldDir: f.osworld}
+	opts := rl.LoadOptions{OSWorldDir: f.ow.OSWorldDir}
 	if f.tasks == "" {
 		if f.backend != "fake" {
 			return nil, usageErrorf("--tasks FILE is required with --backend %s", f.backend)

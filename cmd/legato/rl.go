@@ -29,6 +29,7 @@ func commands() []command {
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
 		{"export", "write a run's training samples, with GRPO group advantages", runExport},
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", runProfile},
+		{"gc", "remove the VMs and disk overlays a crashed batch left behind", runGC},
 		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", runServePolicy},
 		{"help", "show this help, or the help of one subcommand", runHelp},
 	}

@@ -1,0 +1,490 @@
+package osworld
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/setup"
+	"legato/rl/desktop/osworld/vm"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultHome        = "/home/user"
+	DefaultBaselineDir = "/var/lib/legato/home-baseline"
+	// DefaultAttachTimeout bounds the wait for a guest given by URL to
+	// answer when its desktop is created.
+	DefaultAttachTimeout = 2 * time.Minute
+	// DefaultPrepareTimeout bounds the preparation of a freshly booted VM
+	// before its clean snapshot: the /home/user baseline copy and a first
+	// settled screen.
+	DefaultPrepareTimeout = 3 * time.Minute
+)
+
+// Defaults of ReadyConfig.
+const (
+	DefaultReadyInterval = 500 * time.Millisecond
+	DefaultReadyStable   = 2
+	DefaultReadyMaxLoad  = 0.25
+	DefaultAfterResetMax = 30 * time.Second
+	DefaultBeforeEvalMax = 10 * time.Second
+)
+
+// DefaultRevertDomains are the OSWorld domains whose tasks change the
+// machine beyond /home/user (system settings, packages, several apps at
+// once), so a fast reset cannot undo them: they get a snapshot revert.
+func DefaultRevertDomains() []string { return []string{"os", "multi_apps"} }
+
+// DefaultAppsToKill returns, per OSWorld domain, the process names (as the
+// kernel shows them in /proc/PID/comm, at most 15 bytes) of the programs
+// its tasks start. A fast reset kills the programs of every domain, not
+// only the task's: the desktop may have run a task of any domain before.
+func DefaultAppsToKill() map[string][]string {
+	office := []string{"soffice.bin", "soffice", "oosplash"}
+	return map[string][]string{
+		"chrome":              {"chrome", "google-chrome", "chromium", "chrome_crashpad"},
+		"gimp":                {"gimp", "gimp-2.10", "script-fu"},
+		"libreoffice_calc":    office,
+		"libreoffice_impress": office,
+		"libreoffice_writer":  office,
+		"thunderbird":         {"thunderbird", "thunderbird-bin"},
+		"vlc":                 {"vlc"},
+		"vs_code":             {"code"},
+		// Revert domains: listed for guests given by URL, which can only
+		// fast-reset them. "gnome-terminal-" is gnome-terminal-server cut
+		// to 15 bytes, as /proc shows it.
+		"os":         {"gedit", "nautilus", "gnome-terminal-"},
+		"multi_apps": {"gedit", "nautilus", "gnome-terminal-", "evince", "eog"},
+	}
+}
+
+// Config says how to run OSWorld desktops: libvirt VMs started here (VM),
+// or guests that already run elsewhere (Guests). The zero value of each
+// field means its documented default; one of VM.BaseImage and Guests is
+// required.
+type Config struct {
+	// VM runs one libvirt VM per desktop on VM.BaseImage. Its Ready field
+	// is the desktop's own; leave it nil.
+	VM vm.Config
+	// Guests are OSWorld guests that already run (under Docker, on another
+	// host): desktop slot i uses Guests[i], so a batch has at most
+	// len(Guests) desktops. They have no snapshot: every reset is a fast
+	// reset, even for the domains in RevertDomains (a warning says so).
+	Guests []GuestAddr
+
+	// NoFastReset reverts the VM snapshot before every attempt, the
+	// baseline OSWorld's own runner measures against (--no-fast-reset).
+	// The zero value fast-resets every domain not in RevertDomains.
+	NoFastReset bool
+	// RevertDomains are the domains whose tasks always get a snapshot
+	// revert; nil means DefaultRevertDomains().
+	RevertDomains []string
+	// AppsToKill lists, per domain, the programs a fast reset kills; nil
+	// means DefaultAppsToKill(). A fast reset kills those of every domain.
+	AppsToKill map[string][]string
+	// Home is the guest user's home directory, restored by a fast reset
+	// (default /home/user).
+	Home string
+	// BaselineDir is where the guest keeps the clean copy of Home (default
+	// /var/lib/legato/home-baseline). It is made before the VM's clean
+	// snapshot, or when a guest given by URL is first attached if it has
+	// none yet.
+	BaselineDir string
+
+	// Ready configures the ready signal after a reset, after actions and
+	// before grading.
+	Ready ReadyConfig
+	// Grade says how tasks are graded.
+	Grade GradeConfig
+
+	// CacheDir keeps the task files setup steps download, and the cloud
+	// files graders fetch, shared by every desktop (default: legato/osworld
+	// under the user's cache directory).
+	CacheDir string
+	// ClientPassword is the guest user's password, for the {CLIENT_PASSWORD}
+	// placeholder of setup steps and for sudo (default "password", as in
+	// OSWorld's images). It never appears in logs or errors.
+	ClientPassword string
+	// GuestTimeouts bound each kind of call to a guest server; zero fields
+	// take the guest package's defaults.
+	GuestTimeouts guest.Timeouts
+	// AttachTimeout bounds the wait for a guest given by URL to answer
+	// (default 2m).
+	AttachTimeout time.Duration
+	// PrepareTimeout bounds the preparation of a freshly booted VM before
+	// its snapshot (default 3m).
+	PrepareTimeout time.Duration
+	// Logger receives the desktops' lifecycle and warnings (default:
+	// discard).
+	Logger *slog.Logger
+}
+
+// GuestAddr locates an OSWorld guest that runs elsewhere: its guest server
+// and, when the tasks need them, its Chrome DevTools and VLC ports on the
+// same host.
+type GuestAddr struct {
+	// URL is the guest server's base URL, such as http://127.0.0.1:5000.
+	URL string
+	// DevToolsPort is the host port of the guest's Chrome DevTools (9222
+	// inside the guest); 0 means none, and tasks with chrome_* setup steps
+	// are refused.
+	DevToolsPort int
+	// VLCPort is the host port of VLC's HTTP interface (8080 inside the
+	// guest); 0 means none.
+	VLCPort int
+}
+
+// ParseGuestAddr parses the value of --guest-url:
+// URL[,devtools=PORT][,vlc=PORT].
+func ParseGuestAddr(s string) (GuestAddr, error) {
+	parts := strings.Split(s, ",")
+	a := GuestAddr{URL: strings.TrimSpace(parts[0])}
+	for _, p := range parts[1:] {
+		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+		port, err := strconv.Atoi(v)
+		if !ok || err != nil || port <= 0 || port > 65535 {
+			return GuestAddr{}, fmt.Errorf("guest %q: %q: want devtools=PORT or vlc=PORT", s, p)
+		}
+		switch k {
+		case "devtools":
+			a.DevToolsPort = port
+		case "vlc":
+			a.VLCPort = port
+		default:
+			return GuestAddr{}, fmt.Errorf("guest %q: unknown option %q: want devtools=PORT or vlc=PORT", s, k)
+		}
+	}
+	if err := a.validate(); err != nil {
+		return GuestAddr{}, err
+	}
+	return a, nil
+}
+
+// String returns the address in ParseGuestAddr's form.
+func (a GuestAddr) String() string {
+	s := a.URL
+	if a.DevToolsPort != 0 {
+		s += ",devtools=" + strconv.Itoa(a.DevToolsPort)
+	}
+	if a.VLCPort != 0 {
+		s += ",vlc=" + strconv.Itoa(a.VLCPort)
+	}
+	return s
+}
+
+func (a GuestAddr) validate() error {
+	u, err := url.Parse(a.URL)
+	if err != nil {
+		return fmt.Errorf("guest url %q: %w: want http://HOST:PORT, the guest server's root", a.URL, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("guest url %q: want http://HOST:PORT, the guest server's root", a.URL)
+	}
+	for _, p := range []struct {
+		name string
+		port int
+	}{{"devtools", a.DevToolsPort}, {"vlc", a.VLCPort}} {
+		if p.port < 0 || p.port > 65535 {
+			return fmt.Errorf("guest %q: %s port %d: want 1-65535, or 0 for none", a.URL, p.name, p.port)
+		}
+	}
+	return nil
+}
+
+// host returns the host of the guest URL, where its other ports are.
+func (a GuestAddr) host() string {
+	u, err := url.Parse(a.URL)
+	if err != nil {
+		return ""
+	}
+	return u.Hostname()
+}
+
+// serverPort returns the port of the guest URL.
+func (a GuestAddr) serverPort() int {
+	u, err := url.Parse(a.URL)
+	if err != nil {
+		return 0
+	}
+	if p := u.Port(); p != "" {
+		n, _ := strconv.Atoi(p)
+		return n
+	}
+	if u.Scheme == "https" {
+		return 443
+	}
+	return 80
+}
+
+func (a GuestAddr) devToolsEndpoint() string {
+	if a.DevToolsPort == 0 {
+		return ""
+	}
+	return "http://" + net.JoinHostPort(a.host(), strconv.Itoa(a.DevToolsPort))
+}
+
+// ReadyConfig configures the ready signal: the desktop is ready when Stable
+// consecutive screenshots, Interval apart, are identical and the guest's
+// CPUs were at most MaxLoad busy in between, or when the wait's bound
+// passed. With Disabled, fixed sleeps replace it, for baselines.
+type ReadyConfig struct {
+	// Interval is the time between two looks at the screen, during which
+	// the guest's load is measured (default 500ms).
+	Interval time.Duration
+	// Stable is the number of identical screenshots in a row that mean the
+	// screen settled (default 2).
+	Stable int
+	// MaxLoad is the busy share of the guest's CPUs (0 to 1, over all of
+	// them) at or below which the guest counts as idle (default 0.25);
+	// 1 turns the load check off.
+	MaxLoad float64
+	// AfterResetMax bounds WaitAfterReset (default 30s; OSWorld slept 60s).
+	AfterResetMax time.Duration
+	// BeforeEvalMax bounds WaitBeforeEval (default 10s; OSWorld slept
+	// 20s).
+	BeforeEvalMax time.Duration
+
+	// Disabled replaces the ready signal by fixed sleeps
+	// (--no-ready-signal): FixedWait after each action, FixedAfterReset
+	// after a reset and FixedBeforeEval before grading, each defaulting to
+	// FixedWait. OSWorld's runner used 60s after reset and 20s before
+	// grading.
+	Disabled        bool
+	FixedWait       time.Duration
+	FixedAfterReset time.Duration
+	FixedBeforeEval time.Duration
+}
+
+// GradeConfig says how desktops grade tasks; see package grade.
+type GradeConfig struct {
+	// OSWorldDir is the root of an OSWorld checkout whose evaluators the
+	// grader runs (and from which upload_file steps read relative paths).
+	// Empty grades with the native getters and metrics only.
+	OSWorldDir string
+	// Python runs OSWorld's evaluators (default python3).
+	Python string
+	// Mode chooses between OSWorld's Python and the native code (default
+	// grade.PreferBridge, which is native-only without OSWorldDir).
+	Mode grade.Mode
+	// Timeout bounds each metric with its getters (default
+	// grade.DefaultTimeout).
+	Timeout time.Duration
+}
+
+// vmMode reports whether the desktops are VMs started here.
+func (c Config) vmMode() bool { return len(c.Guests) == 0 }
+
+// Slots returns how many desktops the configuration can run at once: the
+// number of guests given by URL, or 0 for no limit (VMs).
+func (c Config) Slots() int { return len(c.Guests) }
+
+// withDefaults returns c with its zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.RevertDomains == nil {
+		c.RevertDomains = DefaultRevertDomains()
+	}
+	if c.AppsToKill == nil {
+		c.AppsToKill = DefaultAppsToKill()
+	}
+	if c.Home == "" {
+		c.Home = DefaultHome
+	}
+	if c.BaselineDir == "" {
+		c.BaselineDir = DefaultBaselineDir
+	}
+	if c.CacheDir == "" {
+		if dir, err := os.UserCacheDir(); err == nil {
+			c.CacheDir = filepath.Join(dir, "legato", "osworld")
+		} else {
+			c.CacheDir = filepath.Join(os.TempDir(), "legato-osworld-cache")
+		}
+	}
+	if c.ClientPassword == "" {
+		c.ClientPassword = setup.DefaultClientPassword
+	}
+	if c.AttachTimeout <= 0 {
+		c.AttachTimeout = DefaultAttachTimeout
+	}
+	if c.PrepareTimeout <= 0 {
+		c.PrepareTimeout = DefaultPrepareTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.VM.Logger == nil {
+		c.VM.Logger = c.Logger
+	}
+	c.Ready = c.Ready.withDefaults()
+	return c
+}
+
+func (r ReadyConfig) withDefaults() ReadyConfig {
+	if r.Interval <= 0 {
+		r.Interval = DefaultReadyInterval
+	}
+	if r.Stable <= 1 {
+		r.Stable = DefaultReadyStable
+	}
+	if r.MaxLoad <= 0 {
+		r.MaxLoad = DefaultReadyMaxLoad
+	}
+	if r.AfterResetMax <= 0 {
+		r.AfterResetMax = DefaultAfterResetMax
+	}
+	if r.BeforeEvalMax <= 0 {
+		r.BeforeEvalMax = DefaultBeforeEvalMax
+	}
+	if r.FixedAfterReset <= 0 {
+		r.FixedAfterReset = r.FixedWait
+	}
+	if r.FixedBeforeEval <= 0 {
+		r.FixedBeforeEval = r.FixedWait
+	}
+	return r
+}
+
+// Validate reports what is wrong with the configuration, with zero fields
+// taken as their defaults; each error names the field and what to do. In VM
+// mode it also checks the VM's files (vm.Config.Validate).
+func (c Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	switch {
+	case len(c.Guests) == 0 && c.VM.BaseImage == "":
+		add("no desktops: give a VM base image (VM.BaseImage, --image) or guests that already run (Guests, --guest-url)")
+	case len(c.Guests) > 0 && c.VM.BaseImage != "":
+		add("both a VM base image (%s) and %d guest URLs: choose VMs started here or guests that already run", c.VM.BaseImage, len(c.Guests))
+	case len(c.Guests) == 0:
+		if c.VM.Ready != nil {
+			add("VM.Ready: leave it nil; the desktop probes its guest itself")
+		}
+		if err := c.VM.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	seen := map[string]bool{}
+	for i, g := range c.Guests {
+		if err := g.validate(); err != nil {
+			add("Guests[%d]: %w", i, err)
+			continue
+		}
+		key := strings.TrimSuffix(g.URL, "/")
+		if seen[key] {
+			add("Guests[%d]: %s given twice: each desktop needs a guest of its own", i, g.URL)
+		}
+		seen[key] = true
+	}
+	for _, p := range []struct{ name, v string }{{"Home", c.Home}, {"BaselineDir", c.BaselineDir}} {
+		if p.v != "" && (!path.IsAbs(p.v) || path.Clean(p.v) != p.v || p.v == "/") {
+			add("%s %q: want an absolute, clean guest path other than /", p.name, p.v)
+		}
+	}
+	home, base := c.Home, c.BaselineDir
+	if home == "" {
+		home = DefaultHome
+	}
+	if base == "" {
+		base = DefaultBaselineDir
+	}
+	if within(base, home) || within(home, base) {
+		add("BaselineDir %q and Home %q overlap: keep the baseline outside the home it restores", base, home)
+	}
+	for _, dom := range slices.Sorted(maps.Keys(c.AppsToKill)) {
+		for _, name := range c.AppsToKill[dom] {
+			if err := checkProcessName(name); err != nil {
+				add("AppsToKill[%q]: %w", dom, err)
+			}
+		}
+	}
+	errs = append(errs, c.Ready.validate()...)
+	if c.Grade.OSWorldDir != "" {
+		if st, err := os.Stat(c.Grade.OSWorldDir); err != nil || !st.IsDir() {
+			add("Grade.OSWorldDir %q: not a directory: give the root of an OSWorld checkout", c.Grade.OSWorldDir)
+		}
+	}
+	if c.Grade.Timeout < 0 {
+		add("Grade.Timeout %v: want ≥ 0", c.Grade.Timeout)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"AttachTimeout", c.AttachTimeout}, {"PrepareTimeout", c.PrepareTimeout}} {
+		if d.v < 0 {
+			add("%s %v: want ≥ 0 (0 means the default)", d.name, d.v)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r ReadyConfig) validate() []error {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"Ready.Interval", r.Interval}, {"Ready.AfterResetMax", r.AfterResetMax},
+		{"Ready.BeforeEvalMax", r.BeforeEvalMax}, {"Ready.FixedWait", r.FixedWait},
+		{"Ready.FixedAfterReset", r.FixedAfterReset}, {"Ready.FixedBeforeEval", r.FixedBeforeEval},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: want ≥ 0 (0 means the default)", d.name, d.v))
+		}
+	}
+	if r.Stable < 0 {
+		errs = append(errs, fmt.Errorf("Ready.Stable %d: want ≥ 2 identical screenshots (0 means the default)", r.Stable))
+	}
+	if r.MaxLoad < 0 || r.MaxLoad > 1 {
+		errs = append(errs, fmt.Errorf("Ready.MaxLoad %g: want a share of the CPUs in (0, 1] (0 means the default)", r.MaxLoad))
+	}
+	return errs
+}
+
+// within reports whether guest path p is dir or inside it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// checkProcessName reports whether name can match a process's comm: the
+// kernel keeps at most 15 bytes of it, and the kill script splits names at
+// white space.
+func checkProcessName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty process name")
+	case len(name) > 15:
+		return fmt.Errorf("process name %q is longer than 15 bytes: the kernel shows it cut to %q", name, name[:15])
+	case strings.ContainsAny(name, " \t\n/"):
+		return fmt.Errorf("process name %q: no white space or '/'; give the program's name, not a path", name)
+	}
+	return nil
+}
+
+// killList returns every process name of every domain, sorted, once each.
+func (c Config) killList() []string {
+	set := map[string]bool{}
+	for _, names := range c.AppsToKill {
+		for _, n := range names {
+			set[n] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// revertDomain reports whether tasks of domain always need a revert.
+func (c Config) revertDomain(domain string) bool {
+	return slices.Contains(c.RevertDomains, domain)
+}

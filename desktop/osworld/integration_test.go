@@ -1,0 +1,757 @@
+//go:build integration
+
+// Integration tests on real libvirt/QEMU VMs running legato's Debian test
+// guest. They need the libvirt daemons (.ci/libvirt-up.sh), run as root,
+// and build the guest image themselves (cached):
+//
+//	go test -race -tags integration -run Integration ./desktop/osworld/ [-osworld.image DIR] [-osworld.measure]
+package osworld
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/vm"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+var (
+	itImage      = flag.String("osworld.image", envOr("LEGATO_GUEST_IMAGE", "/var/tmp/legato-guest"), "directory of the test guest image, built there by testdata/image/build.sh if needed")
+	itMeasure    = flag.Bool("osworld.measure", false, "also measure reset times, waits and guest call latencies (minutes under software emulation)")
+	itReps       = flag.Int("osworld.reps", 5, "repetitions per measurement with -osworld.measure")
+	itMeasureOut = flag.String("osworld.measure.out", "", "write the -osworld.measure results as JSON to this file")
+)
+
+const crashChildEnv = "LEGATO_OSWORLD_CRASH_CHILD"
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+var (
+	imageOnce sync.Once
+	imageErr  error
+)
+
+// ensureImage builds the test guest image unless it is up to date (the
+// build script keeps a stamp of its inputs).
+func ensureImage(t *testing.T) {
+	t.Helper()
+	imageOnce.Do(func() {
+		cmd := exec.Command("bash", filepath.Join("testdata", "image", "build.sh"), *itImage)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			imageErr = fmt.Errorf("build the test guest image (run .ci/libvirt-up.sh first, as root): %v\n%s", err, out)
+			return
+		}
+		t.Logf("test guest image: %s", strings.TrimSpace(lastLine(string(out))))
+	})
+	if imageErr != nil {
+		t.Fatal(imageErr)
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	return s[strings.LastIndex(s, "\n")+1:]
+}
+
+// itConfig is a desktop configuration for the test guest: two or three
+// small VMs fit a 2-core CI machine.
+func itConfig(t *testing.T, prefix string) Config {
+	t.Helper()
+	ensureImage(t)
+	cmdline, err := os.ReadFile(filepath.Join(*itImage, "cmdline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apps := DefaultAppsToKill()
+	apps["legato_term"] = []string{"xterm"}
+	return Config{
+		VM: vm.Config{
+			NamePrefix:  prefix,
+			BaseImage:   filepath.Join(*itImage, "base.qcow2"),
+			Kernel:      filepath.Join(*itImage, "vmlinux"),
+			Initrd:      filepath.Join(*itImage, "initrd.img"),
+			Cmdline:     strings.TrimSpace(string(cmdline)),
+			VCPUs:       2,
+			MemoryMiB:   1536,
+			OverlayDir:  "/var/tmp/legato-osworld-it",
+			BootTimeout: 4 * time.Minute,
+		},
+		AppsToKill: apps,
+		CacheDir:   t.TempDir(),
+		Grade:      GradeConfig{Mode: grade.NativeOnly},
+		Logger:     slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+}
+
+// guestScript plays the agent for the tasks of testdata/tasks: it types
+// what each task asks for into the terminal the task's setup opened, then
+// ends the attempt.
+func guestScript(req policytest.Request) string {
+	typ := func(text string) string {
+		b, _ := json.Marshal(map[string]any{"action": "type", "text": text})
+		return string(b)
+	}
+	done := `{"action": "terminate", "status": "success"}`
+	var plan []string
+	switch in := req.Instruction; {
+	case strings.Contains(in, "hello legato"):
+		plan = []string{typ("echo hello legato > ~/out.txt\n"), done}
+	case strings.Contains(in, "word os"):
+		plan = []string{typ("echo os > ~/os.txt\n"), done}
+	case strings.Contains(in, "legato typed this"):
+		plan = []string{typ("legato typed this\n"), done}
+	case strings.Contains(in, "colours"):
+		plan = []string{`{"action": "terminate", "status": "failure"}`}
+	default:
+		plan = []string{done}
+	}
+	call := done
+	if req.Step < len(plan) {
+		call = plan[req.Step]
+	}
+	return "Action: step " + fmt.Sprint(req.Step) + ".\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": " + call + "}\n</tool_call>"
+}
+
+// resetLog records, per task, the kind of each Reset of a batch.
+type resetLog struct {
+	mu    sync.Mutex
+	kinds map[string][]ResetReport
+	ports []int
+}
+
+// recordingDesktop is a VM desktop that reports its resets to a resetLog.
+type recordingDesktop struct {
+	*VMDesktop
+	log *resetLog
+}
+
+func (r recordingDesktop) Reset(ctx context.Context, task desktop.Task) error {
+	err := r.VMDesktop.Reset(ctx, task)
+	if err == nil {
+		r.log.mu.Lock()
+		r.log.kinds[task.ID] = append(r.log.kinds[task.ID], r.LastReset())
+		r.log.mu.Unlock()
+	}
+	return err
+}
+
+// wideListeners returns the TCP listeners of QEMU processes that are not
+// on 127.0.0.1.
+func wideListeners(t *testing.T) []string {
+	out, err := exec.Command("ss", "-Hltnp").Output()
+	if err != nil {
+		t.Errorf("ss -ltnp: %v", err)
+		return nil
+	}
+	var wide []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && strings.Contains(line, "qemu-system") && !strings.HasPrefix(f[3], "127.0.0.1:") {
+			wide = append(wide, line)
+		}
+	}
+	return wide
+}
+
+func listening(t *testing.T, port int) bool {
+	out, err := exec.Command("ss", "-Hltn", fmt.Sprintf("sport = :%d", port)).Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	return strings.TrimSpace(string(out)) != ""
+}
+
+// TestIntegrationCollect runs a batch of the test-guest tasks with
+// rl.Collect on two VMs and the scripted model server: every attempt ends
+// ok with the reward its task deserves, the os task is reverted and the
+// others fast-reset, nothing listens beyond loopback, and no VM remains.
+func TestIntegrationCollect(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := itConfig(t, "legato-itosw-collect-")
+	ctx := t.Context()
+	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.CheckTasks(tasks); err != nil {
+		t.Fatal(err)
+	}
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
+	defer srv.Close()
+
+	resets := &resetLog{kinds: map[string][]ResetReport{}}
+	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
+		d, err := p.New(ctx, slot)
+		if err != nil {
+			return nil, err
+		}
+		vd := d.(*VMDesktop)
+		ps := vd.VM().Ports()
+		resets.mu.Lock()
+		resets.ports = append(resets.ports, ps.Guest, ps.DevTools, ps.VLC)
+		resets.mu.Unlock()
+		return recordingDesktop{vd, resets}, nil
+	}
+	var wide []string
+	out := t.TempDir()
+	start := time.Now()
+	sum, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-1"}, rl.CollectOptions{
+		Out:        out,
+		NewDesktop: factory,
+		Desktops:   2,
+		Group:      2,
+		MaxSteps:   4,
+		EnvRetries: -1, // a desktop failure must show, not be retried away
+		Logger:     cfg.Logger,
+		OnGroup: func(rl.Group) {
+			if w := wideListeners(t); len(w) > 0 {
+				wide = append(wide, w...)
+			}
+		},
+	})
+	if err != nil {
+		t.Errorf("Collect: %v", err)
+	}
+	if sum != nil {
+		t.Logf("batch of %d tasks took %v; counts: %+v; phase share: %v", len(tasks), time.Since(start).Round(time.Second), sum.Counts, sum.PhaseShare)
+	}
+	if len(wide) > 0 {
+		t.Errorf("QEMU listened beyond 127.0.0.1 during the batch:\n%s", strings.Join(wide, "\n"))
+	}
+
+	// Every desktop is gone once the pool is closed.
+	if err := p.Close(); err != nil {
+		t.Errorf("close the pool: %v", err)
+	}
+	left, err := vm.List(ctx, cfg.VM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("VMs left after the batch: %+v", left)
+	}
+	for _, port := range resets.ports {
+		if listening(t, port) {
+			t.Errorf("port %d still listening after the batch", port)
+		}
+	}
+
+	byTask := map[string][]schema.Record{}
+	var readyS, actS []float64
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		byTask[r.TaskID] = append(byTask[r.TaskID], r)
+		for _, s := range r.Steps {
+			for _, a := range s.Actions {
+				if a.Action != desktop.DoneCode && a.Action != desktop.FailCode {
+					readyS = append(readyS, a.ReadyS)
+					actS = append(actS, a.ActS)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range tasks {
+		recs := byTask[tk.ID]
+		if len(recs) != 2 {
+			t.Errorf("task %s: %d records, want 2", tk.ID, len(recs))
+		}
+		for _, r := range recs {
+			msg := ""
+			if r.Error != nil {
+				msg = r.Error.Kind + ": " + r.Error.Message
+			}
+			if r.Status != schema.StatusOK || r.Reward == nil || *r.Reward != 1 {
+				t.Errorf("task %s attempt %d on desktop %d: status %s, reward %v %s; want ok with reward 1", tk.ID, r.Attempt, r.Desktop, r.Status, fmtReward(r.Reward), msg)
+			}
+		}
+	}
+	// The home was clean for the last task even where an earlier task of
+	// the same desktop had written in it since the last revert.
+	proven := 0
+	for _, hc := range byTask["legato-home-clean"] {
+		for _, n := range byTask["legato-notes-type"] {
+			if n.Desktop == hc.Desktop && n.EndedAt.Before(hc.StartedAt.Time) && n.Reward != nil && *n.Reward == 1 {
+				proven++
+				break
+			}
+		}
+	}
+	if proven == 0 {
+		t.Errorf("no home-clean attempt ran after a notes attempt on its desktop: the batch proved nothing about the fast reset")
+	}
+
+	resets.mu.Lock()
+	defer resets.mu.Unlock()
+	reverted := false
+	for id, reps := range resets.kinds {
+		for _, rep := range reps {
+			t.Logf("reset for %s: %s, restore %v, setup %v", id, rep.Kind, rep.Restore.Round(time.Millisecond), rep.Setup.Round(time.Millisecond))
+			switch {
+			case id == "legato-os-echo" && rep.Kind == ResetRevert:
+				reverted = true
+			case id == "legato-os-echo" && rep.Kind == ResetNone:
+			case id != "legato-os-echo" && (rep.Kind == ResetFast || rep.Kind == ResetNone):
+			default:
+				t.Errorf("task %s was reset with %q", id, rep.Kind)
+			}
+		}
+	}
+	if !reverted {
+		t.Errorf("the os task never got a snapshot revert: %+v", resets.kinds["legato-os-echo"])
+	}
+	t.Logf("per action: median act_s %.2f, median ready_s %.2f (n=%d)", median(actS), median(readyS), len(readyS))
+}
+
+func fmtReward(r *float64) string {
+	if r == nil {
+		return "null"
+	}
+	return fmt.Sprint(*r)
+}
+
+// guestState is what a reset must bring back: the home directory's
+// listing with each file's size, mode and checksum, and whether a
+// terminal runs.
+func guestState(t *testing.T, ctx context.Context, c *guest.Client) string {
+	t.Helper()
+	res, err := c.Execute(ctx, guest.ShellLine(`cd /home/user && find . -printf '%p %s %m %u:%g\n' | LC_ALL=C sort && find . -type f -exec md5sum {} + | LC_ALL=C sort -k2; pgrep -x xterm >/dev/null && echo xterm-running || true`))
+	if err != nil || res.ReturnCode != 0 {
+		t.Fatalf("guest state: %v %+v", err, res)
+	}
+	return res.Output
+}
+
+// dirty changes the guest the ways tasks do: files written, changed and
+// deleted in the home, a terminal left running.
+func dirty(t *testing.T, ctx context.Context, d *Desktop) {
+	t.Helper()
+	res, err := d.Guest().Execute(ctx, guest.ShellLine(`cd /home/user && echo dirty > legato-dirty.txt && mkdir -p a/b && echo x > a/b/c && echo '# dirty' >> .bashrc && rm -f .profile && (setsid xterm -T legato-dirty </dev/null >/dev/null 2>&1 &) && for i in $(seq 100); do pgrep -x xterm >/dev/null && break; sleep 0.1; done`))
+	if err != nil || res.ReturnCode != 0 {
+		t.Fatalf("dirty the guest: %v %+v", err, res)
+	}
+}
+
+// TestIntegrationResets checks, on one VM, that the fast reset restores
+// /home/user and kills the task programs, that the snapshot revert
+// restores everything and sets the clock, and that NoFastReset reverts
+// every domain. With -osworld.measure it then measures the resets, the
+// waits and the guest calls.
+func TestIntegrationResets(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := itConfig(t, "legato-itosw-resets-")
+	ctx := t.Context()
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dd, err := p.New(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vd := dd.(*VMDesktop)
+	d := vd.Desktop
+	c := d.Guest()
+	clean := guestState(t, ctx, c)
+	if strings.Contains(clean, "xterm-running") {
+		t.Fatalf("fresh guest runs a terminal:\n%s", clean)
+	}
+	plain := func(domain string) desktop.Task {
+		return desktop.Task{ID: "plain-" + domain, Domain: domain, Instruction: "x", Evaluator: json.RawMessage(`{"func":"infeasible"}`)}
+	}
+	check := func(what, wantKind string) {
+		t.Helper()
+		if got := d.LastReset().Kind; got != wantKind {
+			t.Errorf("%s: reset kind %q, want %q", what, got, wantKind)
+		}
+		if got := guestState(t, ctx, c); got != clean {
+			t.Errorf("%s: guest state differs from the clean one:\nwant:\n%s\ngot:\n%s", what, clean, got)
+		}
+	}
+
+	if err := d.Reset(ctx, plain("legato_term")); err != nil {
+		t.Fatal(err)
+	}
+	check("first reset of a fresh VM", ResetNone)
+
+	dirty(t, ctx, d)
+	if err := d.Reset(ctx, plain("legato_term")); err != nil {
+		t.Fatal(err)
+	}
+	check("fast reset", ResetFast)
+
+	// Put the guest clock a day off: the revert brings back the
+	// snapshot's time, which the desktop must then set to now.
+	if err := d.sh.setClockTo(ctx, time.Now().Add(24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	dirty(t, ctx, d)
+	if err := d.Reset(ctx, plain("os")); err != nil {
+		t.Fatal(err)
+	}
+	check("revert of an os task", ResetRevert)
+	off, err := d.sh.clockOffset(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest clock after the revert: %+.3fs off", off.Seconds())
+	if off.Abs() > time.Second {
+		t.Errorf("guest clock %v off after the revert; want it set from the host", off)
+	}
+
+	d.cfg.NoFastReset = true
+	dirty(t, ctx, d)
+	if err := d.Reset(ctx, plain("legato_term")); err != nil {
+		t.Fatal(err)
+	}
+	check("reset with NoFastReset", ResetRevert)
+	d.cfg.NoFastReset = false
+
+	if *itMeasure {
+		measure(t, ctx, vd, clean)
+	}
+
+	name := vd.VM().Name()
+	if err := vd.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if err := vd.Close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+	if err := vd.Revert(ctx); !errors.Is(err, desktop.ErrClosed) {
+		t.Errorf("Revert after Close: %v; want ErrClosed", err)
+	}
+	left, err := vm.List(ctx, cfg.VM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("%s left behind after Close: %+v", name, left)
+	}
+}
+
+// TestIntegrationCrashThenSweep kills a collector mid-batch (SIGKILL: no
+// cleanup at all) and checks that the next run's pool removes the VM it
+// left.
+func TestIntegrationCrashThenSweep(t *testing.T) {
+	cfg := itConfig(t, "legato-itosw-crash-")
+	if os.Getenv(crashChildEnv) != "" {
+		crashChild(t, cfg)
+		return
+	}
+	ctx := t.Context()
+	if _, err := vm.Sweep(ctx, cfg.VM); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIntegrationCrashThenSweep$", "-osworld.image="+*itImage)
+	cmd.Env = append(os.Environ(), crashChildEnv+"=1")
+	cmd.Stderr = io.Discard
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	var port, steps int
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		line := sc.Text()
+		if n, _ := fmt.Sscanf(line, "STARTED %s %d", &name, &port); n == 2 {
+			continue
+		}
+		if strings.HasPrefix(line, "STEP") {
+			if steps++; steps >= 2 {
+				break // the batch is well under way
+			}
+		}
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	io.Copy(io.Discard, out)
+	cmd.Wait()
+	if name == "" || steps < 2 {
+		t.Fatalf("the child did not get into its batch (vm %q, %d steps)", name, steps)
+	}
+
+	left, err := vm.List(ctx, cfg.VM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0].Name != name || !left[0].Running {
+		t.Errorf("after the crash: %+v; want %s running", left, name)
+	}
+	p, err := NewPool(ctx, cfg) // the next run
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	left, err = vm.List(ctx, cfg.VM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("after the next run's sweep: %+v", left)
+	}
+	if listening(t, port) {
+		t.Errorf("the crashed VM's port %d still listens", port)
+	}
+
+	// legato rl gc: an orphan overlay of the prefix (its domain already
+	// gone) is listed and removed.
+	if err := os.MkdirAll(cfg.VM.OverlayDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	orphan := cfg.VM.NamePrefix + "9-deadbeef"
+	if err := os.WriteFile(filepath.Join(cfg.VM.OverlayDir, orphan+".qcow2"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var gcOut strings.Builder
+	if err := GC(ctx, cfg, &gcOut); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff("removed "+orphan+" (files only; 1 files)\n", gcOut.String()); diff != "" {
+		t.Errorf("gc output (-want +got):\n%s", diff)
+	}
+	gcOut.Reset()
+	if err := GC(ctx, cfg, &gcOut); err != nil || gcOut.String() != "no leftover VMs\n" {
+		t.Errorf("second gc: %q, %v; want nothing left", gcOut.String(), err)
+	}
+}
+
+// crashChild is the collector that gets killed: one desktop, an agent that
+// waits forever; it prints STARTED when its VM is up and STEP per model
+// call.
+func crashChild(t *testing.T, cfg Config) {
+	ctx := t.Context()
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: func(req policytest.Request) string {
+		fmt.Printf("STEP %d\n", req.Step)
+		return "Action: wait.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": {\"action\": \"wait\", \"time\": 1}}\n</tool_call>"
+	}})
+	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
+		d, err := p.New(ctx, slot)
+		if err == nil {
+			vd := d.(*VMDesktop)
+			fmt.Printf("STARTED %s %d\n", vd.VM().Name(), vd.VM().Ports().Guest)
+		}
+		return d, err
+	}
+	tasks := []desktop.Task{{ID: "forever", Domain: "legato_term", Instruction: "Wait.", Evaluator: json.RawMessage(`{"func":"infeasible"}`)}}
+	rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "crash"}, rl.CollectOptions{
+		Out: t.TempDir(), NewDesktop: factory, Desktops: 1, Group: 1, MaxSteps: 10000,
+	})
+	t.Fatal("the batch ended; it should have been killed")
+}
+
+// measurement is one quantity, measured several times.
+type measurement struct {
+	Seconds []float64 `json:"seconds"`
+}
+
+func (m *measurement) add(d time.Duration) { m.Seconds = append(m.Seconds, d.Seconds()) }
+
+func (m measurement) String() string {
+	s := slices.Clone(m.Seconds)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return "no samples"
+	}
+	return fmt.Sprintf("min %.3f / median %.3f / max %.3f (n=%d)", s[0], median(s), s[len(s)-1], len(s))
+}
+
+func median(s []float64) float64 {
+	if len(s) == 0 {
+		return 0
+	}
+	s = slices.Clone(s)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// measure times, side by side on one VM: each kind of reset until the
+// guest answers (checked to restore the clean state), the guest clock
+// right after each, the post-action wait with the ready signal against a
+// fixed 3 s, and the latency of screenshots and commands.
+func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
+	d, v := vd.Desktop, vd.VM()
+	c := d.Guest()
+	n := *itReps
+	res := map[string]*measurement{}
+	m := func(k string) *measurement {
+		if res[k] == nil {
+			res[k] = &measurement{}
+		}
+		return res[k]
+	}
+	offset := func(k string) {
+		off, err := d.sh.clockOffset(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m(k).add(off)
+	}
+	restored := func(kind string) {
+		if got := guestState(t, ctx, c); got != clean {
+			t.Errorf("%s did not restore the clean state:\n%s", kind, got)
+		}
+	}
+	for range n {
+		dirty(t, ctx, d)
+		t0 := time.Now()
+		if err := d.sh.fastReset(ctx, d.cfg.Home, d.cfg.BaselineDir, d.cfg.killList()); err != nil {
+			t.Fatal(err)
+		}
+		m("reset_fast").add(time.Since(t0))
+		offset("clock_offset_after_fast")
+		restored("fast reset")
+	}
+	for _, r := range []struct {
+		name   string
+		revert func(context.Context) error
+	}{{"revert_libvirt", v.RevertLibvirt}, {"revert_loadvm", v.RevertLoadvm}} {
+		for range n {
+			dirty(t, ctx, d)
+			c.CloseIdleConnections()
+			t0 := time.Now()
+			if err := r.revert(ctx); err != nil {
+				t.Fatal(err)
+			}
+			m(r.name).add(time.Since(t0))
+			c.CloseIdleConnections()
+			offset("clock_offset_after_" + r.name)
+			if err := d.sh.setClock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			restored(r.name)
+		}
+	}
+
+	// Per step: screenshot and command latencies, and the wait after an
+	// action (typing into a terminal) with the ready signal.
+	if err := d.Reset(ctx, desktop.Task{ID: "term", Domain: "legato_term", Instruction: "x", Evaluator: json.RawMessage(`{"func":"infeasible"}`),
+		Setup: []desktop.SetupStep{
+			{Type: "launch", Parameters: json.RawMessage(`{"command": ["xterm", "-xrm", "XTerm.vt100.allowTitleOps: false", "-T", "legato-term"]}`)},
+			{Type: "execute_with_verification", Parameters: json.RawMessage(`{"command": ["true"], "verification": {"window_exists": "legato-term"}, "max_wait_time": 90, "check_interval": 0.5}`)},
+			{Type: "activate_window", Parameters: json.RawMessage(`{"window_name": "legato-term"}`)},
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WaitAfterReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		t0 := time.Now()
+		if _, err := c.Screenshot(ctx); err != nil {
+			t.Fatal(err)
+		}
+		m("screenshot").add(time.Since(t0))
+		t0 = time.Now()
+		if _, err := c.Execute(ctx, guest.Argv("true")); err != nil {
+			t.Fatal(err)
+		}
+		m("execute_true").add(time.Since(t0))
+		t0 = time.Now()
+		r, err := d.Act(ctx, desktop.Action{Kind: desktop.Code, Code: fmt.Sprintf("pyautogui.typewrite('echo step %d'); pyautogui.press('enter')", i)})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("act: %v %+v", err, r)
+		}
+		m("execute_pyautogui_action").add(time.Since(t0))
+		t0 = time.Now()
+		ready, err := d.WaitReady(ctx, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m("post_action_ready_s").add(ready)
+		m("post_action_wait_with_ready_signal").add(time.Since(t0))
+		m("post_action_fixed_wait").add(3 * time.Second)
+	}
+	t0 := time.Now()
+	if err := d.WaitBeforeEval(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m("wait_before_eval_ready_signal").add(time.Since(t0))
+
+	// Cold boots last: the fresh overlay has no home baseline.
+	for range n {
+		t0 := time.Now()
+		if err := v.ColdBoot(ctx); err != nil {
+			t.Fatal(err)
+		}
+		m("cold_boot_fresh_overlay").add(time.Since(t0))
+		c.CloseIdleConnections()
+		offset("clock_offset_after_cold_boot")
+	}
+
+	keys := slices.Sorted(maps.Keys(res))
+	var b strings.Builder
+	fmt.Fprintf(&b, "measurements on %s (accel %s: %s), seconds:\n", v.Name(), v.Accel(), accelWords(v.Accel()))
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %-40s %s\n", k, res[k])
+	}
+	t.Log(b.String())
+	if *itMeasureOut != "" {
+		data, err := json.MarshalIndent(map[string]any{"accel": v.Accel(), "results": res}, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(*itMeasureOut, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func accelWords(a vm.Accel) string {
+	if a == vm.AccelTCG {
+		return "TCG software emulation"
+	}
+	return "hardware virtualisation"
+}

@@ -1,0 +1,416 @@
+package osworld
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/cdp"
+	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/setup"
+	"legato/rl/desktop/osworld/vm"
+)
+
+// Pool makes the desktops of a batch, one per worker slot: it boots a VM
+// (or attaches to the slot's guest URL) for each, replaces failed ones when
+// asked again for their slot, and shares the download cache and the
+// grader's catalog between them. Its methods are safe for concurrent use.
+type Pool struct {
+	cfg       Config
+	log       *slog.Logger
+	downloads *setup.Cache
+	catalog   *grade.Catalog
+
+	mu     sync.Mutex
+	closed bool
+	open   map[*Desktop]int // open desktop → slot
+}
+
+// NewPool checks cfg and prepares the shared parts. In VM mode it first
+// removes what a crashed run left behind: every domain and overlay with
+// cfg.VM.NamePrefix (so runs sharing a host at the same time need
+// different prefixes). With an OSWorld checkout it lists the evaluators
+// the checkout provides, which starts Python once.
+func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("osworld config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	p := &Pool{cfg: cfg, log: cfg.Logger, open: map[*Desktop]int{}}
+	if cfg.vmMode() {
+		removed, err := vm.Sweep(ctx, cfg.VM)
+		if err != nil {
+			return nil, fmt.Errorf("remove the VMs of an earlier run: %w", err)
+		}
+		if len(removed) > 0 {
+			p.log.Warn("removed VMs left behind by an earlier run", "vms", removed)
+		}
+	}
+	var err error
+	p.downloads, err = setup.NewCache(filepath.Join(cfg.CacheDir, "downloads"), setup.CacheOptions{Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("download cache: %w", err)
+	}
+	if cfg.Grade.OSWorldDir != "" && cfg.Grade.Mode != grade.NativeOnly {
+		p.catalog, err = grade.LoadCatalog(ctx, p.graderConfig())
+		if err != nil {
+			return nil, fmt.Errorf("list the OSWorld checkout's evaluators: %w", err)
+		}
+	} else {
+		p.catalog = grade.NativeCatalog()
+	}
+	return p, nil
+}
+
+// NewFactory returns the desktop factory of a batch and the cleanup to run
+// after it: NewPool, then Pool.New and Pool.Close.
+func NewFactory(ctx context.Context, cfg Config) (desktop.Factory, func() error, error) {
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p.New, p.Close, nil
+}
+
+// graderConfig is the part of a grader's configuration shared by every
+// desktop.
+func (p *Pool) graderConfig() grade.GraderConfig {
+	return grade.GraderConfig{
+		OSWorldDir:  p.cfg.Grade.OSWorldDir,
+		Python:      p.cfg.Grade.Python,
+		Mode:        p.cfg.Grade.Mode,
+		Timeout:     p.cfg.Grade.Timeout,
+		DownloadDir: filepath.Join(p.cfg.CacheDir, "cloud-files"),
+		Catalog:     p.catalog,
+		Logger:      p.cfg.Logger,
+	}
+}
+
+// CheckTasks reports, before a batch, the tasks these desktops cannot run:
+// a setup step that does not parse or that legato refuses, an evaluator
+// whose metric or getter is missing, a chrome_* step on guests without a
+// DevTools port. The errors wrap desktop.ErrUnsupported where retrying
+// cannot help. It also warns about tasks that need a snapshot revert when
+// the guests have none.
+func (p *Pool) CheckTasks(tasks []desktop.Task) error {
+	var errs []error
+	warned := map[string]bool{}
+	for _, t := range tasks {
+		if err := setup.Check(t, t.Setup); err != nil {
+			errs = append(errs, fmt.Errorf("task %s: %w", t.ID, err))
+		}
+		if err := p.catalog.Check(t); err != nil {
+			errs = append(errs, err)
+		}
+		if p.cfg.vmMode() {
+			continue
+		}
+		if (p.cfg.NoFastReset || p.cfg.revertDomain(t.Domain)) && !warned[t.Domain] {
+			warned[t.Domain] = true
+			p.log.Warn("tasks of this domain need a snapshot revert, which guests given by URL cannot do: they will be fast-reset",
+				"domain", t.Domain, "first_task", t.ID)
+		}
+		for i, g := range p.cfg.Guests {
+			if g.DevToolsPort != 0 {
+				continue
+			}
+			if err := checkBrowser(t, false); err != nil {
+				errs = append(errs, fmt.Errorf("guest %d (%s): %w", i, g.URL, err))
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// New creates the desktop of a worker slot: in VM mode it boots a VM,
+// prepares its home baseline and takes the clean snapshot; with guests
+// given by URL it attaches to Guests[slot]. A desktop of the same slot that
+// is still open is closed first: New is how the scheduler replaces a
+// desktop that failed. New implements desktop.Factory.
+func (p *Pool) New(ctx context.Context, slot int) (desktop.Desktop, error) {
+	if slot < 0 {
+		return nil, fmt.Errorf("desktop slot %d: want 0 or more", slot)
+	}
+	if !p.cfg.vmMode() && slot >= len(p.cfg.Guests) {
+		return nil, fmt.Errorf("desktop slot %d: only %d guest URLs were given (one --guest-url per desktop): run at most %d desktops",
+			slot, len(p.cfg.Guests), len(p.cfg.Guests))
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errors.New("desktop pool closed")
+	}
+	var old []*Desktop
+	for d, s := range p.open {
+		if s == slot {
+			old = append(old, d)
+		}
+	}
+	p.mu.Unlock()
+	for _, d := range old {
+		p.log.Warn("closing the slot's previous desktop before replacing it", "slot", slot, "desktop", d.name)
+		if err := d.Close(); err != nil {
+			p.log.Error("close replaced desktop", "slot", slot, "err", err)
+		}
+	}
+
+	var (
+		d   *Desktop
+		err error
+	)
+	if p.cfg.vmMode() {
+		d, err = p.startVM(ctx, slot)
+	} else {
+		d, err = p.attach(ctx, p.cfg.Guests[slot])
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		d.Close()
+		return nil, errors.New("desktop pool closed")
+	}
+	p.open[d] = slot
+	p.mu.Unlock()
+	d.release = func() {
+		p.mu.Lock()
+		delete(p.open, d)
+		p.mu.Unlock()
+	}
+	if d.vm != nil {
+		return &VMDesktop{d}, nil
+	}
+	return d, nil
+}
+
+// Close closes every desktop the pool made that is still open (in VM mode:
+// destroys the VMs) and refuses new ones. It is idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	ds := make([]*Desktop, 0, len(p.open))
+	for d := range p.open {
+		ds = append(ds, d)
+	}
+	p.mu.Unlock()
+	var errs []error
+	for _, d := range ds {
+		if err := d.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Config returns the pool's configuration, defaults filled in.
+func (p *Pool) Config() Config { return p.cfg }
+
+// attach makes the desktop of a guest that already runs.
+func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
+	c, err := guest.New(addr.URL, guest.Options{Timeouts: p.cfg.GuestTimeouts, Logger: p.cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("guest %s: %w", addr.URL, err)
+	}
+	fail := func(op string, err error) error {
+		c.CloseIdleConnections()
+		return &desktop.Error{Op: op, Desktop: addr.URL, Err: err}
+	}
+	if err := c.WaitReady(ctx, 10*time.Second, p.cfg.AttachTimeout); err != nil {
+		return nil, fail("attach", err)
+	}
+	sh := &guestShell{client: c, password: p.cfg.ClientPassword}
+	if err := sh.detectRoot(ctx); err != nil {
+		return nil, fail("attach", err)
+	}
+	made, err := sh.ensureBaseline(ctx, p.cfg.Home, p.cfg.BaselineDir)
+	if err != nil {
+		return nil, fail("attach", err)
+	}
+	if made {
+		p.log.Warn("the guest had no home baseline: made one from its home as it is now; fast resets restore that state",
+			"guest", addr.URL, "home", p.cfg.Home, "baseline", p.cfg.BaselineDir)
+	}
+	d, err := p.newDesktop(ctx, addr.URL, addr, c, sh, nil)
+	if err != nil {
+		return nil, fail("attach", err)
+	}
+	return d, nil
+}
+
+// startVM boots the VM of a slot. The VM takes its clean snapshot once the
+// guest answers; the probe it calls first makes the home baseline and waits
+// for a settled screen, so that the snapshot holds both.
+func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
+	// A failed preparation cancels the boot with its error: the probe
+	// would otherwise be retried until the boot timeout.
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel}
+	vcfg := p.cfg.VM
+	vcfg.Ready = prep.ready
+	v, err := vm.Start(sctx, vcfg, slot)
+	prep.done.Store(true)
+	if err != nil {
+		return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot), Err: err}
+	}
+	ports := v.Ports()
+	addr := GuestAddr{URL: ports.GuestURL(), DevToolsPort: ports.DevTools, VLCPort: ports.VLC}
+	c, err := guest.New(addr.URL, guest.Options{Timeouts: p.cfg.GuestTimeouts, Logger: p.cfg.Logger})
+	if err == nil {
+		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot}
+		var d *Desktop
+		// A fresh guest's clock comes from the emulated RTC, seconds off
+		// under software emulation.
+		err = sh.setClock(ctx)
+		if err == nil {
+			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v)
+		}
+		if err == nil {
+			d.fresh = true
+			return d, nil
+		}
+	}
+	if cerr := v.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return nil, &desktop.Error{Op: "start vm", Desktop: v.Name(), Err: err}
+}
+
+// vmPrep is the readiness probe of a booting VM. The first time the guest
+// answers, it prepares the clean state (the home baseline, a settled
+// screen) before vm.Start takes the snapshot; afterwards, for reverts, it
+// only probes. vm.Start calls it from its own goroutine, one call at a time.
+type vmPrep struct {
+	pool *Pool
+	// startCtx is the ctx of the boot. The probe's own ctx is bounded by
+	// the short vm.Config.ReadyTry, too short for the preparation; done is
+	// set when Start returns, after which the probe never uses startCtx.
+	startCtx context.Context
+	abort    context.CancelCauseFunc
+	done     atomic.Bool
+	prepared bool
+	asRoot   bool
+	client   *guest.Client
+}
+
+func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
+	if v.client == nil {
+		c, err := guest.New(ports.GuestURL(), guest.Options{
+			// No keep-alive: a probe's connection must not outlive a
+			// revert of the guest behind it.
+			HTTPClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+			Timeouts:   v.pool.cfg.GuestTimeouts,
+		})
+		if err != nil {
+			return err
+		}
+		v.client = c
+	}
+	if _, _, err := v.client.ScreenSize(ctx); err != nil {
+		return err
+	}
+	if v.prepared || v.done.Load() {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(v.startCtx, v.pool.cfg.PrepareTimeout)
+	defer cancel()
+	if err := v.prepare(pctx); err != nil {
+		err = fmt.Errorf("prepare the clean state before the snapshot: %w", err)
+		v.abort(err)
+		return err
+	}
+	v.prepared = true
+	return nil
+}
+
+// prepare waits for a settled screen, then makes the home baseline.
+func (v *vmPrep) prepare(ctx context.Context) error {
+	p := v.pool
+	sh := &guestShell{client: v.client, password: p.cfg.ClientPassword}
+	if err := sh.detectRoot(ctx); err != nil {
+		return err
+	}
+	v.asRoot = sh.asRoot
+	// Settle first: programs still starting (the window manager, font
+	// caches) write to the home, and the baseline must hold what they
+	// wrote.
+	d := &Desktop{cfg: p.cfg, guest: v.client, sh: sh, log: p.log}
+	if _, err := d.readySignal(ctx, p.cfg.Ready.AfterResetMax); err != nil {
+		return err
+	}
+	_, err := sh.ensureBaseline(ctx, p.cfg.Home, p.cfg.BaselineDir)
+	return err
+}
+
+// newDesktop assembles a desktop around a guest that answers.
+func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *guest.Client, sh *guestShell, v *vm.VM) (*Desktop, error) {
+	w, h, err := c.ScreenSize(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("screen size: %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "legato-osworld-")
+	if err != nil {
+		return nil, err
+	}
+	log := p.log.With("desktop", name)
+	ctrl := &setup.Controller{
+		Guest:          c,
+		Downloads:      p.downloads,
+		OutputDir:      filepath.Join(tmp, "setup-output"),
+		LocalDir:       p.cfg.Grade.OSWorldDir,
+		ScreenWidth:    w,
+		ScreenHeight:   h,
+		ClientPassword: p.cfg.ClientPassword,
+		Logger:         log,
+	}
+	if ep := addr.devToolsEndpoint(); ep != "" {
+		ctrl.Browser, err = cdp.New(ep, nil)
+		if err != nil {
+			os.RemoveAll(tmp)
+			return nil, fmt.Errorf("devtools endpoint: %w", err)
+		}
+	}
+	gcfg := p.graderConfig()
+	gcfg.CacheDir = filepath.Join(tmp, "grade")
+	gcfg.Env = grade.Env{Host: addr.host(), ServerPort: addr.serverPort(), ChromiumPort: addr.DevToolsPort, VLCPort: addr.VLCPort}
+	gcfg.Guest = grade.GuestClient(c)
+	gcfg.Logger = log
+	gcfg.PostConfig = func(ctx context.Context, task desktop.Task, steps []desktop.SetupStep, cacheDir string) error {
+		c := *ctrl
+		c.OutputDir = cacheDir
+		return c.Run(ctx, task, steps)
+	}
+	g, err := grade.New(gcfg)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("grader: %w", err)
+	}
+	d := &Desktop{
+		name:   name,
+		cfg:    p.cfg,
+		vm:     v,
+		guest:  c,
+		sh:     sh,
+		setup:  ctrl,
+		grader: g,
+		log:    log,
+		tmpDir: tmp,
+		warned: map[string]bool{},
+	}
+	d.closeCtx, d.closeNow = context.WithCancel(context.Background())
+	log.Info("desktop ready", "guest", addr.URL, "screen", fmt.Sprintf("%dx%d", w, h), "as_root", sh.asRoot)
+	return d, nil
+}
