@@ -140,3 +140,16 @@ func TestCollectInterrupt(t *testing.T) {
 		t.Errorf("rerun did not complete the batch:\n%s", stdout.String())
 	}
 }
+
+// TestGCNeedsNoImage: gc removes leftovers by name prefix, so it must not
+// ask for a base image or guests the way collect does; with an unusable
+// libvirt URI it fails on that URI.
+func TestGCNeedsNoImage(t *testing.T) {
+	err := runGC(t.Context(), []string{"--libvirt-uri", "qemu:///nowhere"}, &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil {
+		t.Fatal("gc against qemu:///nowhere succeeded")
+	}
+	if !strings.Contains(err.Error(), "qemu:///nowhere") || strings.Contains(err.Error(), "--image") {
+		t.Errorf("gc error = %q, want one about the libvirt URI and none about an image", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"legato/rl/desktop/osworld"
+	"legato/rl/desktop/osworld/vm"
 )
 
 // runGC is `legato rl gc`: it lists the VMs, overlays and ports a crashed
@@ -23,9 +24,15 @@ func runGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageErrorf("unexpected arguments %q; all options are flags", fs.Args())
 	}
-	cfg, err := ow.Config(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		return err
+	// gc needs only where the VMs live and what they are called, not an
+	// image or guests to run tasks on.
+	cfg := osworld.Config{
+		VM: vm.Config{
+			URI:        ow.LibvirtURI,
+			NamePrefix: ow.NamePrefix,
+			OverlayDir: ow.OverlayDir,
+			Logger:     slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		},
 	}
 	return osworld.GC(ctx, cfg, stdout)
 }
