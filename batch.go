@@ -54,6 +54,9 @@ type group struct {
 	idx      int
 	attempts []*attempt
 	finished []Record // the first G finished records, in finishing order
+	// reserved counts finished slots taken, including records still being
+	// written; it never exceeds G.
+	reserved int
 	closed   bool
 	ended    bool
 	left     int // attempts without a final record
@@ -138,6 +141,7 @@ func (b *batch) resume() error {
 		g.left--
 		if r.Status.Finished() && len(g.finished) < b.opts.Group {
 			g.finished = append(g.finished, r)
+			g.reserved++
 		}
 		return nil
 	})
@@ -221,20 +225,36 @@ func (b *batch) startGrading(a *attempt) bool {
 // end writes an attempt's record and updates its group. Retried attempts go
 // back to the front of the queue so that their group can still close soon.
 func (b *batch) end(a *attempt, rec *Record) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	g := a.g
+	b.mu.Lock()
 	// The status of a graded attempt is decided here, under the lock, so
 	// that no more than G attempts of a group are ever recorded finished:
-	// one that was grading when its group closed is surplus.
-	if rec.Status.Finished() && g.closed {
-		rec.Status = schema.StatusSurplus
+	// a finished slot is reserved before the record is written, and one
+	// that finds none left (it was grading when its group filled) is
+	// surplus.
+	if rec.Status.Finished() {
+		if g.closed || g.reserved >= b.opts.Group {
+			rec.Status = schema.StatusSurplus
+		} else {
+			g.reserved++
+		}
 	}
-	if err := b.appendLocked(rec); err != nil {
-		b.running--
-		return err
-	}
+	b.mu.Unlock()
+
+	// The write syncs to disk; doing it outside the lock keeps the other
+	// workers scheduling meanwhile, and lets the store commit their
+	// records together.
+	err := b.store.Append(rec)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.running--
+	if err != nil {
+		b.setFatalLocked(fmt.Errorf("write record: %w", err))
+		return b.fatal
+	}
+	b.counts[rec.Status]++
+	b.summary.Add(rec)
 	if rec.Status.Finished() {
 		g.finished = append(g.finished, *rec)
 		if len(g.finished) >= b.opts.Group {
