@@ -139,7 +139,16 @@ func (d *Desktop) beginKeep(ctx context.Context) (context.Context, func(), error
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(d.closeCtx, func() { cancel(desktop.ErrClosed) })
-	return ctx, func() { stop(); cancel(context.Canceled) }, nil
+	return ctx, func() {
+		stop()
+		cancel(context.Canceled)
+		// A call that Close interrupted may hand its connection back to
+		// the idle pool after Close emptied it; empty it again so no
+		// connection (and its goroutines) outlives the desktop.
+		if d.closeCtx.Err() != nil {
+			d.guest.CloseIdleConnections()
+		}
+	}, nil
 }
 
 // fail wraps a method's error as a *desktop.Error. Unsupported tasks and
