@@ -212,6 +212,10 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if harness == nil {
 		harness = qwen.New(qwen.Config{ImageMax: opts.ImageMax})
 	}
+	if o := opts.Ready; o.Disabled {
+		opts.NewDesktop = desktop.WithFixedWaits(opts.NewDesktop, desktop.FixedWaits{
+			AfterReset: o.AfterReset, AfterAction: o.FixedWait, BeforeEval: o.BeforeEval})
+	}
 	m := manifestFor(tasks, pol, opts)
 	if err := checkManifest(opts.Out, m); err != nil {
 		return nil, fmt.Errorf("collect: %w", err)

@@ -299,6 +299,6 @@ type countingReadyDesktop struct {
 	rw desktop.ReadyWaiter
 }
 
-func (d countingReadyDesktop) WaitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
+func (d countingReadyDesktop) WaitReady(ctx context.Context, max time.Duration) (desktop.Ready, error) {
 	return d.rw.WaitReady(ctx, max)
 }

@@ -48,15 +48,15 @@ func TestCollectReady(t *testing.T) {
 			name:  "generic signal bounded by max",
 			ready: ReadyOptions{Interval: 100 * time.Millisecond, Max: 450 * time.Millisecond},
 			check: func(t *testing.T, ar schema.ActionRecord) {
-				// Screenshots at 0, 0.1, ..., 0.5 s all differ; the
-				// bound ends the wait after the one at 0.5 s.
-				if !near(ar.ReadyS, 0.5) || !near(ar.WaitS, 0.5) {
-					t.Errorf("ready_s %v, wait_s %v: want both 0.5 s, the first screenshot past max", ar.ReadyS, ar.WaitS)
+				// Screenshots at 0, 0.1, ..., 0.4 s and at the bound,
+				// 0.45 s, all differ; the bound ends the wait there.
+				if !near(ar.ReadyS, 0.45) || !near(ar.WaitS, 0.45) {
+					t.Errorf("ready_s %v, wait_s %v: want both 0.45 s, the last screenshot at max", ar.ReadyS, ar.WaitS)
 				}
 			},
 			// The desktop's own wait before grading sees the rest of the
 			// last click's settling.
-			wantAfterReset: 1, wantBeforeEval: 0.5,
+			wantAfterReset: 1, wantBeforeEval: 0.55,
 		},
 		{
 			name:        "backend signal",
@@ -88,7 +88,9 @@ func TestCollectReady(t *testing.T) {
 					t.Errorf("ready_s %v, wait_s %v: want no ready time, 2 s wait", ar.ReadyS, ar.WaitS)
 				}
 			},
-			wantAfterReset: 1,
+			// Each fixed wait is only what its option says: none after
+			// a reset or before grading.
+			wantAfterReset: 0,
 		},
 	}
 	for _, tt := range tests {

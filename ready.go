@@ -1,7 +1,6 @@
 package rl
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -80,101 +79,27 @@ func (o ReadyOptions) Validate() error {
 	return errors.Join(errs...)
 }
 
-// waitAfterReset waits until a reset desktop is ready for its first
-// observation.
-func (b *batch) waitAfterReset(ctx context.Context, d desktop.Desktop) error {
-	if o := b.opts.Ready; o.Disabled && o.AfterReset > 0 {
-		return sleepErr(ctx, o.AfterReset)
-	}
-	return d.WaitAfterReset(ctx)
-}
-
-// waitBeforeEval waits until a desktop is ready to be graded.
-func (b *batch) waitBeforeEval(ctx context.Context, d desktop.Desktop) error {
-	if o := b.opts.Ready; o.Disabled && o.BeforeEval > 0 {
-		return sleepErr(ctx, o.BeforeEval)
-	}
-	return d.WaitBeforeEval(ctx)
-}
-
-// sleepErr sleeps for d, or returns ctx's error when it is done first.
-func sleepErr(ctx context.Context, d time.Duration) error {
-	if !sleepCtx(ctx, d) {
-		return ctx.Err()
-	}
-	return nil
-}
-
 // waitReady waits after an action until the screen is ready and returns the
 // observation to continue from. It fills ar's wait_s (from the end of the
 // action to the start of the last screenshot), ready_s (from the end of the
 // action until the screen was found ready: the first of the identical
 // screenshots, or the backend's own signal) and obs_s (the last
 // screenshot), so that the three never overlap.
-//
-// The backend's own ready signal (desktop.ReadyWaiter) replaces the generic
-// one, which works with any desktop by comparing screenshots.
 func (b *batch) waitReady(ctx context.Context, d desktop.Desktop, ar *schema.ActionRecord) (desktop.Observation, error) {
 	o := b.opts.Ready
 	start := time.Now()
-	observe := func() (desktop.Observation, time.Time, error) {
-		at := time.Now()
-		obs, err := d.Observe(ctx)
-		if err != nil {
-			return obs, at, fmt.Errorf("observe: %w", err)
-		}
-		return obs, at, nil
-	}
-	finish := func(obs desktop.Observation, at time.Time, err error) (desktop.Observation, error) {
-		ar.WaitS = at.Sub(start).Seconds()
-		ar.ObsS = time.Since(at).Seconds()
-		return obs, err
-	}
-
-	if o.Disabled {
-		if !sleepCtx(ctx, o.FixedWait) {
-			return desktop.Observation{}, ctx.Err()
-		}
-		return finish(observe())
-	}
-	if rw, ok := d.(desktop.ReadyWaiter); ok {
-		waited, err := rw.WaitReady(ctx, o.Max)
-		if err != nil {
-			ar.WaitS = time.Since(start).Seconds()
-			return desktop.Observation{}, fmt.Errorf("wait ready: %w", err)
-		}
-		ar.ReadyS = waited.Seconds()
-		return finish(observe())
-	}
-
-	// The generic signal: the screen is ready once Stable consecutive
-	// screenshots, Interval apart, are identical.
-	prev, at, err := observe()
+	r, err := desktop.WaitReady(ctx, d, desktop.ReadyOptions{Interval: o.Interval, Max: o.Max, Stable: o.Stable})
+	end := time.Now()
 	if err != nil {
-		return finish(prev, at, err)
+		ar.WaitS = end.Sub(start).Seconds()
+		return desktop.Observation{}, fmt.Errorf("wait ready: %w", err)
 	}
-	stableSince, same := at, 1
-	deadline := start.Add(o.Max)
-	for same < o.Stable && time.Now().Before(deadline) {
-		if !sleepCtx(ctx, o.Interval) {
-			return finish(prev, at, ctx.Err())
-		}
-		var cur desktop.Observation
-		cur, at, err = observe()
-		if err != nil {
-			return finish(cur, at, err)
-		}
-		if bytes.Equal(cur.Screenshot, prev.Screenshot) {
-			same++
-		} else {
-			same, stableSince = 1, at
-		}
-		prev = cur
+	at := r.Observation.At
+	if at.IsZero() || at.Before(start) || at.After(end) {
+		at = end
 	}
-	if same >= o.Stable {
-		ar.ReadyS = stableSince.Sub(start).Seconds()
-	} else {
-		ar.ReadyS = time.Since(start).Seconds()
-	}
-	return finish(prev, at, nil)
+	ar.ReadyS = r.After.Seconds()
+	ar.WaitS = at.Sub(start).Seconds()
+	ar.ObsS = end.Sub(at).Seconds()
+	return r.Observation, nil
 }

@@ -200,7 +200,7 @@ func (r *rollout) run(ctx context.Context) (Status, error) {
 	if err := timed(&t.ResetS, func() error { return d.Reset(ctx, r.task) }); err != nil {
 		return "", fmt.Errorf("reset: %w", err)
 	}
-	if err := timed(&t.WaitAfterResetS, func() error { return b.waitAfterReset(ctx, d) }); err != nil {
+	if err := timed(&t.WaitAfterResetS, func() error { return d.WaitAfterReset(ctx) }); err != nil {
 		return "", fmt.Errorf("wait after reset: %w", err)
 	}
 
@@ -222,7 +222,7 @@ func (r *rollout) run(ctx context.Context) (Status, error) {
 	if !b.startGrading(r.a) {
 		return schema.StatusCancelled, nil
 	}
-	if err := timed(&t.WaitBeforeEvalS, func() error { return b.waitBeforeEval(ctx, d) }); err != nil {
+	if err := timed(&t.WaitBeforeEvalS, func() error { return d.WaitBeforeEval(ctx) }); err != nil {
 		return "", fmt.Errorf("wait before eval: %w", err)
 	}
 	var reward float64

@@ -70,26 +70,6 @@ type Desktop interface {
 // that failed.
 type Factory func(ctx context.Context, slot int) (Desktop, error)
 
-// ReadyWaiter is implemented by desktops that know when their screen is ready
-// after an action better than the generic signal built on Observe (for
-// example by also checking that the guest is idle). WaitReady returns how
-// long it waited; it returns at the latest after max, without an error.
-type ReadyWaiter interface {
-	WaitReady(ctx context.Context, max time.Duration) (time.Duration, error)
-}
-
-// Reverter is implemented by desktops that can restore a full machine
-// snapshot, a stronger and slower reset than the default.
-type Reverter interface {
-	Revert(ctx context.Context) error
-}
-
-// AccessibilityObserver is implemented by desktops that can return the
-// accessibility tree of the screen.
-type AccessibilityObserver interface {
-	AccessibilityTree(ctx context.Context) (string, error)
-}
-
 // Task is one OSWorld task: an instruction, the setup that prepares the
 // desktop, and the evaluator that grades the outcome.
 type Task struct {

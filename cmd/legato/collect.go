@@ -69,9 +69,8 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.IntVar(&f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, "times an attempt is re-queued after its desktop failed")
 	fs.BoolVar(&f.opts.Ready.Disabled, "no-ready-signal", false, "sleep --fixed-wait after each action instead of waiting for the screen to settle")
 	fs.Var(&f.fixedWait, "fixed-wait", "sleep after each action with --no-ready-signal, seconds or a duration")
-	f.afterReset, f.beforeEval = seconds(rl.OSWorldAfterReset), seconds(rl.OSWorldBeforeEval)
-	fs.Var(&f.afterReset, "fixed-wait-after-reset", "sleep after a reset with --no-ready-signal, seconds or a duration (OSWorld's runner: 60)")
-	fs.Var(&f.beforeEval, "fixed-wait-before-eval", "sleep before grading with --no-ready-signal, seconds or a duration (OSWorld's runner: 20)")
+	fs.Var(&f.afterReset, "fixed-wait-after-reset", "sleep after a reset with --no-ready-signal, seconds or a duration (OSWorld's runner slept 60)")
+	fs.Var(&f.beforeEval, "fixed-wait-before-eval", "sleep before grading with --no-ready-signal, seconds or a duration (OSWorld's runner slept 20)")
 	fs.IntVar(&f.opts.ImageMax, "image-max", rl.DefaultImageMax, "screenshots kept in the prompt")
 	f.ow.Register(fs)
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
@@ -141,10 +140,6 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		f.opts.NewDesktop = fake.NewFleet(cfg).New
 	case "osworld":
-		f.ow.Ready.Disabled = f.opts.Ready.Disabled
-		f.ow.Ready.FixedWait = f.opts.Ready.FixedWait
-		f.ow.Ready.FixedAfterReset = f.opts.Ready.AfterReset
-		f.ow.Ready.FixedBeforeEval = f.opts.Ready.BeforeEval
 		pool, err := f.ow.Pool(ctx, log)
 		if err != nil {
 			return err

@@ -52,9 +52,6 @@ type Config struct {
 	// implement desktop.ReadyWaiter, so that the scheduler uses the
 	// backend's own ready signal instead of comparing screenshots.
 	ReadyWaiter bool
-	// Reverter makes the desktops returned by AsConfigured and by a Fleet
-	// implement desktop.Reverter.
-	Reverter bool
 }
 
 // Latencies holds one Latency per phase. A phase whose Latency is zero takes
@@ -62,15 +59,14 @@ type Config struct {
 type Latencies struct {
 	// Create is the time a Fleet takes to create a desktop (boot a VM).
 	Create Latency
-	// Reset, WaitAfterReset, Observe, Act, WaitBeforeEval, Evaluate and
-	// Revert are the times the methods of the same name take.
+	// Reset, WaitAfterReset, Observe, Act, WaitBeforeEval and Evaluate are
+	// the times the methods of the same name take.
 	Reset          Latency
 	WaitAfterReset Latency
 	Observe        Latency
 	Act            Latency
 	WaitBeforeEval Latency
 	Evaluate       Latency
-	Revert         Latency
 	// Settle is how long the screen keeps changing after a Reset and after
 	// each Code action. Observe returns a different frame on every call until
 	// it has passed; WaitAfterReset, WaitBeforeEval and WaitReady wait for
@@ -157,7 +153,7 @@ func (ls Latencies) validate() error {
 	}{
 		{"Create", ls.Create}, {"Reset", ls.Reset}, {"WaitAfterReset", ls.WaitAfterReset},
 		{"Observe", ls.Observe}, {"Act", ls.Act}, {"WaitBeforeEval", ls.WaitBeforeEval},
-		{"Evaluate", ls.Evaluate}, {"Revert", ls.Revert}, {"Settle", ls.Settle},
+		{"Evaluate", ls.Evaluate}, {"Settle", ls.Settle},
 	} {
 		if err := p.l.Validate(); err != nil {
 			return fmt.Errorf("Latency.%s: %w", p.name, err)
@@ -205,7 +201,6 @@ const (
 	PhaseWaitBeforeEval Phase = "wait before eval"
 	PhaseEvaluate       Phase = "evaluate"
 	PhaseWaitReady      Phase = "wait ready"
-	PhaseRevert         Phase = "revert"
 )
 
 // index gives the position of a desktop call's phase in Desktop.calls, or
@@ -226,14 +221,12 @@ func (p Phase) index() int {
 		return 5
 	case PhaseWaitReady:
 		return 6
-	case PhaseRevert:
-		return 7
 	}
 	return -1
 }
 
 // nPhases is the number of phases index numbers.
-const nPhases = 8
+const nPhases = 7
 
 // FaultKind is what an injected fault does.
 type FaultKind int

@@ -29,7 +29,7 @@ func TestConfigValidate(t *testing.T) {
 			DefaultReward: fake.Reward{P: 1},
 			Faults: []fake.Fault{
 				{Phase: fake.PhaseCreate, Kind: fake.FaultError, OnCall: 1},
-				{Phase: fake.PhaseRevert, Kind: fake.FaultHang, Prob: 0.1, Task: "t"},
+				{Phase: fake.PhaseWaitReady, Kind: fake.FaultHang, Prob: 0.1, Task: "t"},
 			},
 		}, ""},
 		{"WidthTooSmall", fake.Config{Width: 10}, "Width 10"},

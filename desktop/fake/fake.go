@@ -58,7 +58,7 @@ var (
 	ErrCrashed = errors.New("desktop crashed")
 	// ErrNoTask is returned by the methods of an attempt (WaitAfterReset,
 	// Observe, Act, WaitBeforeEval, Evaluate) called before a successful
-	// Reset, or after a Revert: the fake catches a scheduler that skips a
+	// Reset: the fake catches a scheduler that skips a
 	// Reset.
 	ErrNoTask = errors.New("no task: call Reset first")
 )
@@ -66,9 +66,6 @@ var (
 var (
 	_ desktop.Desktop     = (*Desktop)(nil)
 	_ desktop.ReadyWaiter = readyWaiter{}
-	_ desktop.Reverter    = reverter{}
-	_ desktop.ReadyWaiter = readyReverter{}
-	_ desktop.Reverter    = readyReverter{}
 )
 
 // Desktop is a fake desktop. Its methods keep the desktop.Desktop contract:
@@ -154,7 +151,6 @@ type Stats struct {
 	WaitBeforeEvals int
 	Evaluates       int
 	WaitReadies     int
-	Reverts         int
 	Closes          int
 }
 
@@ -167,7 +163,6 @@ func (s Stats) add(o Stats) Stats {
 		WaitBeforeEvals: s.WaitBeforeEvals + o.WaitBeforeEvals,
 		Evaluates:       s.Evaluates + o.Evaluates,
 		WaitReadies:     s.WaitReadies + o.WaitReadies,
-		Reverts:         s.Reverts + o.Reverts,
 		Closes:          s.Closes + o.Closes,
 	}
 }
@@ -185,45 +180,36 @@ func (d *Desktop) Stats() Stats {
 		WaitBeforeEvals: c[PhaseWaitBeforeEval.index()],
 		Evaluates:       c[PhaseEvaluate.index()],
 		WaitReadies:     c[PhaseWaitReady.index()],
-		Reverts:         c[PhaseRevert.index()],
 		Closes:          d.closes,
 	}
 }
 
 // AsConfigured returns d as the scheduler should see it: a desktop.Desktop
-// that also implements desktop.ReadyWaiter if Config.ReadyWaiter is set and
-// desktop.Reverter if Config.Reverter is set, and neither otherwise. (A
-// *Desktop itself implements neither, so that a type assertion on it never
-// finds a capability the config did not ask for.)
+// that also implements desktop.ReadyWaiter if Config.ReadyWaiter is set. (A
+// *Desktop itself does not, so that a type assertion on it never finds a
+// capability the config did not ask for.)
 func (d *Desktop) AsConfigured() desktop.Desktop {
-	switch {
-	case d.cfg.ReadyWaiter && d.cfg.Reverter:
-		return readyReverter{d}
-	case d.cfg.ReadyWaiter:
+	if d.cfg.ReadyWaiter {
 		return readyWaiter{d}
-	case d.cfg.Reverter:
-		return reverter{d}
 	}
 	return d
 }
 
 type readyWaiter struct{ *Desktop }
 
-func (r readyWaiter) WaitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
-	return r.waitReady(ctx, max)
+// WaitReady waits until the screen has settled, at most max, and looks
+// once.
+func (r readyWaiter) WaitReady(ctx context.Context, max time.Duration) (desktop.Ready, error) {
+	waited, settled, err := r.waitReady(ctx, max)
+	if err != nil {
+		return desktop.Ready{}, err
+	}
+	obs, err := r.Observe(ctx)
+	if err != nil {
+		return desktop.Ready{}, err
+	}
+	return desktop.Ready{Observation: obs, After: waited, Settled: settled}, nil
 }
-
-type reverter struct{ *Desktop }
-
-func (r reverter) Revert(ctx context.Context) error { return r.revert(ctx) }
-
-type readyReverter struct{ *Desktop }
-
-func (r readyReverter) WaitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
-	return r.waitReady(ctx, max)
-}
-
-func (r readyReverter) Revert(ctx context.Context) error { return r.revert(ctx) }
 
 // Reset starts an attempt at task after Latency.Reset; the screen then
 // settles for Latency.Settle.
@@ -398,32 +384,20 @@ func isInfeasible(evaluator json.RawMessage) bool {
 	return json.Unmarshal(ev.Func, &f) == nil && f == "infeasible"
 }
 
-// waitReady waits until the screen has settled, at most max.
-func (d *Desktop) waitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
+// waitReady waits until the screen has settled, at most max, and reports
+// how long it waited and whether the screen settled.
+func (d *Desktop) waitReady(ctx context.Context, max time.Duration) (time.Duration, bool, error) {
 	if _, err := d.enter(ctx, PhaseWaitReady, "", false); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	start := time.Now()
 	d.mu.Lock()
-	rest := min(d.cur.settleUntil.Sub(start), max)
+	rest := d.cur.settleUntil.Sub(start)
 	d.mu.Unlock()
-	if err := d.sleep(ctx, rest); err != nil {
-		return time.Since(start), d.fail(PhaseWaitReady, err)
+	if err := d.sleep(ctx, min(rest, max)); err != nil {
+		return time.Since(start), false, d.fail(PhaseWaitReady, err)
 	}
-	return time.Since(start), nil
-}
-
-// revert takes Latency.Revert and forgets the task: the next attempt needs
-// a Reset.
-func (d *Desktop) revert(ctx context.Context) error {
-	n, err := d.enter(ctx, PhaseRevert, "", false)
-	if err != nil {
-		return err
-	}
-	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Revert, "revert", n)); err != nil {
-		return d.fail(PhaseRevert, err)
-	}
-	return nil
+	return time.Since(start), rest <= max, nil
 }
 
 // Close makes every running call return and every later call fail with
@@ -453,7 +427,7 @@ func (d *Desktop) enter(ctx context.Context, p Phase, task string, needTask bool
 	if task == "" {
 		task = d.cur.task
 	}
-	if p == PhaseReset || p == PhaseRevert {
+	if p == PhaseReset {
 		// Whatever happens next, the previous attempt is over.
 		d.cur = attempt{}
 	}

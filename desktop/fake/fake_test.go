@@ -86,7 +86,7 @@ func TestConformance(t *testing.T) {
 			}},
 			desktoptest.Options{Tasks: tasks},
 		},
-		{"Capabilities", fake.Config{Width: 320, Height: 200, ReadyWaiter: true, Reverter: true}, desktoptest.Options{}},
+		{"Capabilities", fake.Config{Width: 320, Height: 200, ReadyWaiter: true}, desktoptest.Options{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := tc.opts
@@ -259,44 +259,23 @@ func TestAsConfigured(t *testing.T) {
 	for _, tc := range []struct {
 		name              string
 		cfg               fake.Config
-		ready, revert     bool
+		ready             bool
 		desktopIsConcrete bool
 	}{
-		{"None", fake.Config{}, false, false, true},
-		{"ReadyWaiter", fake.Config{ReadyWaiter: true}, true, false, false},
-		{"Reverter", fake.Config{Reverter: true}, false, true, false},
-		{"Both", fake.Config{ReadyWaiter: true, Reverter: true}, true, true, false},
+		{"None", fake.Config{}, false, true},
+		{"ReadyWaiter", fake.Config{ReadyWaiter: true}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := fake.New(tc.cfg)
 			defer d.Close()
 			v := d.AsConfigured()
 			_, ready := v.(desktop.ReadyWaiter)
-			_, revert := v.(desktop.Reverter)
 			_, concrete := v.(*fake.Desktop)
-			got := []bool{ready, revert, concrete}
-			if diff := cmp.Diff([]bool{tc.ready, tc.revert, tc.desktopIsConcrete}, got); diff != "" {
-				t.Errorf("[ReadyWaiter Reverter *Desktop] (-want +got):\n%s", diff)
+			got := []bool{ready, concrete}
+			if diff := cmp.Diff([]bool{tc.ready, tc.desktopIsConcrete}, got); diff != "" {
+				t.Errorf("[ReadyWaiter *Desktop] (-want +got):\n%s", diff)
 			}
 		})
-	}
-}
-
-func TestRevertForgetsTask(t *testing.T) {
-	ctx := t.Context()
-	d := fake.New(fake.Config{Reverter: true})
-	defer d.Close()
-	if err := d.Reset(ctx, feasibleTask(t)); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.AsConfigured().(desktop.Reverter).Revert(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Observe(ctx); !errors.Is(err, fake.ErrNoTask) {
-		t.Errorf("Observe after Revert: %v, want ErrNoTask", err)
-	}
-	if got := d.Stats().Reverts; got != 1 {
-		t.Errorf("Stats().Reverts = %d, want 1", got)
 	}
 }
 

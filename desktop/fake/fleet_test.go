@@ -110,9 +110,6 @@ func TestFleetCapabilities(t *testing.T) {
 	if _, ok := d.(desktop.ReadyWaiter); !ok {
 		t.Error("desktop of a ReadyWaiter config does not implement desktop.ReadyWaiter")
 	}
-	if _, ok := d.(desktop.Reverter); ok {
-		t.Error("desktop implements desktop.Reverter, which the config did not ask for")
-	}
 }
 
 func TestFleetCreateLatency(t *testing.T) {

@@ -230,16 +230,15 @@ func TestWaitReady(t *testing.T) {
 					t.Fatal(err)
 				}
 				time.Sleep(tc.sleep)
-				waited, err := d.AsConfigured().(desktop.ReadyWaiter).WaitReady(ctx, tc.max)
+				r, err := d.AsConfigured().(desktop.ReadyWaiter).WaitReady(ctx, tc.max)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if waited != tc.want {
-					t.Errorf("WaitReady waited %v, want %v", waited, tc.want)
+				if r.After != tc.want || r.Settled != tc.settled {
+					t.Errorf("WaitReady: after %v, settled %v; want %v, %v", r.After, r.Settled, tc.want, tc.settled)
 				}
-				a, _ := d.Observe(ctx)
 				b, _ := d.Observe(ctx)
-				if settled := bytes.Equal(a.Screenshot, b.Screenshot); settled != tc.settled {
+				if settled := bytes.Equal(r.Observation.Screenshot, b.Screenshot); settled != tc.settled {
 					t.Errorf("screen settled after WaitReady: %v, want %v", settled, tc.settled)
 				}
 			})

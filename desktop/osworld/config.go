@@ -240,7 +240,8 @@ func (a GuestAddr) devToolsEndpoint() string {
 // ReadyConfig configures the ready signal: the desktop is ready when Stable
 // consecutive screenshots, Interval apart, are identical and the guest's
 // CPUs were at most MaxLoad busy in between, or when the wait's bound
-// passed. With Disabled, fixed sleeps replace it, for baselines.
+// passed. (desktop.WithFixedWaits replaces it by fixed sleeps, for
+// baselines.)
 type ReadyConfig struct {
 	// Interval is the time between two looks at the screen, during which
 	// the guest's load is measured (default 500ms).
@@ -257,16 +258,6 @@ type ReadyConfig struct {
 	// BeforeEvalMax bounds WaitBeforeEval (default 10s; OSWorld slept
 	// 20s).
 	BeforeEvalMax time.Duration
-
-	// Disabled replaces the ready signal by fixed sleeps
-	// (--no-ready-signal): FixedWait after each action, FixedAfterReset
-	// after a reset and FixedBeforeEval before grading, each defaulting to
-	// FixedWait. OSWorld's runner used 60s after reset and 20s before
-	// grading.
-	Disabled        bool
-	FixedWait       time.Duration
-	FixedAfterReset time.Duration
-	FixedBeforeEval time.Duration
 }
 
 // GradeConfig says how desktops grade tasks; see package grade.
@@ -347,12 +338,6 @@ func (r ReadyConfig) withDefaults() ReadyConfig {
 	}
 	if r.BeforeEvalMax <= 0 {
 		r.BeforeEvalMax = DefaultBeforeEvalMax
-	}
-	if r.FixedAfterReset <= 0 {
-		r.FixedAfterReset = r.FixedWait
-	}
-	if r.FixedBeforeEval <= 0 {
-		r.FixedBeforeEval = r.FixedWait
 	}
 	return r
 }
@@ -437,8 +422,7 @@ func (r ReadyConfig) validate() []error {
 		v    time.Duration
 	}{
 		{"Ready.Interval", r.Interval}, {"Ready.AfterResetMax", r.AfterResetMax},
-		{"Ready.BeforeEvalMax", r.BeforeEvalMax}, {"Ready.FixedWait", r.FixedWait},
-		{"Ready.FixedAfterReset", r.FixedAfterReset}, {"Ready.FixedBeforeEval", r.FixedBeforeEval},
+		{"Ready.BeforeEvalMax", r.BeforeEvalMax},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: want ≥ 0 (0 means the default)", d.name, d.v))

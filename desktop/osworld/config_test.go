@@ -76,7 +76,7 @@ func TestValidate(t *testing.T) {
 		{name: "long process name", cfg: Config{Guests: guests, AppsToKill: map[string][]string{"os": {"gnome-terminal-server"}}}, want: []string{"longer than 15 bytes"}},
 		{name: "process path", cfg: Config{Guests: guests, AppsToKill: map[string][]string{"os": {"/usr/bin/gedit"}}}, want: []string{"not a path"}},
 		{name: "bad load", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxLoad: 1.5}}, want: []string{"Ready.MaxLoad"}},
-		{name: "negative wait", cfg: Config{Guests: guests, Ready: ReadyConfig{FixedWait: -time.Second}}, want: []string{"Ready.FixedWait"}},
+		{name: "negative wait", cfg: Config{Guests: guests, Ready: ReadyConfig{BeforeEvalMax: -time.Second}}, want: []string{"Ready.BeforeEvalMax"}},
 		{name: "osworld dir", cfg: Config{Guests: guests, Grade: GradeConfig{OSWorldDir: "/nonexistent"}}, want: []string{"OSWorld checkout"}},
 	}
 	for _, tt := range tests {

@@ -67,16 +67,17 @@ func TestConformance(t *testing.T) {
 		Bound:  5 * time.Second,
 		Blocking: func(ctx context.Context, m desktoptest.Method) (desktop.Desktop, error) {
 			cfg := g.config(t, proxies[m].srv.URL)
+			create := func(ctx context.Context, _ int) (desktop.Desktop, error) { return newDesktop(ctx, cfg) }
 			switch m {
 			case desktoptest.MethodObserve, desktoptest.MethodAct, desktoptest.MethodEvaluate:
 				// No screenshots before the one that hangs.
-				cfg.Ready.Disabled = true
+				create = desktop.WithFixedWaits(create, desktop.FixedWaits{})
 			case desktoptest.MethodWaitBeforeEval:
 				// The wait after the reset must not reach the rule.
 				cfg.Ready.AfterResetMax = time.Nanosecond
 			}
 			observeArmed.Store(false)
-			d, err := newDesktop(ctx, cfg)
+			d, err := create(ctx, 0)
 			observeArmed.Store(true)
 			return d, err
 		},

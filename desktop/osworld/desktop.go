@@ -17,10 +17,8 @@ import (
 )
 
 var (
-	_ desktop.Desktop               = (*Desktop)(nil)
-	_ desktop.ReadyWaiter           = (*Desktop)(nil)
-	_ desktop.AccessibilityObserver = (*Desktop)(nil)
-	_ desktop.Reverter              = (*VMDesktop)(nil)
+	_ desktop.Desktop     = (*Desktop)(nil)
+	_ desktop.ReadyWaiter = (*Desktop)(nil)
 )
 
 // Reset kinds, as ResetReport.Kind names them.
@@ -51,8 +49,7 @@ type ResetReport struct {
 
 // Desktop is one OSWorld guest, driven through its guest server: a VM this
 // process started (see VMDesktop) or a guest that runs elsewhere. It
-// implements desktop.Desktop, desktop.ReadyWaiter and
-// desktop.AccessibilityObserver. Its methods follow the contract of package
+// implements desktop.Desktop and desktop.ReadyWaiter. Its methods follow the contract of package
 // desktop: no two run at once, except Close.
 type Desktop struct {
 	name   string
@@ -77,14 +74,12 @@ type Desktop struct {
 	fresh      bool            // nothing ran since the clean snapshot
 	warned     map[string]bool // domains warned about (guests without snapshots)
 	noLoad     bool            // the guest's load cannot be measured
-	readyShot  *readyShot      // see takeReadyShot
 
 	mu        sync.Mutex // guards lastReset
 	lastReset ResetReport
 }
 
-// VMDesktop is a Desktop on a VM this process started. It adds
-// desktop.Reverter.
+// VMDesktop is a Desktop on a VM this process started. It adds Revert.
 type VMDesktop struct {
 	*Desktop
 }
@@ -122,15 +117,8 @@ func (d *Desktop) LastReset() ResetReport {
 }
 
 // begin starts a method: it refuses to run after Close or with a done ctx,
-// and returns a ctx that Close cancels too. A method other than Observe
-// forgets the ready signal's last screenshot (the screen may change).
+// and returns a ctx that Close cancels too.
 func (d *Desktop) begin(ctx context.Context) (context.Context, func(), error) {
-	d.readyShot = nil
-	return d.beginKeep(ctx)
-}
-
-// beginKeep is begin keeping the ready signal's last screenshot.
-func (d *Desktop) beginKeep(ctx context.Context) (context.Context, func(), error) {
 	if d.closeCtx.Err() != nil {
 		return nil, nil, &desktop.Error{Op: "call", Desktop: d.name, Err: desktop.ErrClosed}
 	}
@@ -270,31 +258,23 @@ func (d *Desktop) revert(ctx context.Context) error {
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after
-// a reset, at most Ready.AfterResetMax; with the ready signal off it sleeps
-// Ready.FixedAfterReset.
+// a reset, at most Ready.AfterResetMax.
 func (d *Desktop) WaitAfterReset(ctx context.Context) error {
-	return d.wait(ctx, "wait after reset", d.cfg.Ready.AfterResetMax, d.cfg.Ready.FixedAfterReset)
+	return d.wait(ctx, "wait after reset", d.cfg.Ready.AfterResetMax)
 }
 
 // WaitBeforeEval waits until the screen settled and the guest is idle
-// before grading, at most Ready.BeforeEvalMax; with the ready signal off it
-// sleeps Ready.FixedBeforeEval.
+// before grading, at most Ready.BeforeEvalMax.
 func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
-	return d.wait(ctx, "wait before eval", d.cfg.Ready.BeforeEvalMax, d.cfg.Ready.FixedBeforeEval)
+	return d.wait(ctx, "wait before eval", d.cfg.Ready.BeforeEvalMax)
 }
 
-func (d *Desktop) wait(ctx context.Context, op string, max, fixed time.Duration) error {
+func (d *Desktop) wait(ctx context.Context, op string, max time.Duration) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	if d.cfg.Ready.Disabled {
-		if err := sleep(ctx, fixed); err != nil {
-			return d.fail(op, err)
-		}
-		return nil
-	}
 	if _, err := d.readySignal(ctx, max); err != nil {
 		return d.fail(op, err)
 	}
@@ -302,46 +282,41 @@ func (d *Desktop) wait(ctx context.Context, op string, max, fixed time.Duration)
 }
 
 // WaitReady waits after an action until Ready.Stable screenshots in a row
-// are identical and the guest was idle between them, at most max. It
-// returns the time from its start until the screen was found ready (the
-// first of those screenshots), or the whole wait when max passed first.
-// With the ready signal off it sleeps Ready.FixedWait (at most max).
-func (d *Desktop) WaitReady(ctx context.Context, max time.Duration) (time.Duration, error) {
+// are identical and the guest was idle between them, at most max, and
+// returns the last of them as the observation to continue from.
+func (d *Desktop) WaitReady(ctx context.Context, max time.Duration) (desktop.Ready, error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
-		return 0, err
+		return desktop.Ready{}, err
 	}
 	defer done()
-	if d.cfg.Ready.Disabled {
-		w := min(d.cfg.Ready.FixedWait, max)
-		if err := sleep(ctx, w); err != nil {
-			return 0, d.fail("wait ready", err)
-		}
-		return w, nil
-	}
-	waited, err := d.readySignal(ctx, max)
+	r, err := d.readySignal(ctx, max)
 	if err != nil {
-		return waited, d.fail("wait ready", err)
+		return r, d.fail("wait ready", err)
 	}
-	return waited, nil
+	return r, nil
 }
 
-// Observe takes a screenshot. Right after a wait that found the screen
-// settled, it returns the wait's last screenshot instead of taking the same
-// one again (Observation.At says when it was taken).
+// Observe takes a screenshot.
 func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
-	ctx, done, err := d.beginKeep(ctx)
+	ctx, done, err := d.begin(ctx)
 	if err != nil {
 		return desktop.Observation{}, err
 	}
 	defer done()
-	if shot, at, ok := d.takeReadyShot(); ok {
-		return desktop.Observation{Screenshot: shot.PNG, Width: shot.Width, Height: shot.Height, At: at}, nil
+	obs, err := d.screenshot(ctx)
+	if err != nil {
+		return obs, d.fail("observe", err)
 	}
+	return obs, nil
+}
+
+// screenshot takes one; the observation's At is when it was requested.
+func (d *Desktop) screenshot(ctx context.Context) (desktop.Observation, error) {
 	at := time.Now()
 	shot, err := d.guest.Screenshot(ctx)
 	if err != nil {
-		return desktop.Observation{}, d.fail("observe", err)
+		return desktop.Observation{}, err
 	}
 	return desktop.Observation{Screenshot: shot.PNG, Width: shot.Width, Height: shot.Height, At: at}, nil
 }
@@ -437,19 +412,4 @@ func (d *Desktop) Close() error {
 		}
 	})
 	return d.closeErr
-}
-
-// sleep waits d, or returns ctx's error when it is done first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
 }

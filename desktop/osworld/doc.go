@@ -30,8 +30,10 @@
 //
 // WaitAfterReset, WaitReady (after each action, desktop.ReadyWaiter) and
 // WaitBeforeEval wait until consecutive screenshots are identical and the
-// guest's CPUs were idle in between, bounded by a maximum; with
-// Config.Ready.Disabled they sleep fixed times instead, for baselines.
+// guest's CPUs were idle in between, bounded by a maximum. WaitReady
+// returns the screenshot it ended on, which the scheduler uses as the next
+// observation. (desktop.WithFixedWaits replaces the waits by fixed sleeps,
+// for baselines.)
 //
 // # Errors
 //

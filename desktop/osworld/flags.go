@@ -45,8 +45,7 @@ type Flags struct {
 	NoFastReset bool
 	CacheDir    string
 
-	// Ready is the ready signal's configuration; `collect` fills Disabled
-	// and the fixed waits from --no-ready-signal and --fixed-wait.
+	// Ready is the ready signal's configuration.
 	Ready ReadyConfig
 }
 

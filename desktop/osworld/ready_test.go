@@ -1,6 +1,7 @@
 package osworld
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -10,7 +11,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"legato/rl/desktop"
 )
 
 func TestParseLoad(t *testing.T) {
@@ -68,12 +68,12 @@ func TestReadySignal(t *testing.T) {
 	// The bound is far beyond what a still screen needs: reaching it
 	// would mean the signal never saw the screen settle.
 	const long = 2 * time.Minute
-	waited, err := d.WaitReady(ctx, long)
+	r, err := d.WaitReady(ctx, long)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if waited >= long {
-		t.Errorf("still screen: WaitReady waited its whole bound (%v)", waited)
+	if r.After >= long || !r.Settled {
+		t.Errorf("still screen: WaitReady ready after %v, settled %v; want settled before its bound (%v)", r.After, r.Settled, long)
 	}
 
 	// A clock printing every 50 ms: the screen never settles.
@@ -86,49 +86,19 @@ func TestReadySignal(t *testing.T) {
 	}
 	g.WaitWindow(t, "legato-clock")
 	const short = 1500 * time.Millisecond
-	waited, err = d.WaitReady(ctx, short)
+	r, err = d.WaitReady(ctx, short)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if waited < short {
-		t.Errorf("changing screen: WaitReady returned ready after %v, before its bound %v", waited, short)
+	if r.After < short || r.Settled {
+		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled at its bound %v", r.After, r.Settled, short)
 	}
 }
 
-// TestFixedWaits: with the ready signal off, the waits are the configured
-// sleeps (WaitReady's capped by its bound), and no screenshot is taken.
-func TestFixedWaits(t *testing.T) {
-	g := startHostGuest(t)
-	var armed atomic.Bool // attaching takes a screenshot
-	proxy := newHangProxy(t, g.URL, func(path string, _ []byte) bool { return path == "/screenshot" && armed.Load() })
-	cfg := g.config(t, proxy.srv.URL)
-	cfg.Ready = ReadyConfig{Disabled: true, FixedWait: 30 * time.Millisecond, FixedAfterReset: 10 * time.Millisecond}
-	d := g.desktop(t, cfg)
-	armed.Store(true)
-	ctx := t.Context()
-	if err := d.WaitAfterReset(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.WaitBeforeEval(ctx); err != nil { // defaults to FixedWait
-		t.Fatal(err)
-	}
-	for _, tc := range []struct{ max, want time.Duration }{{time.Second, 30 * time.Millisecond}, {5 * time.Millisecond, 5 * time.Millisecond}} {
-		got, err := d.WaitReady(ctx, tc.max)
-		if err != nil || got != tc.want {
-			t.Errorf("WaitReady(%v) = %v, %v; want %v", tc.max, got, err, tc.want)
-		}
-	}
-	select {
-	case <-proxy.hung:
-		t.Error("a screenshot was taken with the ready signal off")
-	default:
-	}
-}
-
-// TestObserveReusesReadyScreenshot: the observation right after a wait that
-// found the screen settled is the wait's last screenshot, not a new one;
-// after any other call it is a new one.
-func TestObserveReusesReadyScreenshot(t *testing.T) {
+// TestWaitReadyHandsOverItsScreenshot: a wait that found the screen
+// settled returns its last screenshot, so the step that follows needs no
+// second one; Observe always takes a new one.
+func TestWaitReadyHandsOverItsScreenshot(t *testing.T) {
 	g := startHostGuest(t)
 	var shots atomic.Int64
 	proxy := newHangProxy(t, g.URL, func(path string, _ []byte) bool {
@@ -139,33 +109,22 @@ func TestObserveReusesReadyScreenshot(t *testing.T) {
 	})
 	d := g.desktop(t, g.config(t, proxy.srv.URL))
 	ctx := t.Context()
-	observe := func() int64 {
-		t.Helper()
-		before := shots.Load()
-		obs, err := d.Observe(ctx)
-		if err != nil || len(obs.Screenshot) == 0 || obs.At.IsZero() {
-			t.Fatalf("Observe: %v, %d bytes at %v", err, len(obs.Screenshot), obs.At)
-		}
-		return shots.Load() - before
+	before := shots.Load()
+	r, err := d.WaitReady(ctx, time.Minute)
+	if err != nil || !r.Settled {
+		t.Fatalf("WaitReady: settled %v, %v", r.Settled, err)
 	}
-	// A still screen settles within the bound; not reaching it is what
-	// makes the screenshot reusable.
-	if waited, err := d.WaitReady(ctx, time.Minute); err != nil || waited >= time.Minute {
-		t.Fatalf("WaitReady: %v, %v", waited, err)
+	if n := shots.Load() - before; n != int64(d.cfg.Ready.Stable) {
+		t.Errorf("a settled wait took %d screenshots, want %d", n, d.cfg.Ready.Stable)
 	}
-	if n := observe(); n != 0 {
-		t.Errorf("Observe after a settled wait took %d screenshots, want 0", n)
-	}
-	if n := observe(); n != 1 {
-		t.Errorf("second Observe took %d screenshots, want 1", n)
-	}
-	if _, err := d.WaitReady(ctx, time.Minute); err != nil {
+	obs, err := d.Observe(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Act(ctx, desktop.WaitAction); err != nil {
-		t.Fatal(err)
+	if !bytes.Equal(obs.Screenshot, r.Observation.Screenshot) || r.Observation.At.IsZero() {
+		t.Errorf("WaitReady's observation (%d bytes at %v) is not the still screen (%d bytes)", len(r.Observation.Screenshot), r.Observation.At, len(obs.Screenshot))
 	}
-	if n := observe(); n != 1 {
-		t.Errorf("Observe after an action took %d screenshots, want 1", n)
+	if !r.Observation.At.Before(obs.At) {
+		t.Errorf("WaitReady's screenshot at %v, not before the later Observe at %v", r.Observation.At, obs.At)
 	}
 }

@@ -1,0 +1,144 @@
+package desktop_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"legato/rl/desktop"
+	"legato/rl/desktop/fake"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var settlingTask = desktop.Task{ID: "t", Evaluator: []byte(`{"func":"exact_match"}`)}
+
+func click() desktop.Action { return desktop.Action{Kind: desktop.Code, Code: "pyautogui.click(1, 1)"} }
+
+// TestWaitReadyGeneric: on a desktop without its own signal, the wait ends
+// at the second identical screenshot and returns it; a screen that keeps
+// changing ends the wait at max exactly, with the last screenshot.
+func TestWaitReadyGeneric(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		max         time.Duration
+		wantAfter   time.Duration
+		wantSettled bool
+	}{
+		{"settles", 10 * time.Second, 1100 * time.Millisecond, true},
+		{"bounded", 450 * time.Millisecond, 450 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := t.Context()
+				d := fake.New(fake.Config{Width: 64, Height: 48, Latency: fake.Latencies{Settle: fake.Latency{Fixed: time.Second}}})
+				defer d.Close()
+				if err := d.Reset(ctx, settlingTask); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Second)
+				if _, err := d.Act(ctx, click()); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				r, err := desktop.WaitReady(ctx, d, desktop.ReadyOptions{Interval: 100 * time.Millisecond, Max: tc.max})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The settling screen changes on every look; once still, the
+				// first still screenshot (at 1 s or the look after it) and
+				// the next one match.
+				if r.Settled != tc.wantSettled || (tc.wantSettled && (r.After < time.Second || r.After > tc.wantAfter)) || (!tc.wantSettled && r.After != tc.wantAfter) {
+					t.Errorf("WaitReady: after %v, settled %v; want %v, %v", r.After, r.Settled, tc.wantAfter, tc.wantSettled)
+				}
+				if waited := time.Since(start); waited > tc.max {
+					t.Errorf("WaitReady took %v, more than its max %v", waited, tc.max)
+				}
+				if len(r.Observation.Screenshot) == 0 || r.Observation.At.Before(start) {
+					t.Errorf("WaitReady's observation: %d bytes at %v, want the last screenshot of the wait", len(r.Observation.Screenshot), r.Observation.At)
+				}
+			})
+		})
+	}
+}
+
+// TestWithFixedWaits: every wait is its fixed sleep and nothing else, and
+// the desktop's own ready signal is not used.
+func TestWithFixedWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		inner := fake.Factory(fake.Config{Width: 64, Height: 48, ReadyWaiter: true, Latency: fake.Latencies{Settle: fake.Latency{Fixed: time.Minute}}})
+		w := desktop.FixedWaits{AfterReset: 5 * time.Second, AfterAction: 2 * time.Second}
+		d, err := desktop.WithFixedWaits(inner, w)(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if err := d.Reset(ctx, settlingTask); err != nil {
+			t.Fatal(err)
+		}
+		took := func(f func() error) time.Duration {
+			t.Helper()
+			start := time.Now()
+			if err := f(); err != nil {
+				t.Fatal(err)
+			}
+			return time.Since(start)
+		}
+		if got := took(func() error { return d.WaitAfterReset(ctx) }); got != w.AfterReset {
+			t.Errorf("WaitAfterReset took %v, want %v", got, w.AfterReset)
+		}
+		var r desktop.Ready
+		if got := took(func() (err error) { r, err = desktop.WaitReady(ctx, d, desktop.ReadyOptions{Max: time.Second}); return err }); got != w.AfterAction {
+			t.Errorf("WaitReady took %v, want the fixed %v whatever max says", got, w.AfterAction)
+		}
+		if r.Settled || r.After != 0 || len(r.Observation.Screenshot) == 0 {
+			t.Errorf("fixed WaitReady = settled %v after %v with %d bytes; want unsettled, 0, a screenshot", r.Settled, r.After, len(r.Observation.Screenshot))
+		}
+		if got := took(func() error { return d.WaitBeforeEval(ctx) }); got != 0 {
+			t.Errorf("WaitBeforeEval took %v, want 0 (not set)", got)
+		}
+	})
+}
+
+func TestSleepReturnsCause(t *testing.T) {
+	cause := errors.New("batch stopped")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	go cancel(cause)
+	err := desktop.Sleep(ctx, time.Hour)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
+		t.Errorf("Sleep = %v; want it to wrap context.Canceled and the cause", err)
+	}
+	if err := desktop.Sleep(t.Context(), 0); err != nil {
+		t.Errorf("Sleep(0) = %v", err)
+	}
+}
+
+func TestAttemptInContext(t *testing.T) {
+	if _, ok := desktop.AttemptFrom(t.Context()); ok {
+		t.Error("a bare ctx carries an attempt")
+	}
+	want := desktop.Attempt{GroupID: "v/t", TaskID: "t", Index: 3, Try: 1}
+	got, ok := desktop.AttemptFrom(desktop.WithAttempt(t.Context(), want))
+	if !ok || got != want {
+		t.Errorf("AttemptFrom = %+v, %v; want %+v", got, ok, want)
+	}
+}
+
+func TestReadyOptionsValidate(t *testing.T) {
+	if err := (desktop.ReadyOptions{}).Validate(); err != nil {
+		t.Errorf("zero options: %v", err)
+	}
+	for _, o := range []desktop.ReadyOptions{{Interval: -1}, {Max: -1}, {Stable: 1}, {Stable: -2}} {
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+	if err := (desktop.FixedWaits{BeforeEval: -time.Second}).Validate(); err == nil {
+		t.Error("negative fixed wait: no error")
+	}
+}
