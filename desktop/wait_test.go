@@ -93,7 +93,10 @@ func TestWithFixedWaits(t *testing.T) {
 			t.Errorf("WaitAfterReset took %v, want %v", got, w.AfterReset)
 		}
 		var r desktop.Ready
-		if got := took(func() (err error) { r, err = desktop.WaitReady(ctx, d, desktop.ReadyOptions{Max: time.Second}); return err }); got != w.AfterAction {
+		if got := took(func() (err error) {
+			r, err = desktop.WaitReady(ctx, d, desktop.ReadyOptions{Max: time.Second})
+			return err
+		}); got != w.AfterAction {
 			t.Errorf("WaitReady took %v, want the fixed %v whatever max says", got, w.AfterAction)
 		}
 		if r.Settled || r.After != 0 || len(r.Observation.Screenshot) == 0 {
