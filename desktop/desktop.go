@@ -224,3 +224,31 @@ func IsFailure(ctx context.Context, err error) bool {
 	}
 	return !errors.Is(err, ErrUnsupported)
 }
+
+// Reporter is implemented by desktops that say what they did for an
+// attempt beyond the contract's calls: which reset brought the desktop to
+// the task's start and why, and how each metric was graded. The scheduler
+// asks once the attempt has been graded (or has ended otherwise) and keeps
+// the answer in the attempt's record, so that a trainer can tell attempts
+// that started or were graded differently apart.
+type Reporter interface {
+	AttemptReport() AttemptReport
+}
+
+// AttemptReport is what a Reporter says about the attempt since the last
+// Reset.
+type AttemptReport struct {
+	// Reset names the reset that ran ("fast", "loadvm", "revert", ...) and
+	// Why says why that one (its choice, or the fallback's cause).
+	Reset    string
+	ResetWhy string
+	// Grading lists the metrics the evaluator ran, in order, with how.
+	Grading []MetricRun
+}
+
+// MetricRun is one metric of a grade.
+type MetricRun struct {
+	Metric string
+	// Via is how it ran: "native" (Go) or "python" (OSWorld's own code).
+	Via string
+}

@@ -62,6 +62,22 @@ type Record struct {
 	Desktop   int        `json:"desktop"`
 	StartedAt Time       `json:"started_at"`
 	EndedAt   Time       `json:"ended_at"`
+	// Env is what the desktop said it did for the attempt (which reset,
+	// how it graded), when it says.
+	Env *EnvReport `json:"env,omitempty"`
+}
+
+// EnvReport is what a desktop said about an attempt (desktop.Reporter).
+type EnvReport struct {
+	Reset    string      `json:"reset,omitempty"`
+	ResetWhy string      `json:"reset_why,omitempty"`
+	Grading  []MetricRun `json:"grading,omitempty"`
+}
+
+// MetricRun is one metric of a grade and how it ran: "native" or "python".
+type MetricRun struct {
+	Metric string `json:"metric"`
+	Via    string `json:"via"`
 }
 
 // Policy identifies the weights that produced a record.
