@@ -20,14 +20,32 @@ type PolicyConfig = policy.Config
 
 // Defaults of CollectOptions.
 const (
-	DefaultDesktops         = 1
-	DefaultGroup            = 4
-	DefaultMaxSteps         = 15
-	DefaultEnvRetries       = 1
-	DefaultImageMax         = 20
-	DefaultProgressInterval = 2 * time.Second
-	DefaultSummaryInterval  = 10 * time.Second
+	DefaultDesktops          = 1
+	DefaultGroup             = 4
+	DefaultMaxSteps          = 15
+	DefaultEnvRetries        = 1
+	DefaultErrorReruns       = 2
+	DefaultServerDownTimeout = 5 * time.Minute
+	DefaultImageMax          = 20
+	DefaultProgressInterval  = 2 * time.Second
+	DefaultSummaryInterval   = 10 * time.Second
 )
+
+// Bounds of CollectOptions, so that a typo cannot allocate gigabytes before
+// the first attempt: GRPO groups are a handful to a few hundred attempts.
+const (
+	MaxDesktops   = 4096
+	MaxGroup      = 1024
+	MaxOversample = 8
+	MaxMaxSteps   = 1000
+	MaxImageMax   = 1000
+	// MaxAttempts bounds tasks × attempts per task.
+	MaxAttempts = 1 << 20
+)
+
+// ErrInvalidOptions is wrapped by every error of CollectOptions.Validate
+// and by Collect's errors about its arguments: nothing ran.
+var ErrInvalidOptions = errors.New("invalid collect options")
 
 // CollectOptions configures a batch. Zero values mean the documented
 // defaults.
@@ -36,34 +54,50 @@ type CollectOptions struct {
 	// batch of the same tasks and policy continues it. Required.
 	Out string
 	// NewDesktop creates the desktop of a worker slot, at the start and
-	// whenever a desktop failed and must be replaced. Required.
+	// whenever a desktop failed and must be replaced. Required. Wrap it
+	// with desktop.WithFixedWaits for fixed sleeps instead of the ready
+	// signal (baselines).
 	NewDesktop desktop.Factory
 	// Desktops is the number of workers, each owning one desktop for the
-	// whole batch (default 1).
+	// whole batch (default 1, at most MaxDesktops).
 	Desktops int
 	// Group is G: the number of finished attempts that close a task's group
-	// (default 4).
+	// (default 4, at most MaxGroup).
 	Group int
 	// Oversample adds ceil(Oversample·G) attempts per task; the group closes
-	// when G finish and the rest are cancelled or skipped (default 0).
+	// when G finish and the rest are cancelled or skipped (default 0, at
+	// most MaxOversample).
 	Oversample float64
 	// MaxSteps bounds the model calls of one attempt (default 15).
 	MaxSteps int
 	// RolloutTimeout caps the stepping of one attempt, from its first
 	// observation; an attempt that hits it stops stepping, is graded and
-	// recorded as truncated. Zero means no cap.
+	// recorded as truncated. Time waiting for an absent model server does
+	// not count. Zero means no cap.
 	RolloutTimeout time.Duration
 	// EnvRetries is how many times an attempt whose desktop failed is
 	// re-queued (default 1; negative for none).
 	EnvRetries int
+	// ErrorReruns is how many times collecting into the directory again
+	// reruns an attempt whose record is an error (default 2; negative for
+	// never). The batch's first run records it in batch.json, which later
+	// runs follow, except that a negative value always means never
+	// (--no-retry-errors).
+	ErrorReruns int
+	// ServerDownTimeout bounds how long the batch waits for a model server
+	// that stopped answering (default 5 min). Until then every desktop
+	// pauses at its next model call and the calls are sent again once the
+	// server answers; after it, Collect stops and returns ErrServerDown.
+	ServerDownTimeout time.Duration
 	// Harness turns observations into prompts and replies into actions
 	// (default: the Qwen computer-use harness keeping ImageMax screenshots).
 	Harness policy.Harness
 	// ImageMax is the number of screenshots the default harness keeps in
 	// the prompt (default 20).
 	ImageMax int
-	// Ready configures the wait after each action.
-	Ready ReadyOptions
+	// Ready configures the wait after each action: the backend's own
+	// signal, or the generic one.
+	Ready desktop.ReadyOptions
 	// OnGroup, if set, is called once for every group when it ends, in the
 	// order groups end, from one goroutine of the batch. Collect returns
 	// only after the last call returned. A slow OnGroup delays no desktop.
@@ -80,54 +114,72 @@ type CollectOptions struct {
 }
 
 func (o CollectOptions) withDefaults() CollectOptions {
-	if o.Desktops <= 0 {
-		o.Desktops = DefaultDesktops
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if o.Group <= 0 {
-		o.Group = DefaultGroup
+	def(&o.Desktops, DefaultDesktops)
+	def(&o.Group, DefaultGroup)
+	def(&o.MaxSteps, DefaultMaxSteps)
+	def(&o.ImageMax, DefaultImageMax)
+	def(&o.EnvRetries, DefaultEnvRetries)
+	o.EnvRetries = max(o.EnvRetries, 0)
+	def(&o.ErrorReruns, DefaultErrorReruns)
+	if o.ServerDownTimeout == 0 {
+		o.ServerDownTimeout = DefaultServerDownTimeout
 	}
-	if o.MaxSteps <= 0 {
-		o.MaxSteps = DefaultMaxSteps
-	}
-	switch {
-	case o.EnvRetries == 0:
-		o.EnvRetries = DefaultEnvRetries
-	case o.EnvRetries < 0:
-		o.EnvRetries = 0
-	}
-	if o.ImageMax <= 0 {
-		o.ImageMax = DefaultImageMax
-	}
-	if o.ProgressInterval <= 0 {
+	if o.ProgressInterval == 0 {
 		o.ProgressInterval = DefaultProgressInterval
 	}
-	if o.SummaryInterval <= 0 {
+	if o.SummaryInterval == 0 {
 		o.SummaryInterval = DefaultSummaryInterval
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	o.Ready = o.Ready.withDefaults()
+	o.Ready = o.Ready.WithDefaults()
 	return o
 }
 
-// Validate reports whether the options can run a batch.
+// Validate reports every option that cannot run a batch, each naming the
+// option and what it accepts; the errors wrap ErrInvalidOptions.
 func (o CollectOptions) Validate() error {
 	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
 	if o.Out == "" {
-		errs = append(errs, errors.New("no run directory: set CollectOptions.Out (--out DIR)"))
+		bad("no run directory: set CollectOptions.Out (--out DIR)")
 	}
 	if o.NewDesktop == nil {
-		errs = append(errs, errors.New("no desktops: set CollectOptions.NewDesktop"))
+		bad("no desktops: set CollectOptions.NewDesktop")
 	}
-	if o.Oversample < 0 || math.IsNaN(o.Oversample) || math.IsInf(o.Oversample, 0) {
-		errs = append(errs, fmt.Errorf("oversample %v: want a number ≥ 0", o.Oversample))
+	between := func(name string, v, lo, hi int) {
+		if v < lo || v > hi {
+			bad("%s %d: want %d to %d", name, v, lo, hi)
+		}
 	}
-	if o.RolloutTimeout < 0 {
-		errs = append(errs, fmt.Errorf("rollout timeout %v: want ≥ 0", o.RolloutTimeout))
+	between("Desktops (--desktops)", o.Desktops, 0, MaxDesktops)
+	between("Group (--group)", o.Group, 0, MaxGroup)
+	between("MaxSteps (--max-steps)", o.MaxSteps, 0, MaxMaxSteps)
+	between("ImageMax (--image-max)", o.ImageMax, 0, MaxImageMax)
+	if o.Oversample < 0 || o.Oversample > MaxOversample || math.IsNaN(o.Oversample) {
+		bad("Oversample (--oversample) %v: want 0 to %d", o.Oversample, MaxOversample)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"RolloutTimeout (--rollout-timeout)", o.RolloutTimeout}, {"ServerDownTimeout (--server-down-timeout)", o.ServerDownTimeout},
+		{"ProgressInterval", o.ProgressInterval}, {"SummaryInterval", o.SummaryInterval},
+	} {
+		if d.v < 0 {
+			bad("%s %v: want ≥ 0 (0 means the default)", d.name, d.v)
+		}
 	}
 	if err := o.Ready.Validate(); err != nil {
-		errs = append(errs, err)
+		bad("Ready: %v", err)
 	}
 	return errors.Join(errs...)
 }
@@ -185,60 +237,84 @@ var ErrBatchIncomplete = errors.New("batch incomplete")
 // desktop, writes the summary and returns it with ctx's error. Attempts
 // that were interrupted leave no record (one already graded is kept);
 // collecting into the same directory again runs them. The batch also stops,
-// the same way, when the run directory cannot be written or the model
-// server refuses the key or the model (401, 403, 404): Collect then returns
-// that error. Otherwise the returned error is nil when every group closed,
-// and wraps ErrBatchIncomplete when some could not (the records say why).
+// the same way, when the run directory cannot be written, the model server
+// refuses the key or the model (401, 403, 404), or it stays away longer than
+// ServerDownTimeout (ErrServerDown): Collect then returns that error. A
+// server that goes away and comes back within it costs time, not
+// attempts. Otherwise the returned error is nil when every group closed, and
+// wraps ErrBatchIncomplete when some could not (the error records say why;
+// collecting again reruns them, see ErrorReruns).
 func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOptions) (*Summary, error) {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+		return nil, err
 	}
-	if len(tasks) == 0 {
-		return nil, errors.New("collect: no tasks")
-	}
-	if err := checkTaskIDs(tasks); err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+	if err := checkTasks(tasks, opts); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	if pol.Logger == nil {
 		pol.Logger = opts.Logger
 	}
 	client, err := policy.New(pol)
 	if err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+		return nil, err
 	}
 	defer client.Close()
 	harness := opts.Harness
 	if harness == nil {
 		harness = qwen.New(qwen.Config{ImageMax: opts.ImageMax})
 	}
-	if o := opts.Ready; o.Disabled {
-		opts.NewDesktop = desktop.WithFixedWaits(opts.NewDesktop, desktop.FixedWaits{
-			AfterReset: o.AfterReset, AfterAction: o.FixedWait, BeforeEval: o.BeforeEval})
-	}
 	m := manifestFor(tasks, pol, opts)
-	if err := checkManifest(opts.Out, m); err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+	old, err := readManifest(opts.Out)
+	if err != nil {
+		return nil, err
+	}
+	if old != nil {
+		if err := old.sameBatch(opts.Out, m); err != nil {
+			return nil, err
+		}
+		// The batch's first run fixed the bound; --no-retry-errors
+		// still turns reruns off.
+		m.ErrorReruns = old.ErrorReruns
+	}
+	reruns := m.ErrorReruns
+	if opts.ErrorReruns < 0 {
+		reruns = -1
 	}
 	run, err := schema.Create(opts.Out)
 	if err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+		return nil, err
 	}
 	defer run.Close()
 	if n := run.DroppedTail(); n > 0 {
 		opts.Logger.Warn("cut a torn last line off rollouts.jsonl (a crash mid-write); its attempt runs again", "bytes", n)
 	}
-	b := newBatch(tasks, pol, opts, client, harness, run)
-	if err := b.resume(); err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
+		sched: newScheduler(tasks, pol, opts)}
+	stats, err := b.sched.resume(opts.Out, reruns)
+	if err != nil {
+		return nil, err
+	}
+	if stats.TornLines > 0 {
+		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines)
+	}
+	if stats.Records > 0 {
+		opts.Logger.Info("resuming batch", "records", stats.Records, "errors_rerun", b.sched.reran)
 	}
 	if err := writeManifest(opts.Out, m); err != nil {
-		return nil, fmt.Errorf("collect: %w", err)
+		return nil, err
 	}
 	return b.run(ctx)
 }
 
-func checkTaskIDs(tasks []Task) error {
+// checkTasks refuses task lists a batch cannot run.
+func checkTasks(tasks []Task, opts CollectOptions) error {
+	if len(tasks) == 0 {
+		return errors.New("no tasks")
+	}
+	if n := AttemptsPerTask(opts.Group, opts.Oversample); len(tasks) > MaxAttempts/n {
+		return fmt.Errorf("%d tasks × %d attempts: more than %d attempts in one batch; split the tasks into several batches", len(tasks), n, MaxAttempts)
+	}
 	seen := make(map[string]int, len(tasks))
 	for i, t := range tasks {
 		if t.ID == "" {

@@ -226,7 +226,7 @@ func BenchmarkStorePrompt(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				r := &rollout{w: &worker{b: &batch{store: run}}}
+				r := &try{b: &batch{store: run}}
 				b.StartTimer()
 				for _, p := range prompts {
 					if whole {

@@ -80,14 +80,15 @@ func newRandomBatch(seed uint64) randomBatch {
 	if r.IntN(2) == 0 {
 		rolloutTimeout = 3*time.Second + dur(20)
 	}
-	var ready ReadyOptions
+	var ready desktop.ReadyOptions
+	var fixed *desktop.FixedWaits
 	switch r.IntN(3) {
 	case 0:
-		ready = ReadyOptions{Interval: 200 * time.Millisecond, Max: dur(5) + time.Millisecond}
+		ready = desktop.ReadyOptions{Interval: 200 * time.Millisecond, Max: dur(5) + time.Millisecond}
 	case 1:
 		b.desk.ReadyWaiter = true
 	case 2:
-		ready = ReadyOptions{Disabled: true, FixedWait: dur(2), AfterReset: dur(5), BeforeEval: dur(3)}
+		fixed = &desktop.FixedWaits{AfterAction: dur(2), AfterReset: dur(5), BeforeEval: dur(3)}
 	}
 
 	// The server: a script that ends, never ends or rambles, on a fast or
@@ -147,6 +148,9 @@ func newRandomBatch(seed uint64) randomBatch {
 	b.setup = func(e *batchEnv) {
 		e.opts.Group, e.opts.Oversample, e.opts.Desktops, e.opts.MaxSteps = group, oversample, desktops, maxSteps
 		e.opts.EnvRetries, e.opts.RolloutTimeout, e.opts.Ready = envRetries, rolloutTimeout, ready
+		if fixed != nil {
+			e.opts.NewDesktop = desktop.WithFixedWaits(e.opts.NewDesktop, *fixed)
+		}
 		e.opts.ProgressInterval = 3 * time.Second
 		e.opts.Progress = func(Progress) {}
 		e.pol.Retries, e.pol.StepTimeout = retries, 10*time.Second
@@ -154,8 +158,8 @@ func newRandomBatch(seed uint64) randomBatch {
 			e.pol.MaxInflight = 1 + r.IntN(3)
 		}
 	}
-	b.describe = fmt.Sprintf("%d tasks, G %d, oversample %v, %d desktops, max steps %d, env retries %d, retries %d, rollout timeout %v, ready %+v, server %+v, desktop faults %+v, cancel at %v",
-		len(b.tasks), group, oversample, desktops, maxSteps, envRetries, retries, rolloutTimeout, ready, b.srv.Latency, b.desk.Faults, b.cancelAt)
+	b.describe = fmt.Sprintf("%d tasks, G %d, oversample %v, %d desktops, max steps %d, env retries %d, retries %d, rollout timeout %v, ready %+v, fixed waits %+v, server %+v, desktop faults %+v, cancel at %v",
+		len(b.tasks), group, oversample, desktops, maxSteps, envRetries, retries, rolloutTimeout, ready, fixed, b.srv.Latency, b.desk.Faults, b.cancelAt)
 	return b
 }
 
@@ -198,6 +202,7 @@ func runRandomBatch(t *testing.T, seed uint64) {
 	t.Logf("stopped with %d records; resuming", len(recs))
 	e.fleet = fake.NewFleet(withTestScreen(b.desk))
 	e.opts.NewDesktop = e.fleet.New
+	b.setup(e)
 	evals = countEvaluations(e)
 	e.groups = nil
 	sum, err = e.collect(t.Context())

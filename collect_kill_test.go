@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/policy/policytest"
 	"legato/rl/schema"
@@ -53,7 +54,7 @@ func runKillBatch(ctx context.Context, dir string) (*Summary, error) {
 	}, CollectOptions{
 		Out: dir, NewDesktop: fleet.New, Desktops: 4, Group: killGroup, Oversample: killOversample,
 		EnvRetries: 8, MaxSteps: 6,
-		Ready:           ReadyOptions{Interval: 10 * time.Millisecond, Max: time.Second},
+		Ready:           desktop.ReadyOptions{Interval: 10 * time.Millisecond, Max: time.Second},
 		SummaryInterval: 100 * time.Millisecond,
 	})
 }

@@ -7,8 +7,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/policy/policytest"
@@ -24,7 +22,8 @@ func TestCollectReady(t *testing.T) {
 	tests := []struct {
 		name        string
 		readyWaiter bool
-		ready       ReadyOptions
+		ready       desktop.ReadyOptions
+		fixed       *desktop.FixedWaits
 		// check gets each click's action record.
 		check func(t *testing.T, ar schema.ActionRecord)
 		// wantAfterReset, wantBeforeEval are the record's waits, seconds.
@@ -34,7 +33,7 @@ func TestCollectReady(t *testing.T) {
 	}{
 		{
 			name:  "generic signal",
-			ready: ReadyOptions{Interval: 100 * time.Millisecond, Max: 10 * time.Second},
+			ready: desktop.ReadyOptions{Interval: 100 * time.Millisecond, Max: 10 * time.Second},
 			check: func(t *testing.T, ar schema.ActionRecord) {
 				// The screen is still at 0.9 s and may be at 1 s; the
 				// second equal screenshot comes one interval later.
@@ -46,7 +45,7 @@ func TestCollectReady(t *testing.T) {
 		},
 		{
 			name:  "generic signal bounded by max",
-			ready: ReadyOptions{Interval: 100 * time.Millisecond, Max: 450 * time.Millisecond},
+			ready: desktop.ReadyOptions{Interval: 100 * time.Millisecond, Max: 450 * time.Millisecond},
 			check: func(t *testing.T, ar schema.ActionRecord) {
 				// Screenshots at 0, 0.1, ..., 0.4 s and at the bound,
 				// 0.45 s, all differ; the bound ends the wait there.
@@ -61,7 +60,7 @@ func TestCollectReady(t *testing.T) {
 		{
 			name:        "backend signal",
 			readyWaiter: true,
-			ready:       ReadyOptions{Max: 10 * time.Second},
+			ready:       desktop.ReadyOptions{Max: 10 * time.Second},
 			check: func(t *testing.T, ar schema.ActionRecord) {
 				if ar.ReadyS != 1 || ar.WaitS != 1 || ar.ObsS != 0 {
 					t.Errorf("ready_s %v, wait_s %v, obs_s %v: want the backend's 1 s, then one screenshot", ar.ReadyS, ar.WaitS, ar.ObsS)
@@ -72,7 +71,7 @@ func TestCollectReady(t *testing.T) {
 		{
 			name:        "fixed waits",
 			readyWaiter: true, // and yet not used
-			ready:       ReadyOptions{Disabled: true, FixedWait: 3 * time.Second, AfterReset: OSWorldAfterReset, BeforeEval: OSWorldBeforeEval},
+			fixed:       &desktop.FixedWaits{AfterAction: 3 * time.Second, AfterReset: 60 * time.Second, BeforeEval: 20 * time.Second},
 			check: func(t *testing.T, ar schema.ActionRecord) {
 				if ar.ReadyS != 0 || ar.WaitS != 3 {
 					t.Errorf("ready_s %v, wait_s %v: want no ready time, 3 s wait", ar.ReadyS, ar.WaitS)
@@ -82,7 +81,7 @@ func TestCollectReady(t *testing.T) {
 		},
 		{
 			name:  "fixed wait after actions only",
-			ready: ReadyOptions{Disabled: true, FixedWait: 2 * time.Second},
+			fixed: &desktop.FixedWaits{AfterAction: 2 * time.Second},
 			check: func(t *testing.T, ar schema.ActionRecord) {
 				if ar.ReadyS != 0 || ar.WaitS != 2 {
 					t.Errorf("ready_s %v, wait_s %v: want no ready time, 2 s wait", ar.ReadyS, ar.WaitS)
@@ -100,6 +99,9 @@ func TestCollectReady(t *testing.T) {
 				e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(2)}, cfg)
 				e.opts.Desktops, e.opts.Group = 1, 1
 				e.opts.Ready = tt.ready
+				if tt.fixed != nil {
+					e.opts.NewDesktop = desktop.WithFixedWaits(e.opts.NewDesktop, *tt.fixed)
+				}
 				sum, err := e.collect(t.Context())
 				if err != nil {
 					t.Fatal(err)
@@ -141,31 +143,3 @@ func TestCollectReady(t *testing.T) {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
-
-func TestReadyOptionsValidate(t *testing.T) {
-	tests := []struct {
-		name string
-		o    ReadyOptions
-		want []string // substrings of the error; none for valid options
-	}{
-		{name: "zero", o: ReadyOptions{}},
-		{name: "fixed", o: ReadyOptions{Disabled: true, FixedWait: time.Second, AfterReset: time.Minute, BeforeEval: time.Second}},
-		{name: "fixed wait with the signal on", o: ReadyOptions{FixedWait: time.Second}, want: []string{"fixed wait 1s", "--no-ready-signal"}},
-		{name: "after reset with the signal on", o: ReadyOptions{AfterReset: time.Second}, want: []string{"after reset 1s", "--no-ready-signal"}},
-		{name: "negative", o: ReadyOptions{Disabled: true, BeforeEval: -time.Second}, want: []string{"before eval -1s: want ≥ 0"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := tt.o.Validate()
-			var got []string
-			for _, w := range tt.want {
-				if err != nil && strings.Contains(err.Error(), w) {
-					got = append(got, w)
-				}
-			}
-			if (err == nil) != (len(tt.want) == 0) || !cmp.Equal(tt.want, got) {
-				t.Errorf("Validate() = %v, want an error saying %q", err, tt.want)
-			}
-		})
-	}
-}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -233,16 +234,24 @@ func TestCollectOptionsValidate(t *testing.T) {
 		{name: "valid", change: func(*CollectOptions) {}},
 		{name: "no out", change: func(o *CollectOptions) { o.Out = "" }, want: "--out DIR"},
 		{name: "no desktops", change: func(o *CollectOptions) { o.NewDesktop = nil }, want: "CollectOptions.NewDesktop"},
-		{name: "negative oversample", change: func(o *CollectOptions) { o.Oversample = -1 }, want: "oversample -1"},
-		{name: "negative timeout", change: func(o *CollectOptions) { o.RolloutTimeout = -time.Second }, want: "rollout timeout -1s"},
-		{name: "fixed wait with the ready signal", change: func(o *CollectOptions) { o.Ready.FixedWait = time.Second }, want: "--no-ready-signal"},
+		{name: "negative oversample", change: func(o *CollectOptions) { o.Oversample = -1 }, want: "--oversample) -1"},
+		{name: "NaN oversample", change: func(o *CollectOptions) { o.Oversample = math.NaN() }, want: "--oversample) NaN"},
+		{name: "huge oversample", change: func(o *CollectOptions) { o.Oversample = 1e300 }, want: "want 0 to 8"},
+		{name: "negative timeout", change: func(o *CollectOptions) { o.RolloutTimeout = -time.Second }, want: "--rollout-timeout) -1s"},
+		{name: "negative server-down timeout", change: func(o *CollectOptions) { o.ServerDownTimeout = -time.Second }, want: "--server-down-timeout) -1s"},
+		{name: "negative group", change: func(o *CollectOptions) { o.Group = -3 }, want: "Group (--group) -3: want 0 to 1024"},
+		{name: "huge group", change: func(o *CollectOptions) { o.Group = 1000000 }, want: "Group (--group) 1000000"},
+		{name: "negative desktops", change: func(o *CollectOptions) { o.Desktops = -2 }, want: "Desktops (--desktops) -2"},
+		{name: "negative max steps", change: func(o *CollectOptions) { o.MaxSteps = -1 }, want: "MaxSteps (--max-steps) -1"},
+		{name: "negative image max", change: func(o *CollectOptions) { o.ImageMax = -1 }, want: "ImageMax (--image-max) -1"},
+		{name: "one stable screenshot", change: func(o *CollectOptions) { o.Ready.Stable = 1 }, want: "ready stable 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := ok
 			tt.change(&o)
 			err := o.withDefaults().Validate()
-			if (err == nil) != (tt.want == "") || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			if (err == nil) != (tt.want == "") || (err != nil && (!strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidOptions))) {
 				t.Errorf("Validate() = %v, want %q", err, tt.want)
 			}
 		})

@@ -108,7 +108,7 @@ func newBatchEnv(t *testing.T, tasks []Task, srvOpts policytest.Options, deskCfg
 			NewDesktop: fleet.New,
 			Desktops:   2,
 			Group:      2,
-			Ready:      ReadyOptions{Interval: 100 * time.Millisecond, Max: 5 * time.Second},
+			Ready:      desktop.ReadyOptions{Interval: 100 * time.Millisecond, Max: 5 * time.Second},
 		},
 	}
 	e.opts.OnGroup = func(g Group) {
@@ -160,8 +160,9 @@ type attemptKey struct {
 	attempt int
 }
 
-// finalRecords returns the one record of each attempt that is not retried,
-// failing the test when an attempt of the batch has none or several.
+// finalRecords returns the last record of each attempt that is not
+// retried, failing the test when an attempt of the batch has none, or
+// several where the earlier ones are not errors a resume ran again.
 func finalRecords(t *testing.T, recs []schema.Record, tasks []Task, version string, perTask int) map[attemptKey]schema.Record {
 	t.Helper()
 	final := map[attemptKey]schema.Record{}
@@ -170,7 +171,7 @@ func finalRecords(t *testing.T, recs []schema.Record, tasks []Task, version stri
 			continue
 		}
 		k := attemptKey{r.GroupID, r.Attempt}
-		if old, ok := final[k]; ok {
+		if old, ok := final[k]; ok && old.Status != StatusError {
 			t.Errorf("attempt %v has two final records: %s (%s) and %s (%s)", k, old.RolloutID, old.Status, r.RolloutID, r.Status)
 		}
 		final[k] = r
@@ -196,6 +197,8 @@ func finalRecords(t *testing.T, recs []schema.Record, tasks []Task, version stri
 //     adding up to no more than total_s; unique rollout ids;
 //   - each attempt has at most one final record, after all its retried
 //     ones (with complete, exactly one), and no more retries than allowed;
+//     an error record may be followed by another try (a resume reran it),
+//     no more often than ErrorReruns;
 //   - a group has at most G finished records; cancelled, skipped and
 //     surplus records only in groups that closed;
 //   - OnGroup saw each group at most once (with complete, exactly once),
@@ -208,6 +211,7 @@ func checkBatch(t *testing.T, e *batchEnv, sum *Summary, complete bool) []schema
 	recs := readRecords(t, e.opts.Out)
 	ids := map[string]bool{}
 	tries := map[attemptKey]int{}
+	reruns := map[attemptKey]int{}
 	final := map[attemptKey]schema.Record{}
 	finished := map[string][]schema.Record{}
 	for _, r := range recs {
@@ -248,6 +252,15 @@ func checkBatch(t *testing.T, e *batchEnv, sum *Summary, complete bool) []schema
 		}
 		checkTiming(t, name, r)
 		k := attemptKey{r.GroupID, r.Attempt}
+		if old, ok := final[k]; ok && old.Status == StatusError {
+			// A try after an error record: a resume ran it again.
+			delete(final, k)
+			tries[k] = 0
+			reruns[k]++
+			if reruns[k] > opts.ErrorReruns {
+				t.Errorf("%s: rerun %d of the attempt after an error, more than the %d allowed", name, reruns[k], opts.ErrorReruns)
+			}
+		}
 		if r.Status == StatusRetried {
 			if _, ok := final[k]; ok {
 				t.Errorf("%s: a retry after the attempt's final record", name)
@@ -474,7 +487,7 @@ func TestCollectLoopback(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
 	_, err := Collect(t.Context(), testTasks(2), PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "v1"},
 		CollectOptions{Out: out, NewDesktop: fleet.New, Desktops: 2, Group: 2,
-			Ready: ReadyOptions{Interval: time.Millisecond, Max: 100 * time.Millisecond}})
+			Ready: desktop.ReadyOptions{Interval: time.Millisecond, Max: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

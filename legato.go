@@ -53,6 +53,15 @@ const (
 	StatusError     = schema.StatusError
 )
 
+// Batch states, as Summary.State says them.
+const (
+	StateRunning     = schema.StateRunning
+	StateComplete    = schema.StateComplete
+	StateIncomplete  = schema.StateIncomplete
+	StateInterrupted = schema.StateInterrupted
+	StateStopped     = schema.StateStopped
+)
+
 // ExportOptions configures ExportSteps; ExportStats reports what it wrote.
 type (
 	ExportOptions = export.Options

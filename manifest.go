@@ -29,6 +29,9 @@ type manifest struct {
 	Attempts int      `json:"attempts_per_task"`
 	TaskIDs  []string `json:"task_ids"`
 	TasksSHA string   `json:"tasks_sha256"`
+	// ErrorReruns is how often a later collect reruns an attempt whose
+	// record is an error, fixed by the batch's first run.
+	ErrorReruns int `json:"error_reruns"`
 }
 
 func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions) manifest {
@@ -46,32 +49,42 @@ func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions) manifest {
 		h.Write(raw)
 	}
 	return manifest{
-		Schema:   "legato.batch/v0",
-		Model:    pol.Model,
-		Version:  pol.Version,
-		Group:    opts.Group,
-		Attempts: AttemptsPerTask(opts.Group, opts.Oversample),
-		TaskIDs:  ids,
-		TasksSHA: hex.EncodeToString(h.Sum(nil)),
+		Schema:      "legato.batch/v0",
+		Model:       pol.Model,
+		Version:     pol.Version,
+		Group:       opts.Group,
+		Attempts:    AttemptsPerTask(opts.Group, opts.Oversample),
+		TaskIDs:     ids,
+		TasksSHA:    hex.EncodeToString(h.Sum(nil)),
+		ErrorReruns: max(opts.ErrorReruns, 0),
 	}
 }
 
-// checkManifest refuses to continue a batch in dir that is not m.
-func checkManifest(dir string, m manifest) error {
-	data, err := os.ReadFile(filepath.Join(dir, manifestName))
+// readManifest reads the manifest of the batch in dir; nil when dir holds
+// none (a new batch).
+func readManifest(dir string) (*manifest, error) {
+	path := filepath.Join(dir, manifestName)
+	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		if fi, serr := os.Stat(filepath.Join(dir, schema.RecordsFile)); serr == nil && fi.Size() > 0 {
-			return fmt.Errorf("%s holds rollouts.jsonl but no %s: not a legato batch this version can continue; use a new --out", dir, manifestName)
+			return nil, fmt.Errorf("%s holds rollouts.jsonl but no %s: not a legato batch this version can continue; use a new --out", dir, manifestName)
 		}
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var old manifest
-	if err := json.Unmarshal(data, &old); err != nil {
-		return fmt.Errorf("read %s: %w", filepath.Join(dir, manifestName), err)
+	// A manifest written before error reruns existed reruns as many as
+	// today's default.
+	m := manifest{ErrorReruns: DefaultErrorReruns}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
+	return &m, nil
+}
+
+// sameBatch refuses to continue old, the batch in dir, with m.
+func (old *manifest) sameBatch(dir string, m manifest) error {
 	var diffs []string
 	if old.Version != m.Version {
 		diffs = append(diffs, fmt.Sprintf("policy version %q, not %q", old.Version, m.Version))

@@ -2,78 +2,105 @@ package rl
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"legato/rl/policy"
 	"legato/rl/schema"
 )
 
-// run drives the batch to its end: D workers, the OnGroup consumer, and the
-// ticker that reports progress and refreshes summary.json. It returns the
-// final summary.
+// batch is one Collect call: what it runs with, and the goroutines that run
+// it (this file). The scheduler holds the state of groups and attempts.
+type batch struct {
+	tasks   []Task
+	pol     PolicyConfig
+	opts    CollectOptions
+	client  *policy.Client
+	harness policy.Harness
+	store   *schema.Run
+	log     *slog.Logger
+	sched   *scheduler
+	outage  *outage
+	started time.Time
+
+	// stop cancels the workers' ctx with why the batch cannot go on.
+	stop context.CancelCauseFunc
+	mu   sync.Mutex
+	// fatal is the first reason the batch stopped on its own.
+	fatal error
+
+	// warned* make each data-quality warning appear once during the run.
+	warnedLogprobs, warnedTokenIDs atomic.Bool
+}
+
+// run drives the batch to its end: D workers, the outage prober, the
+// OnGroup consumer, and the ticker that reports progress and refreshes
+// summary.json. It returns the final summary.
 func (b *batch) run(ctx context.Context) (*Summary, error) {
 	b.started = time.Now()
-	b.ended = make(chan Group, len(b.groups))
 	// runCtx is what the workers see: the caller's ctx, also cancelled
-	// when the batch cannot go on (setFatal).
+	// when the batch cannot go on (fail).
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-
-	// Groups that ended in an earlier run of this batch are delivered
-	// first.
 	b.mu.Lock()
 	b.stop = stop
-	for _, g := range b.groups {
-		if g.left == 0 {
-			b.endGroupLocked(g)
-		}
-	}
-	b.resumedEnded = b.groupsEnded
 	b.mu.Unlock()
+	b.outage = newOutage(b.client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)
 
-	var consumers sync.WaitGroup
-	consumers.Add(1)
-	go func() {
-		defer consumers.Done()
-		for g := range b.ended {
+	ended := make(chan Group, len(b.sched.groups))
+	// Groups that ended in an earlier run of the batch are delivered
+	// first.
+	b.sched.deliverResumed(ended)
+
+	var helpers sync.WaitGroup
+	helpers.Go(func() {
+		for g := range ended {
 			if b.opts.OnGroup != nil {
 				b.opts.OnGroup(g)
 			}
 		}
-	}()
-
+	})
 	tickCtx, stopTicker := context.WithCancel(context.WithoutCancel(ctx))
-	consumers.Add(1)
-	go func() {
-		defer consumers.Done()
-		b.tick(tickCtx)
-	}()
+	helpers.Go(func() { b.tick(tickCtx) })
+	helpers.Go(func() { b.outage.run(runCtx) })
 
 	var workers errgroup.Group
 	for slot := range b.opts.Desktops {
-		w := &worker{b: b, slot: slot}
 		workers.Go(func() error {
-			w.run(runCtx)
+			b.work(runCtx, slot)
 			return nil
 		})
 	}
 	_ = workers.Wait()
-
+	stop(nil) // ends the prober
 	stopTicker()
-	close(b.ended)
-	consumers.Wait()
+	close(ended)
+	helpers.Wait()
 
-	sum := b.currentSummary(true)
+	b.mu.Lock()
+	fatal := b.fatal
+	b.mu.Unlock()
+	sum := b.summary(true)
+	switch {
+	case fatal != nil:
+		sum.State, sum.StopReason = schema.StateStopped, fatal.Error()
+	case ctx.Err() != nil:
+		sum.State, sum.StopReason = schema.StateInterrupted, fmt.Sprintf("stopped by its caller (%v); collect again to run what is left", context.Cause(ctx))
+	case sum.GroupsClosed < sum.Groups:
+		sum.State = schema.StateIncomplete
+	default:
+		sum.State = schema.StateComplete
+	}
 	werr := b.store.WriteSummary(sum)
 	if b.opts.Progress != nil {
 		b.opts.Progress(b.progress(true))
 	}
-	b.mu.Lock()
-	fatal := b.fatal
-	b.mu.Unlock()
 	switch {
 	case fatal != nil:
 		return sum, fatal
@@ -81,8 +108,140 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 		return sum, ctx.Err()
 	case werr != nil:
 		return sum, fmt.Errorf("write summary: %w", werr)
+	case sum.State == schema.StateIncomplete:
+		return sum, fmt.Errorf("%w: %d of %d groups did not reach %d finished attempts (see the error records; collecting again reruns them)",
+			ErrBatchIncomplete, sum.Groups-sum.GroupsClosed, sum.Groups, b.opts.Group)
 	}
-	return sum, b.incompleteErr()
+	return sum, nil
+}
+
+// work is one worker's loop: take an attempt, run a try on the slot's
+// desktop, record it.
+func (b *batch) work(ctx context.Context, slot int) {
+	w := &worker{slot: slot, create: b.opts.NewDesktop, workLeft: b.sched.workLeft, log: b.log}
+	defer w.discard()
+	for {
+		d, err := w.desktop(ctx)
+		if d == nil {
+			if err != nil {
+				if ferr := b.sched.slotLost(err, b.writeUnstarted); ferr != nil {
+					b.fail(ferr)
+				}
+			}
+			return
+		}
+		a, err := b.sched.next(ctx, b.writeUnstarted)
+		if err != nil {
+			b.fail(err)
+			return
+		}
+		if a == nil {
+			return
+		}
+		rec, e := b.runTry(ctx, d, a, slot)
+		v := b.sched.settle(a, e)
+		if v.replace {
+			b.log.Warn("desktop failed", "slot", slot, "task", a.g.task.ID, "attempt", a.index, "status", v.status, "err", e.err)
+			w.discard()
+		}
+		if v.stop != nil {
+			b.fail(v.stop)
+		}
+		if v.status == "" {
+			b.sched.interrupted(a)
+			continue
+		}
+		fillOutcome(rec, v, e)
+		// The write syncs to disk; doing it outside the scheduler's lock
+		// keeps the other workers scheduling meanwhile, and lets the
+		// store commit their records together.
+		err = b.store.Append(rec)
+		b.sched.recorded(a, rec, err == nil)
+		if err != nil {
+			b.fail(&storeFailure{fmt.Errorf("write record: %w", err)})
+			return
+		}
+		b.checkData(rec)
+	}
+}
+
+// writeUnstarted records a try that never started (skipped, or no
+// desktop); the scheduler calls it under its lock.
+func (b *batch) writeUnstarted(a *attempt, v verdict, e ending) (*Record, error) {
+	now := time.Now()
+	rec := b.newRecord(a, -1, now)
+	rec.EndedAt = schema.Time{Time: now}
+	fillOutcome(rec, v, e)
+	if err := b.store.Append(rec); err != nil {
+		return nil, &storeFailure{fmt.Errorf("write record: %w", err)}
+	}
+	return rec, nil
+}
+
+// fillOutcome writes a verdict into the try's record.
+func fillOutcome(rec *Record, v verdict, e ending) {
+	rec.Status = v.status
+	if v.errKind != "" && e.err != nil {
+		msg := e.err.Error()
+		var pf *policyFailure
+		if errors.As(e.err, &pf) {
+			msg = pf.err.Error()
+		}
+		rec.Error = &schema.ErrorInfo{Kind: v.errKind, Message: msg}
+	}
+	if !v.status.Graded() {
+		rec.Reward = nil
+	}
+}
+
+// fail stops the batch for err: no attempt starts, running ones are
+// interrupted (they leave no record), and Collect returns the first such
+// error.
+func (b *batch) fail(err error) {
+	b.mu.Lock()
+	first := b.fatal == nil
+	if first {
+		b.fatal = err
+	}
+	stop := b.stop
+	b.mu.Unlock()
+	if !first {
+		return
+	}
+	b.log.Error("batch stopped", "err", err)
+	b.sched.stop()
+	if stop != nil {
+		stop(err)
+	}
+}
+
+// checkData warns, once per kind during the run, when a record holds steps
+// a trainer cannot use as they are; the summary counts them.
+func (b *batch) checkData(rec *Record) {
+	for i := range rec.Steps {
+		st := &rec.Steps[i]
+		if len(st.Response.Logprobs) == 0 && !b.warnedLogprobs.Swap(true) {
+			b.log.Warn("the model server returned no logprobs: these steps are not trainable as they are (summary.json counts them; export refuses them unless --allow-missing-logprobs)", "rollout", rec.RolloutID)
+		}
+		if len(st.Response.TokenIDs) == 0 && !b.warnedTokenIDs.Swap(true) {
+			b.log.Warn("the model server returned no generated token ids: a trainer would have to re-tokenize the text, which is not exact (check the server with legato rl probe)", "rollout", rec.RolloutID)
+		}
+	}
+}
+
+// newRecord fills the identity of a record for a try of a.
+func (b *batch) newRecord(a *attempt, slot int, start time.Time) *Record {
+	return &Record{
+		Schema:    schema.Version,
+		RolloutID: newRolloutID(a.g.task.ID, a.index),
+		TaskID:    a.g.task.ID,
+		Domain:    a.g.task.Domain,
+		GroupID:   a.g.id,
+		Attempt:   a.index,
+		Policy:    schema.Policy{Model: b.pol.Model, Version: b.pol.Version},
+		Desktop:   slot,
+		StartedAt: schema.Time{Time: start},
+	}
 }
 
 // tick reports progress and refreshes summary.json until ctx is done.
@@ -100,39 +259,29 @@ func (b *batch) tick(ctx context.Context) {
 				b.opts.Progress(b.progress(false))
 			}
 		case <-summary.C:
-			if err := b.store.WriteSummary(b.currentSummary(false)); err != nil {
+			if err := b.store.WriteSummary(b.summary(false)); err != nil {
 				b.log.Warn("refresh summary.json", "err", err)
 			}
 		}
 	}
 }
 
-// slotLost is called by a worker that could not create a desktop. When no
-// worker is left, the attempts still queued cannot run: each gets an env
-// error record, so that the batch ends and says why.
-func (b *batch) slotLost(cause error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.lostSlots++
-	if b.lostSlots < b.opts.Desktops || b.running > 0 {
-		return
-	}
-	queue := b.queue
-	b.queue = nil
-	for _, a := range queue {
-		if a.g.closed {
-			b.skipLocked(a)
-			continue
-		}
-		now := time.Now()
-		rec := b.newRecord(a, -1, now)
-		rec.Status = schema.StatusError
-		rec.Error = &schema.ErrorInfo{Kind: schema.ErrorEnv, Message: cause.Error()}
-		rec.EndedAt = schema.Time{Time: now}
-		a.phase = done
-		if err := b.appendLocked(rec); err != nil {
-			return
-		}
-		b.endAttemptLocked(a)
-	}
+func (b *batch) progress(final bool) Progress {
+	p := b.sched.snapshot(b.started)
+	p.InFlight = b.client.InFlight()
+	p.Final = final
+	return p
+}
+
+// summary is the batch's summary now.
+func (b *batch) summary(final bool) *schema.Summary {
+	b.sched.mu.Lock()
+	s := b.sched.summary.Summary()
+	s.GroupsClosed = b.sched.closedCount()
+	b.sched.mu.Unlock()
+	s.Policy = schema.Policy{Model: b.pol.Model, Version: b.pol.Version}
+	s.Final = final
+	s.State = schema.StateRunning
+	s.ServerDownS = b.outage.downSeconds()
+	return s
 }

@@ -321,6 +321,11 @@ func TestSummarize(t *testing.T) {
 	if st.TornLines != 1 || torn.TornLines != 1 {
 		t.Errorf("torn run: ReadStats.TornLines %d, Summary.TornLines %d; want 1", st.TornLines, torn.TornLines)
 	}
+	if n := len(torn.Warnings); n == 0 || !strings.Contains(torn.Warnings[n-1], "1 unreadable lines") {
+		t.Errorf("torn run's warnings %q do not name the unreadable line", torn.Warnings)
+	} else {
+		torn.Warnings = torn.Warnings[:n-1]
+	}
 	torn.TornLines = 0
 	if diff := cmp.Diff(s, torn); diff != "" {
 		t.Errorf("summary of the torn run differs beyond TornLines (-want +got):\n%s", diff)

@@ -43,6 +43,11 @@ type SummaryBuilder struct {
 	retriedCalls int
 	policyErrors int
 	envErrors    int
+	// lastError holds, per attempt whose last record is an error, that
+	// error's kind: a later record of the attempt (a resume ran it again)
+	// replaces it.
+	lastError    map[attemptKey]string
+	errorsRerun  int
 	promptTokens int64
 	cachedTokens int64
 	steps        int
@@ -55,6 +60,11 @@ type SummaryBuilder struct {
 	tornLines int
 }
 
+type attemptKey struct {
+	group   string
+	attempt int
+}
+
 type rewardSpread struct {
 	first  float64
 	varies bool
@@ -65,13 +75,14 @@ type rewardSpread struct {
 // of distinct task or group ids seen; a zero policy by the first record's.
 func NewSummaryBuilder(policy schema.Policy, tasks, groups int) *SummaryBuilder {
 	return &SummaryBuilder{
-		policy:   policy,
-		tasks:    tasks,
-		groups:   groups,
-		taskIDs:  make(map[string]struct{}),
-		groupIDs: make(map[string]struct{}),
-		counts:   make(map[schema.Status]int),
-		rewards:  make(map[string]*rewardSpread),
+		policy:    policy,
+		tasks:     tasks,
+		groups:    groups,
+		taskIDs:   make(map[string]struct{}),
+		groupIDs:  make(map[string]struct{}),
+		counts:    make(map[schema.Status]int),
+		rewards:   make(map[string]*rewardSpread),
+		lastError: make(map[attemptKey]string),
 	}
 }
 
@@ -106,12 +117,16 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 			g.varies = true
 		}
 	}
-	if rec.Status == schema.StatusError && rec.Error != nil {
-		switch rec.Error.Kind {
-		case schema.ErrorPolicy:
-			b.policyErrors++
-		case schema.ErrorEnv:
-			b.envErrors++
+	if rec.Status != schema.StatusRetried {
+		key := attemptKey{rec.GroupID, rec.Attempt}
+		if kind, ok := b.lastError[key]; ok {
+			b.countError(kind, -1)
+			b.errorsRerun++
+			delete(b.lastError, key)
+		}
+		if rec.Status == schema.StatusError && rec.Error != nil {
+			b.countError(rec.Error.Kind, 1)
+			b.lastError[key] = rec.Error.Kind
 		}
 	}
 
@@ -156,6 +171,15 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 		}
 		b.inPhase[p].add(start, end)
 	})
+}
+
+func (b *SummaryBuilder) countError(kind string, n int) {
+	switch kind {
+	case schema.ErrorPolicy:
+		b.policyErrors += n
+	case schema.ErrorEnv:
+		b.envErrors += n
+	}
 }
 
 // setTornLines records how many unreadable lines the reader skipped.
@@ -233,6 +257,7 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 	}
 	s.PolicyErrors = b.policyErrors
 	s.EnvErrors = b.envErrors
+	s.ErrorsRerun = b.errorsRerun
 	if b.promptTokens > 0 {
 		s.PrefixCacheHitRate = float64(b.cachedTokens) / float64(b.promptTokens)
 	}
@@ -240,7 +265,25 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 		s.StepsWithLogprobs = float64(b.withLogprobs) / float64(b.steps)
 		s.StepsWithTokenIDs = float64(b.withTokenIDs) / float64(b.steps)
 	}
+	s.Warnings = b.warnings()
 	return s
+}
+
+// warnings says what a trainer must know before training on the steps.
+func (b *SummaryBuilder) warnings() []string {
+	var w []string
+	if n := b.steps - b.withLogprobs; n > 0 {
+		w = append(w, fmt.Sprintf("%d of %d steps have no logprobs: the model server did not return them (start it with logprobs enabled); export refuses such samples unless --allow-missing-logprobs", n, b.steps))
+	}
+	if n := b.steps - b.withTokenIDs; n > 0 && b.withTokenIDs > 0 {
+		w = append(w, fmt.Sprintf("%d of %d steps have no generated token ids although others have: the server returned them only sometimes", n, b.steps))
+	} else if n > 0 {
+		w = append(w, fmt.Sprintf("no step has generated token ids (%d steps): a trainer must re-tokenize the text, which is not exact; run legato rl probe against the server", b.steps))
+	}
+	if b.tornLines > 0 {
+		w = append(w, fmt.Sprintf("%d unreadable lines skipped in rollouts.jsonl", b.tornLines))
+	}
+	return w
 }
 
 // ModelLatencies returns the model-call latencies in seconds, sorted

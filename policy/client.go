@@ -95,6 +95,7 @@ type Client struct {
 	log      *slog.Logger
 	sem      *semaphore.Weighted // nil: no cap
 	own      *http.Transport     // the transport New made, closed by Close
+	hc       *http.Client        // what the requests go through (Ping too)
 
 	inflight atomic.Int64
 	tokenIDs atomic.Int32 // TokenIDSupport
@@ -133,6 +134,7 @@ func New(cfg Config) (*Client, error) {
 		c.own.MaxIdleConnsPerHost = conns
 		hc = &http.Client{Transport: c.own}
 	}
+	c.hc = hc
 	opts := []option.RequestOption{
 		option.WithBaseURL(cfg.BaseURL),
 		option.WithHTTPClient(hc),

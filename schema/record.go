@@ -105,6 +105,9 @@ type Timing struct {
 	WaitBeforeEvalS float64 `json:"wait_before_eval_s"`
 	EvalS           float64 `json:"eval_s"`
 	TotalS          float64 `json:"total_s"`
+	// ServerDownS is the time the attempt's model calls waited for an
+	// absent model server to answer again (not part of model_s).
+	ServerDownS float64 `json:"server_down_s,omitempty"`
 }
 
 // Step is one policy call and the actions its reply produced.
@@ -121,6 +124,9 @@ type Step struct {
 	ParseError string `json:"parse_error,omitempty"`
 	// Warnings flags data problems, e.g. "logprobs_token_ids_mismatch".
 	Warnings []string `json:"warnings,omitempty"`
+	// ServerDownS is the time the step's model call waited for an absent
+	// model server to answer again.
+	ServerDownS float64 `json:"server_down_s,omitempty"`
 }
 
 // Response is what the model generated.

@@ -11,6 +11,16 @@ type Summary struct {
 	Policy Policy `json:"policy"`
 	// Final is false while the batch is still running.
 	Final bool `json:"final"`
+	// State is how the batch stands: running, complete (every group has G
+	// finished attempts), incomplete (it ended with groups short, see the
+	// error records), interrupted (stopped by its caller: Ctrl-C) or
+	// stopped (it could not go on: StopReason says why). Collecting again
+	// continues an interrupted, stopped or incomplete batch.
+	State      BatchState `json:"state,omitempty"`
+	StopReason string     `json:"stop_reason,omitempty"`
+	// Warnings name what a trainer should know about the data before using
+	// it (steps without logprobs or token ids, ...).
+	Warnings []string `json:"warnings,omitempty"`
 
 	Tasks        int `json:"tasks"`
 	Groups       int `json:"groups"`
@@ -43,6 +53,13 @@ type Summary struct {
 	ModelLatency Percentiles `json:"model_latency_s"`
 	PolicyErrors int         `json:"policy_errors"`
 	EnvErrors    int         `json:"env_errors"`
+	// ErrorsRerun counts error records a later record of the same attempt
+	// replaced: a resume ran the attempt again. They are in Counts, not in
+	// PolicyErrors and EnvErrors.
+	ErrorsRerun int `json:"errors_rerun"`
+	// ServerDownS is the wall time the batch waited for an absent model
+	// server (known to collect only; profile leaves it 0).
+	ServerDownS float64 `json:"server_down_s"`
 	// PrefixCacheHitRate is cached prompt tokens / prompt tokens.
 	PrefixCacheHitRate float64 `json:"prefix_cache_hit_rate"`
 	// StepsWithLogprobs and StepsWithTokenIDs are shares of steps.
@@ -59,3 +76,15 @@ type Percentiles struct {
 	P95 float64 `json:"p95"`
 	P99 float64 `json:"p99"`
 }
+
+// BatchState is Summary.State.
+type BatchState string
+
+// Batch states.
+const (
+	StateRunning     BatchState = "running"
+	StateComplete    BatchState = "complete"
+	StateIncomplete  BatchState = "incomplete"
+	StateInterrupted BatchState = "interrupted"
+	StateStopped     BatchState = "stopped"
+)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	rl "legato/rl"
+	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/desktop/osworld"
 	"legato/rl/policy"
@@ -36,8 +38,9 @@ type collectFlags struct {
 	pol                         rl.PolicyConfig
 	opts                        rl.CollectOptions
 	stepTimeout, rolloutTimeout seconds
-	fixedWait                   seconds
-	afterReset, beforeEval      seconds
+	serverDownTimeout           seconds
+	noReadySignal, noRetryErr   bool
+	fixed                       struct{ afterAction, afterReset, beforeEval seconds }
 	retries                     int
 	fake                        fakeFlags
 	verbose                     bool
@@ -50,7 +53,7 @@ type fakeFlags struct {
 }
 
 func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
-	f := &collectFlags{stepTimeout: seconds(policy.DefaultStepTimeout)}
+	f := &collectFlags{stepTimeout: seconds(policy.DefaultStepTimeout), serverDownTimeout: seconds(rl.DefaultServerDownTimeout)}
 	fs := flag.NewFlagSet("legato rl collect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.tasks, "tasks", "", "tasks file: [{\"task_id\",\"domain\"}], [{\"task_id\",\"config\"}] or an OSWorld index (default with --backend fake: built-in demo tasks)")
@@ -67,10 +70,12 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.IntVar(&f.retries, "retries", policy.DefaultRetries, "extra tries of a model call after a timeout, connection error, 429 or 5xx")
 	fs.Var(&f.rolloutTimeout, "rollout-timeout", "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none)")
 	fs.IntVar(&f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, "times an attempt is re-queued after its desktop failed")
-	fs.BoolVar(&f.opts.Ready.Disabled, "no-ready-signal", false, "sleep --fixed-wait after each action instead of waiting for the screen to settle")
-	fs.Var(&f.fixedWait, "fixed-wait", "sleep after each action with --no-ready-signal, seconds or a duration")
-	fs.Var(&f.afterReset, "fixed-wait-after-reset", "sleep after a reset with --no-ready-signal, seconds or a duration (OSWorld's runner slept 60)")
-	fs.Var(&f.beforeEval, "fixed-wait-before-eval", "sleep before grading with --no-ready-signal, seconds or a duration (OSWorld's runner slept 20)")
+	fs.Var(&f.serverDownTimeout, "server-down-timeout", "how long desktops wait for a model server that stopped answering before the batch stops (resume it later); seconds or a duration")
+	fs.BoolVar(&f.noRetryErr, "no-retry-errors", false, "when continuing a batch, do not rerun attempts whose record is an error")
+	fs.BoolVar(&f.noReadySignal, "no-ready-signal", false, "fixed sleeps (--fixed-wait*) instead of waiting for the screen to settle, for baselines; each wait is only what its flag says")
+	fs.Var(&f.fixed.afterAction, "fixed-wait", "with --no-ready-signal: sleep after each action, seconds or a duration (default 0)")
+	fs.Var(&f.fixed.afterReset, "fixed-wait-after-reset", "with --no-ready-signal: sleep after a reset, seconds or a duration (default 0; OSWorld's runner slept 60)")
+	fs.Var(&f.fixed.beforeEval, "fixed-wait-before-eval", "with --no-ready-signal: sleep before grading, seconds or a duration (default 0; OSWorld's runner slept 20)")
 	fs.IntVar(&f.opts.ImageMax, "image-max", rl.DefaultImageMax, "screenshots kept in the prompt")
 	f.ow.Register(fs)
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
@@ -106,6 +111,9 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if f.out == "" {
 		return usageErrorf("--out DIR is required")
 	}
+	if err := f.validate(fs); err != nil {
+		return err
+	}
 	level := slog.LevelWarn
 	if f.verbose {
 		level = slog.LevelInfo
@@ -118,14 +126,13 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	f.pol.Logger = log
 	f.opts.Out = f.out
 	f.opts.RolloutTimeout = time.Duration(f.rolloutTimeout)
-	f.opts.Ready.FixedWait = time.Duration(f.fixedWait)
-	if f.opts.Ready.Disabled {
-		f.opts.Ready.AfterReset = time.Duration(f.afterReset)
-		f.opts.Ready.BeforeEval = time.Duration(f.beforeEval)
-	}
+	f.opts.ServerDownTimeout = time.Duration(f.serverDownTimeout)
 	f.opts.Logger = log
 	if f.opts.EnvRetries == 0 {
 		f.opts.EnvRetries = -1 // the flag's 0 means none; the library's zero means the default
+	}
+	if f.noRetryErr {
+		f.opts.ErrorReruns = -1
 	}
 	f.opts.Harness = qwen.New(qwen.Config{ImageMax: f.opts.ImageMax})
 
@@ -158,6 +165,13 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	default:
 		return usageErrorf("--backend %q: want fake or osworld", f.backend)
 	}
+	if f.noReadySignal {
+		f.opts.NewDesktop = desktop.WithFixedWaits(f.opts.NewDesktop, desktop.FixedWaits{
+			AfterAction: time.Duration(f.fixed.afterAction),
+			AfterReset:  time.Duration(f.fixed.afterReset),
+			BeforeEval:  time.Duration(f.fixed.beforeEval),
+		})
+	}
 	tasks, err := loadCollectTasks(f)
 	if err != nil {
 		return err
@@ -183,9 +197,55 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	sum, err := rl.Collect(ctx, tasks, f.pol, f.opts)
 	pr.done()
 	if sum != nil {
-		writeCollectSummary(stdout, f.out, sum)
+		writeCollectSummary(stdout, stderr, f.out, sum)
+	}
+	if errors.Is(err, rl.ErrInvalidOptions) {
+		return &usageError{msg: err.Error()}
 	}
 	return err
+}
+
+// validate refuses flag values that cannot run a batch before anything
+// starts. The library takes zero as "the default"; on the command line a
+// value given is a value meant, so zero is refused where it cannot work.
+func (f *collectFlags) validate(fs *flag.FlagSet) error {
+	var errs []string
+	atLeast := func(name string, v, lo int) {
+		if v < lo {
+			errs = append(errs, fmt.Sprintf("--%s %d: want at least %d", name, v, lo))
+		}
+	}
+	atLeast("desktops", f.opts.Desktops, 1)
+	atLeast("group", f.opts.Group, 1)
+	atLeast("max-steps", f.opts.MaxSteps, 1)
+	atLeast("image-max", f.opts.ImageMax, 1)
+	atLeast("retries", f.retries, 0)
+	atLeast("env-retries", f.opts.EnvRetries, 0)
+	atLeast("max-inflight", f.pol.MaxInflight, 0)
+	if f.stepTimeout == 0 {
+		errs = append(errs, "--step-timeout 0: want a positive time, e.g. 60")
+	}
+	if f.serverDownTimeout == 0 {
+		errs = append(errs, "--server-down-timeout 0: want a positive time, e.g. 5m")
+	}
+	if !f.noReadySignal {
+		fs.Visit(func(fl *flag.Flag) {
+			if strings.HasPrefix(fl.Name, "fixed-wait") {
+				errs = append(errs, fmt.Sprintf("--%s applies only with --no-ready-signal", fl.Name))
+			}
+		})
+	}
+	// The library checks the upper bounds (--group, --oversample, ...).
+	o := f.opts
+	o.Out, o.NewDesktop = f.out, func(context.Context, int) (desktop.Desktop, error) { return nil, nil }
+	o.ServerDownTimeout, o.RolloutTimeout = time.Duration(f.serverDownTimeout), time.Duration(f.rolloutTimeout)
+	if err := o.Validate(); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if len(errs) > 0 {
+		return usageErrorf("%s", strings.Join(errs, "\n"))
+	}
+	return nil
 }
 
 func loadCollectTasks(f *collectFlags) ([]rl.Task, error) {
@@ -242,17 +302,28 @@ func (ff fakeFlags) config() (fake.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-func writeCollectSummary(w io.Writer, dir string, s *rl.Summary) {
+func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary) {
 	var parts []string
 	for _, st := range []rl.Status{rl.StatusOK, rl.StatusTruncated, rl.StatusCancelled, rl.StatusSkipped, rl.StatusSurplus, rl.StatusRetried, rl.StatusError} {
 		if n := s.Counts[st]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d", st, n))
 		}
 	}
-	fmt.Fprintf(w, "%s: %d/%d groups closed; %s\n", dir, s.GroupsClosed, s.Groups, strings.Join(parts, ", "))
+	fmt.Fprintf(w, "%s: %s; %d/%d groups closed; %s\n", dir, s.State, s.GroupsClosed, s.Groups, strings.Join(parts, ", "))
 	fmt.Fprintf(w, "success rate %.3f, %.0f rollouts/hour, %d groups with reward variance, prefix-cache hit rate %.2f\n",
 		s.SuccessRate, s.RolloutsPerHour, s.GroupsWithVariance, s.PrefixCacheHitRate)
-	fmt.Fprintf(w, "next: legato rl export %s --out %s/train.jsonl; legato rl profile %s\n", dir, dir, dir)
+	if s.ServerDownS > 0 || s.ErrorsRerun > 0 {
+		fmt.Fprintf(w, "model server down %.0f s in all; %d error records rerun\n", s.ServerDownS, s.ErrorsRerun)
+	}
+	for _, warn := range s.Warnings {
+		fmt.Fprintf(stderr, "warning: %s\n", warn)
+	}
+	switch s.State {
+	case rl.StateComplete:
+		fmt.Fprintf(w, "next: legato rl export %s --out %s/train.jsonl; legato rl profile %s\n", dir, dir, dir)
+	case rl.StateIncomplete:
+		fmt.Fprintf(w, "next: collect again with the same flags to rerun the error records, or export what closed: legato rl export %s --out %s/train.jsonl\n", dir, dir)
+	}
 }
 
 // progressPrinter shows a batch's progress: one line rewritten in place on

@@ -1,0 +1,185 @@
+package rl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"legato/rl/desktop"
+)
+
+// ErrServerDown is returned (wrapped) by Collect when the model server did
+// not answer for longer than CollectOptions.ServerDownTimeout. Nothing was
+// recorded for the attempts it interrupted; collecting again continues the
+// batch.
+var ErrServerDown = errors.New("model server down")
+
+// outage is the batch's view of the model server's availability: a circuit
+// breaker shared by every worker.
+//
+// A call that fails the way an absent server fails (policy.IsOutage), after
+// its own retries, opens it. While it is open every worker pauses at its
+// next model call with its desktop up and its attempt in place, and one
+// prober pings the server with backoff; the first answer closes it, and the
+// paused calls are sent again. Time spent paused is the attempts'
+// server_down_s, not their model time, and not an error: restarting the
+// server between policy versions costs time, never attempts.
+type outage struct {
+	ping    func(context.Context) error
+	limit   time.Duration // how long the server may stay down before the batch stops
+	stop    func(error)   // stops the batch
+	log     *slog.Logger
+	backoff func(n int) time.Duration
+
+	mu      sync.Mutex
+	cur     *episode      // nil while the server is taken to be up
+	trigger chan struct{} // wakes the prober
+	downS   float64       // Σ of the episodes in which a ping failed
+	count   int           // such episodes
+}
+
+// episode is one opening of the breaker.
+type episode struct {
+	start time.Time
+	done  chan struct{} // closed when the server answered, or the batch gave up
+	// down is set when a ping failed: the server was really away, not one
+	// call unlucky.
+	down bool
+	err  error // set when the batch gave up
+}
+
+func newOutage(ping func(context.Context) error, limit time.Duration, stop func(error), log *slog.Logger) *outage {
+	return &outage{
+		ping: ping, limit: limit, stop: stop, log: log,
+		trigger: make(chan struct{}, 1),
+		backoff: func(n int) time.Duration { return min(250*time.Millisecond<<min(n, 8), 10*time.Second) },
+	}
+}
+
+// pause returns at once while the server is taken to be up; otherwise it
+// waits until it answers again, and returns the time it waited.
+func (o *outage) pause(ctx context.Context) (time.Duration, error) {
+	o.mu.Lock()
+	ep := o.cur
+	o.mu.Unlock()
+	if ep == nil {
+		return 0, nil
+	}
+	_, waited, err := o.await(ctx, ep)
+	return waited, err
+}
+
+// failed reports a call that failed like an absent server and waits until
+// the server answers a ping. It returns whether the server was really down
+// (a ping failed; false when it answered the first one: the call alone was
+// unlucky), and the time it waited.
+func (o *outage) failed(ctx context.Context, cause error) (down bool, waited time.Duration, err error) {
+	o.mu.Lock()
+	ep := o.cur
+	if ep == nil {
+		ep = &episode{start: time.Now(), done: make(chan struct{})}
+		o.cur = ep
+		o.log.Warn("model call failed like an absent server; pausing model calls until it answers", "err", cause)
+		select {
+		case o.trigger <- struct{}{}:
+		default:
+		}
+	}
+	o.mu.Unlock()
+	return o.await(ctx, ep)
+}
+
+func (o *outage) await(ctx context.Context, ep *episode) (bool, time.Duration, error) {
+	start := time.Now()
+	select {
+	case <-ep.done:
+	case <-ctx.Done():
+		return false, time.Since(start), context.Cause(ctx)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return ep.down, time.Since(start), ep.err
+}
+
+// run is the prober: it pings while the breaker is open, until ctx is done.
+func (o *outage) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			o.end(ctx.Err())
+			return
+		case <-o.trigger:
+		}
+		o.probe(ctx)
+	}
+}
+
+// probe pings the server until it answers, the batch ends, or it has been
+// down for longer than the limit.
+func (o *outage) probe(ctx context.Context) {
+	o.mu.Lock()
+	ep := o.cur
+	o.mu.Unlock()
+	if ep == nil {
+		return
+	}
+	for n := 0; ; n++ {
+		err := o.ping(ctx)
+		if err == nil {
+			o.end(nil)
+			return
+		}
+		if ctx.Err() != nil {
+			o.end(ctx.Err())
+			return
+		}
+		o.mu.Lock()
+		first := !ep.down
+		ep.down = true
+		o.mu.Unlock()
+		if first {
+			o.log.Warn("model server down; every desktop waits for it (--server-down-timeout bounds the wait)", "err", err, "limit", o.limit)
+		}
+		if down := time.Since(ep.start); down >= o.limit {
+			cause := fmt.Errorf("%w: no answer for %v, the limit set by --server-down-timeout: %v", ErrServerDown, down.Round(time.Second), err)
+			o.stop(cause)
+			o.end(cause)
+			return
+		}
+		if desktop.Sleep(ctx, min(o.backoff(n), o.limit-time.Since(ep.start))) != nil {
+			o.end(ctx.Err())
+			return
+		}
+	}
+}
+
+// end closes the current episode: err nil means the server answered.
+func (o *outage) end(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ep := o.cur
+	if ep == nil {
+		return
+	}
+	o.cur = nil
+	ep.err = err
+	if ep.down {
+		o.downS += time.Since(ep.start).Seconds()
+		o.count++
+		if err == nil {
+			o.log.Warn("model server answers again; resuming", "down_s", time.Since(ep.start).Seconds())
+		}
+	}
+	close(ep.done)
+}
+
+// downSeconds is the wall time the server was down, over every episode
+// that ended.
+func (o *outage) downSeconds() float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.downS
+}

@@ -1,0 +1,440 @@
+package rl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"legato/rl/desktop"
+	"legato/rl/policy"
+	"legato/rl/schema"
+)
+
+// maxCallsWhileUp bounds how often a model call that failed like an absent
+// server is sent again when the server then answered the first ping: the
+// server is there, so the call itself may be what fails.
+const maxCallsWhileUp = 1
+
+// try is one try of an attempt on one desktop: reset, then steps until the
+// agent ends it, then grading. It gathers the record's content and says how
+// it ended; what status that makes is decide's.
+type try struct {
+	b    *batch
+	d    desktop.Desktop
+	a    *attempt
+	task Task
+	rec  *Record
+	// stored is the last prompt put in the run store, as it was then, and
+	// storedHashes its hashes.
+	stored       []schema.Message
+	storedHashes []string
+	// clock is the rollout timeout's; nil without one.
+	clock *rolloutClock
+}
+
+// desktopError is a desktop call's error with its class, judged when the
+// call returned (desktop.IsFailure): the ctx may be done by the time the
+// try ends.
+type desktopError struct {
+	err    error
+	failed bool
+}
+
+func (e *desktopError) Error() string { return e.err.Error() }
+func (e *desktopError) Unwrap() error { return e.err }
+
+// desk wraps the error of a desktop call made with ctx.
+func desk(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &desktopError{err: fmt.Errorf("%s: %w", op, err), failed: desktop.IsFailure(ctx, err)}
+}
+
+// runTry runs one try of a on d (slot's desktop) and returns its record,
+// its status left to decide, and how it ended.
+func (b *batch) runTry(batchCtx context.Context, d desktop.Desktop, a *attempt, slot int) (*Record, ending) {
+	start := time.Now()
+	rec := b.newRecord(a, slot, start)
+	// ctx is cancelled, with errGroupClosed, when the attempt's group
+	// closes.
+	ctx, cancel := context.WithCancelCause(batchCtx)
+	defer cancel(nil)
+	n, open := b.sched.setCancel(a, cancel)
+	if !open {
+		// The group closed between next and here: the attempt never
+		// touched the desktop.
+		rec.Desktop = -1
+		rec.EndedAt = schema.Time{Time: start}
+		return rec, ending{}
+	}
+	ctx = desktop.WithAttempt(ctx, desktop.Attempt{GroupID: a.g.id, TaskID: a.g.task.ID, Index: a.index, Try: n})
+	t := &try{b: b, d: d, a: a, task: a.g.task, rec: rec}
+	e := t.run(ctx)
+	e.stopped = batchCtx.Err() != nil
+
+	rec.EndedAt = schema.Time{Time: time.Now()}
+	rec.Timing.TotalS = rec.EndedAt.Sub(start).Seconds()
+	rec.NSteps = len(rec.Steps)
+	if r, ok := d.(desktop.Reporter); ok {
+		rec.Env = envReport(r.AttemptReport())
+	}
+	if !e.graded {
+		rec.Reward = nil
+	}
+	return rec, e
+}
+
+func envReport(r desktop.AttemptReport) *schema.EnvReport {
+	if r.Reset == "" && r.ResetWhy == "" && len(r.Grading) == 0 {
+		return nil
+	}
+	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy}
+	for _, m := range r.Grading {
+		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via})
+	}
+	return env
+}
+
+// run resets the desktop, steps the agent and grades the result.
+func (t *try) run(ctx context.Context) ending {
+	b, d, tm := t.b, t.d, &t.rec.Timing
+	ended := func(err error) ending {
+		e := ending{started: true, err: err}
+		var de *desktopError
+		if errors.As(err, &de) {
+			e.desktopFailed = de.failed
+		}
+		return e
+	}
+	if err := timed(&tm.ResetS, func() error { return desk(ctx, "reset", d.Reset(ctx, t.task)) }); err != nil {
+		return ended(err)
+	}
+	if err := timed(&tm.WaitAfterResetS, func() error { return desk(ctx, "wait after reset", d.WaitAfterReset(ctx)) }); err != nil {
+		return ended(err)
+	}
+
+	stepCtx, clock := startRolloutClock(ctx, b.opts.RolloutTimeout)
+	defer clock.stop()
+	t.clock = clock
+	truncated := false
+	if err := t.steps(stepCtx); err != nil {
+		if ctx.Err() != nil || !errors.Is(context.Cause(stepCtx), errRolloutTimeout) {
+			return ended(err)
+		}
+		// The rollout timeout stopped the stepping: grade as usual.
+		truncated = true
+	}
+	if !b.sched.startGrading(t.a) {
+		return ended(errGroupClosed)
+	}
+	if err := timed(&tm.WaitBeforeEvalS, func() error { return desk(ctx, "wait before eval", d.WaitBeforeEval(ctx)) }); err != nil {
+		return ended(err)
+	}
+	var reward float64
+	if err := timed(&tm.EvalS, func() (err error) {
+		reward, err = d.Evaluate(ctx, t.task)
+		return desk(ctx, "evaluate", err)
+	}); err != nil {
+		return ended(err)
+	}
+	if reward < 0 || reward > 1 || reward != reward {
+		return ended(fmt.Errorf("evaluate: %w: the desktop returned %v", errBadReward, reward))
+	}
+	t.rec.Reward = &reward
+	return ending{started: true, graded: true, truncated: truncated}
+}
+
+// steps runs the observe → model → act loop until the agent ends the
+// attempt or MaxSteps model calls were made.
+func (t *try) steps(ctx context.Context) error {
+	b, d, tm := t.b, t.d, &t.rec.Timing
+	ep := b.harness.NewEpisode(t.task)
+	var obs *desktop.Observation
+	for range b.opts.MaxSteps {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		if obs == nil {
+			var o desktop.Observation
+			if err := timed(&tm.ObsS, func() (err error) { o, err = d.Observe(ctx); return desk(ctx, "observe", err) }); err != nil {
+				return err
+			}
+			obs = &o
+		}
+		msgs, err := ep.Prompt(*obs)
+		if err != nil {
+			// The observation came from the desktop; a screenshot the
+			// harness cannot use is the desktop's failure.
+			return &desktopError{err: fmt.Errorf("prompt from observation: %w", err), failed: true}
+		}
+		hashes, err := t.storePrompt(msgs)
+		if err != nil {
+			return &storeFailure{fmt.Errorf("store messages: %w", err)}
+		}
+		res, downS, err := t.call(ctx, msgs)
+		if err != nil {
+			return err
+		}
+		step := schema.Step{
+			Request:     hashes,
+			StartedAt:   schema.Time{Time: res.StartedAt},
+			Response:    res.Response,
+			Model:       res.Model,
+			Warnings:    res.Warnings,
+			ServerDownS: downS,
+		}
+		parsed := ep.Reply(policy.Reply{Content: res.Response.Content, Reasoning: res.Response.Reasoning, ToolCalls: res.ToolCalls})
+		if parsed.Err != nil {
+			step.ParseError = parsed.Err.Error()
+		}
+		t.rec.Steps = append(t.rec.Steps, step)
+		cur := &t.rec.Steps[len(t.rec.Steps)-1]
+		obs = nil
+		if len(parsed.Actions) == 0 {
+			continue
+		}
+		end, err := t.act(ctx, cur, parsed, &obs)
+		if err != nil || end {
+			return err
+		}
+	}
+	return nil
+}
+
+// call makes a step's model call. A call that fails the way an absent
+// server fails is sent again once the server answers (the batch's outage
+// breaker waits for that, with the rollout clock stopped); downS is the
+// time the step waited for it.
+func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Result, downS float64, err error) {
+	b, tm := t.b, &t.rec.Timing
+	wait := func(f func() (time.Duration, error)) error {
+		t.clock.pause()
+		waited, err := f()
+		t.clock.resume()
+		downS += waited.Seconds()
+		tm.ServerDownS += waited.Seconds()
+		return err
+	}
+	for whileUp := 0; ; {
+		if err := wait(func() (time.Duration, error) { return b.outage.pause(ctx) }); err != nil {
+			return nil, downS, err
+		}
+		res, err := b.client.Complete(ctx, msgs)
+		if res != nil {
+			// A failed call still took its time; total_s should show it.
+			tm.QueueS += res.Model.QueueS
+			tm.ModelS += res.Model.Seconds
+		}
+		switch {
+		case err == nil:
+			return res, downS, nil
+		case ctx.Err() != nil:
+			return nil, downS, context.Cause(ctx)
+		case !policy.IsOutage(err):
+			return nil, downS, &policyFailure{err}
+		}
+		var down bool
+		if werr := wait(func() (w time.Duration, err error) { down, w, err = b.outage.failed(ctx, err); return w, err }); werr != nil {
+			return nil, downS, werr
+		}
+		if !down {
+			if whileUp >= maxCallsWhileUp {
+				return nil, downS, &policyFailure{err}
+			}
+			whileUp++
+		}
+	}
+}
+
+// storePrompt puts the messages of a prompt in the run store and returns
+// their hashes. A prompt usually extends the previous one, whose messages
+// are stored already: only the messages that differ from it are hashed, so
+// that a step costs the same however long its history (each message may
+// hold a screenshot of a megabyte or two, which PutMessages would decode
+// and hash again).
+func (t *try) storePrompt(msgs []schema.Message) ([]string, error) {
+	k := 0
+	for k < len(msgs) && k < len(t.stored) && sameMessage(msgs[k], t.stored[k]) {
+		k++
+	}
+	fresh, err := t.b.store.PutMessages(msgs[k:])
+	if err != nil {
+		return nil, err
+	}
+	// Clip: the hashes of the previous step are in its record.
+	hashes := append(slices.Clip(t.storedHashes[:k]), fresh...)
+	t.stored, t.storedHashes = snapshot(msgs), hashes
+	return hashes, nil
+}
+
+// sameMessage reports whether a and b are the same message. Harnesses
+// reuse the strings of their history, so equal long strings (image data
+// URLs) are usually the same memory and compare in constant time.
+func sameMessage(a, b schema.Message) bool {
+	return a.Role == b.Role && slices.EqualFunc(a.Content, b.Content, func(p, q schema.Part) bool {
+		if (p.ImageURL == nil) != (q.ImageURL == nil) || (p.ImageURL != nil && p.ImageURL.URL != q.ImageURL.URL) {
+			return false
+		}
+		return p.Type == q.Type && p.Text == q.Text
+	})
+}
+
+// snapshot copies msgs down to their strings, which are immutable, so that
+// a harness changing its history in place cannot change what storePrompt
+// compares against.
+func snapshot(msgs []schema.Message) []schema.Message {
+	out := make([]schema.Message, len(msgs))
+	for i, m := range msgs {
+		parts := make([]schema.Part, len(m.Content))
+		for j, p := range m.Content {
+			if p.ImageURL != nil {
+				p.ImageURL = &schema.ImageURL{URL: p.ImageURL.URL}
+			}
+			parts[j] = p
+		}
+		out[i] = schema.Message{Role: m.Role, Content: parts}
+	}
+	return out
+}
+
+// act runs the actions of one reply, each followed by the wait until the
+// screen is ready, which gives the observation to continue from. It
+// reports whether the agent ended the attempt.
+func (t *try) act(ctx context.Context, step *schema.Step, p policy.Parsed, obs **desktop.Observation) (bool, error) {
+	b, d, tm := t.b, t.d, &t.rec.Timing
+	for i, action := range p.Actions {
+		if err := ctx.Err(); err != nil {
+			return false, context.Cause(ctx)
+		}
+		ar := schema.ActionRecord{Action: action.String()}
+		if i < len(p.Calls) {
+			ar.Call = p.Calls[i]
+		}
+		var res desktop.ActResult
+		err := timed(&ar.ActS, func() (err error) { res, err = d.Act(ctx, action); return err })
+		tm.ActS += ar.ActS
+		if err != nil {
+			step.Actions = append(step.Actions, ar)
+			return false, desk(ctx, "act "+shorten(action.String()), err)
+		}
+		if res.ExitCode != 0 {
+			b.log.Debug("action failed in the guest", "task", t.task.ID, "exit", res.ExitCode, "stderr", shorten(res.Error))
+		}
+		if action.Terminal() {
+			step.Actions = append(step.Actions, ar)
+			return true, nil
+		}
+		o, err := t.waitReady(ctx, &ar)
+		tm.WaitS += ar.WaitS
+		tm.ObsS += ar.ObsS
+		step.Actions = append(step.Actions, ar)
+		if err != nil {
+			return false, err
+		}
+		*obs = &o
+	}
+	return false, nil
+}
+
+// waitReady waits after an action until the screen is ready and returns the
+// observation the wait ended on. It fills ar's wait_s (from the end of the
+// action to the request of that screenshot), ready_s (from the end of the
+// action until the screen was found ready) and obs_s (that screenshot), so
+// that wait_s and obs_s never overlap.
+func (t *try) waitReady(ctx context.Context, ar *schema.ActionRecord) (desktop.Observation, error) {
+	start := time.Now()
+	r, err := desktop.WaitReady(ctx, t.d, t.b.opts.Ready)
+	end := time.Now()
+	if err != nil {
+		ar.WaitS = end.Sub(start).Seconds()
+		return desktop.Observation{}, desk(ctx, "wait ready", err)
+	}
+	at := r.Observation.At
+	if at.IsZero() || at.Before(start) || at.After(end) {
+		at = end
+	}
+	ar.ReadyS = r.After.Seconds()
+	ar.WaitS = at.Sub(start).Seconds()
+	ar.ObsS = end.Sub(at).Seconds()
+	return r.Observation, nil
+}
+
+// timed runs f and adds its duration, in seconds, to *acc.
+func timed(acc *float64, f func() error) error {
+	start := time.Now()
+	err := f()
+	*acc += time.Since(start).Seconds()
+	return err
+}
+
+func shorten(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 120 {
+		return s[:117] + "..."
+	}
+	return s
+}
+
+// newRolloutID returns an id unique across tries and batches that still
+// tells a reader which task and attempt it belongs to.
+func newRolloutID(taskID string, attempt int) string {
+	var buf [6]byte
+	_, _ = rand.Read(buf[:])
+	short := taskID
+	if len(short) > 8 {
+		short = short[:8]
+	}
+	return fmt.Sprintf("%s-a%d-%s", short, attempt, hex.EncodeToString(buf[:]))
+}
+
+// errRolloutTimeout is the cause of a stepping ctx the rollout timeout
+// ended.
+var errRolloutTimeout = errors.New("rollout timeout")
+
+// rolloutClock is the rollout timeout of one try. It stops while the try
+// waits for an absent model server, which is not the attempt's time.
+type rolloutClock struct {
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
+	left   time.Duration
+	since  time.Time
+}
+
+// startRolloutClock returns ctx cancelled with errRolloutTimeout after d of
+// running clock; d ≤ 0 means no timeout (a nil clock, whose methods do
+// nothing).
+func startRolloutClock(ctx context.Context, d time.Duration) (context.Context, *rolloutClock) {
+	if d <= 0 {
+		return ctx, nil
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	c := &rolloutClock{left: d, since: time.Now(), cancel: cancel}
+	c.timer = time.AfterFunc(d, func() { cancel(errRolloutTimeout) })
+	return ctx, c
+}
+
+func (c *rolloutClock) pause() {
+	if c != nil && c.timer.Stop() {
+		c.left -= time.Since(c.since)
+	}
+}
+
+func (c *rolloutClock) resume() {
+	if c != nil && c.left > 0 {
+		c.since = time.Now()
+		c.timer.Reset(c.left)
+	}
+}
+
+func (c *rolloutClock) stop() {
+	if c != nil {
+		c.timer.Stop()
+		c.cancel(context.Canceled)
+	}
+}
