@@ -235,15 +235,15 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 			}
 		})
 	}
+	if len(errs) > 0 {
+		return usageErrorf("%s", strings.Join(errs, "\n"))
+	}
 	// The library checks the upper bounds (--group, --oversample, ...).
 	o := f.opts
 	o.Out, o.NewDesktop = f.out, func(context.Context, int) (desktop.Desktop, error) { return nil, nil }
 	o.ServerDownTimeout, o.RolloutTimeout = time.Duration(f.serverDownTimeout), time.Duration(f.rolloutTimeout)
 	if err := o.Validate(); err != nil {
-		errs = append(errs, err.Error())
-	}
-	if len(errs) > 0 {
-		return usageErrorf("%s", strings.Join(errs, "\n"))
+		return &usageError{msg: err.Error()}
 	}
 	return nil
 }

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"legato/rl/policy/policytest"
 	"legato/rl/schema"
 )
 
@@ -56,6 +58,17 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"speed", []string{"--out", "x", "--fake-speed", "warp"}, `--fake-speed "warp"`},
 		{"url without version", []string{"--out", "x", "--policy-url", "http://127.0.0.1:1/v1", "--model", "m"}, "--model and --version are required"},
 		{"bad seconds", []string{"--out", "x", "--step-timeout", "soon"}, "want seconds"},
+		{"group 0", []string{"--out", "x", "--group", "0"}, "--group 0: want at least 1"},
+		{"negative group", []string{"--out", "x", "--group", "-3"}, "--group -3: want at least 1"},
+		{"huge group", []string{"--out", "x", "--group", "1000000"}, "Group (--group) 1000000: want 0 to 1024"},
+		{"overflowing group", []string{"--out", "x", "--group", "9223372036854775807", "--oversample", "0.5"}, "Group (--group) 9223372036854775807"},
+		{"desktops 0", []string{"--out", "x", "--desktops", "0"}, "--desktops 0: want at least 1"},
+		{"negative image max", []string{"--out", "x", "--image-max", "-1"}, "--image-max -1: want at least 1"},
+		{"negative max steps", []string{"--out", "x", "--max-steps", "-1"}, "--max-steps -1: want at least 1"},
+		{"step timeout 0", []string{"--out", "x", "--step-timeout", "0"}, "--step-timeout 0: want a positive time"},
+		{"server-down timeout 0", []string{"--out", "x", "--server-down-timeout", "0"}, "--server-down-timeout 0"},
+		{"NaN oversample", []string{"--out", "x", "--oversample", "NaN"}, "Oversample (--oversample) NaN"},
+		{"fixed wait without the flag", []string{"--out", "x", "--fixed-wait", "1"}, "--fixed-wait applies only with --no-ready-signal"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -151,5 +164,62 @@ func TestGCNeedsNoImage(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "qemu:///nowhere") || strings.Contains(err.Error(), "--image") {
 		t.Errorf("gc error = %q, want one about the libvirt URI and none about an image", err)
+	}
+}
+
+// TestCollectServerRestart stops the model server in the middle of a real
+// batch (loopback HTTP, the fake backend) and starts it again on the same
+// port a few seconds later, as a trainer does between policy versions: the
+// batch completes with no error record and reports the time it waited.
+func TestCollectServerRestart(t *testing.T) {
+	srv, err := policytest.Listen("127.0.0.1:0", policytest.Options{Model: "m", NoLatency: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimSuffix(strings.TrimPrefix(srv.URL(), "http://"), "/v1")
+	restarted := make(chan *policytest.Server, 1)
+	go func() {
+		defer close(restarted)
+		for srv.Stats().Requests < 4 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		srv.Close()
+		time.Sleep(3 * time.Second)
+		s, err := policytest.Listen(addr, policytest.Options{Model: "m", NoLatency: true})
+		if err != nil {
+			t.Errorf("restart the server on %s: %v", addr, err)
+			return
+		}
+		restarted <- s
+	}()
+	defer func() {
+		if s := <-restarted; s != nil {
+			s.Close()
+		}
+	}()
+
+	out := filepath.Join(t.TempDir(), "run")
+	var stdout, stderr bytes.Buffer
+	err = run(t.Context(), []string{"rl", "collect", "--out", out, "--policy-url", srv.URL(), "--model", "m", "--version", "v",
+		"--fake-speed", "demo", "--desktops", "2", "--group", "2", "--step-timeout", "2"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("collect: %v\nstderr:\n%s", err, stderr.String())
+	}
+	var errs int
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		if r.Status != schema.StatusOK {
+			errs++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := schema.ReadSummary(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs != 0 || sum.State != schema.StateComplete || sum.ServerDownS < 1 {
+		t.Errorf("%d records not ok, state %q, server down %v s; want 0, complete, about 3 s\nstdout:\n%s\nstderr:\n%s",
+			errs, sum.State, sum.ServerDownS, stdout.String(), stderr.String())
 	}
 }
