@@ -58,12 +58,21 @@ type groupTable struct {
 	// order lists group ids in order of first appearance, so reports are
 	// deterministic.
 	order []string
+	added int // finished attempts added, over all groups
 }
 
 type groupRewards struct {
 	ids     []string
 	rewards []float64
 	adv     []float64 // filled by finish
+
+	// steps counts the steps of the group's finished attempts, and
+	// noLogprobs those without logprobs; the first of them is step
+	// firstStep of firstRollout, the firstAt-th attempt added.
+	steps, noLogprobs int
+	firstRollout      string
+	firstStep         int
+	firstAt           int
 }
 
 func newGroupTable() *groupTable {
@@ -84,7 +93,37 @@ func (t *groupTable) add(rec *schema.Record) bool {
 	}
 	g.ids = append(g.ids, rec.RolloutID)
 	g.rewards = append(g.rewards, *rec.Reward)
+	t.added++
+	g.steps += len(rec.Steps)
+	for i := range rec.Steps {
+		if len(rec.Steps[i].Response.Logprobs) > 0 {
+			continue
+		}
+		if g.noLogprobs == 0 {
+			g.firstRollout, g.firstStep, g.firstAt = rec.RolloutID, i, t.added
+		}
+		g.noLogprobs++
+	}
 	return true
+}
+
+// missingLogprobs counts the samples an export writes and those of them
+// without logprobs, leaving out the constant groups when dropConstant.
+func (t *groupTable) missingLogprobs(dropConstant bool) MissingLogprobsError {
+	var e MissingLogprobsError
+	firstAt := 0
+	for _, id := range t.order {
+		g := t.groups[id]
+		if dropConstant && constant(g.rewards) {
+			continue
+		}
+		e.Total += g.steps
+		e.Samples += g.noLogprobs
+		if g.noLogprobs > 0 && (firstAt == 0 || g.firstAt < firstAt) {
+			e.FirstRollout, e.FirstStep, firstAt = g.firstRollout, g.firstStep, g.firstAt
+		}
+	}
+	return e
 }
 
 // finish computes every group's advantages.

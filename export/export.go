@@ -1,7 +1,6 @@
 package export
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -26,7 +25,40 @@ type Options struct {
 	// DropConstantGroups leaves out the groups whose finished rewards are
 	// all equal: their advantages are all 0, so they carry no GRPO signal.
 	DropConstantGroups bool
+	// AllowMissingLogprobs exports samples whose response has no logprobs
+	// (the model server returned none). By default the export fails with a
+	// *MissingLogprobsError before writing anything: a trainer computing
+	// importance ratios or a KL term from the sampler's logprobs cannot
+	// use such samples, and would otherwise find out late or not at all.
+	AllowMissingLogprobs bool
 }
+
+// ErrMissingLogprobs is wrapped by the error of an export that refused
+// samples without logprobs; see Options.AllowMissingLogprobs.
+var ErrMissingLogprobs = errors.New("samples without logprobs")
+
+// MissingLogprobsError is the error of an export that refused to write
+// samples without logprobs.
+type MissingLogprobsError struct {
+	// Samples is how many of the Total samples to write have no logprobs;
+	// FirstRollout and FirstStep name the first of them.
+	Samples, Total int
+	FirstRollout   string
+	FirstStep      int
+}
+
+func (e *MissingLogprobsError) Error() string {
+	return fmt.Sprintf("%d of %d samples have no logprobs (the first: rollout %s step %d): the model server returned none, "+
+		"so a trainer cannot compute importance ratios from them; ask the server for logprobs (legato rl probe checks it), "+
+		"or export them anyway with --allow-missing-logprobs (Options.AllowMissingLogprobs)",
+		e.Samples, e.Total, e.FirstRollout, e.FirstStep)
+}
+
+func (e *MissingLogprobsError) Unwrap() error { return ErrMissingLogprobs }
+
+// ErrDamagedRecords is wrapped by the error of an export that found an
+// unreadable line of rollouts.jsonl other than the last one.
+var ErrDamagedRecords = errors.New("unreadable record in the middle of the file")
 
 // The content-store caches of an export. An export goes rollout by
 // rollout, and a step's prompt repeats the earlier messages of its own
@@ -57,8 +89,12 @@ type Stats struct {
 	MissingReward int
 	// TornLines counts the unreadable lines of rollouts.jsonl that were
 	// skipped (see schema.ReadRecords); FirstTorn says where the first is.
+	// Only a torn last line is skipped: an export fails on any other.
 	TornLines int
 	FirstTorn *schema.LineError
+	// MissingLogprobs counts the written samples without logprobs (only
+	// with Options.AllowMissingLogprobs; otherwise the export fails).
+	MissingLogprobs int
 	// Bytes is the size of the written file.
 	Bytes int64
 }
@@ -125,9 +161,19 @@ type sampleTail struct {
 // It reads rollouts.jsonl twice, first for the rewards of each group and
 // then for the samples, holding a few words per finished attempt; prompts
 // come from the content store one step at a time. Records appended while
-// it runs are left for the next export. Unreadable lines are skipped and
-// counted in Stats.TornLines. outPath is written through a temp file in
-// its directory and renamed when complete, so it is never half-written.
+// it runs are left for the next export. outPath is written through a temp
+// file in its directory and renamed when complete, so it is never
+// half-written; it must not be one of the run's own files
+// (schema.CheckOutput).
+//
+// The export refuses data a trainer would be misled by, before writing
+// anything. An unreadable last line, what a crash mid-append leaves, is
+// skipped and counted in Stats.TornLines (its attempt runs again on
+// resume); an unreadable line anywhere else fails the export with an error
+// wrapping ErrDamagedRecords and a *schema.LineError naming the line: the
+// record it held is lost and its group's advantages would silently change.
+// Samples without logprobs fail it with a *MissingLogprobsError unless
+// opts.AllowMissingLogprobs.
 func ExportSteps(runDir, outPath string, opts Options) (Stats, error) {
 	return ExportStepsContext(context.Background(), runDir, outPath, opts)
 }
@@ -141,8 +187,8 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if outPath == "" {
 		return st, errors.New("export: empty output path: name the file to write the samples to")
 	}
-	if same, _ := sameFile(outPath, filepath.Join(runDir, schema.RecordsFile)); same {
-		return st, fmt.Errorf("export: output %s is the run's own %s: choose another file", outPath, schema.RecordsFile)
+	if err := schema.CheckOutput(runDir, outPath); err != nil {
+		return st, fmt.Errorf("export: output %w", err)
 	}
 
 	groups := newGroupTable()
@@ -160,7 +206,18 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		if err != nil {
 			return rs, err
 		}
+		if torn := rs.TornInside(); torn != nil {
+			return rs, fmt.Errorf("%w: %w; the line is not the last one, so it is not a crash mid-append but damage, "+
+				"and the record it held is lost (its group's advantages would change): restore the file, "+
+				"or remove the line to export without it", ErrDamagedRecords, torn)
+		}
 		groups.finish()
+		if miss := groups.missingLogprobs(opts.DropConstantGroups); miss.Samples > 0 {
+			if !opts.AllowMissingLogprobs {
+				return rs, &miss
+			}
+			st.MissingLogprobs = miss.Samples
+		}
 
 		store, err := schema.OpenMessageStore(runDir, schema.StoreOptions{
 			MessageCacheBytes: exportMessageCacheBytes,
@@ -175,7 +232,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		if _, err := r.Seek(0, io.SeekStart); err != nil {
 			return rs, err
 		}
-		st.Bytes, err = writeAtomic(outPath, func(w io.Writer) error {
+		st.Bytes, err = schema.WriteFileAtomic(outPath, func(w io.Writer) error {
 			return writeSamples(ctx, r, w, store, groups, opts, &st)
 		})
 		return rs, err
@@ -360,89 +417,4 @@ func readRun(runDir string, read func(*io.SectionReader) (schema.ReadStats, erro
 		return schema.ReadStats{}, fmt.Errorf("read records: %w", err)
 	}
 	return read(io.NewSectionReader(f, 0, fi.Size()))
-}
-
-// writeAtomic writes path through a synced temp file in its directory and
-// a rename, and returns the bytes written. On error nothing is left behind.
-// Errors of write are returned as they are. The temp name does not start
-// with ".tmp-": a collect opening the run directory deletes those.
-func writeAtomic(path string, write func(io.Writer) error) (n int64, err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	cw := &countingWriter{w: f}
-	bw := bufio.NewWriterSize(cw, 1<<20)
-	if err := write(bw); err != nil {
-		return 0, err
-	}
-	if err := finish(f, bw, path); err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
-	}
-	return cw.n, nil
-}
-
-// finish makes the temp file f, buffered by bw, the durable file path.
-func finish(f *os.File, bw *bufio.Writer, path string) error {
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	// CreateTemp makes 0600 files; a sample file is read by trainers run
-	// by other users like any output.
-	if err := f.Chmod(0o644); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// sameFile reports whether a and b name the same existing file.
-func sameFile(a, b string) (bool, error) {
-	fa, err := os.Stat(a)
-	if err != nil {
-		return false, err
-	}
-	fb, err := os.Stat(b)
-	if err != nil {
-		return false, err
-	}
-	return os.SameFile(fa, fb), nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math"
 	"os"
@@ -113,10 +114,12 @@ func TestExportSteps(t *testing.T) {
 		golden    string
 		wantStats export.Stats
 	}{
-		{"refs", export.Options{}, "export-refs.golden.jsonl",
-			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11}},
-		{"inline images", export.Options{InlineImages: true}, "export-inline.golden.jsonl",
-			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11}},
+		// Group c's c1 has two steps without logprobs.
+		{"refs", export.Options{AllowMissingLogprobs: true}, "export-refs.golden.jsonl",
+			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11, MissingLogprobs: 2}},
+		{"inline images", export.Options{InlineImages: true, AllowMissingLogprobs: true}, "export-inline.golden.jsonl",
+			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11, MissingLogprobs: 2}},
+		// Group c is dropped, and with it every sample without logprobs.
 		{"drop constant groups", export.Options{DropConstantGroups: true}, "export-drop.golden.jsonl",
 			export.Stats{Lines: 6, Rollouts: 2, Groups: 1, DroppedGroups: 2, DroppedLines: 5, Records: 11}},
 	}
@@ -195,7 +198,7 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 func TestExportTornLine(t *testing.T) {
 	dir := tornCopy(t)
 	out := filepath.Join(t.TempDir(), "train.jsonl")
-	st, err := export.ExportSteps(dir, out, export.Options{})
+	st, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +256,7 @@ func TestExportErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			outDir := t.TempDir()
 			out := filepath.Join(outDir, "train.jsonl")
-			_, err := export.ExportStepsContext(tt.ctx, tt.dir(t), out, export.Options{})
+			_, err := export.ExportStepsContext(tt.ctx, tt.dir(t), out, export.Options{AllowMissingLogprobs: true})
 			if !errors.Is(err, tt.wantIs) || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("err = %v, want one matching %v that says %q", err, tt.wantIs, tt.wantMsg)
 			}
@@ -261,6 +264,110 @@ func TestExportErrors(t *testing.T) {
 				t.Errorf("left behind %q", left)
 			}
 		})
+	}
+}
+
+// TestExportRefusesMissingLogprobs checks that an export with samples
+// without logprobs fails, naming how many and the first, and writes
+// nothing, unless they are allowed.
+func TestExportRefusesMissingLogprobs(t *testing.T) {
+	outDir := t.TempDir()
+	out := filepath.Join(outDir, "train.jsonl")
+	_, err := export.ExportSteps(fixedRun, out, export.Options{})
+	var miss *export.MissingLogprobsError
+	if !errors.As(err, &miss) || !errors.Is(err, export.ErrMissingLogprobs) {
+		t.Fatalf("ExportSteps = %v, want a *MissingLogprobsError", err)
+	}
+	want := export.MissingLogprobsError{Samples: 2, Total: 11, FirstRollout: "r-c1", FirstStep: 0}
+	if diff := cmp.Diff(want, *miss); diff != "" {
+		t.Errorf("error (-want +got):\n%s", diff)
+	}
+	for _, s := range []string{"2 of 11 samples have no logprobs", "rollout r-c1 step 0", "--allow-missing-logprobs"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not say %q", err, s)
+		}
+	}
+	if left := listDir(t, outDir); len(left) != 0 {
+		t.Errorf("a refused export left %q", left)
+	}
+}
+
+// damagedCopy copies the fixed run and cuts its line n (from 1) in the
+// middle, keeping the newline: damage from outside, not a crash
+// mid-append, which only ever tears the last line.
+func damagedCopy(t *testing.T, n int) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, schema.RecordsFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	lines[n-1] = lines[n-1][:len(lines[n-1])/2] + "\n"
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "")), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestExportRefusesDamagedRecords cuts r-a1, the record that gives group a
+// its second finished reward: skipping it would export a0 with advantage 0
+// instead of +1. The export fails naming the line, torn tail or not.
+func TestExportRefusesDamagedRecords(t *testing.T) {
+	for _, tornTail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("torn tail %v", tornTail), func(t *testing.T) {
+			dir := damagedCopy(t, 6)
+			if tornTail {
+				f, err := os.OpenFile(filepath.Join(dir, schema.RecordsFile), os.O_APPEND|os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.WriteString(`{"schema":"legato.rollout/v0","rollout_id":"r-torn"`)
+				f.Close()
+			}
+			outDir := t.TempDir()
+			st, err := export.ExportSteps(dir, filepath.Join(outDir, "train.jsonl"), export.Options{AllowMissingLogprobs: true})
+			var line *schema.LineError
+			if !errors.Is(err, export.ErrDamagedRecords) || !errors.As(err, &line) || line.Line != 6 {
+				t.Fatalf("ExportSteps = %v, want ErrDamagedRecords at line 6", err)
+			}
+			if !strings.Contains(err.Error(), "rollouts.jsonl line 6") {
+				t.Errorf("error %q does not name the line", err)
+			}
+			if st.Lines != 0 {
+				t.Errorf("wrote %d samples, want none", st.Lines)
+			}
+			if left := listDir(t, outDir); len(left) != 0 {
+				t.Errorf("a refused export left %q", left)
+			}
+		})
+	}
+}
+
+// TestExportRefusesRunFiles checks that the output cannot replace one of
+// the run's own files, and that a new file in the run directory is fine.
+func TestExportRefusesRunFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{schema.RecordsFile, schema.BatchFile, schema.SummaryFile} {
+		path := filepath.Join(dir, name)
+		before, _ := os.ReadFile(path)
+		_, err := export.ExportSteps(dir, path, export.Options{AllowMissingLogprobs: true})
+		if !errors.Is(err, schema.ErrRunFile) {
+			t.Errorf("export to %s = %v, want schema.ErrRunFile", name, err)
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Errorf("a refused export changed %s", name)
+		}
+	}
+	if _, err := export.ExportSteps(dir, filepath.Join(dir, "train.jsonl"), export.Options{AllowMissingLogprobs: true}); err != nil {
+		t.Errorf("export into a new file of the run directory: %v", err)
 	}
 }
 

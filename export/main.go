@@ -2,11 +2,14 @@ package export
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 
 	"legato/rl/export/internal/cli"
+	"legato/rl/schema"
 )
 
 // UsageError is a command line of Main (or profile.Main) that cannot run
@@ -14,8 +17,9 @@ import (
 type UsageError = cli.UsageError
 
 // Main is `legato rl export DIR --out FILE [--inline-images]
-// [--drop-constant-groups]`: it writes the run's training samples and
-// reports what it wrote on stdout, and skipped lines on stderr.
+// [--drop-constant-groups] [--allow-missing-logprobs]`: it writes the run's
+// training samples and reports what it wrote on stdout, and a skipped torn
+// last line and allowed samples without logprobs on stderr.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -23,13 +27,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var opts Options
 	fs.BoolVar(&opts.InlineImages, "inline-images", false, "write images as PNG data URLs instead of references to DIR/images/")
 	fs.BoolVar(&opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
+	fs.BoolVar(&opts.AllowMissingLogprobs, "allow-missing-logprobs", false, "write samples whose response has no logprobs (the model server returned none) instead of failing")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
+		fmt.Fprint(fs.Output(), `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups] [--allow-missing-logprobs]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
 logprobs, the reward, and the GRPO advantage within the attempt's group
 ((reward - mean) / population std; 0 when the group's rewards are equal).
+
+It fails, writing nothing, when samples have no logprobs (unless
+--allow-missing-logprobs) and when a line of rollouts.jsonl other than the
+last cannot be read (a lost record would change its group's advantages). A
+torn last line, left by a crash mid-append, is skipped with a warning.
 
 Flags:
 `)
@@ -46,12 +56,19 @@ Flags:
 	if *out == "" {
 		return cli.Usagef("export: missing --out FILE: name the file to write the samples to")
 	}
-	st, err := ExportStepsContext(ctx, dir, *out, opts)
-	if st.TornLines > 0 {
-		fmt.Fprintf(stderr, "warning: skipped %d unreadable line(s) of %s/rollouts.jsonl; first: %v\n", st.TornLines, dir, st.FirstTorn)
+	if err := schema.CheckOutput(dir, *out); errors.Is(err, schema.ErrRunFile) {
+		return cli.Usagef("export: --out %v", err)
 	}
+	st, err := ExportStepsContext(ctx, dir, *out, opts)
 	if err != nil {
 		return err
+	}
+	if st.TornLines > 0 {
+		fmt.Fprintf(stderr, "warning: skipped the torn last line of %s (a crash mid-append; collect runs its attempt again): %v\n",
+			filepath.Join(dir, schema.RecordsFile), st.FirstTorn)
+	}
+	if st.MissingLogprobs > 0 {
+		fmt.Fprintf(stderr, "warning: wrote %d of %d samples without logprobs (--allow-missing-logprobs)\n", st.MissingLogprobs, st.Lines)
 	}
 	fmt.Fprintf(stdout, "wrote %d samples from %d rollouts in %d groups to %s (%s)\n",
 		st.Lines, st.Rollouts, st.Groups, *out, byteSize(st.Bytes))

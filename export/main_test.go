@@ -24,14 +24,15 @@ func TestMainCommand(t *testing.T) {
 		wantStdout string
 		wantStderr string // a substring
 	}{
-		{name: "flags after the directory", args: []string{"DIR", "--out", out},
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n"},
+		{name: "flags after the directory", args: []string{"DIR", "--out", out, "--allow-missing-logprobs"},
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n",
+			wantStderr: "warning: wrote 2 of 11 samples without logprobs (--allow-missing-logprobs)\n"},
 		{name: "flags before the directory", args: []string{"-out=" + out, "--drop-constant-groups", "DIR"},
 			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (6.7 KiB)\n" +
 				"dropped 2 groups with equal rewards (5 samples)\n"},
-		{name: "torn last line", args: []string{"DIR", "--out", out}, dir: tornCopy,
+		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs"}, dir: tornCopy,
 			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n",
-			wantStderr: "warning: skipped 1 unreadable line(s) of "},
+			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 17981): no newline at the end"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -62,6 +63,39 @@ func TestMainCommand(t *testing.T) {
 	}
 }
 
+// TestMainCommandRefuses checks the data-quality gates from the command
+// line: the command fails (exit status 1 in legato, not a usage error),
+// says why and writes nothing.
+func TestMainCommandRefuses(t *testing.T) {
+	tests := []struct {
+		name    string
+		dir     func(t *testing.T) string
+		wantMsg string
+	}{
+		{"samples without logprobs", func(*testing.T) string { return fixedRun },
+			"2 of 11 samples have no logprobs (the first: rollout r-c1 step 0)"},
+		{"a record cut in the middle of the file", func(t *testing.T) string { return damagedCopy(t, 6) },
+			"rollouts.jsonl line 6 (offset "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			outDir := t.TempDir()
+			var stdout, stderr bytes.Buffer
+			err := export.Main(context.Background(), []string{tt.dir(t), "--out", filepath.Join(outDir, "train.jsonl")}, &stdout, &stderr)
+			var usage *export.UsageError
+			if err == nil || errors.As(err, &usage) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("Main = %v, want a failure saying %q", err, tt.wantMsg)
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("stdout = %q, want nothing", stdout.String())
+			}
+			if left := listDir(t, outDir); len(left) != 0 {
+				t.Errorf("left %q", left)
+			}
+		})
+	}
+}
+
 func TestMainCommandUsage(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -72,6 +106,7 @@ func TestMainCommandUsage(t *testing.T) {
 		{"no --out", []string{fixedRun}, "missing --out FILE"},
 		{"two directories", []string{fixedRun, fixedRun, "--out", "x.jsonl"}, "want one run directory"},
 		{"unknown flag", []string{fixedRun, "--out", "x.jsonl", "--inline"}, "flag provided but not defined: -inline"},
+		{"out is the manifest", []string{fixedRun, "--out", fixedRun + "/batch.json"}, "is one of the run's own files (batch.json)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -33,6 +33,21 @@ type ReadStats struct {
 	FirstTorn *LineError
 }
 
+// TornInside returns the first unreadable line that is not the last line
+// (blank lines aside), or nil when there is none. A torn last line is what
+// a crash mid-append leaves, and its attempt runs again on resume; a torn
+// line anywhere else cannot come from legato's writer: the file was
+// damaged, and the record it held is lost. Collect's resume skips it; a
+// reader that computes over whole groups (export's advantages) must not.
+func (s ReadStats) TornInside() *LineError {
+	if s.TornLines > 1 || s.TornLines == 1 && !s.TornTail {
+		// Lines are read in order, so the first torn line is before the
+		// last one.
+		return s.FirstTorn
+	}
+	return nil
+}
+
 // ReadRecords calls fn for each record of a rollouts.jsonl stream, in order,
 // holding one line in memory at a time. It stops at the first error of fn
 // and returns it unchanged.

@@ -33,12 +33,17 @@ type readResult struct {
 	Stats      ReadStats
 	TornLine   int
 	TornReason string
-	Err        string
+	// Inside is the line of TornInside; 0 when it is nil.
+	Inside int
+	Err    string
 }
 
 func read(r io.Reader, max int) readResult {
 	var res readResult
 	st, err := readRecords(r, func(rec Record) error { res.IDs = append(res.IDs, rec.RolloutID); return nil }, max)
+	if in := st.TornInside(); in != nil {
+		res.Inside = in.Line
+	}
 	if st.FirstTorn != nil {
 		res.TornLine = st.FirstTorn.Line
 		res.TornReason = st.FirstTorn.Err.Error()
@@ -94,14 +99,20 @@ func TestReadRecords(t *testing.T) {
 		{
 			name:  "corrupt line in the middle",
 			input: "garbage\n" + a + "\n" + b + "\n",
-			want: readResult{IDs: []string{"a", "b"}, TornLine: 1, TornReason: "invalid character 'g' looking for beginning of value",
+			want: readResult{IDs: []string{"a", "b"}, TornLine: 1, Inside: 1, TornReason: "invalid character 'g' looking for beginning of value",
 				Stats: ReadStats{Records: 2, Lines: 3, TornLines: 1}},
 		},
 		{
 			name:  "not legato records",
 			input: "{}\n" + "null\n" + a + "\n",
-			want: readResult{IDs: []string{"a"}, TornLine: 1, TornReason: errNoSchema.Error(),
+			want: readResult{IDs: []string{"a"}, TornLine: 1, Inside: 1, TornReason: errNoSchema.Error(),
 				Stats: ReadStats{Records: 1, Lines: 3, TornLines: 2}},
+		},
+		{
+			name:  "corrupt line in the middle and a torn tail",
+			input: a + "\nxx\n" + b + "\n" + a[:20],
+			want: readResult{IDs: []string{"a", "b"}, TornLine: 2, Inside: 2, TornReason: "invalid character 'x' looking for beginning of value",
+				Stats: ReadStats{Records: 2, Lines: 4, TornLines: 2, TornTail: true, TornOffset: int64(len(a) + 1)}},
 		},
 		{
 			name:  "blank lines and CRLF",
@@ -123,7 +134,7 @@ func TestReadRecords(t *testing.T) {
 			name:  "line longer than the limit",
 			input: a + "\n" + bigLine + "\n" + b + "\n",
 			max:   1 << 10,
-			want: readResult{IDs: []string{"a", "b"}, TornLine: 2, TornReason: "record too large: line longer than 1024 bytes",
+			want: readResult{IDs: []string{"a", "b"}, TornLine: 2, Inside: 2, TornReason: "record too large: line longer than 1024 bytes",
 				Stats: ReadStats{Records: 2, Lines: 3, TornLines: 1, TornOffset: int64(len(a) + 1)}},
 		},
 		{

@@ -98,7 +98,7 @@ func openRun(dir string, create bool) (_ *Run, err error) {
 		return nil, errors.New("open run: empty directory name: pass the run directory")
 	}
 	if create {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, dirMode); err != nil {
 			return nil, fmt.Errorf("create run: %w", err)
 		}
 	}
@@ -106,7 +106,7 @@ func openRun(dir string, create bool) (_ *Run, err error) {
 	if create {
 		flags |= os.O_CREATE
 	}
-	f, err := os.OpenFile(filepath.Join(dir, RecordsFile), flags, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, RecordsFile), flags, fileMode)
 	if err != nil {
 		return nil, fmt.Errorf("open run: %w", err)
 	}
@@ -125,7 +125,7 @@ func openRun(dir string, create bool) (_ *Run, err error) {
 		f:      f,
 	}
 	for _, d := range []string{r.msgDir, r.imgDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := os.MkdirAll(d, dirMode); err != nil {
 			return nil, fmt.Errorf("open run: %w", err)
 		}
 	}
@@ -512,7 +512,7 @@ func ReadSummary(dir string) (*Summary, error) {
 // before the rename) or the caller syncs dir/name before it relies on it.
 // The caller syncs dir to make the name itself durable.
 func writeFileAtomic(dir, name string, data []byte, sync bool) (err error) {
-	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	f, err := createTemp(dir, tempPrefix)
 	if err != nil {
 		return err
 	}
@@ -523,10 +523,6 @@ func writeFileAtomic(dir, name string, data []byte, sync bool) (err error) {
 			os.Remove(tmp)
 		}
 	}()
-	// CreateTemp makes 0600 files; the store is read by other tools too.
-	if err := f.Chmod(0o644); err != nil {
-		return err
-	}
 	if _, err := f.Write(data); err != nil {
 		return err
 	}

@@ -436,3 +436,21 @@ svg .tick { stroke: #ddd; }
 </body>
 </html>
 `
+
+// WriteHTMLFile writes the page of r to path through a synced temp file and
+// a rename, so a browser never opens half a page, with mode 0666 less the
+// umask. It refuses (an error wrapping schema.ErrRunFile) a path that is
+// one of the files of the run r describes, such as its batch.json; a new
+// file inside the run directory is fine.
+func WriteHTMLFile(path string, r *Report) error {
+	if err := schema.CheckOutput(r.Dir, path); err != nil {
+		return fmt.Errorf("write profile: %w", err)
+	}
+	_, err := schema.WriteFileAtomic(path, func(w io.Writer) error {
+		if err := WriteHTML(w, r); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		return nil
+	})
+	return err
+}

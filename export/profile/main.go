@@ -2,13 +2,13 @@ package profile
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
 	"legato/rl/export/internal/cli"
+	"legato/rl/schema"
 )
 
 // Main is `legato rl profile DIR [--html FILE]`: it prints the run's
@@ -36,6 +36,11 @@ Flags:
 	if err != nil {
 		return err
 	}
+	if *htmlPath != "" {
+		if err := schema.CheckOutput(dir, *htmlPath); errors.Is(err, schema.ErrRunFile) {
+			return cli.Usagef("profile: --html %v", err)
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -49,37 +54,9 @@ Flags:
 	if *htmlPath == "" {
 		return nil
 	}
-	if err := writeHTMLFile(*htmlPath, rep); err != nil {
+	if err := WriteHTMLFile(*htmlPath, rep); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s\n", *htmlPath)
-	return nil
-}
-
-// writeHTMLFile writes the page through a temp file and a rename, so a
-// browser never opens half a page.
-func writeHTMLFile(path string, rep *Report) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err := WriteHTML(f, rep); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
 	return nil
 }

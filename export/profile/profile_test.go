@@ -210,3 +210,41 @@ func TestBuildUsesCollectSummary(t *testing.T) {
 		t.Errorf("report does not show the batch as final with 2 closed groups:\n%s", b.String())
 	}
 }
+
+// TestMainRefusesRunFiles checks that --html never replaces one of the
+// run's own files (exit status 2: a usage error), while a new page inside
+// the run directory is written.
+func TestMainRefusesRunFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{schema.BatchFile, schema.RecordsFile, schema.SummaryFile,
+		filepath.Join(schema.MessagesDir, "x.html"), schema.ImagesDir} {
+		path := filepath.Join(dir, name)
+		before, _ := os.ReadFile(path)
+		var stdout bytes.Buffer
+		err := profile.Main(context.Background(), []string{dir, "--html", path}, &stdout, &bytes.Buffer{})
+		var usage *export.UsageError
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), "is one of the run's own files") {
+			t.Errorf("profile --html %s = %v, want a usage error", name, err)
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Errorf("a refused profile changed %s", name)
+		}
+		if stdout.Len() > 0 {
+			t.Errorf("profile --html %s printed %q, want nothing", name, stdout.String())
+		}
+		// The library refuses it too.
+		if err := profile.WriteHTMLFile(path, build(t, dir)); !errors.Is(err, schema.ErrRunFile) {
+			t.Errorf("WriteHTMLFile(%s) = %v, want schema.ErrRunFile", name, err)
+		}
+	}
+	page := filepath.Join(dir, "profile.html")
+	if err := profile.Main(context.Background(), []string{dir, "--html", page}, &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
+		t.Errorf("profile --html into a new file of the run: %v", err)
+	}
+	if _, err := os.Stat(page); err != nil {
+		t.Error(err)
+	}
+}
