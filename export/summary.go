@@ -350,7 +350,7 @@ func (f *sortedFloats) sorted() []float64 {
 // BatchFile is the name of the batch description collect writes into a run
 // directory: the batch's task ids, so a summary knows how many tasks and
 // groups the batch has even before every one has a record.
-const BatchFile = "batch.json"
+const BatchFile = schema.BatchFile
 
 // batchInfo is the part of batch.json a summary needs.
 type batchInfo struct {

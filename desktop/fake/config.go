@@ -32,7 +32,9 @@ type Config struct {
 	// empty. A Fleet appends the slot to it.
 	Name string
 	// Seed makes every random draw (latencies, rewards, faults with a
-	// probability) reproducible. Zero is a seed like any other.
+	// probability) reproducible. The draws of an attempt's calls are keyed
+	// by Seed and the attempt, whatever desktop runs it (see the package
+	// documentation). Zero is a seed like any other.
 	Seed uint64
 	// Width and Height are the screen size in pixels; zero means
 	// DefaultWidth and DefaultHeight.
@@ -164,9 +166,12 @@ func (ls Latencies) validate() error {
 
 // Reward says how the fake grades a feasible task: an attempt succeeds with
 // probability P and then scores Value (1 when Value is 0); otherwise it
-// scores 0. Whether an attempt succeeds is drawn from the desktop's seed, the
-// task ID and how many times the desktop was reset to that task, so a rerun
-// with the same seed grades the same.
+// scores 0. Whether an attempt succeeds is drawn once per attempt from
+// Config.Seed and the attempt (group, task, index, try) that Evaluate's ctx
+// carries (desktop.WithAttempt), so the same seed grades the same attempts
+// the same on any desktop, with any number of desktops, across a resume.
+// Without an attempt in the ctx it is drawn from the desktop's seed, the
+// task ID and how many times the desktop was reset to that task.
 //
 // So Reward{} always gives 0, Reward{P: 1} always 1, Reward{P: 0.3} gives 1 on
 // about 30% of attempts, and Reward{P: 1, Value: 0.5} always 0.5.
@@ -264,8 +269,11 @@ func (k FaultKind) String() string {
 // Fault is a scheduled failure. It fires on a call of Phase when the call
 // is the OnCall-th of that phase on the desktop (counting from 1, every call
 // counted, failed ones too), or with probability Prob on any call; both may
-// be set. The probability is drawn from the seed, the phase and the call
-// number, so a rerun fails the same calls.
+// be set. The probability is drawn like every draw (see the package
+// documentation): for an attempt's call from Config.Seed, the attempt and
+// the call's number of its phase in the attempt, so the same seed fails the
+// same calls of the same attempts whatever desktop runs them, and a retry
+// (the next try) draws anew.
 type Fault struct {
 	Phase Phase
 	Kind  FaultKind

@@ -6,12 +6,27 @@
 // # Determinism
 //
 // Every random draw (a latency, a reward, a fault with a probability) is a
-// function of the seed, what is drawn and a counter (the call number of the
-// phase, or for rewards how many times the desktop was reset to the task),
-// never of the order of other draws. Screenshots are a function of the task
-// ID, the Code actions since Reset and, while the screen settles, the number
-// of Observe calls: two desktops given the same actions show the same
-// images, whatever their seeds.
+// function of the seed, what is drawn and a counter, never of the order of
+// other draws. Which seed and counter depends on whether the call belongs
+// to an attempt, which the scheduler says with desktop.WithAttempt in the
+// call's ctx:
+//
+//   - In an attempt, draws are keyed by Config.Seed, the attempt (group,
+//     task, index in the group, try) and the call's number of its phase
+//     within the attempt. The reward is drawn once per attempt. So a batch
+//     run with the same seed gets the same rewards, latencies and faults
+//     whatever desktop runs each attempt: with 1 desktop or 8, and after a
+//     kill and a resume.
+//   - Outside an attempt (a ctx without one: the conformance suite, a
+//     caller of its own), draws are keyed by the desktop's own seed (a
+//     Fleet derives one per slot) and the call's number of its phase on the
+//     desktop; the reward by how many times the desktop was reset to the
+//     task. Reruns of the same calls on the same desktops repeat them.
+//
+// Fault.OnCall always counts calls per desktop. Screenshots are a function
+// of the task ID, the Code actions since Reset and, while the screen
+// settles, the number of Observe calls: two desktops given the same
+// actions show the same images, whatever their seeds.
 //
 // # Time
 //
@@ -41,6 +56,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -72,9 +88,12 @@ var (
 // they are not called concurrently, except Close, Stats and Name, which may
 // be called at any time.
 type Desktop struct {
-	cfg    Config
-	name   string
+	cfg  Config
+	name string
+	// seed keys the draws of calls outside an attempt; base, which is
+	// Config.Seed, those of an attempt's calls.
 	seed   uint64
+	base   uint64
 	width  int
 	height int
 	// closed is closed by the first Close; sleeps select on it.
@@ -85,8 +104,13 @@ type Desktop struct {
 	crashed  bool
 	calls    [nPhases]int
 	closes   int
-	resets   map[string]int // per task ID: successful Resets so far
-	cur      attempt
+	// inAttempt is the attempt of the last call whose ctx carried one, and
+	// attemptCalls counts its calls per phase.
+	inAttempt    desktop.Attempt
+	hasAttempt   bool
+	attemptCalls [nPhases]int
+	resets       map[string]int // per task ID: successful Resets so far
+	cur          attempt
 
 	// screen is used by Observe only, which is never concurrent with
 	// itself, so it is not guarded by mu.
@@ -131,6 +155,7 @@ func newDesktop(cfg Config, name string, seed uint64) *Desktop {
 		cfg:    cfg,
 		name:   name,
 		seed:   seed,
+		base:   cfg.Seed,
 		width:  w,
 		height: h,
 		closed: make(chan struct{}),
@@ -214,15 +239,15 @@ func (r readyWaiter) WaitReady(ctx context.Context, max time.Duration) (desktop.
 // Reset starts an attempt at task after Latency.Reset; the screen then
 // settles for Latency.Settle.
 func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
-	n, err := d.enter(ctx, PhaseReset, task.ID, false)
+	c, err := d.enter(ctx, PhaseReset, task.ID, false)
 	if err != nil {
 		return err
 	}
-	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Reset, "reset", n)); err != nil {
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Reset, "reset", c)); err != nil {
 		return d.fail(PhaseReset, err)
 	}
 	infeasible := isInfeasible(task.Evaluator)
-	settle := d.latency(d.cfg.Latency.Settle, "settle after reset", n)
+	settle := d.latency(d.cfg.Latency.Settle, "settle after reset", c)
 	h := hashKey(task.ID)
 
 	d.mu.Lock()
@@ -253,11 +278,11 @@ func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
 }
 
 func (d *Desktop) waitSettled(ctx context.Context, p Phase, l Latency) error {
-	n, err := d.enter(ctx, p, "", true)
+	c, err := d.enter(ctx, p, "", true)
 	if err != nil {
 		return err
 	}
-	if err := d.sleep(ctx, d.latency(l, string(p), n)); err != nil {
+	if err := d.sleep(ctx, d.latency(l, string(p), c)); err != nil {
 		return d.fail(p, err)
 	}
 	d.mu.Lock()
@@ -272,11 +297,11 @@ func (d *Desktop) waitSettled(ctx context.Context, p Phase, l Latency) error {
 // Observe takes Latency.Observe and returns the screen: a different frame
 // on every call while the screen settles, the same one afterwards.
 func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
-	n, err := d.enter(ctx, PhaseObserve, "", true)
+	c, err := d.enter(ctx, PhaseObserve, "", true)
 	if err != nil {
 		return desktop.Observation{}, err
 	}
-	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Observe, "observe", n)); err != nil {
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Observe, "observe", c)); err != nil {
 		return desktop.Observation{}, d.fail(PhaseObserve, err)
 	}
 
@@ -303,7 +328,7 @@ func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
 // screen, which then settles for Latency.Settle; every action succeeds in
 // the guest (exit code 0).
 func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActResult, error) {
-	n, err := d.enter(ctx, PhaseAct, "", true)
+	c, err := d.enter(ctx, PhaseAct, "", true)
 	if err != nil {
 		return desktop.ActResult{}, err
 	}
@@ -312,10 +337,10 @@ func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActRe
 	default:
 		return desktop.ActResult{}, d.fail(PhaseAct, fmt.Errorf("unknown action kind %d", action.Kind))
 	}
-	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Act, "act", n)); err != nil {
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Act, "act", c)); err != nil {
 		return desktop.ActResult{}, d.fail(PhaseAct, err)
 	}
-	settle := d.latency(d.cfg.Latency.Settle, "settle after act", n)
+	settle := d.latency(d.cfg.Latency.Settle, "settle after act", c)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -331,7 +356,7 @@ func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActRe
 // Evaluate takes Latency.Evaluate and grades the attempt (see the package
 // documentation). task must be the task of the last Reset.
 func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, error) {
-	n, err := d.enter(ctx, PhaseEvaluate, task.ID, true)
+	c, err := d.enter(ctx, PhaseEvaluate, task.ID, true)
 	if err != nil {
 		return 0, err
 	}
@@ -341,13 +366,14 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 	if cur.task != task.ID {
 		return 0, d.fail(PhaseEvaluate, fmt.Errorf("task %q, but the desktop was reset to task %q", task.ID, cur.task))
 	}
-	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", n)); err != nil {
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", c)); err != nil {
 		return 0, d.fail(PhaseEvaluate, err)
 	}
-	return d.grade(cur), nil
+	return d.grade(cur, c), nil
 }
 
-func (d *Desktop) grade(a attempt) float64 {
+// grade scores the attempt a, graded by the call c.
+func (d *Desktop) grade(a attempt, c drawKey) float64 {
 	lastFail := a.acted && a.last.Kind == desktop.Fail
 	if a.infeasible {
 		if lastFail {
@@ -362,13 +388,23 @@ func (d *Desktop) grade(a attempt) float64 {
 	if !ok {
 		r = d.cfg.DefaultReward
 	}
-	if r.P == 0 || draw(d.seed, "reward", a.task, a.n).Float64() >= r.P {
+	if r.P == 0 || d.rewardDraw(a, c).Float64() >= r.P {
 		return 0
 	}
 	if r.Value == 0 {
 		return 1
 	}
 	return r.Value
+}
+
+// rewardDraw returns the generator of the reward of a, graded by the call
+// c: one draw per attempt when c belongs to one, else one per Reset of the
+// desktop to the task.
+func (d *Desktop) rewardDraw(a attempt, c drawKey) *rand.Rand {
+	if c.attempt != "" {
+		return drawKey{seed: c.seed, attempt: c.attempt}.draw("reward", "")
+	}
+	return draw(d.seed, "reward", a.task, a.n)
 }
 
 // isInfeasible reports whether an OSWorld evaluator is the "infeasible"
@@ -417,12 +453,22 @@ func (d *Desktop) Close() error {
 // enter starts a call of phase p: it counts it, fails it if the desktop is
 // closed, the ctx done, the desktop crashed, or (with needTask) no task was
 // reset to, then injects the first fault that fires. task is the task the
-// call is for; "" means the current one. It returns the call's number.
-func (d *Desktop) enter(ctx context.Context, p Phase, task string, needTask bool) (int, error) {
+// call is for; "" means the current one. It returns what the call's draws
+// are keyed on (see the package documentation).
+func (d *Desktop) enter(ctx context.Context, p Phase, task string, needTask bool) (drawKey, error) {
+	att, inAttempt := desktop.AttemptFrom(ctx)
 	d.mu.Lock()
 	i := p.index()
 	d.calls[i]++
 	n := d.calls[i]
+	c := drawKey{seed: d.seed, n: n}
+	if inAttempt {
+		if !d.hasAttempt || d.inAttempt != att {
+			d.inAttempt, d.hasAttempt, d.attemptCalls = att, true, [nPhases]int{}
+		}
+		d.attemptCalls[i]++
+		c = drawKey{seed: d.base, attempt: attemptKey(att), n: d.attemptCalls[i]}
+	}
 	closed, crashed, hasTask := d.isClosed, d.crashed, d.cur.hasTask
 	if task == "" {
 		task = d.cur.task
@@ -435,30 +481,30 @@ func (d *Desktop) enter(ctx context.Context, p Phase, task string, needTask bool
 
 	switch {
 	case closed:
-		return n, d.fail(p, desktop.ErrClosed)
+		return c, d.fail(p, desktop.ErrClosed)
 	case ctx.Err() != nil:
-		return n, d.fail(p, ctx.Err())
+		return c, d.fail(p, ctx.Err())
 	case crashed:
-		return n, d.fail(p, ErrCrashed)
+		return c, d.fail(p, ErrCrashed)
 	case needTask && !hasTask:
-		return n, d.fail(p, ErrNoTask)
+		return c, d.fail(p, ErrNoTask)
 	}
-	f, ok := matchFault(d.cfg.Faults, d.seed, d.name, p, n, task)
+	f, ok := matchFault(d.cfg.Faults, c, d.name, p, n, task)
 	if !ok {
-		return n, nil
+		return c, nil
 	}
 	switch f.Kind {
 	case FaultHang:
-		return n, d.fail(p, d.hang(ctx))
+		return c, d.fail(p, d.hang(ctx))
 	case FaultCrash:
 		d.mu.Lock()
 		d.crashed = true
 		d.mu.Unlock()
-		return n, d.fail(p, fmt.Errorf("%w on call %d", ErrCrashed, n))
+		return c, d.fail(p, fmt.Errorf("%w on call %d", ErrCrashed, n))
 	case FaultUnsupported:
-		return n, d.fail(p, unsupported(task, n))
+		return c, d.fail(p, unsupported(task, n))
 	}
-	return n, d.fail(p, fmt.Errorf("%w on call %d", ErrInjected, n))
+	return c, d.fail(p, fmt.Errorf("%w on call %d", ErrInjected, n))
 }
 
 func unsupported(task string, n int) error {
@@ -466,13 +512,13 @@ func unsupported(task string, n int) error {
 }
 
 // matchFault returns the first of faults that fires on the n-th call of p
-// for task on the desktop named name.
-func matchFault(faults []Fault, seed uint64, name string, p Phase, n int, task string) (Fault, bool) {
+// for task on the desktop named name, drawing probabilities with c.
+func matchFault(faults []Fault, c drawKey, name string, p Phase, n int, task string) (Fault, bool) {
 	for i, f := range faults {
 		if f.Phase != p || (f.Desktop != "" && f.Desktop != name) || (f.Task != "" && f.Task != task) {
 			continue
 		}
-		if f.OnCall == n || (f.Prob > 0 && draw(seed, "fault", strconv.Itoa(i), n).Float64() < f.Prob) {
+		if f.OnCall == n || (f.Prob > 0 && c.draw("fault", strconv.Itoa(i)).Float64() < f.Prob) {
 			return f, true
 		}
 	}
@@ -483,11 +529,11 @@ func (d *Desktop) fail(p Phase, err error) error {
 	return &desktop.Error{Op: string(p), Desktop: d.name, Err: err}
 }
 
-func (d *Desktop) latency(l Latency, what string, n int) time.Duration {
+func (d *Desktop) latency(l Latency, what string, c drawKey) time.Duration {
 	if l == (Latency{}) {
 		return 0
 	}
-	return l.Sample(draw(d.seed, "latency", what, n))
+	return l.Sample(c.draw("latency", what))
 }
 
 // sleep waits for dur, or until ctx is done or the desktop closed.

@@ -75,7 +75,7 @@ func (f *Fleet) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fail(err)
 	}
-	if flt, ok := matchFault(f.cfg.Faults, f.cfg.Seed, name, PhaseCreate, n, ""); ok {
+	if flt, ok := matchFault(f.cfg.Faults, drawKey{seed: f.cfg.Seed, n: n}, name, PhaseCreate, n, ""); ok {
 		switch flt.Kind {
 		case FaultHang:
 			<-ctx.Done()
