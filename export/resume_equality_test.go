@@ -15,6 +15,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 
 	rl "legato/rl"
+	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/export"
 	"legato/rl/policy/policytest"
@@ -72,7 +73,7 @@ func collectRun(t *testing.T, dir string, desktops int, stopAfter time.Duration)
 	_, err := rl.Collect(ctx, equalityTasks(), pol, rl.CollectOptions{
 		Out: dir, NewDesktop: fake.Factory(equalityDesk()), Desktops: desktops,
 		Group: 4, EnvRetries: 3,
-		Ready: rl.ReadyOptions{Interval: 100 * time.Millisecond, Max: 5 * time.Second},
+		Ready: desktop.ReadyOptions{Interval: 100 * time.Millisecond, Max: 5 * time.Second},
 	})
 	return err
 }
