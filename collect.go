@@ -301,7 +301,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if stats.Records > 0 {
 		opts.Logger.Info("resuming batch", "records", stats.Records, "errors_rerun", b.sched.reran)
 	}
-	if err := writeManifest(opts.Out, m); err != nil {
+	if err := writeManifest(run, m); err != nil {
 		return nil, err
 	}
 	return b.run(ctx)

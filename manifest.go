@@ -17,7 +17,7 @@ import (
 // manifestName is the file in a run directory that says which batch it
 // holds, so that collecting into it again continues that batch and nothing
 // else.
-const manifestName = "batch.json"
+const manifestName = schema.BatchFile
 
 // manifest identifies a batch: the same tasks (by id and content), the same
 // policy, the same group shape.
@@ -109,15 +109,11 @@ func (old *manifest) sameBatch(dir string, m manifest) error {
 	return nil
 }
 
-func writeManifest(dir string, m manifest) error {
+// writeManifest writes m as the run's batch.json, atomically.
+func writeManifest(run *schema.Run, m manifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, manifestName)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return run.WriteFile(manifestName, append(data, '\n'))
 }
