@@ -121,7 +121,7 @@ func (s syntheticRun) write(dir string) error {
 					StartedAt: rec.StartedAt,
 					Response: schema.Response{Content: content, Reasoning: "The spreadsheet is open; column B holds the values.",
 						TokenIDs: ids, Logprobs: lps, FinishReason: "stop"},
-					Model:   schema.ModelCall{Seconds: 1.5, Attempts: 1, PromptTokens: 2000 + 1200*k, CompletionTokens: 80, CachedTokens: 1200 * k},
+					Model:   schema.ModelCall{Seconds: 1.5, Attempts: 1, PromptTokens: 2000 + 1200*k, CompletionTokens: 80, CachedTokens: new(1200 * k)},
 					Actions: []schema.ActionRecord{{Action: fmt.Sprintf("import pyautogui; pyautogui.click(%d, %d)", 100+k, 200), ActS: 0.2, WaitS: 1, ObsS: 0.3}},
 				})
 				reply, err := put(schema.Message{Role: "assistant", Content: []schema.Part{schema.TextPart(content)}})
@@ -249,7 +249,7 @@ func BenchmarkSummaryBuilder(b *testing.B) {
 			model := time.Duration(1000+(i*37+k*101)%3000) * time.Millisecond
 			rec.Steps = append(rec.Steps, schema.Step{
 				StartedAt: schema.Time{Time: cur},
-				Model:     schema.ModelCall{Seconds: model.Seconds(), Attempts: 1, PromptTokens: 3000, CachedTokens: 2000},
+				Model:     schema.ModelCall{Seconds: model.Seconds(), Attempts: 1, PromptTokens: 3000, CachedTokens: new(2000)},
 				Response:  schema.Response{TokenIDs: []int64{1}, Logprobs: []float64{-1}},
 				Actions:   []schema.ActionRecord{{ActS: 0.2, WaitS: 1.5, ObsS: 0.3}},
 			})

@@ -115,14 +115,22 @@ type Sample struct {
 	Reward        float64 `json:"reward"`
 	Advantage     float64 `json:"advantage"`
 	// Messages is the exact prompt of the call.
-	Messages          []schema.Message `json:"messages"`
-	ResponseText      string           `json:"response_text"`
-	ResponseReasoning string           `json:"response_reasoning"`
-	ResponseTokenIDs  []int64          `json:"response_token_ids"`
-	ResponseLogprobs  []float64        `json:"response_logprobs"`
+	Messages []schema.Message `json:"messages"`
+	// PromptTokenIDs are the prompt's token ids as the server tokenized
+	// it (chat template and image tokens included); absent when the server
+	// did not return them.
+	PromptTokenIDs    []int64   `json:"prompt_token_ids,omitempty"`
+	ResponseText      string    `json:"response_text"`
+	ResponseReasoning string    `json:"response_reasoning"`
+	ResponseTokenIDs  []int64   `json:"response_token_ids"`
+	ResponseLogprobs  []float64 `json:"response_logprobs"`
 	// ResponseTokens holds token strings when the server gave no ids.
 	ResponseTokens []string `json:"response_tokens"`
-	FinishReason   string   `json:"finish_reason"`
+	// TokenIDsSource says how the response's ids came; keep the samples
+	// whose source is exact (schema.TokenIDSource.Exact) for a
+	// token-level loss.
+	TokenIDsSource schema.TokenIDSource `json:"token_ids_source,omitempty"`
+	FinishReason   string               `json:"finish_reason"`
 	// Warnings repeats the step's data warnings, such as a logprobs and
 	// token ids length mismatch.
 	Warnings []string `json:"warnings,omitempty"`
@@ -144,13 +152,15 @@ type sampleHead struct {
 }
 
 type sampleTail struct {
-	ResponseText      string    `json:"response_text"`
-	ResponseReasoning string    `json:"response_reasoning"`
-	ResponseTokenIDs  []int64   `json:"response_token_ids"`
-	ResponseLogprobs  []float64 `json:"response_logprobs"`
-	ResponseTokens    []string  `json:"response_tokens"`
-	FinishReason      string    `json:"finish_reason"`
-	Warnings          []string  `json:"warnings,omitempty"`
+	PromptTokenIDs    []int64              `json:"prompt_token_ids,omitempty"`
+	ResponseText      string               `json:"response_text"`
+	ResponseReasoning string               `json:"response_reasoning"`
+	ResponseTokenIDs  []int64              `json:"response_token_ids"`
+	ResponseLogprobs  []float64            `json:"response_logprobs"`
+	ResponseTokens    []string             `json:"response_tokens"`
+	TokenIDsSource    schema.TokenIDSource `json:"token_ids_source,omitempty"`
+	FinishReason      string               `json:"finish_reason"`
+	Warnings          []string             `json:"warnings,omitempty"`
 }
 
 // ExportSteps writes the training samples of the run directory runDir to
@@ -319,13 +329,19 @@ func writeRecords(ctx context.Context, recs <-chan *schema.Record, w io.Writer, 
 			if err != nil {
 				return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 			}
+			promptIDs, err := store.PromptTokenIDs(*step)
+			if err != nil {
+				return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+			}
 			head.Step = i
 			tail := sampleTail{
+				PromptTokenIDs:    promptIDs,
 				ResponseText:      step.Response.Content,
 				ResponseReasoning: step.Response.Reasoning,
 				ResponseTokenIDs:  step.Response.TokenIDs,
 				ResponseLogprobs:  step.Response.Logprobs,
 				ResponseTokens:    step.Response.Tokens,
+				TokenIDsSource:    step.Response.TokenIDsSource,
 				FinishReason:      step.Response.FinishReason,
 				Warnings:          step.Warnings,
 			}

@@ -161,6 +161,7 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 	if _, err := schema.ReadRunRecords(fixedRun, func(r schema.Record) error { recs[r.RolloutID] = r; return nil }); err != nil {
 		t.Fatal(err)
 	}
+	withPromptIDs := 0
 	for _, s := range samples {
 		rec := recs[s.RolloutID]
 		step := rec.Steps[s.Step]
@@ -168,14 +169,21 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		promptIDs, err := schema.LoadPromptTokenIDs(fixedRun, step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(promptIDs) > 0 {
+			withPromptIDs++
+		}
 		want := export.Sample{
 			RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt,
 			Step: s.Step, Status: rec.Status, PolicyVersion: rec.Policy.Version, Reward: *rec.Reward,
-			Advantage: s.Advantage, Messages: msgs,
+			Advantage: s.Advantage, Messages: msgs, PromptTokenIDs: promptIDs,
 			ResponseText: step.Response.Content, ResponseReasoning: step.Response.Reasoning,
 			ResponseTokenIDs: step.Response.TokenIDs, ResponseLogprobs: step.Response.Logprobs,
-			ResponseTokens: step.Response.Tokens, FinishReason: step.Response.FinishReason,
-			Warnings: step.Warnings,
+			ResponseTokens: step.Response.Tokens, TokenIDsSource: step.Response.TokenIDsSource,
+			FinishReason: step.Response.FinishReason, Warnings: step.Warnings,
 		}
 		if diff := cmp.Diff(want, s); diff != "" {
 			t.Errorf("sample %s step %d (-want +got):\n%s", s.RolloutID, s.Step, diff)
@@ -190,6 +198,10 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 				}
 			}
 		}
+	}
+	// The fixed run gives prompt ids to every step with exact ids.
+	if withPromptIDs == 0 {
+		t.Error("no sample has prompt token ids")
 	}
 }
 

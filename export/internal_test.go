@@ -210,3 +210,81 @@ func TestServerIdle(t *testing.T) {
 		t.Errorf("ServerIdleS (-want +got):\n%s", diff)
 	}
 }
+
+// TestSummaryCacheAndTokenIDs: the hit rate is known only once some answer
+// gave a cached count, and then an answer without one counts as 0; the
+// token-id source is the one most steps came with.
+func TestSummaryCacheAndTokenIDs(t *testing.T) {
+	step := func(prompt int, cached *int, src schema.TokenIDSource, promptIDs bool) schema.Step {
+		st := schema.Step{Model: schema.ModelCall{PromptTokens: prompt, CachedTokens: cached},
+			Response: schema.Response{TokenIDsSource: src}}
+		if promptIDs {
+			st.PromptTokenChunks = []string{"c"}
+		}
+		return st
+	}
+	tests := []struct {
+		name         string
+		steps        []schema.Step
+		wantReported bool
+		wantRate     float64
+		wantSource   schema.TokenIDSource
+		wantExact    float64
+		wantPrompt   float64
+	}{
+		{
+			name: "no answer gave a count (reporting off)",
+			steps: []schema.Step{
+				step(1000, nil, schema.SourceTokensAsIDs, false),
+				step(1000, nil, schema.SourceTokensAsIDs, false),
+			},
+			wantSource: schema.SourceTokensAsIDs, wantExact: 1,
+		},
+		{
+			// vLLM 0.9 to mid-2026: null at 0 cached, a count otherwise.
+			name: "null at 0 cached, then a hit",
+			steps: []schema.Step{
+				step(1000, nil, schema.SourceReturnTokenIDs, true),
+				step(1000, new(750), schema.SourceReturnTokenIDs, true),
+				step(2000, nil, schema.SourceReturnTokenIDs, true),
+				step(4000, new(1000), schema.SourceReturnTokenIDs, true),
+			},
+			wantReported: true, wantRate: 1750.0 / 8000, wantSource: schema.SourceReturnTokenIDs, wantExact: 1, wantPrompt: 1,
+		},
+		{
+			name: "reported zeros",
+			steps: []schema.Step{
+				step(1000, new(0), schema.SourceStrings, false),
+				step(1000, new(0), schema.SourceStrings, false),
+			},
+			wantReported: true, wantSource: schema.SourceStrings,
+		},
+		{
+			name: "the exact source wins a tie",
+			steps: []schema.Step{
+				step(1000, nil, schema.SourceStrings, false),
+				step(1000, nil, schema.SourceMetaInfo, true),
+			},
+			wantSource: schema.SourceMetaInfo, wantExact: 0.5, wantPrompt: 0.5,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := NewSummaryBuilder(schema.Policy{}, 0, 0)
+			b.Add(&schema.Record{RolloutID: "r", GroupID: "g", Status: schema.StatusOK, Steps: tt.steps})
+			s := b.Summary()
+			got := [5]any{s.PrefixCacheReported, s.PrefixCacheHitRate, s.TokenIDSource, s.StepsWithExactTokenIDs, s.StepsWithPromptTokenIDs}
+			want := [5]any{tt.wantReported, tt.wantRate, tt.wantSource, tt.wantExact, tt.wantPrompt}
+			if got != want {
+				t.Errorf("reported, rate, source, exact, prompt ids = %v, want %v", got, want)
+			}
+			n := 0
+			for _, c := range s.TokenIDSources {
+				n += c
+			}
+			if n != len(tt.steps) {
+				t.Errorf("TokenIDSources %v count %d steps, want %d", s.TokenIDSources, n, len(tt.steps))
+			}
+		})
+	}
+}

@@ -25,14 +25,14 @@ func TestMainCommand(t *testing.T) {
 		wantStderr string // a substring
 	}{
 		{name: "flags after the directory", args: []string{"DIR", "--out", out, "--allow-missing-logprobs"},
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n",
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
 			wantStderr: "warning: wrote 2 of 11 samples without logprobs (--allow-missing-logprobs)\n"},
 		{name: "flags before the directory", args: []string{"-out=" + out, "--drop-constant-groups", "DIR"},
-			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (6.7 KiB)\n" +
+			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (7.1 KiB)\n" +
 				"dropped 2 groups with equal rewards (5 samples)\n"},
 		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs"}, dir: tornCopy,
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (11.2 KiB)\n",
-			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 17981): no newline at the end"},
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
+			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 19710): no newline at the end"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -189,20 +189,32 @@ func buildRecord(run *schema.Run, a attemptSpec, start time.Time) (*schema.Recor
 			Request:   hashes,
 			StartedAt: schema.Time{Time: cur},
 			Response: schema.Response{
-				Content:      content,
-				Reasoning:    fmt.Sprintf("Step %d: the target is visible.", k),
-				TokenIDs:     []int64{151657, int64(1000 + k), int64(2000 + k)},
-				Logprobs:     []float64{-0.125, -0.5 * float64(k+1), -0.0625},
-				FinishReason: "stop",
+				Content:        content,
+				Reasoning:      fmt.Sprintf("Step %d: the target is visible.", k),
+				TokenIDs:       []int64{151657, int64(1000 + k), int64(2000 + k)},
+				Logprobs:       []float64{-0.125, -0.5 * float64(k+1), -0.0625},
+				TokenIDsSource: schema.SourceReturnTokenIDs,
+				FinishReason:   "stop",
 			},
 			Model: schema.ModelCall{
 				Seconds: m, QueueS: a.queue[k], Attempts: 1,
-				PromptTokens: 1024 + 256*k, CompletionTokens: 3, CachedTokens: 256 * k,
+				PromptTokens: 1024 + 256*k, CompletionTokens: 3, CachedTokens: new(256 * k),
 			},
 		}
 		if a.noTokenIDs {
 			step.Response.TokenIDs = nil
 			step.Response.Tokens = []string{"<tool_call>", fmt.Sprint(k), "}"}
+			step.Response.TokenIDsSource = schema.SourceStrings
+		} else {
+			// The prompt as the server tokenized it: it grows by the
+			// reply and the next screenshot each step, sharing its start.
+			ids := make([]int64, 0, 6+2*k)
+			for j := range 6 + 2*k {
+				ids = append(ids, int64(151644+j%7))
+			}
+			if step.PromptTokenChunks, err = run.PutTokenIDs(ids); err != nil {
+				return nil, err
+			}
 		}
 		if a.noLogprobs {
 			step.Response.Logprobs = nil
@@ -213,7 +225,7 @@ func buildRecord(run *schema.Run, a attemptSpec, start time.Time) (*schema.Recor
 		}
 		if a.id == "r-a0" && k == 1 {
 			step.Model.Attempts = 2 // a retried call
-			step.Model.CachedTokens = 0
+			step.Model.CachedTokens = nil
 		}
 		spend(&tm.ModelS, m)
 		rec.Steps = append(rec.Steps, step)
@@ -307,7 +319,7 @@ func TestFixedRun(t *testing.T) {
 	}
 	// Stored objects are named by the hash of their content; compressed
 	// bytes may differ between zstd releases, the names may not.
-	for _, sub := range []string{schema.MessagesDir, schema.ImagesDir} {
+	for _, sub := range []string{schema.MessagesDir, schema.ImagesDir, schema.TokensDir} {
 		if diff := cmp.Diff(listDir(t, filepath.Join(fixedRun, sub)), listDir(t, filepath.Join(dir, sub))); diff != "" {
 			t.Errorf("%s/ (-want +got):\n%s", sub, diff)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -50,9 +51,15 @@ type SummaryBuilder struct {
 	errorsRerun  int
 	promptTokens int64
 	cachedTokens int64
-	steps        int
-	withLogprobs int
-	withTokenIDs int
+	// cacheReported: some step's answer gave a cached-token count, so the
+	// server reports them and an answer without one means none.
+	cacheReported bool
+	steps         int
+	withLogprobs  int
+	withTokenIDs  int
+	withExactIDs  int
+	withPromptIDs int
+	sources       map[schema.TokenIDSource]int
 
 	busy    intervalSet // model calls in flight
 	inPhase [numPhases]intervalSet
@@ -83,6 +90,7 @@ func NewSummaryBuilder(policy schema.Policy, tasks, groups int) *SummaryBuilder 
 		counts:    make(map[schema.Status]int),
 		rewards:   make(map[string]*rewardSpread),
 		lastError: make(map[attemptKey]string),
+		sources:   make(map[schema.TokenIDSource]int),
 	}
 }
 
@@ -157,12 +165,24 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 			b.retriedCalls++
 		}
 		b.promptTokens += int64(st.Model.PromptTokens)
-		b.cachedTokens += int64(st.Model.CachedTokens)
+		if c := st.Model.CachedTokens; c != nil {
+			b.cachedTokens += int64(*c)
+			b.cacheReported = true
+		}
 		if len(st.Response.Logprobs) > 0 {
 			b.withLogprobs++
 		}
 		if len(st.Response.TokenIDs) > 0 {
 			b.withTokenIDs++
+		}
+		if src := st.Response.TokenIDsSource; src != "" {
+			b.sources[src]++
+			if src.Exact() {
+				b.withExactIDs++
+			}
+		}
+		if len(st.PromptTokenChunks) > 0 {
+			b.withPromptIDs++
 		}
 	}
 	layout(rec, func(p phase, start, end int64) {
@@ -258,15 +278,36 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 	s.PolicyErrors = b.policyErrors
 	s.EnvErrors = b.envErrors
 	s.ErrorsRerun = b.errorsRerun
-	if b.promptTokens > 0 {
+	s.PrefixCacheReported = b.cacheReported
+	if b.promptTokens > 0 && b.cacheReported {
 		s.PrefixCacheHitRate = float64(b.cachedTokens) / float64(b.promptTokens)
 	}
 	if b.steps > 0 {
 		s.StepsWithLogprobs = float64(b.withLogprobs) / float64(b.steps)
 		s.StepsWithTokenIDs = float64(b.withTokenIDs) / float64(b.steps)
+		s.StepsWithExactTokenIDs = float64(b.withExactIDs) / float64(b.steps)
+		s.StepsWithPromptTokenIDs = float64(b.withPromptIDs) / float64(b.steps)
 	}
+	s.TokenIDSources = maps.Clone(b.sources)
+	s.TokenIDSource = mostSteps(b.sources)
 	s.Warnings = b.warnings()
 	return s
+}
+
+// mostSteps returns the source of the most steps; on a tie the exact one,
+// then the first by name, so the answer does not depend on map order.
+func mostSteps(sources map[schema.TokenIDSource]int) schema.TokenIDSource {
+	var best schema.TokenIDSource
+	for src, n := range sources {
+		m := sources[best]
+		switch {
+		case best == "", n > m,
+			n == m && src.Exact() && !best.Exact(),
+			n == m && src.Exact() == best.Exact() && src < best:
+			best = src
+		}
+	}
+	return best
 }
 
 // warnings says what a trainer must know before training on the steps.

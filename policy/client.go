@@ -496,7 +496,7 @@ func (c *Client) fill(res *Result, raw []byte, withIDs bool) error {
 		res.Model.CompletionTokens = u.CompletionTokens
 		if u.PromptTokensDetails != nil {
 			res.CacheReported = true
-			res.Model.CachedTokens = u.PromptTokensDetails.CachedTokens
+			res.Model.CachedTokens = &u.PromptTokensDetails.CachedTokens
 		}
 	}
 	return nil

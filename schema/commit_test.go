@@ -106,6 +106,12 @@ func (l *syncLog) checkSynced(id string, st Step) {
 			}
 		}
 	}
+	if len(st.PromptTokenChunks) > 0 {
+		need = append(need, TokensDir)
+		for _, h := range st.PromptTokenChunks {
+			need = append(need, filepath.Join(TokensDir, h))
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, name := range need {
@@ -267,12 +273,14 @@ func TestAppendConcurrentSyncs(t *testing.T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for name, n := range l.syncs {
-		if n != 1 && name != RecordsFile && name != MessagesDir && name != ImagesDir {
+		if n != 1 && name != RecordsFile && name != MessagesDir && name != ImagesDir && name != TokensDir {
 			t.Errorf("%s fsynced %d times, want once", name, n)
 		}
 	}
-	// Every worker's system message, plus per record a message and an image.
-	if got, want := len(l.syncs), 1+2*workers*each+3; got != want {
+	// Every worker's system message and the first prompt token chunk they
+	// share, plus per record a message, an image and a last chunk; and the
+	// four names of the run directory.
+	if got, want := len(l.syncs), 2+3*workers*each+4; got != want {
 		t.Errorf("%d names fsynced, want %d", got, want)
 	}
 	t.Logf("%d records, %d fsyncs of %s", workers*each, l.commits, RecordsFile)
@@ -299,9 +307,19 @@ func runAppends(t *testing.T, r *Run, l *syncLog, workers, each int) {
 					t.Error(err)
 					return
 				}
+				// A prompt of one chunk every record shares and a last
+				// chunk of its own.
+				ids := make([]int64, TokenChunk+1)
+				ids[TokenChunk] = int64(w*each + i)
+				chunks, err := r.PutTokenIDs(ids)
+				if err != nil {
+					t.Error(err)
+					return
+				}
 				rec := fullRecord(id)
 				rec.Steps = rec.Steps[:1]
 				rec.Steps[0].Request = hashes
+				rec.Steps[0].PromptTokenChunks = chunks
 				if err := r.Append(rec); err != nil {
 					t.Error(err)
 					return

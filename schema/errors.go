@@ -31,7 +31,7 @@ var (
 // ObjectError is an error about one object of a run's content store.
 type ObjectError struct {
 	Op   string // "put" or "load"
-	Kind string // "message" or "image"
+	Kind string // "message", "image" or "token chunk"
 	// Hash names the object; empty when the failure came before hashing.
 	Hash string
 	Err  error

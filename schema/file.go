@@ -186,7 +186,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // summary and content store, such as BatchFile; name is a plain file name.
 func (r *Run) WriteFile(name string, data []byte) error {
 	if name == "" || name != filepath.Base(name) || strings.HasPrefix(name, tempPrefix) ||
-		name == RecordsFile || name == SummaryFile || name == MessagesDir || name == ImagesDir {
+		name == RecordsFile || name == SummaryFile || name == MessagesDir || name == ImagesDir || name == TokensDir {
 		return fmt.Errorf("write run file %q: want a plain file name other than the run's records, summary and store", name)
 	}
 	r.life.RLock()

@@ -83,13 +83,13 @@ func TestRunWriteFile(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, BatchFile)); err != nil || string(b) != "two\n" {
 		t.Errorf("batch.json = %q, %v; want %q", b, err, "two\n")
 	}
-	for _, name := range []string{"", RecordsFile, SummaryFile, MessagesDir, "sub/x.json", "../x.json", tempPrefix + "x"} {
+	for _, name := range []string{"", RecordsFile, SummaryFile, MessagesDir, TokensDir, "sub/x.json", "../x.json", tempPrefix + "x"} {
 		if err := r.WriteFile(name, []byte("x")); err == nil {
 			t.Errorf("WriteFile(%q) = nil, want an error", name)
 		}
 	}
-	if got := names(t, dir); len(got) != 4 {
-		t.Errorf("run directory holds %q, want rollouts.jsonl, messages, images and batch.json", got)
+	if got := names(t, dir); len(got) != 5 {
+		t.Errorf("run directory holds %q, want rollouts.jsonl, messages, images, tokens and batch.json", got)
 	}
 	r.Close()
 	if err := r.WriteFile(BatchFile, nil); !errors.Is(err, ErrClosed) {

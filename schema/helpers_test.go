@@ -157,7 +157,7 @@ func fullRecord(id string) *Record {
 				Tokens:       []string{"<tool_call>", "\n", "{\""},
 				FinishReason: "stop",
 			},
-			Model: ModelCall{Seconds: 1.75, QueueS: 0.25, Attempts: 2, PromptTokens: 2048, CompletionTokens: 3, CachedTokens: 1024},
+			Model: ModelCall{Seconds: 1.75, QueueS: 0.25, Attempts: 2, PromptTokens: 2048, CompletionTokens: 3, CachedTokens: new(1024)},
 			Actions: []ActionRecord{{
 				Action: "import pyautogui; pyautogui.click(960, 324)",
 				Call:   json.RawMessage(`{"action":"left_click","coordinate":[500,300]}`),
@@ -169,7 +169,7 @@ func fullRecord(id string) *Record {
 			Request:   []string{strings.Repeat("ef", 32)},
 			StartedAt: Time{t0.Add(10 * time.Second)},
 			Response:  Response{Content: "DONE", FinishReason: "stop"},
-			Model:     ModelCall{Seconds: 2, Attempts: 1, PromptTokens: 2100, CompletionTokens: 1, CachedTokens: 2048},
+			Model:     ModelCall{Seconds: 2, Attempts: 1, PromptTokens: 2100, CompletionTokens: 1, CachedTokens: new(2048)},
 			Actions:   []ActionRecord{{Action: "DONE"}},
 		}},
 		Desktop:   3,

@@ -24,6 +24,9 @@ const (
 	// rollouts (about 1–2 MB each as a data URL), so exporting the steps of a
 	// rollout reads and encodes each screenshot once.
 	DefaultImageCacheBytes = 256 << 20
+	// DefaultTokenCacheBytes holds the prompt token chunks of a few
+	// rollouts (8 bytes an id), which their steps share.
+	DefaultTokenCacheBytes = 32 << 20
 )
 
 // StoreOptions tunes a MessageStore. The zero value is ready to use.
@@ -34,6 +37,9 @@ type StoreOptions struct {
 	// ImageCacheBytes bounds the cache of images as data URLs, in bytes. 0
 	// means DefaultImageCacheBytes; negative disables it.
 	ImageCacheBytes int64
+	// TokenCacheBytes bounds the cache of prompt token chunks, at 8 bytes
+	// an id. 0 means DefaultTokenCacheBytes; negative disables it.
+	TokenCacheBytes int64
 }
 
 // LoadOptions says how to rebuild messages.
@@ -50,6 +56,7 @@ type LoadOptions struct {
 type MessageStore struct {
 	msgDir string
 	imgDir string
+	tokDir string
 
 	// life is held shared by every load and exclusively by Close: the
 	// decoder must not be used after it is closed.
@@ -59,6 +66,7 @@ type MessageStore struct {
 
 	msgs *lru[[32]byte, Message] // image references kept
 	imgs *lru[[32]byte, string]  // PNG data URLs
+	toks *lru[[32]byte, []int64] // prompt token chunks
 }
 
 // OpenMessageStore opens the content store of the run directory runDir for
@@ -67,8 +75,10 @@ func OpenMessageStore(runDir string, opts StoreOptions) (*MessageStore, error) {
 	s := &MessageStore{
 		msgDir: filepath.Join(runDir, MessagesDir),
 		imgDir: filepath.Join(runDir, ImagesDir),
+		tokDir: filepath.Join(runDir, TokensDir),
 		msgs:   newLRU[[32]byte, Message](orDefault(opts.MessageCacheBytes, DefaultMessageCacheBytes)),
 		imgs:   newLRU[[32]byte, string](orDefault(opts.ImageCacheBytes, DefaultImageCacheBytes)),
+		toks:   newLRU[[32]byte, []int64](orDefault(opts.TokenCacheBytes, DefaultTokenCacheBytes)),
 	}
 	fi, err := os.Stat(s.msgDir)
 	if err != nil {

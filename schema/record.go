@@ -80,10 +80,19 @@ type MetricRun struct {
 	Via    string `json:"via"`
 }
 
-// Policy identifies the weights that produced a record.
+// Policy identifies the weights that produced a record, and how they were
+// sampled: a trainer computing importance ratios needs the temperature and
+// top-p the tokens were drawn with.
 type Policy struct {
 	Model   string `json:"model"`
 	Version string `json:"version"`
+	// Temperature and TopP are what every request of the record sent;
+	// absent when they were left to the server (its defaults, or the
+	// model's generation config on vLLM and SGLang).
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	// MaxTokens caps generated tokens per call; absent when unset.
+	MaxTokens int `json:"max_tokens,omitempty"`
 }
 
 // ErrorInfo says why an attempt ended in StatusError (or was retried).
@@ -114,6 +123,11 @@ type Timing struct {
 type Step struct {
 	// Request is the prompt as message hashes (see Run.PutMessages).
 	Request []string `json:"request"`
+	// PromptTokenChunks are the prompt's token ids as the server counted
+	// them, as chunk hashes (see Run.PutTokenIDs and
+	// MessageStore.PromptTokenIDs); absent when the server did not return
+	// them.
+	PromptTokenChunks []string `json:"prompt_token_chunks,omitempty"`
 	// StartedAt is when the step's model call was issued (after any
 	// queueing for --max-inflight).
 	StartedAt Time           `json:"started_at"`
@@ -131,12 +145,46 @@ type Step struct {
 
 // Response is what the model generated.
 type Response struct {
-	Content      string    `json:"content"`
-	Reasoning    string    `json:"reasoning"`
-	TokenIDs     []int64   `json:"token_ids"`
-	Logprobs     []float64 `json:"logprobs"`
-	Tokens       []string  `json:"tokens"`
-	FinishReason string    `json:"finish_reason"`
+	Content   string `json:"content"`
+	Reasoning string `json:"reasoning"`
+	// TokenIDs are the generated ids, the stop token included (servers
+	// count it in completion_tokens and leave it out of Content). Empty
+	// when the server gave no exact ids: Tokens then holds the token
+	// strings, which are lossy (a character split across tokens shows as
+	// U+FFFD in each).
+	TokenIDs []int64   `json:"token_ids"`
+	Logprobs []float64 `json:"logprobs"`
+	Tokens   []string  `json:"tokens"`
+	// TokenIDsSource says how the ids came; a trainer keeps the steps whose
+	// source is Exact. Empty in records written before it existed.
+	TokenIDsSource TokenIDSource `json:"token_ids_source,omitempty"`
+	FinishReason   string        `json:"finish_reason"`
+}
+
+// TokenIDSource is how a response's generated token ids came from the
+// server.
+type TokenIDSource string
+
+const (
+	// SourceReturnTokenIDs: the server's token_ids field, asked for with
+	// return_token_ids (vLLM 0.10.2 and later, SGLang since mid-2026).
+	SourceReturnTokenIDs TokenIDSource = "return_token_ids"
+	// SourceTokensAsIDs: logprob token strings of the form "token_id:N",
+	// asked for with vLLM's return_tokens_as_token_ids (vLLM 0.10.1 and
+	// earlier releases that lack return_token_ids).
+	SourceTokensAsIDs TokenIDSource = "tokens_as_ids"
+	// SourceMetaInfo: SGLang's meta_info.output_token_logprobs, entries
+	// [logprob, id, text], asked for with return_meta_info (SGLang
+	// releases before return_token_ids).
+	SourceMetaInfo TokenIDSource = "meta_info"
+	// SourceStrings: no exact ids; Tokens holds the logprob token
+	// strings, which a trainer would have to re-tokenize.
+	SourceStrings TokenIDSource = "strings"
+)
+
+// Exact reports whether ids from s are the ids the server generated.
+func (s TokenIDSource) Exact() bool {
+	return s == SourceReturnTokenIDs || s == SourceTokensAsIDs || s == SourceMetaInfo
 }
 
 // ModelCall is the cost of one model call.
@@ -146,7 +194,12 @@ type ModelCall struct {
 	Attempts         int     `json:"attempts"`
 	PromptTokens     int     `json:"prompt_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
-	CachedTokens     int     `json:"cached_tokens"`
+	// CachedTokens is the prompt tokens the server's prefix cache served;
+	// null when the answer did not say. Servers leave it out when cache
+	// reporting is off, and some also when nothing was cached (vLLM from
+	// 0.9 to mid-2026 sends null at 0; SGLang sends 0 with image counts
+	// even with reporting off), so null is not 0.
+	CachedTokens *int `json:"cached_tokens"`
 }
 
 // ActionRecord is one action sent to the desktop and the time around it.

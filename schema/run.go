@@ -23,6 +23,7 @@ const (
 	SummaryFile = "summary.json"   // the latest Summary
 	MessagesDir = "messages"       // messages/<sha256>: zstd canonical JSON
 	ImagesDir   = "images"         // images/<sha256>.png
+	TokensDir   = "tokens"         // tokens/<sha256>: zstd JSON chunks of prompt token ids
 )
 
 // MaxRecordBytes bounds one line of rollouts.jsonl. A 15-step record with
@@ -41,6 +42,7 @@ type Run struct {
 	dir    string
 	msgDir string
 	imgDir string
+	tokDir string
 	enc    *zstd.Encoder // EncodeAll only: safe for concurrent use
 
 	// life is held shared by every operation and exclusively by Close, so
@@ -65,9 +67,9 @@ type Run struct {
 
 	// Hashes known to be stored, so that history messages repeated in every
 	// prompt cost a hash and no syscall.
-	msgs, imgs sync.Map // [32]byte → struct{}
-	flight     singleflight.Group
-	scratch    sync.Pool // *imageScratch
+	msgs, imgs, toks sync.Map // [32]byte → struct{}
+	flight           singleflight.Group
+	scratch          sync.Pool // *imageScratch
 
 	// unsynced holds the content files renamed into place but not yet
 	// fsynced. PutMessages leaves syncing to the next commit, which syncs
@@ -122,9 +124,10 @@ func openRun(dir string, create bool) (_ *Run, err error) {
 		dir:    dir,
 		msgDir: filepath.Join(dir, MessagesDir),
 		imgDir: filepath.Join(dir, ImagesDir),
+		tokDir: filepath.Join(dir, TokensDir),
 		f:      f,
 	}
-	for _, d := range []string{r.msgDir, r.imgDir} {
+	for _, d := range []string{r.msgDir, r.imgDir, r.tokDir} {
 		if err := os.MkdirAll(d, dirMode); err != nil {
 			return nil, fmt.Errorf("open run: %w", err)
 		}
@@ -133,12 +136,13 @@ func openRun(dir string, create bool) (_ *Run, err error) {
 		return nil, fmt.Errorf("open run %s: %w", dir, err)
 	}
 	// The lock is ours, so any temp file is a crashed writer's leftover.
-	for _, d := range []string{dir, r.msgDir, r.imgDir} {
+	for _, d := range []string{dir, r.msgDir, r.imgDir, r.tokDir} {
 		if err := removeTemps(d); err != nil {
 			return nil, fmt.Errorf("open run: %w", err)
 		}
 	}
-	// Make the new entries (rollouts.jsonl, messages/, images/) durable.
+	// Make the new entries (rollouts.jsonl, messages/, images/, tokens/)
+	// durable.
 	if err := syncDir(dir); err != nil {
 		return nil, fmt.Errorf("open run: %w", err)
 	}
@@ -362,7 +366,7 @@ type hooks struct {
 
 // A storedObject is a content file that PutMessages renamed into place.
 type storedObject struct {
-	known *sync.Map // r.msgs or r.imgs
+	known *sync.Map // r.msgs, r.imgs or r.toks
 	sum   [32]byte
 }
 

@@ -284,7 +284,7 @@ func TestWriteSummary(t *testing.T) {
 			t.Errorf("summary %d (-want +got):\n%s", i, diff)
 		}
 	}
-	want := []string{ImagesDir, MessagesDir, RecordsFile, SummaryFile}
+	want := []string{ImagesDir, MessagesDir, RecordsFile, SummaryFile, TokensDir}
 	if diff := cmp.Diff(want, names(t, dir)); diff != "" {
 		t.Errorf("run directory (-want +got):\n%s", diff)
 	}

@@ -60,11 +60,29 @@ type Summary struct {
 	// ServerDownS is the wall time the batch waited for an absent model
 	// server (known to collect only; profile leaves it 0).
 	ServerDownS float64 `json:"server_down_s"`
-	// PrefixCacheHitRate is cached prompt tokens / prompt tokens.
+	// PrefixCacheHitRate is cached prompt tokens / prompt tokens, when
+	// PrefixCacheReported. A step whose answer gave no count counts as 0
+	// cached: servers that report leave the count out at 0.
 	PrefixCacheHitRate float64 `json:"prefix_cache_hit_rate"`
-	// StepsWithLogprobs and StepsWithTokenIDs are shares of steps.
-	StepsWithLogprobs float64 `json:"steps_with_logprobs"`
-	StepsWithTokenIDs float64 `json:"steps_with_token_ids"`
+	// PrefixCacheReported: some step's answer gave a cached-token count.
+	// When false the hit rate is unknown, not 0 (the server does not
+	// report cached tokens: vLLM without --enable-prompt-tokens-details,
+	// SGLang without --enable-cache-report).
+	PrefixCacheReported bool `json:"prefix_cache_reported"`
+	// StepsWithLogprobs and StepsWithTokenIDs are shares of steps;
+	// StepsWithExactTokenIDs the share whose ids are the generated ones
+	// (TokenIDSource.Exact), StepsWithPromptTokenIDs the share with prompt
+	// token ids.
+	StepsWithLogprobs       float64 `json:"steps_with_logprobs"`
+	StepsWithTokenIDs       float64 `json:"steps_with_token_ids"`
+	StepsWithExactTokenIDs  float64 `json:"steps_with_exact_token_ids"`
+	StepsWithPromptTokenIDs float64 `json:"steps_with_prompt_token_ids"`
+	// TokenIDSource is how most steps got their generated ids: the way the
+	// client settled on for the server (return_token_ids, tokens_as_ids,
+	// meta_info, or strings when the server gives no exact ids); empty
+	// before any step. TokenIDSources counts steps per source.
+	TokenIDSource  TokenIDSource         `json:"token_id_source"`
+	TokenIDSources map[TokenIDSource]int `json:"token_id_sources"`
 
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`

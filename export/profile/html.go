@@ -152,7 +152,7 @@ func newView(r *Report) *view {
 		Dir: r.Dir, Model: orDash(s.Policy.Model), Version: orDash(s.Policy.Version),
 		State: "not final", Wall: duration(s.WallS),
 		Records: s.Records, Tasks: s.Tasks, Groups: s.Groups, Closed: s.GroupsClosed,
-		CacheHit:  percent(s.PrefixCacheHitRate),
+		CacheHit:  hitRate(s),
 		CacheHitW: px(240 * math.Max(0, math.Min(1, s.PrefixCacheHitRate))),
 	}
 	if s.Final {
@@ -173,6 +173,8 @@ func newView(r *Report) *view {
 		{"model latency", fmt.Sprintf("p50 %s, p95 %s, p99 %s", duration(s.ModelLatency.P50), duration(s.ModelLatency.P95), duration(s.ModelLatency.P99))},
 		{"steps with logprobs", percent(s.StepsWithLogprobs)},
 		{"steps with token ids", percent(s.StepsWithTokenIDs)},
+		{"steps with exact token ids", fmt.Sprintf("%s (from %s)", percent(s.StepsWithExactTokenIDs), orDash(string(s.TokenIDSource)))},
+		{"steps with prompt token ids", percent(s.StepsWithPromptTokenIDs)},
 	}
 	if total, ok := s.ServerIdleS[export.IdleTotal]; ok && s.WallS > 0 {
 		v.Numbers = append(v.Numbers, numberView{"model server idle", fmt.Sprintf("%s of %s wall (%s)", duration(total), duration(s.WallS), percent(total/s.WallS))})

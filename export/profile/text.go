@@ -93,8 +93,10 @@ func WriteText(w io.Writer, r *Report) error {
 	p("Model calls\n")
 	p("  %d calls, %d retried\n", s.ModelCalls, s.RetriedCalls)
 	p("  latency p50 %s  p95 %s  p99 %s\n", duration(s.ModelLatency.P50), duration(s.ModelLatency.P95), duration(s.ModelLatency.P99))
-	p("  prefix-cache hit rate %s\n", percent(s.PrefixCacheHitRate))
-	p("  steps with logprobs %s, with token ids %s\n\n", percent(s.StepsWithLogprobs), percent(s.StepsWithTokenIDs))
+	p("  prefix-cache hit rate %s\n", hitRate(s))
+	p("  steps with logprobs %s, with token ids %s (exact %s, from %s), with prompt token ids %s\n\n",
+		percent(s.StepsWithLogprobs), percent(s.StepsWithTokenIDs), percent(s.StepsWithExactTokenIDs),
+		orDash(string(s.TokenIDSource)), percent(s.StepsWithPromptTokenIDs))
 
 	if len(r.Desktops) > 0 {
 		p("Desktops (busy: share of the wall time spent in attempts)\n")
@@ -121,6 +123,15 @@ func orDash(s string) string {
 }
 
 func percent(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+
+// hitRate is the prefix-cache hit rate, which is unknown when the server
+// never reported cached tokens.
+func hitRate(s *schema.Summary) string {
+	if !s.PrefixCacheReported {
+		return "unknown (the server did not report cached tokens)"
+	}
+	return percent(s.PrefixCacheHitRate)
+}
 
 // duration formats seconds for people: "850ms", "12.3s", "4m05s", "2h03m".
 func duration(sec float64) string {

@@ -126,7 +126,7 @@ func call(ctx context.Context, c *policy.Client, msgs []schema.Message) Call {
 		Seconds:          res.Model.Seconds,
 		PromptTokens:     res.Model.PromptTokens,
 		CompletionTokens: res.Model.CompletionTokens,
-		CachedTokens:     res.Model.CachedTokens,
+		CachedTokens:     deref(res.Model.CachedTokens),
 		CacheReported:    res.CacheReported,
 		Logprobs:         len(res.Response.Logprobs),
 		TokenIDs:         len(res.Response.TokenIDs),
@@ -356,4 +356,11 @@ func testImage() string {
 		panic(err)
 	}
 	return "data:image/png;base64," + base64.StdEncoding.EncodeToString(b.Bytes())
+}
+
+func deref(n *int) int {
+	if n == nil {
+		return 0
+	}
+	return *n
 }
