@@ -28,36 +28,12 @@ const (
 	WarnLogprobsMismatch = "logprobs_token_ids_mismatch"
 	// WarnNoLogprobs: the reply has tokens but the server sent no logprobs.
 	WarnNoLogprobs = "no_logprobs"
+	// WarnNoExactTokenIDs: the server gave no exact token ids in any form
+	// it was asked for; the step keeps token strings, which a trainer would
+	// have to re-tokenize (a character split across tokens reads as
+	// U+FFFD in each).
+	WarnNoExactTokenIDs = "no_exact_token_ids"
 )
-
-// TokenIDSupport is what a Client has learnt about the server's
-// return_token_ids.
-type TokenIDSupport int32
-
-const (
-	// TokenIDsUnknown: no reply yet.
-	TokenIDsUnknown TokenIDSupport = iota
-	// TokenIDsReturned: replies carry token ids.
-	TokenIDsReturned
-	// TokenIDsIgnored: the server accepted the field and sent no ids (vLLM
-	// too old to know it, SGLang, any server that drops unknown fields).
-	TokenIDsIgnored
-	// TokenIDsRefused: the server rejected the field with a 400 naming it
-	// (hosted APIs); the client stopped sending it.
-	TokenIDsRefused
-)
-
-func (s TokenIDSupport) String() string {
-	switch s {
-	case TokenIDsReturned:
-		return "returned"
-	case TokenIDsIgnored:
-		return "ignored"
-	case TokenIDsRefused:
-		return "refused"
-	}
-	return "unknown"
-}
 
 // Result is one completed model call.
 type Result struct {
@@ -73,12 +49,9 @@ type Result struct {
 	// Warnings flag data problems (WarnLogprobsMismatch, WarnNoLogprobs).
 	Warnings []string
 	// PromptTokenIDs are the prompt's token ids when the server returned
-	// them (vLLM at the top level, SGLang on the choice).
+	// them (vLLM at the top level, SGLang on the choice). Store them with
+	// schema.Run.PutTokenIDs into Step.PromptTokenChunks.
 	PromptTokenIDs []int64
-	// CacheReported reports whether the server reported cached prompt
-	// tokens at all (usage.prompt_tokens_details); without it a
-	// CachedTokens of 0 means unknown.
-	CacheReported bool
 }
 
 // Reply is the part of r a Harness reads.
@@ -98,7 +71,12 @@ type Client struct {
 	hc       *http.Client        // what the requests go through (Ping too)
 
 	inflight atomic.Int64
-	tokenIDs atomic.Int32 // TokenIDSupport
+	// mode is the token-id negotiation's idMode; refused the idFields the
+	// server refused (see tokenids.go); cacheReported whether an answer
+	// has shown that the server reports cached tokens.
+	mode          atomic.Int32
+	refused       atomic.Int32
+	cacheReported atomic.Bool
 }
 
 // New returns a client for cfg, after validating it.
@@ -168,17 +146,23 @@ func (c *Client) Config() Config { return c.cfg }
 // those queued for a MaxInflight slot).
 func (c *Client) InFlight() int { return int(c.inflight.Load()) }
 
-// TokenIDs reports what the client has learnt about the server's
-// return_token_ids.
-func (c *Client) TokenIDs() TokenIDSupport { return TokenIDSupport(c.tokenIDs.Load()) }
+// TokenIDSource reports how the client gets generated token ids from the
+// server, once an answer has shown it; "" before. SourceStrings means the
+// server gives no exact ids in any form the client knows.
+func (c *Client) TokenIDSource() schema.TokenIDSource { return idMode(c.mode.Load()).settled() }
+
+// RefusedFields lists the token-id request fields the server refused with
+// a 400 naming them (a hosted API), which the client no longer sends.
+func (c *Client) RefusedFields() []string { return c.refusedFields().names() }
 
 // Complete sends msgs and returns the reply. Images must be data URLs.
 //
 // It waits for a MaxInflight slot, then makes up to Retries+1 attempts of
-// at most StepTimeout each, all within (Retries+1)·StepTimeout. A 400 that
-// names return_token_ids makes the client stop sending the field, for this
-// and every later call, and retry at once without it (not counted as a
-// retry).
+// at most StepTimeout each, all within (Retries+1)·StepTimeout. Two answers
+// make it ask again at once, not counted as a retry: a 400 whose param or
+// message names a token-id field it sent (the field is never sent again),
+// and, once per client, an answer that ignored return_token_ids (it then
+// asks with the older forms, see TokenIDSource).
 //
 // On failure the error is a *Error; once ctx is done it wraps ctx.Err().
 // The Result is then still non-nil when the call was issued, and carries
@@ -188,24 +172,25 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 	if err != nil {
 		return nil, err
 	}
-	// The body of each variant is built on first use and reused by later
-	// attempts.
-	var bodies [2][]byte
-	body := func(withIDs bool) ([]byte, error) {
-		i := 0
-		if withIDs {
-			i = 1
-		}
-		if bodies[i] == nil {
+	// The body of each set of token-id fields is built on first use and
+	// reused by later attempts.
+	var bodies [1 << len(idFieldNames)][]byte
+	body := func(f idFields) ([]byte, error) {
+		if bodies[f] == nil {
 			req := chatRequest{Model: c.cfg.Model, Messages: wire, Logprobs: true,
-				MaxTokens: c.cfg.MaxTokens, Temperature: c.cfg.Temperature, ReturnTokenIDs: withIDs}
+				MaxTokens: c.cfg.MaxTokens, Temperature: c.cfg.Temperature, TopP: c.cfg.TopP,
+				ReturnTokenIDs:         f&fieldReturnTokenIDs != 0,
+				ReturnTokensAsTokenIDs: f&fieldTokensAsIDs != 0,
+				ReturnMetaInfo:         f&fieldMetaInfo != 0,
+				ReturnPromptTokenIDs:   f&fieldPromptTokenIDs != 0,
+			}
 			b, err := requestBody(req, c.cfg.Extra)
 			if err != nil {
 				return nil, err
 			}
-			bodies[i] = b
+			bodies[f] = b
 		}
-		return bodies[i], nil
+		return bodies[f], nil
 	}
 	queued := time.Now()
 	if c.sem != nil {
@@ -221,18 +206,23 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 	res := &Result{StartedAt: start}
 	res.Model.QueueS = start.Sub(queued).Seconds()
 	deadline := start.Add(time.Duration(c.cfg.Retries+1) * c.cfg.StepTimeout)
-	retries := 0
-	refusalRetried := false
+	retries, refusals := 0, 0
+	askedAgain := false
 	for attempt := 1; ; attempt++ {
 		res.Model.Attempts = attempt
-		withIDs := c.TokenIDs() != TokenIDsRefused
-		b, err := body(withIDs)
+		mode := idMode(c.mode.Load())
+		sent := mode.fields() &^ c.refusedFields()
+		b, err := body(sent)
 		if err != nil {
 			return nil, err
 		}
-		e := c.attempt(ctx, b, withIDs, min(c.cfg.StepTimeout, time.Until(deadline)), res)
+		again, e := c.attempt(ctx, b, mode, sent, min(c.cfg.StepTimeout, time.Until(deadline)), res)
 		res.Model.Seconds = time.Since(start).Seconds()
 		if e == nil {
+			if again && !askedAgain && time.Until(deadline) > 0 {
+				askedAgain = true
+				continue
+			}
 			c.log.Debug("policy call", "url", c.endpoint, "seconds", res.Model.Seconds, "attempts", attempt)
 			return res, nil
 		}
@@ -240,14 +230,13 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 		if ctx.Err() != nil {
 			return res, c.fail(attempt, 0, ctx.Err(), "", nil)
 		}
-		if e.Status == http.StatusBadRequest && withIDs && namesTokenIDs(e) && !refusalRetried {
+		if f := refusedFields(e, sent); f != 0 && refusals < len(idFieldNames) {
 			// Hosted APIs refuse fields they do not know; token ids are a
 			// bonus, logprobs are what the call cannot do without.
-			if c.tokenIDs.Swap(int32(TokenIDsRefused)) != int32(TokenIDsRefused) {
-				c.log.Warn("policy server refused return_token_ids; continuing without token ids",
-					"url", c.endpoint, "message", e.Message)
-			}
-			refusalRetried = true
+			c.log.Warn("policy server refused a token-id field; no longer sending it",
+				"url", c.endpoint, "fields", strings.Join(f.names(), ","), "message", e.Message)
+			c.refuse(f)
+			refusals++
 			continue
 		}
 		if e.Permanent || retries >= c.cfg.Retries {
@@ -295,9 +284,10 @@ func (c *Client) backoff(e *Error, retries int) time.Duration {
 // expires, to tell it apart from the caller's deadline.
 var errAttemptTimeout = errors.New("attempt timed out")
 
-// attempt makes one request and fills res from the answer; it returns nil
-// on success.
-func (c *Client) attempt(ctx context.Context, body []byte, withIDs bool, timeout time.Duration, res *Result) *Error {
+// attempt makes one request, in token-id mode with fields sent, and fills
+// res from the answer; e is nil on success, and again reports that the
+// answer made the client change how it asks for ids.
+func (c *Client) attempt(ctx context.Context, body []byte, mode idMode, sent idFields, timeout time.Duration, res *Result) (again bool, e *Error) {
 	actx, cancel := context.WithTimeoutCause(ctx, timeout, errAttemptTimeout)
 	defer cancel()
 	var raw []byte
@@ -305,15 +295,15 @@ func (c *Client) attempt(ctx context.Context, body []byte, withIDs bool, timeout
 		option.WithRequestBody("application/json", body),
 		option.WithResponseBodyInto(&raw))
 	if err == nil {
-		err = c.fill(res, raw, withIDs)
+		again, err = c.fill(res, raw, mode, sent)
 	}
 	if err == nil {
-		return nil
+		return again, nil
 	}
 	if ctx.Err() == nil && errors.Is(context.Cause(actx), errAttemptTimeout) {
-		return c.newError(0, ErrTimeout, fmt.Sprintf("no complete answer within %v", timeout), nil)
+		return false, c.newError(0, ErrTimeout, fmt.Sprintf("no complete answer within %v", timeout), nil)
 	}
-	return c.classify(err)
+	return false, c.classify(err)
 }
 
 func (c *Client) classify(err error) *Error {
@@ -322,6 +312,7 @@ func (c *Client) classify(err error) *Error {
 	case errors.As(err, &se):
 		e := c.newError(se.status, nil, se.message, nil)
 		e.param = c.redact(se.param)
+		e.full = c.redact(se.message)
 		e.retryAfter = se.retryAfter
 		switch s := se.status; {
 		case s == http.StatusTooManyRequests:
@@ -367,7 +358,7 @@ func (c *Client) newError(status int, kind error, message string, cause error) *
 		URL:     c.endpoint,
 		Model:   c.cfg.Model,
 		Status:  status,
-		Message: c.redact(message),
+		Message: capMessage(c.redact(message)),
 		Err:     kind,
 		cause:   cause,
 	}
@@ -387,10 +378,6 @@ func (c *Client) redact(s string) string {
 		return s
 	}
 	return strings.ReplaceAll(s, c.cfg.APIKey, "[redacted]")
-}
-
-func namesTokenIDs(e *Error) bool {
-	return e.param == "return_token_ids" || strings.Contains(e.Message, "return_token_ids")
 }
 
 // catchHTTPErrors turns an HTTP error answer into a *statusError before
@@ -419,16 +406,18 @@ func catchHTTPErrors(req *http.Request, next option.MiddlewareNext) (*http.Respo
 // chat completion.
 var errBadCompletion = errors.New("not a chat completion")
 
-// fill copies what a trainer needs from the answer raw into res.
-func (c *Client) fill(res *Result, raw []byte, withIDs bool) error {
+// fill copies what a trainer needs from the answer raw, to a request in
+// token-id mode with fields sent, into res. again reports that the
+// client's way of asking changed and the call should ask once more.
+func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (again bool, err error) {
 	var cc chatResponse
 	if err := json.Unmarshal(raw, &cc); err != nil {
-		return err
+		return false, err
 	}
 	if len(cc.Choices) == 0 {
-		return fmt.Errorf("%w: the answer has no choices", errBadCompletion)
+		return false, fmt.Errorf("%w: the answer has no choices", errBadCompletion)
 	}
-	ch := cc.Choices[0]
+	ch := &cc.Choices[0]
 	msg := ch.Message
 	r := schema.Response{Content: deref(msg.Content), FinishReason: ch.FinishReason}
 	r.Reasoning = deref(msg.Reasoning)
@@ -445,12 +434,13 @@ func (c *Client) fill(res *Result, raw []byte, withIDs bool) error {
 			tokens[i] = t.Token
 		}
 	}
-	haveIDs := ch.TokenIDs != nil
-	if haveIDs {
-		r.TokenIDs = *ch.TokenIDs
-		if r.TokenIDs == nil {
-			r.TokenIDs = []int64{}
-		}
+	src, ids, err := generatedIDs(ch, sent)
+	if err != nil {
+		return false, err
+	}
+	r.TokenIDsSource = src
+	if src.Exact() {
+		r.TokenIDs = ids
 	} else {
 		r.Tokens = tokens
 	}
@@ -460,11 +450,14 @@ func (c *Client) fill(res *Result, raw []byte, withIDs bool) error {
 	}
 
 	var warnings []string
-	if haveIDs && r.Logprobs != nil && len(r.TokenIDs) != len(r.Logprobs) {
+	if src.Exact() && r.Logprobs != nil && len(r.TokenIDs) != len(r.Logprobs) {
 		warnings = append(warnings, WarnLogprobsMismatch)
 	}
 	if r.Logprobs == nil && (len(r.TokenIDs) > 0 || completionTokens > 0) {
 		warnings = append(warnings, WarnNoLogprobs)
+	}
+	if !src.Exact() && (len(tokens) > 0 || completionTokens > 0) {
+		warnings = append(warnings, WarnNoExactTokenIDs)
 	}
 	var promptIDs []int64
 	switch {
@@ -480,24 +473,38 @@ func (c *Client) fill(res *Result, raw []byte, withIDs bool) error {
 		}
 	}
 
-	if withIDs {
-		if haveIDs {
-			c.tokenIDs.Store(int32(TokenIDsReturned))
-		} else {
-			c.tokenIDs.CompareAndSwap(int32(TokenIDsUnknown), int32(TokenIDsIgnored))
-		}
-	}
 	res.Response = r
 	res.ToolCalls = calls
 	res.Warnings = warnings
 	res.PromptTokenIDs = promptIDs
+	res.Model.PromptTokens, res.Model.CompletionTokens, res.Model.CachedTokens = 0, 0, nil
 	if u := cc.Usage; u != nil {
 		res.Model.PromptTokens = u.PromptTokens
 		res.Model.CompletionTokens = u.CompletionTokens
-		if u.PromptTokensDetails != nil {
-			res.CacheReported = true
-			res.Model.CachedTokens = &u.PromptTokensDetails.CachedTokens
+		res.Model.CachedTokens = c.cachedTokens(u.PromptTokensDetails)
+	}
+	return c.learn(mode, src, len(r.Logprobs) > 0), nil
+}
+
+// cachedTokens reads the cached-token count of an answer; nil when the
+// answer does not tell. vLLM from 0.9 to mid-2026 sends null details when
+// nothing was cached, SGLang none then; SGLang since mid-2026 sends
+// details with image counts and cached_tokens 0 even with cache reporting
+// off. So a count of 0 beside an image count proves nothing, and a missing
+// count means 0 only once the server has shown it reports them.
+func (c *Client) cachedTokens(d *chatTokensDetails) *int {
+	if d != nil && d.CachedTokens != nil {
+		n := *d.CachedTokens
+		media := present(d.ImageTokens) || present(d.AudioTokens) || present(d.VideoTokens)
+		if n > 0 || !media {
+			c.cacheReported.Store(true)
+			return &n
 		}
+	}
+	if c.cacheReported.Load() {
+		return new(0)
 	}
 	return nil
 }
+
+func present(v json.RawMessage) bool { return len(v) > 0 && string(v) != "null" }

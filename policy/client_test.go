@@ -56,12 +56,12 @@ func newClient(t *testing.T, srv *policytest.Server, cfg policy.Config) *policy.
 }
 
 // wantResponse is what a client should record for reply text, by the
-// scripted server's own tokenizer.
-func wantResponse(reply string, ids bool) schema.Response {
-	r := schema.Response{Content: reply, FinishReason: "stop"}
+// scripted server's own tokenizer, when its ids came from src.
+func wantResponse(reply string, src schema.TokenIDSource) schema.Response {
+	r := schema.Response{Content: reply, FinishReason: "stop", TokenIDsSource: src}
 	for _, tok := range policytest.Tokenize(reply) {
 		r.Logprobs = append(r.Logprobs, tok.Logprob)
-		if ids {
+		if src.Exact() {
 			r.TokenIDs = append(r.TokenIDs, tok.ID)
 		} else {
 			r.Tokens = append(r.Tokens, tok.Text)
@@ -70,94 +70,115 @@ func wantResponse(reply string, ids bool) schema.Response {
 	return r
 }
 
-func TestCompleteDialects(t *testing.T) {
-	reply := policytest.DefaultScript(policytest.Request{Instruction: instruction})
+// The request fields of each way to ask for ids.
+var (
+	withIDs      = []string{"logprobs", "messages", "model", "return_token_ids"}
+	withFallback = []string{"logprobs", "messages", "model", "return_meta_info", "return_prompt_token_ids", "return_tokens_as_token_ids"}
+	withAsIDs    = []string{"logprobs", "messages", "model", "return_tokens_as_token_ids"}
+	withMetaInfo = []string{"logprobs", "messages", "model", "return_meta_info", "return_prompt_token_ids"}
+	withoutIDs   = []string{"logprobs", "messages", "model"}
+)
+
+// TestCompleteReleases runs two identical calls (siblings of a group)
+// against every release the scripted server copies: the ids are exact
+// wherever the release can give them at all, end with the end-of-turn id
+// and line up with the logprobs; the client finds the way once and keeps
+// it; prompt ids come back where the release has them; and a cached count
+// is recorded only where the answer shows one.
+func TestCompleteReleases(t *testing.T) {
+	// A character split into byte tokens: token strings would read U+FFFD.
+	const reply = "Action: type ‘hello’.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": {\"action\": \"type\", \"text\": \"hello\"}}\n</tool_call>"
+	type cache int
+	const (
+		unknown cache = iota // not recorded: the answer did not say
+		zero                 // recorded as 0
+		hit                  // recorded, above 0
+	)
 	tests := []struct {
-		name string
-		opts policytest.Options
-		// want per call: two identical calls, as siblings of a group.
-		wantIDs       bool
-		wantSupport   policy.TokenIDSupport
-		wantAttempts  [2]int
-		wantReported  [2]bool
-		wantPromptIDs bool
+		dialect policytest.Dialect
+		version policytest.Version
+		// wantSource is how ids came, for both calls.
+		wantSource   schema.TokenIDSource
+		wantAttempts [2]int
+		wantPrompt   bool
+		// wantCached is what the first call records; the second, a
+		// sibling, hits the cache on every release.
+		wantCached cache
 		// wantFields are the request fields the server saw, per request.
 		wantFields [][]string
 	}{
-		{
-			name: "vllm", opts: policytest.Options{Dialect: policytest.VLLM},
-			wantIDs: true, wantSupport: policy.TokenIDsReturned, wantAttempts: [2]int{1, 1},
-			wantReported: [2]bool{true, true}, wantPromptIDs: true,
-			wantFields: [][]string{withIDs, withIDs},
-		},
-		{
-			name: "sglang", opts: policytest.Options{Dialect: policytest.SGLang},
-			wantIDs: true, wantSupport: policy.TokenIDsReturned, wantAttempts: [2]int{1, 1},
-			// SGLang reports cached tokens only when there are some.
-			wantReported: [2]bool{false, true}, wantPromptIDs: true,
-			wantFields: [][]string{withIDs, withIDs},
-		},
-		{
-			name: "openai", opts: policytest.Options{Dialect: policytest.OpenAI},
-			wantIDs: false, wantSupport: policy.TokenIDsRefused, wantAttempts: [2]int{2, 1},
-			wantReported: [2]bool{true, true},
-			// Refused once, then never sent again.
-			wantFields: [][]string{withIDs, withoutIDs, withoutIDs},
-		},
-		{
-			name: "vllm ignoring return_token_ids", opts: policytest.Options{Dialect: policytest.VLLM, Faults: policytest.FaultAlways(policytest.FaultIgnoreField)},
-			wantIDs: false, wantSupport: policy.TokenIDsIgnored, wantAttempts: [2]int{1, 1},
-			wantReported: [2]bool{true, true},
-			wantFields:   [][]string{withIDs, withIDs},
-		},
+		{policytest.VLLM, policytest.VLLM0101, schema.SourceTokensAsIDs, [2]int{2, 1}, false,
+			hit, [][]string{withIDs, withFallback, withAsIDs}},
+		{policytest.VLLM, policytest.VLLM0102, schema.SourceReturnTokenIDs, [2]int{1, 1}, true,
+			unknown, [][]string{withIDs, withIDs}},
+		{policytest.VLLM, policytest.Latest, schema.SourceReturnTokenIDs, [2]int{1, 1}, true,
+			zero, [][]string{withIDs, withIDs}},
+		{policytest.SGLang, policytest.SGLang04, schema.SourceStrings, [2]int{2, 1}, false,
+			hit, [][]string{withIDs, withFallback, withoutIDs}},
+		{policytest.SGLang, policytest.SGLang0513, schema.SourceMetaInfo, [2]int{2, 1}, true,
+			hit, [][]string{withIDs, withFallback, withMetaInfo}},
+		// An image count beside cached_tokens 0 says nothing of the cache.
+		{policytest.SGLang, policytest.Latest, schema.SourceReturnTokenIDs, [2]int{1, 1}, true,
+			unknown, [][]string{withIDs, withIDs}},
+		// A hosted API refuses every field it does not know, naming them.
+		{policytest.OpenAI, policytest.Latest, schema.SourceStrings, [2]int{3, 1}, false,
+			zero, [][]string{withIDs, withFallback, withoutIDs, withoutIDs}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s-%s", tt.dialect, tt.version), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				tt.opts.NoLatency = true
-				tt.opts.KeepRequests = true
-				srv := policytest.NewPipeServer(tt.opts)
+				srv := policytest.NewPipeServer(policytest.Options{Dialect: tt.dialect, Version: tt.version,
+					NoLatency: true, KeepRequests: true, Script: func(policytest.Request) string { return reply }})
 				defer srv.Close()
 				c := newClient(t, srv, policy.Config{})
-				if got := c.TokenIDs(); got != policy.TokenIDsUnknown {
-					t.Errorf("TokenIDs() before any call = %v, want unknown", got)
+				if got := c.TokenIDSource(); got != "" {
+					t.Errorf("TokenIDSource() before any call = %q, want none", got)
 				}
+				want := wantResponse(reply, tt.wantSource)
 				for i := range 2 {
 					res, err := c.Complete(t.Context(), prompt())
 					if err != nil {
 						t.Fatalf("call %d: %v", i, err)
 					}
-					if diff := cmp.Diff(wantResponse(reply, tt.wantIDs), res.Response); diff != "" {
+					if diff := cmp.Diff(want, res.Response); diff != "" {
 						t.Errorf("call %d: response (-want +got):\n%s", i, diff)
 					}
-					if len(res.Warnings) != 0 {
-						t.Errorf("call %d: warnings %q, want none", i, res.Warnings)
+					if ids := res.Response.TokenIDs; tt.wantSource.Exact() && ids[len(ids)-1] != policytest.EndOfTurn {
+						t.Errorf("call %d: ids end with %d, want the end-of-turn id %d", i, ids[len(ids)-1], policytest.EndOfTurn)
+					}
+					var wantWarnings []string
+					if !tt.wantSource.Exact() {
+						wantWarnings = []string{policy.WarnNoExactTokenIDs}
+					}
+					if diff := cmp.Diff(wantWarnings, res.Warnings); diff != "" {
+						t.Errorf("call %d: warnings (-want +got):\n%s", i, diff)
 					}
 					m := res.Model
-					if m.Attempts != tt.wantAttempts[i] || m.PromptTokens == 0 || m.CompletionTokens != len(policytest.Tokenize(reply)) {
-						t.Errorf("call %d: model = %+v, want %d attempts and %d completion tokens", i, m, tt.wantAttempts[i], len(policytest.Tokenize(reply)))
+					if n := len(policytest.Tokenize(reply)); m.Attempts != tt.wantAttempts[i] || m.PromptTokens == 0 || m.CompletionTokens != n {
+						t.Errorf("call %d: model = %+v, want %d attempts and %d completion tokens", i, m, tt.wantAttempts[i], n)
 					}
-					if res.CacheReported != tt.wantReported[i] {
-						t.Errorf("call %d: CacheReported = %v, want %v", i, res.CacheReported, tt.wantReported[i])
+					got := unknown
+					switch {
+					case m.CachedTokens == nil:
+					case *m.CachedTokens == 0:
+						got = zero
+					case *m.CachedTokens <= m.PromptTokens:
+						got = hit
+					default:
+						t.Errorf("call %d: %d of %d prompt tokens cached", i, *m.CachedTokens, m.PromptTokens)
 					}
-					// The second call is a group sibling: same prompt, so all
-					// but the last partial block comes from the cache.
-					cached := 0
-					if m.CachedTokens != nil {
-						cached = *m.CachedTokens
+					if wantCached := map[int]cache{0: tt.wantCached, 1: hit}[i]; got != wantCached {
+						t.Errorf("call %d: cached tokens %v, want %v (0 unknown, 1 zero, 2 a hit)", i, got, wantCached)
 					}
-					if wantCached := i == 1; (cached > 0) != wantCached || cached > m.PromptTokens {
-						t.Errorf("call %d: %d of %d prompt tokens cached, want cached: %v", i, cached, m.PromptTokens, wantCached)
-					}
-					if got := len(res.PromptTokenIDs); (got > 0) != tt.wantPromptIDs || (got > 0 && got != m.PromptTokens) {
-						t.Errorf("call %d: %d prompt token ids for %d prompt tokens, want ids: %v", i, got, m.PromptTokens, tt.wantPromptIDs)
+					if got := len(res.PromptTokenIDs); (got > 0) != tt.wantPrompt || (got > 0 && got != m.PromptTokens) {
+						t.Errorf("call %d: %d prompt token ids for %d prompt tokens, want ids: %v", i, got, m.PromptTokens, tt.wantPrompt)
 					}
 					if res.StartedAt.IsZero() || m.QueueS != 0 {
 						t.Errorf("call %d: StartedAt %v, QueueS %v; want a start and no queueing", i, res.StartedAt, m.QueueS)
 					}
 				}
-				if got := c.TokenIDs(); got != tt.wantSupport {
-					t.Errorf("TokenIDs() = %v, want %v", got, tt.wantSupport)
+				if got := c.TokenIDSource(); got != tt.wantSource {
+					t.Errorf("TokenIDSource() = %q, want %q", got, tt.wantSource)
 				}
 				var fields [][]string
 				for _, r := range srv.Requests() {
@@ -170,11 +191,6 @@ func TestCompleteDialects(t *testing.T) {
 		})
 	}
 }
-
-var (
-	withIDs    = []string{"logprobs", "messages", "model", "return_token_ids"}
-	withoutIDs = []string{"logprobs", "messages", "model"}
-)
 
 func TestCompleteToolCallsAndReasoning(t *testing.T) {
 	script := func(policytest.Request) string {
@@ -537,7 +553,7 @@ func TestKeyNeverLeaks(t *testing.T) {
 	if !strings.Contains(all, "key [redacted] is not valid") {
 		t.Errorf("the echoed message should be kept with the key redacted:\n%s", all)
 	}
-	if !strings.Contains(logs.String(), "retrying") || !strings.Contains(logs.String(), "refused return_token_ids") {
+	if !strings.Contains(logs.String(), "retrying") || !strings.Contains(logs.String(), "refused a token-id field") {
 		t.Errorf("the log should show retries and the refused field:\n%s", logs.String())
 	}
 }
@@ -636,7 +652,154 @@ func TestRealServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	reply := policytest.DefaultScript(policytest.Request{Instruction: instruction})
-	if diff := cmp.Diff(wantResponse(reply, true), res.Response); diff != "" {
+	if diff := cmp.Diff(wantResponse(reply, schema.SourceReturnTokenIDs), res.Response); diff != "" {
 		t.Errorf("response over TCP (-want +got):\n%s", diff)
 	}
+}
+
+// TestValidationErrorKeepsTokenIDs: vLLM's and SGLang's validation 400
+// echoes the whole request body, return_token_ids included. That is not
+// the server refusing the field: the client keeps asking for ids, and the
+// error it returns carries a capped message, not the body.
+func TestValidationErrorKeepsTokenIDs(t *testing.T) {
+	for _, d := range []policytest.Dialect{policytest.VLLM, policytest.SGLang} {
+		t.Run(string(d), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := policytest.NewPipeServer(policytest.Options{Dialect: d, NoLatency: true, KeepRequests: true,
+					Faults: policytest.FaultSeq(policytest.FaultValidationError)})
+				defer srv.Close()
+				c := newClient(t, srv, policy.Config{})
+				// A screenshot of 100 KB, which the echo repeats.
+				big := prompt()
+				big[1].Content[1] = schema.ImagePart("data:image/png;base64," + strings.Repeat("A", 100<<10))
+				_, err := c.Complete(t.Context(), big)
+				var pe *policy.Error
+				if !errors.As(err, &pe) || !errors.Is(err, policy.ErrBadRequest) || pe.Attempts != 1 {
+					t.Fatalf("first call: %v, want one 400 attempt", err)
+				}
+				if !strings.Contains(pe.Message, "validation error") || len(pe.Message) > 1100 || !strings.Contains(pe.Message, "more bytes)") {
+					t.Errorf("error message of %d bytes, want the start of the validation error, capped and saying so: %.200q", len(pe.Message), pe.Message)
+				}
+				if got := c.RefusedFields(); len(got) != 0 {
+					t.Errorf("RefusedFields() = %q after an echo of the body, want none", got)
+				}
+				res, err := c.Complete(t.Context(), prompt())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Response.TokenIDsSource != schema.SourceReturnTokenIDs || res.Model.Attempts != 1 {
+					t.Errorf("second call: ids from %q in %d attempts, want return_token_ids in 1", res.Response.TokenIDsSource, res.Model.Attempts)
+				}
+				for i, r := range srv.Requests() {
+					if !r.ReturnTokenIDs {
+						t.Errorf("request %d did not ask for return_token_ids", i)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestRefusedReturnTokenIDs: a server that refuses return_token_ids with a
+// 400 naming it, but knows an older form, still gives exact ids.
+func TestRefusedReturnTokenIDs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := policytest.NewPipeServer(policytest.Options{NoLatency: true, Faults: policytest.FaultAlways(policytest.FaultRefuseField)})
+		defer srv.Close()
+		c := newClient(t, srv, policy.Config{})
+		for i := range 2 {
+			res, err := c.Complete(t.Context(), prompt())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wantAttempts := []int{2, 1}[i]; res.Response.TokenIDsSource != schema.SourceTokensAsIDs || res.Model.Attempts != wantAttempts {
+				t.Errorf("call %d: ids from %q in %d attempts, want tokens_as_ids in %d", i, res.Response.TokenIDsSource, res.Model.Attempts, wantAttempts)
+			}
+		}
+		if diff := cmp.Diff([]string{"return_token_ids"}, c.RefusedFields()); diff != "" {
+			t.Errorf("RefusedFields() (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// TestCachedTokensLearned: vLLM before mid-2026 sends null details when
+// nothing was cached. Before any count the client cannot tell that from
+// reporting being off; once a count came, null means 0.
+func TestCachedTokensLearned(t *testing.T) {
+	other := func() []schema.Message {
+		p := prompt()
+		p[0].Content[0] = schema.TextPart("A different system prompt, so that nothing of it is cached at all.")
+		return p
+	}
+	tests := []struct {
+		name string
+		opts policytest.Options
+		want []string // per call: "nil" or the count's sign
+	}{
+		{"vllm 0.10.2", policytest.Options{Version: policytest.VLLM0102}, []string{"nil", ">0", "0"}},
+		{"vllm 0.10.2 reporting off", policytest.Options{Version: policytest.VLLM0102, NoCacheReport: true}, []string{"nil", "nil", "nil"}},
+		{"vllm latest", policytest.Options{}, []string{"0", ">0", "0"}},
+		{"sglang latest reporting off", policytest.Options{Dialect: policytest.SGLang, NoCacheReport: true}, []string{"nil", "nil", "nil"}},
+		{"sglang latest", policytest.Options{Dialect: policytest.SGLang}, []string{"nil", ">0", "0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tt.opts.NoLatency = true
+				srv := policytest.NewPipeServer(tt.opts)
+				defer srv.Close()
+				c := newClient(t, srv, policy.Config{})
+				var got []string
+				for _, p := range [][]schema.Message{prompt(), prompt(), other()} {
+					res, err := c.Complete(t.Context(), p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					switch n := res.Model.CachedTokens; {
+					case n == nil:
+						got = append(got, "nil")
+					case *n == 0:
+						got = append(got, "0")
+					default:
+						got = append(got, ">0")
+					}
+				}
+				if diff := cmp.Diff(tt.want, got); diff != "" {
+					t.Errorf("cached tokens per call (-want +got):\n%s", diff)
+				}
+			})
+		})
+	}
+}
+
+// TestSamplingKnobs: the knobs reach the server as set, 0 temperature
+// included, and the record's policy block says what was sent.
+func TestSamplingKnobs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := policytest.NewPipeServer(policytest.Options{NoLatency: true, KeepRequests: true})
+		defer srv.Close()
+		cfg := policy.Config{Version: "v3", Temperature: new(0.0), TopP: new(0.95), MaxTokens: 512}
+		c := newClient(t, srv, cfg)
+		if _, err := c.Complete(t.Context(), prompt()); err != nil {
+			t.Fatal(err)
+		}
+		r := srv.Requests()[0]
+		if r.Temperature == nil || *r.Temperature != 0 || r.TopP == nil || *r.TopP != 0.95 || r.MaxTokens != 512 {
+			t.Errorf("server saw temperature %v, top_p %v, max_tokens %d; want 0, 0.95, 512", r.Temperature, r.TopP, r.MaxTokens)
+		}
+		want := schema.Policy{Model: "qwen", Version: "v3", Temperature: new(0.0), TopP: new(0.95), MaxTokens: 512}
+		if diff := cmp.Diff(want, c.Config().Policy()); diff != "" {
+			t.Errorf("Policy() (-want +got):\n%s", diff)
+		}
+		// Unset knobs are left to the server and out of the record.
+		if _, err := newClient(t, srv, policy.Config{}).Complete(t.Context(), prompt()); err != nil {
+			t.Fatal(err)
+		}
+		if r := srv.Requests()[1]; slices.ContainsFunc(r.Fields, func(f string) bool { return f == "temperature" || f == "top_p" || f == "max_tokens" }) {
+			t.Errorf("unset knobs were sent: %q", r.Fields)
+		}
+		if p := (policy.Config{Model: "m"}).Policy(); p.Temperature != nil || p.TopP != nil || p.MaxTokens != 0 {
+			t.Errorf("Policy() of unset knobs = %+v, want none", p)
+		}
+	})
 }

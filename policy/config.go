@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"legato/rl/schema"
 )
 
 // Defaults for Config.
@@ -58,12 +60,18 @@ type Config struct {
 	// server.
 	MaxTokens int
 	// Temperature is the sampling temperature; nil leaves it to the server
-	// (vLLM then uses the model's generation config).
+	// (vLLM and SGLang then use the model's generation config). 0 is
+	// greedy decoding.
 	Temperature *float64
+	// TopP is nucleus sampling's probability mass; nil leaves it to the
+	// server, like Temperature.
+	TopP *float64
 	// Extra holds more top-level request fields, sent as they are (e.g.
 	// "top_k", "chat_template_kwargs"). It may not set the fields the
-	// client owns: model, messages, logprobs, return_token_ids, stream,
-	// max_tokens and temperature (set MaxTokens and Temperature instead).
+	// client owns: model, messages, logprobs, stream, the token-id fields
+	// (return_token_ids, return_tokens_as_token_ids, return_meta_info,
+	// return_prompt_token_ids), max_tokens, temperature and top_p (set
+	// MaxTokens, Temperature and TopP instead).
 	Extra map[string]any
 	// Logger receives retries and degradations; nil discards them.
 	Logger *slog.Logger
@@ -76,7 +84,8 @@ type Config struct {
 // ownedFields are the request fields the client sets itself (max_tokens and
 // temperature through their Config fields), so that no body carries a key
 // twice.
-var ownedFields = []string{"model", "messages", "logprobs", "return_token_ids", "stream", "max_tokens", "temperature"}
+var ownedFields = []string{"model", "messages", "logprobs", "stream", "return_token_ids", "return_tokens_as_token_ids",
+	"return_meta_info", "return_prompt_token_ids", "max_tokens", "temperature", "top_p"}
 
 // Validate reports every problem of c, each naming the field and what to
 // do; the errors wrap ErrInvalidConfig.
@@ -108,25 +117,43 @@ func (c Config) Validate() error {
 	if c.MaxTokens < 0 {
 		bad("MaxTokens is %d: use zero (server default) or more", c.MaxTokens)
 	}
-	if t := c.Temperature; t != nil && (*t < 0 || *t > 2) {
+	if t := c.Temperature; t != nil && !(*t >= 0 && *t <= 2) {
 		bad("Temperature is %v: use a value in [0, 2], or nil for the server's default", *t)
+	}
+	if p := c.TopP; p != nil && !(*p > 0 && *p <= 1) {
+		bad("TopP is %v: use a value in (0, 1], or nil for the server's default", *p)
 	}
 	for _, f := range ownedFields {
 		if _, ok := c.Extra[f]; ok {
-			bad("Extra sets %q, which the client sets itself: remove it (use MaxTokens and Temperature for those)", f)
+			bad("Extra sets %q, which the client sets itself: remove it (use MaxTokens, Temperature and TopP for those)", f)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// Policy is what a record says of the weights and how they were sampled.
+func (c Config) Policy() schema.Policy {
+	p := schema.Policy{Model: c.Model, Version: c.Version, MaxTokens: c.MaxTokens}
+	if c.Temperature != nil {
+		p.Temperature = new(*c.Temperature)
+	}
+	if c.TopP != nil {
+		p.TopP = new(*c.TopP)
+	}
+	return p
+}
+
 // String describes c with the API key redacted.
 func (c Config) String() string {
-	temp := "server default"
-	if c.Temperature != nil {
-		temp = fmt.Sprint(*c.Temperature)
+	orDefault := func(v *float64) string {
+		if v == nil {
+			return "server default"
+		}
+		return fmt.Sprint(*v)
 	}
-	return fmt.Sprintf("policy.Config{BaseURL: %q, Model: %q, Version: %q, APIKey: %s, StepTimeout: %v, Retries: %d, MaxInflight: %d, MaxTokens: %d, Temperature: %s}",
-		redactURL(c.BaseURL), c.Model, c.Version, redactedKey(c.APIKey), c.StepTimeout, c.Retries, c.MaxInflight, c.MaxTokens, temp)
+	return fmt.Sprintf("policy.Config{BaseURL: %q, Model: %q, Version: %q, APIKey: %s, StepTimeout: %v, Retries: %d, MaxInflight: %d, MaxTokens: %d, Temperature: %s, TopP: %s}",
+		redactURL(c.BaseURL), c.Model, c.Version, redactedKey(c.APIKey), c.StepTimeout, c.Retries, c.MaxInflight, c.MaxTokens,
+		orDefault(c.Temperature), orDefault(c.TopP))
 }
 
 // GoString is String, so that %#v does not print the key either.
@@ -148,6 +175,9 @@ func (c Config) LogValue() slog.Value {
 	}
 	if c.Temperature != nil {
 		attrs = append(attrs, slog.Float64("temperature", *c.Temperature))
+	}
+	if c.TopP != nil {
+		attrs = append(attrs, slog.Float64("top_p", *c.TopP))
 	}
 	return slog.GroupValue(attrs...)
 }

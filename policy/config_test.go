@@ -3,6 +3,7 @@ package policy_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"valid", func(*policy.Config) {}, nil},
 		{"valid with every knob", func(c *policy.Config) {
-			c.StepTimeout, c.Retries, c.MaxInflight, c.MaxTokens, c.Temperature = time.Second, 3, 48, 512, temp(1)
+			c.StepTimeout, c.Retries, c.MaxInflight, c.MaxTokens, c.Temperature, c.TopP = time.Second, 3, 48, 512, temp(0), temp(1)
 			c.Extra = map[string]any{"top_k": 20}
 		}, nil},
 		{"empty", func(c *policy.Config) { *c = policy.Config{} }, []string{"BaseURL is empty", "Model is empty"}},
@@ -32,6 +33,10 @@ func TestConfigValidate(t *testing.T) {
 		{"negative knobs", func(c *policy.Config) { c.StepTimeout, c.Retries, c.MaxInflight, c.MaxTokens = -1, -1, -1, -1 },
 			[]string{"StepTimeout is -1ns", "Retries is -1", "MaxInflight is -1", "MaxTokens is -1"}},
 		{"temperature", func(c *policy.Config) { c.Temperature = temp(3) }, []string{"Temperature is 3"}},
+		{"temperature NaN", func(c *policy.Config) { c.Temperature = temp(math.NaN()) }, []string{"Temperature is NaN"}},
+		{"top_p", func(c *policy.Config) { c.TopP = temp(0) }, []string{"TopP is 0: use a value in (0, 1]"}},
+		{"extra owns a token-id field", func(c *policy.Config) { c.Extra = map[string]any{"return_meta_info": true, "top_p": 1} },
+			[]string{`Extra sets "return_meta_info"`, `Extra sets "top_p"`}},
 		{"key with newline", func(c *policy.Config) { c.APIKey = "abc\n" }, []string{"APIKey contains a line break"}},
 		{"extra owns a field", func(c *policy.Config) { c.Extra = map[string]any{"logprobs": false} }, []string{`Extra sets "logprobs"`}},
 	}
@@ -70,7 +75,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestConfigString(t *testing.T) {
 	c := policy.Config{BaseURL: "http://127.0.0.1:8000/v1", Model: "qwen", Version: "step-41", APIKey: "sk-secret", StepTimeout: time.Minute, Retries: 1}
-	want := `policy.Config{BaseURL: "http://127.0.0.1:8000/v1", Model: "qwen", Version: "step-41", APIKey: [redacted], StepTimeout: 1m0s, Retries: 1, MaxInflight: 0, MaxTokens: 0, Temperature: server default}`
+	want := `policy.Config{BaseURL: "http://127.0.0.1:8000/v1", Model: "qwen", Version: "step-41", APIKey: [redacted], StepTimeout: 1m0s, Retries: 1, MaxInflight: 0, MaxTokens: 0, Temperature: server default, TopP: server default}`
 	for _, format := range []string{"%v", "%+v", "%#v", "%s"} {
 		if got := fmt.Sprintf(format, c); got != want {
 			t.Errorf("Sprintf(%q) = %s\nwant %s", format, got, want)

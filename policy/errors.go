@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Sentinel errors, one per way a call can fail. A *Error wraps exactly one
@@ -60,9 +62,79 @@ type Error struct {
 	// cause is the transport error behind ErrConnection, kept for
 	// errors.As; its text is not part of Error().
 	cause error
-	// param is the request field a 400 names; retryAfter what a 429 asked.
+	// param is the request field a 400 names; retryAfter what a 429 asked;
+	// full the server's message before Message was capped.
 	param      string
 	retryAfter time.Duration
+	full       string
+}
+
+// maxMessage caps Error.Message: a validation error of vLLM or SGLang
+// echoes the whole request body, screenshots included, and the message
+// ends up in a record.
+const maxMessage = 1024
+
+// capMessage cuts s to maxMessage bytes, on a character boundary, and says
+// how much it cut.
+func capMessage(s string) string {
+	if len(s) <= maxMessage {
+		return s
+	}
+	cut := maxMessage
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d more bytes)", s[:cut], len(s)-cut)
+}
+
+// refusedFields returns the token-id fields of sent that a 400 refuses:
+// those its param names, or its message names as the problem. A message
+// that only echoes the request body (vLLM's and SGLang's validation
+// errors hold the whole body, so every field the request sent) names
+// nothing: a field followed by a colon is a key of the echo.
+func refusedFields(e *Error, sent idFields) idFields {
+	if e.Status != http.StatusBadRequest {
+		return 0
+	}
+	var f idFields
+	for _, n := range idFieldNames {
+		if sent&n.f != 0 && (e.param == n.name || namesField(e.full, n.name)) {
+			f |= n.f
+		}
+	}
+	return f
+}
+
+// namesField reports whether msg mentions field other than as a key: as
+// in "Unrecognized request argument supplied: return_token_ids" or
+// "'loc': ('body', 'return_token_ids')", not "'return_token_ids': True".
+func namesField(msg, field string) bool {
+	for i := 0; ; {
+		j := strings.Index(msg[i:], field)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(field)
+		i = end
+		if start > 0 && isNameByte(msg[start-1]) || end < len(msg) && isNameByte(msg[end]) {
+			continue // part of a longer name
+		}
+		k := end
+		if k < len(msg) && (msg[k] == '\'' || msg[k] == '"') {
+			k++
+		}
+		for k < len(msg) && msg[k] == ' ' {
+			k++
+		}
+		if k < len(msg) && msg[k] == ':' {
+			continue // a key of an echoed body
+		}
+		return true
+	}
+}
+
+func isNameByte(b byte) bool {
+	return b == '_' || 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9'
 }
 
 func (e *Error) Error() string {
@@ -122,6 +194,9 @@ func errorMessage(body []byte) (message, param string) {
 		Param   any             `json:"param"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
+		if msg, ok := cutMessage(body); ok {
+			return msg, ""
+		}
 		s := strings.TrimSpace(string(body))
 		if len(s) > 300 {
 			s = s[:300] + "…"
@@ -145,6 +220,48 @@ func errorMessage(body []byte) (message, param string) {
 		return string(v.Detail), ""
 	}
 	return strings.TrimSpace(string(body)), ""
+}
+
+// cutMessage reads the "message" of an error body cut short (the client
+// reads 64 KiB of it; a validation error echoing 20 screenshots is much
+// longer): the string as far as it goes, and "…".
+func cutMessage(body []byte) (string, bool) {
+	_, rest, ok := bytes.Cut(body, []byte(`"message"`))
+	if !ok {
+		return "", false
+	}
+	rest = bytes.TrimLeft(rest, " \t\r\n")
+	if rest, ok = bytes.CutPrefix(rest, []byte(":")); !ok {
+		return "", false
+	}
+	rest = bytes.TrimLeft(rest, " \t\r\n")
+	if rest, ok = bytes.CutPrefix(rest, []byte(`"`)); !ok {
+		return "", false
+	}
+	// Up to the closing quote, or the end less an escape cut in half.
+	end := len(rest)
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '\\' {
+			if i+1 >= len(rest) || (rest[i+1] == 'u' && i+6 > len(rest)) {
+				end = i
+				break
+			}
+			i++
+			continue
+		}
+		if rest[i] == '"' {
+			end = i
+			break
+		}
+	}
+	var msg string
+	if err := json.Unmarshal(append(append([]byte(`"`), rest[:end]...), '"'), &msg); err != nil {
+		return "", false
+	}
+	if end == len(rest) || rest[end] != '"' {
+		msg += "…"
+	}
+	return msg, true
 }
 
 func paramString(p any) string {

@@ -1,8 +1,11 @@
 package policy
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -50,5 +53,75 @@ func TestParseRetryAfter(t *testing.T) {
 		if got := parseRetryAfter(tt.header, now); got != tt.want {
 			t.Errorf("parseRetryAfter(%q) = %v, want %v", tt.header, got, tt.want)
 		}
+	}
+}
+
+// TestRefusedFields: a field is refused when the 400 names it as the
+// problem, never because the message echoes the request body.
+func TestRefusedFields(t *testing.T) {
+	all := fieldReturnTokenIDs | fieldTokensAsIDs | fieldMetaInfo | fieldPromptTokenIDs
+	tests := []struct {
+		name   string
+		status int
+		param  string
+		msg    string
+		sent   idFields
+		want   idFields
+	}{
+		{"param", 400, "return_token_ids", "bad request", all, fieldReturnTokenIDs},
+		{"param of a field not sent", 400, "return_token_ids", "bad request", fieldMetaInfo, 0},
+		{"OpenAI lists the fields", 400, "", "Unrecognized request argument supplied: return_meta_info, return_prompt_token_ids, return_tokens_as_token_ids",
+			all, fieldTokensAsIDs | fieldMetaInfo | fieldPromptTokenIDs},
+		{"pydantic extra_forbidden names it in loc", 400, "",
+			"[{'type': 'extra_forbidden', 'loc': ('body', 'return_token_ids'), 'msg': 'Extra inputs are not permitted', 'input': True}]",
+			all, fieldReturnTokenIDs},
+		{"python echo of the body", 400, "",
+			"1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, `top_logprobs` must be a positive value.', 'input': {'logprobs': True, 'model': 'm', 'return_token_ids': True}}",
+			all, 0},
+		{"JSON echo of the body", 400, "", `invalid request {"model":"m","return_token_ids":true,"return_meta_info" : true}`, all, 0},
+		{"echo and a real complaint", 400, "",
+			"{'input': {'return_token_ids': True, 'return_meta_info': True}} and unknown field return_meta_info",
+			all, fieldMetaInfo},
+		{"a longer name is not the field", 400, "", "unknown field x_return_token_ids_y", all, 0},
+		{"not a 400", 500, "return_token_ids", "unsupported field(s): return_token_ids", all, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := &Error{Status: tt.status, param: tt.param, full: tt.msg}
+			if got := refusedFields(e, tt.sent); got != tt.want {
+				t.Errorf("refusedFields = %q, want %q", got.names(), tt.want.names())
+			}
+		})
+	}
+}
+
+func TestCapMessage(t *testing.T) {
+	short := strings.Repeat("é", 10)
+	if got := capMessage(short); got != short {
+		t.Errorf("capMessage(%q) = %q, want it unchanged", short, got)
+	}
+	long := strings.Repeat("é", maxMessage) // 2 bytes each
+	got := capMessage(long)
+	head, tail, ok := strings.Cut(got, "…")
+	if !ok || len(head) > maxMessage || !utf8.ValidString(head) || tail != fmt.Sprintf(" (%d more bytes)", len(long)-len(head)) {
+		t.Errorf("capMessage of %d bytes = %d bytes ending %q", len(long), len(got), got[max(0, len(got)-40):])
+	}
+}
+
+// TestCutMessage: the message of an error body cut short is read as far as
+// it goes.
+func TestCutMessage(t *testing.T) {
+	tests := []struct{ name, body, want string }{
+		{"cut in the message", `{"error":{"message":"1 validation error:\n  {'input': {'messages': [{'content': 'AAAA`, "1 validation error:\n  {'input': {'messages': [{'content': 'AAAA…"},
+		{"cut in an escape", `{"object":"error","message":"a\u00`, "a…"},
+		{"cut after the message", `{"error":{"message":"too many images","type":"Bad`, "too many images"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg, _ := errorMessage([]byte(tt.body))
+			if msg != tt.want {
+				t.Errorf("errorMessage = %q, want %q", msg, tt.want)
+			}
+		})
 	}
 }

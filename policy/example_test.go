@@ -36,13 +36,13 @@ func ExampleClient_Complete() {
 		return
 	}
 	fmt.Println(res.Response.Content)
-	fmt.Println("token ids:", c.TokenIDs(), len(res.Response.TokenIDs) == len(res.Response.Logprobs))
+	fmt.Println("token ids:", c.TokenIDSource(), len(res.Response.TokenIDs) == len(res.Response.Logprobs))
 	fmt.Println("attempts:", res.Model.Attempts)
 	// Output:
 	// Action: Click at (802, 814).
 	// <tool_call>
 	// {"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [802, 814]}}
 	// </tool_call>
-	// token ids: returned true
+	// token ids: return_token_ids true
 	// attempts: 1
 }

@@ -19,12 +19,17 @@ import (
 
 // chatRequest is a chat-completions request body.
 type chatRequest struct {
-	Model          string        `json:"model"`
-	Messages       []chatMessage `json:"messages"`
-	Logprobs       bool          `json:"logprobs"`
-	MaxTokens      int           `json:"max_tokens,omitempty"`
-	Temperature    *float64      `json:"temperature,omitempty"`
-	ReturnTokenIDs bool          `json:"return_token_ids,omitempty"`
+	Model       string        `json:"model"`
+	Messages    []chatMessage `json:"messages"`
+	Logprobs    bool          `json:"logprobs"`
+	MaxTokens   int           `json:"max_tokens,omitempty"`
+	Temperature *float64      `json:"temperature,omitempty"`
+	TopP        *float64      `json:"top_p,omitempty"`
+	// The ways to ask for token ids (see tokenids.go).
+	ReturnTokenIDs         bool `json:"return_token_ids,omitempty"`
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids,omitempty"`
+	ReturnMetaInfo         bool `json:"return_meta_info,omitempty"`
+	ReturnPromptTokenIDs   bool `json:"return_prompt_token_ids,omitempty"`
 }
 
 // chatMessage is a message with its content as a plain string when it is
@@ -108,12 +113,20 @@ type chatResponse struct {
 	Choices        []chatChoice `json:"choices"`
 	PromptTokenIDs *[]int64     `json:"prompt_token_ids"` // vLLM
 	Usage          *struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
+		PromptTokens        int                `json:"prompt_tokens"`
+		CompletionTokens    int                `json:"completion_tokens"`
+		PromptTokensDetails *chatTokensDetails `json:"prompt_tokens_details"`
 	} `json:"usage"`
+}
+
+// chatTokensDetails is usage.prompt_tokens_details. The media counts are
+// SGLang's (vLLM's are a multimodal_tokens object): their presence makes a
+// cached_tokens of 0 mean nothing (see Client.cachedTokens).
+type chatTokensDetails struct {
+	CachedTokens *int            `json:"cached_tokens"`
+	ImageTokens  json.RawMessage `json:"image_tokens"`
+	AudioTokens  json.RawMessage `json:"audio_tokens"`
+	VideoTokens  json.RawMessage `json:"video_tokens"`
 }
 
 type chatChoice struct {
@@ -129,14 +142,20 @@ type chatChoice struct {
 		} `json:"tool_calls"`
 	} `json:"message"`
 	Logprobs *struct {
-		Content []struct {
-			Token   string  `json:"token"`
-			Logprob float64 `json:"logprob"`
-		} `json:"content"`
+		Content []chatTokenLogprob `json:"content"`
 	} `json:"logprobs"`
 	FinishReason   string   `json:"finish_reason"`
 	TokenIDs       *[]int64 `json:"token_ids"`        // vLLM, SGLang
 	PromptTokenIDs *[]int64 `json:"prompt_token_ids"` // SGLang
+	MetaInfo       *struct {
+		// [logprob, id, text] per generated token.
+		OutputTokenLogprobs [][]json.RawMessage `json:"output_token_logprobs"`
+	} `json:"meta_info"` // SGLang's return_meta_info
+}
+
+type chatTokenLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
 }
 
 // arguments returns tool-call arguments as the JSON text OpenAI sends them

@@ -25,7 +25,7 @@ const (
 	// answered normally.
 	FaultRefuseField
 	// FaultIgnoreField answers as if return_token_ids had not been sent, as
-	// servers too old to know it do.
+	// servers too old to know it do (see also Options.Version).
 	FaultIgnoreField
 	// FaultFlatError answers 500 with a flat {"object":"error","message":…}
 	// body, as SGLang and old vLLM do.
@@ -45,6 +45,11 @@ const (
 	FaultNoLogprobs
 	// FaultLogprobsMismatch answers with one logprob fewer than token ids.
 	FaultLogprobsMismatch
+	// FaultValidationError answers 400 as vLLM and SGLang do when a model
+	// validator rejects the request: FastAPI's validation error, whose
+	// message echoes the whole request body (field names and all) and
+	// whose param is null.
+	FaultValidationError
 )
 
 var faultNames = [...]string{
@@ -61,6 +66,7 @@ var faultNames = [...]string{
 	FaultSlowFirstByte:      "slow-first-byte",
 	FaultNoLogprobs:         "no-logprobs",
 	FaultLogprobsMismatch:   "logprobs-mismatch",
+	FaultValidationError:    "validation-400",
 }
 
 func (f Fault) String() string {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -71,7 +72,7 @@ func TestTokenize(t *testing.T) {
 		t.Fatalf("Tokenize is not deterministic (-first +second):\n%s", diff)
 	}
 	var text strings.Builder
-	for i, tok := range a {
+	for i, tok := range a[:len(a)-1] {
 		text.WriteString(tok.Text)
 		if tok.Logprob >= 0 || tok.Logprob < -4.01 {
 			t.Errorf("token %d %q: logprob %v outside (-4.01, 0)", i, tok.Text, tok.Logprob)
@@ -82,6 +83,36 @@ func TestTokenize(t *testing.T) {
 	}
 	if text.String() != reply {
 		t.Errorf("tokens spell %q, want %q", text.String(), reply)
+	}
+	// A reply ends with the end-of-turn token, as a real server's ids do.
+	if last := a[len(a)-1]; last.ID != EndOfTurn || last.Text != "<|im_end|>" {
+		t.Errorf("last token %+v, want <|im_end|> (%d)", last, EndOfTurn)
+	}
+}
+
+// TestTokenizeSplitCharacters: a character kept as its bytes shows as
+// U+FFFD in each byte's token string, as when a server decodes a token on
+// its own, while the text keeps the character.
+func TestTokenizeSplitCharacters(t *testing.T) {
+	reply := "It’s done"
+	toks := generate(reply)
+	var texts []string
+	for _, tok := range toks {
+		texts = append(texts, tok.Text)
+	}
+	want := []string{"It", "\uFFFD", "\uFFFD", "\uFFFD", "s", " done", "<|im_end|>"}
+	if diff := cmp.Diff(want, texts); diff != "" {
+		t.Errorf("token strings (-want +got):\n%s", diff)
+	}
+	if got := spelled(toks); got != reply {
+		t.Errorf("tokens spell %q, want %q", got, reply)
+	}
+	if toks[1].ID == toks[2].ID {
+		t.Error("the bytes of a split character got the same id: strings and ids would both be lossy")
+	}
+	// Cut inside the character (max_tokens): the text holds it back.
+	if got := spelled(toks[:3]); got != "It" {
+		t.Errorf("tokens cut mid-character spell %q, want %q", got, "It")
 	}
 }
 
@@ -271,20 +302,34 @@ func TestDialectGolden(t *testing.T) {
 		return "<think>\nThe terminal icon is on the left.\n</think>\nAction: open it.\n<tool_call>\n" +
 			`{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [12, 34]}}` + "\n</tool_call>"
 	}
+	// A short reply with a character that tokenizes as its bytes.
+	shortScript := func(Request) string { return "It’s done." }
 	noIDs := strings.Replace(chatBody, `"return_token_ids": true, `, "", 1)
+	// What a client falls back to when return_token_ids is ignored.
+	fallback := strings.Replace(chatBody, `"return_token_ids": true, `,
+		`"return_tokens_as_token_ids": true, "return_meta_info": true, "return_prompt_token_ids": true, `, 1)
 	tests := []struct {
 		name string
 		opts Options
-		// bodies are sent in turn; the default is chatBody twice, the
-		// second answer showing cached tokens.
+		// bodies are sent in turn; the default is chatBody then fallback,
+		// the second answer showing cached tokens.
 		bodies []string
 	}{
-		{"vllm", Options{Dialect: VLLM}, nil},
+		{"vllm-0.10.1", Options{Dialect: VLLM, Version: VLLM0101}, nil},
+		{"vllm-0.10.2", Options{Dialect: VLLM, Version: VLLM0102}, nil},
+		{"vllm-latest", Options{Dialect: VLLM}, nil},
 		{"vllm-no-cache-report", Options{Dialect: VLLM, NoCacheReport: true}, nil},
-		{"vllm-reasoning-tool-calls", Options{Dialect: VLLM, SplitReasoning: true, ToolCalls: true, Script: reasoningScript}, nil},
+		{"vllm-reasoning-tool-calls", Options{Dialect: VLLM, SplitReasoning: true, ToolCalls: true, Script: reasoningScript}, []string{chatBody}},
 		{"vllm-ignores-return-token-ids", Options{Dialect: VLLM, Faults: FaultAlways(FaultIgnoreField)}, []string{chatBody}},
-		{"sglang", Options{Dialect: SGLang}, nil},
-		{"sglang-reasoning", Options{Dialect: SGLang, SplitReasoning: true, Script: reasoningScript}, nil},
+		{"vllm-image-limit", Options{Dialect: VLLM, ImageLimit: 1}, []string{strings.Replace(chatBody, `]}]}`, `, {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}]}]}`, 1)}},
+		{"vllm-0.10.1-image-limit", Options{Dialect: VLLM, Version: VLLM0101, ImageLimit: 1}, []string{strings.Replace(chatBody, `]}]}`, `, {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}]}]}`, 1)}},
+		{"vllm-validation-400", Options{Dialect: VLLM, Faults: FaultAlways(FaultValidationError)}, []string{chatBody}},
+		{"sglang-0.4", Options{Dialect: SGLang, Version: SGLang04}, nil},
+		{"sglang-0.5.13", Options{Dialect: SGLang, Version: SGLang0513}, nil},
+		{"sglang-latest", Options{Dialect: SGLang}, nil},
+		{"sglang-no-cache-report", Options{Dialect: SGLang, NoCacheReport: true}, nil},
+		{"sglang-reasoning", Options{Dialect: SGLang, SplitReasoning: true, Script: reasoningScript}, []string{chatBody}},
+		{"sglang-validation-400", Options{Dialect: SGLang, Faults: FaultAlways(FaultValidationError)}, []string{chatBody}},
 		{"openai", Options{Dialect: OpenAI}, []string{chatBody, noIDs, noIDs}},
 	}
 	for _, tt := range tests {
@@ -292,12 +337,15 @@ func TestDialectGolden(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tt.opts.NoLatency = true
 				tt.opts.ImageTokens = 32
+				if tt.opts.Script == nil {
+					tt.opts.Script = shortScript
+				}
 				s := NewPipeServer(tt.opts)
 				defer s.Close()
 				var out bytes.Buffer
 				bodies := tt.bodies
 				if bodies == nil {
-					bodies = []string{chatBody, chatBody}
+					bodies = []string{chatBody, fallback}
 				}
 				for i, req := range bodies {
 					res, body := post(t, s, nil, req)
@@ -614,6 +662,8 @@ func TestServeMainErrors(t *testing.T) {
 	}{
 		{"dialect", []string{"-dialect", "tgi"}, `unknown dialect "tgi"`},
 		{"fault", []string{"-fault", "explode"}, `unknown fault "explode"`},
+		{"version", []string{"-dialect", "sglang", "-version", "0.10.2"}, `unknown sglang version "0.10.2": want one of 0.4, 0.5.13, latest`},
+		{"image limit", []string{"-image-limit", "-1"}, "image limit -1"},
 		{"public address", []string{"-addr", "0.0.0.0:8000"}, "not a loopback address"},
 		{"key missing", []string{"-require-key"}, "LEGATO_POLICY_KEY"},
 		{"stray argument", []string{"serve"}, "unexpected arguments"},
@@ -626,4 +676,124 @@ func TestServeMainErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReleaseInvariants holds every release to what real servers do with
+// the ids of a reply: the ids end with the end-of-turn id, which
+// completion_tokens counts and the text leaves out; ids come back only in
+// the forms the release knows; and a prompt that hit no cache gets details
+// as the release sends them.
+func TestReleaseInvariants(t *testing.T) {
+	const reply = "It’s done."
+	asks := map[string]string{
+		"return_token_ids":           `"return_token_ids": true`,
+		"return_tokens_as_token_ids": `"return_tokens_as_token_ids": true`,
+		"return_meta_info":           `"return_meta_info": true, "return_prompt_token_ids": true`,
+	}
+	// forms lists, per release, the fields that give exact generated ids.
+	forms := map[Dialect]map[Version][]string{
+		VLLM: {
+			VLLM0101: {"return_tokens_as_token_ids"},
+			VLLM0102: {"return_token_ids", "return_tokens_as_token_ids"},
+			Latest:   {"return_token_ids", "return_tokens_as_token_ids"},
+		},
+		SGLang: {
+			SGLang04:   nil,
+			SGLang0513: {"return_meta_info"},
+			Latest:     {"return_token_ids", "return_meta_info"},
+		},
+		OpenAI: {Latest: nil},
+	}
+	for d, versions := range forms {
+		if len(versions) != len(Versions(d)) {
+			t.Errorf("%s: %d versions tested, %d exist", d, len(versions), len(Versions(d)))
+		}
+		for v, exact := range versions {
+			for _, ask := range []string{"return_token_ids", "return_tokens_as_token_ids", "return_meta_info"} {
+				t.Run(fmt.Sprintf("%s-%s-%s", d, v, ask), func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						s := NewPipeServer(Options{Dialect: d, Version: v, NoLatency: true, Script: func(Request) string { return reply }})
+						defer s.Close()
+						body := `{"model": "m", "logprobs": true, ` + asks[ask] + `, "messages": [{"role": "user", "content": "hi"}]}`
+						res, b := post(t, s, nil, body)
+						if d == OpenAI {
+							if res.StatusCode != http.StatusBadRequest {
+								t.Errorf("OpenAI answered %d to %s, want 400", res.StatusCode, ask)
+							}
+							return
+						}
+						var a answerIDs
+						if err := json.Unmarshal(b, &a); err != nil || res.StatusCode != 200 {
+							t.Fatalf("%d %s: %v", res.StatusCode, b, err)
+						}
+						ch := a.Choices[0]
+						ids := a.exactIDs()
+						if want := slices.Contains(exact, ask); (ids != nil) != want {
+							t.Fatalf("exact ids for %s: %v, want them: %v\n%s", ask, ids, want, b)
+						}
+						if ids != nil {
+							if ids[len(ids)-1] != EndOfTurn || len(ids) != a.Usage.CompletionTokens || len(ids) != len(ch.Logprobs.Content) {
+								t.Errorf("ids %v: want %d of them ending with %d, one per logprob", ids, a.Usage.CompletionTokens, EndOfTurn)
+							}
+						}
+						if ch.Message.Content != reply {
+							t.Errorf("content %q, want %q (no end-of-turn text)", ch.Message.Content, reply)
+						}
+						// The first call of a server hits no cache.
+						if null := string(a.Usage.Details) == "null"; d == VLLM && null != (v != Latest) {
+							t.Errorf("prompt_tokens_details %s at 0 cached on vllm %s", a.Usage.Details, v)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// answerIDs is the part of an answer that carries generated ids, in every
+// form.
+type answerIDs struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Logprobs struct {
+			Content []struct {
+				Token string `json:"token"`
+			} `json:"content"`
+		} `json:"logprobs"`
+		TokenIDs []int64 `json:"token_ids"`
+		MetaInfo *struct {
+			OutputTokenLogprobs [][3]any `json:"output_token_logprobs"`
+		} `json:"meta_info"`
+	} `json:"choices"`
+	Usage struct {
+		CompletionTokens int             `json:"completion_tokens"`
+		Details          json.RawMessage `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// exactIDs returns the generated ids in whichever form the answer has
+// them, or nil.
+func (a *answerIDs) exactIDs() []int64 {
+	ch := a.Choices[0]
+	switch {
+	case ch.TokenIDs != nil:
+		return ch.TokenIDs
+	case ch.MetaInfo != nil:
+		var ids []int64
+		for _, e := range ch.MetaInfo.OutputTokenLogprobs {
+			ids = append(ids, int64(e[1].(float64)))
+		}
+		return ids
+	case len(ch.Logprobs.Content) > 0 && strings.HasPrefix(ch.Logprobs.Content[0].Token, "token_id:"):
+		var ids []int64
+		for _, c := range ch.Logprobs.Content {
+			var id int64
+			fmt.Sscanf(c.Token, "token_id:%d", &id)
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	return nil
 }

@@ -25,11 +25,18 @@ type Request struct {
 	// Fields are the top-level fields of the request body, sorted.
 	Fields []string
 	// Logprobs and ReturnTokenIDs report whether the request asked for
-	// them.
-	Logprobs       bool
-	ReturnTokenIDs bool
+	// them; ReturnTokensAsTokenIDs, ReturnMetaInfo and
+	// ReturnPromptTokenIDs whether it asked for vLLM's and SGLang's other
+	// ways to get ids.
+	Logprobs               bool
+	ReturnTokenIDs         bool
+	ReturnTokensAsTokenIDs bool
+	ReturnMetaInfo         bool
+	ReturnPromptTokenIDs   bool
 	// MaxTokens is max_tokens or max_completion_tokens; 0 when unset.
 	MaxTokens int
+	// Temperature and TopP are the sampling knobs sent; nil when unset.
+	Temperature, TopP *float64
 	// Authorized reports whether the request carried a bearer token.
 	Authorized bool
 }

@@ -3,7 +3,9 @@ package policytest
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"hash/fnv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -134,19 +136,77 @@ func promptTokens(msgs []schema.Message, imageTokens int) (ids []int64, keys []u
 
 // Token is one generated token as the server reports it.
 type Token struct {
-	ID      int64
+	ID int64
+	// Text is the token's string in the logprobs: the token decoded on
+	// its own, so U+FFFD for a byte of a character split across tokens,
+	// and "<|im_end|>" for the end-of-turn token.
 	Text    string
 	Logprob float64
 }
 
-// Tokenize returns the tokens the server generates for reply text, so tests
-// can check what a client recorded against what was sent.
+// genToken is a generated token and the bytes it adds to the reply's text:
+// none for the end-of-turn token.
+type genToken struct {
+	Token
+	bytes string
+}
+
+// EndOfTurn is the id of Qwen's <|im_end|>, the token a reply ends with.
+const EndOfTurn = imEndID
+
+// Tokenize returns the tokens the server generates for reply text, the
+// end-of-turn token last, so tests can check what a client recorded against
+// what was sent. Like a real server, the end-of-turn token is counted in
+// completion_tokens and in the ids, and left out of the text.
 func Tokenize(reply string) []Token {
-	ps := pieces(reply)
-	out := make([]Token, len(ps))
-	for i, p := range ps {
-		id := tokenID(p)
-		out[i] = Token{ID: id, Text: p, Logprob: logprob(id, i)}
+	gen := generate(reply)
+	out := make([]Token, len(gen))
+	for i, t := range gen {
+		out[i] = t.Token
 	}
 	return out
+}
+
+func generate(reply string) []genToken {
+	var out []genToken
+	add := func(id int64, text, bytes string) {
+		out = append(out, genToken{Token{ID: id, Text: text, Logprob: logprob(id, len(out))}, bytes})
+	}
+	for _, p := range pieces(reply) {
+		if r, n := utf8.DecodeRuneInString(p); n == len(p) && n >= 3 && !isWordRune(r) {
+			// Byte-level tokenizers keep rare characters as their bytes:
+			// each byte token decodes alone to U+FFFD.
+			for i := range len(p) {
+				add(tokenID(fmt.Sprintf("<0x%02X>", p[i])), "\uFFFD", p[i:i+1])
+			}
+			continue
+		}
+		text := p
+		if !utf8.ValidString(p) {
+			text = "\uFFFD"
+		}
+		add(tokenID(p), text, p)
+	}
+	add(imEndID, "<|im_end|>", "")
+	return out
+}
+
+// spelled is the reply text tokens spell: their bytes, less a last character
+// cut short (a reply stopped by max_tokens mid-character), which a server's
+// incremental detokenizer holds back.
+func spelled(toks []genToken) string {
+	var b strings.Builder
+	for _, t := range toks {
+		b.WriteString(t.bytes)
+	}
+	s := b.String()
+	for i := len(s) - 1; i >= 0 && i >= len(s)-3; i-- {
+		if utf8.RuneStart(s[i]) {
+			if !utf8.FullRuneInString(s[i:]) {
+				s = s[:i]
+			}
+			break
+		}
+	}
+	return s
 }

@@ -22,7 +22,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: legato rl probe --policy-url URL --model M [--step-timeout D]\n\n"+
+		fmt.Fprintf(stderr, "usage: legato rl probe --policy-url URL --model M [--step-timeout D] [--image-max N]\n\n"+
 			"Checks that the model server returns what training needs. The key, if any, is read from $%s.\n\n", KeyEnv)
 		fs.PrintDefaults()
 	}
@@ -30,6 +30,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.BaseURL, "policy-url", "", "the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
 	fs.StringVar(&cfg.Model, "model", "", "the model `name` the server serves the policy under")
 	fs.DurationVar(&cfg.StepTimeout, "step-timeout", policy.DefaultStepTimeout, "bound on each request")
+	var opts Options
+	fs.IntVar(&opts.ImageMax, "image-max", DefaultImageMax, "screenshots to send in one prompt: the --image-max collect will use")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,7 +39,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("probe: unexpected arguments %q", fs.Args())
 	}
 	cfg.APIKey = os.Getenv(KeyEnv)
-	r, err := Run(ctx, cfg)
+	r, err := Run(ctx, cfg, opts)
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}

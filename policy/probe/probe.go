@@ -1,8 +1,9 @@
 // Package probe checks whether a model server can serve training data:
-// `legato rl probe` sends a text request, an image request and the text
-// request again, and reports whether logprobs, token ids, cached-token
-// reporting and image input work, how long each call took, and what to
-// change on the server.
+// `legato rl probe` sends a text request, an image request, a request with
+// as many screenshots as collect keeps in a prompt (--image-max), and the
+// text request again, and reports whether logprobs, exact token ids (and
+// how they come), prompt token ids, cached-token reporting and image input
+// work, how long each call took, and what to change on the server.
 package probe
 
 import (
@@ -16,19 +17,34 @@ import (
 	"image/png"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
+	"strconv"
 	"text/tabwriter"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
 	"legato/rl/policy"
+	"legato/rl/policy/qwen"
 	"legato/rl/schema"
 )
 
 // ErrNotTrainable means the server cannot give trainable data for a
-// computer-use agent: no logprobs, no image input, or no answer at all.
+// computer-use agent: no logprobs, no exact token ids, no image input, fewer
+// images per prompt than collect sends, or no answer at all.
 var ErrNotTrainable = errors.New("policy server cannot give trainable data")
+
+// DefaultImageMax is collect's default --image-max: the most screenshots a
+// prompt of the Qwen harness carries.
+const DefaultImageMax = qwen.DefaultImageMax
+
+// Options tune a probe. The zero value probes with DefaultImageMax.
+type Options struct {
+	// ImageMax is how many screenshots the images request sends in one
+	// prompt: collect's --image-max. 0 means DefaultImageMax.
+	ImageMax int
+}
 
 // errSkipped marks requests not sent because the text request failed.
 var errSkipped = errors.New("skipped: the text request failed")
@@ -44,11 +60,12 @@ type Call struct {
 	Seconds          float64
 	PromptTokens     int
 	CompletionTokens int
-	CachedTokens     int
-	CacheReported    bool
-	Logprobs         int
-	TokenIDs         int
-	Warnings         []string
+	// CachedTokens is the cached-token count, when the answer gave one.
+	CachedTokens   *int
+	Logprobs       int
+	TokenIDs       int
+	PromptTokenIDs int
+	Warnings       []string
 }
 
 // Report is what a probe found.
@@ -59,33 +76,54 @@ type Report struct {
 	// empty when the server did not say.
 	Server string
 
-	// Text and Image are the first two requests; Repeat is Text sent again,
+	// Text and Image (one screenshot) are the first two requests; Images
+	// sends ImageMax screenshots in one prompt; Repeat is Text sent again,
 	// which a prefix cache should mostly serve.
-	Text, Image, Repeat Call
+	Text, Image, Images, Repeat Call
+	// ImageMax is the number of screenshots Images sent.
+	ImageMax int
 
 	// Logprobs: the text replies carried one logprob per generated token.
 	Logprobs bool
-	// TokenIDs is whether the server returned, ignored or refused
-	// return_token_ids; Aligned that ids and logprobs had equal lengths.
-	TokenIDs policy.TokenIDSupport
-	Aligned  bool
-	// CacheReported: the repeated request reported cached tokens;
-	// CacheHit: it reported some.
+	// TokenIDs is how the server gives generated token ids (see
+	// policy.Client.TokenIDSource); "" when no answer came.
+	TokenIDs schema.TokenIDSource
+	// Exact: the ids are the generated ones; Aligned: ids and logprobs had
+	// equal lengths; PromptTokenIDs: the server returned the prompt's ids.
+	Exact          bool
+	Aligned        bool
+	PromptTokenIDs bool
+	// Refused lists the token-id fields the server refused with a 400.
+	Refused []string
+	// CacheReported: the repeated request gave a cached-token count;
+	// CacheHit: a count above 0.
 	CacheReported bool
 	CacheHit      bool
-	// ImageInput: the image request succeeded.
-	ImageInput bool
+	// ImageInput: the image request succeeded. ImagesAccepted: the server
+	// took ImageMax screenshots in one prompt; when it refused them for its
+	// limit, ImageLimit is that limit (vLLM's --limit-mm-per-prompt).
+	ImageInput     bool
+	ImagesAccepted bool
+	ImageLimit     int
 
-	// Trainable: the server can serve computer-use rollouts with logprobs.
+	// Trainable: the server can serve computer-use rollouts with exact
+	// token ids and logprobs; Why says what stops it, when it cannot.
 	Trainable bool
+	Why       []string
 	// Advice lists what to change on the server, most important first.
 	Advice []string
 }
 
 // Run probes the server cfg points at. The error is nil even when the
 // server is not trainable (see Report.Trainable); it is set only when the
-// probe itself could not run (invalid cfg).
-func Run(ctx context.Context, cfg policy.Config) (*Report, error) {
+// probe itself could not run (invalid cfg or opts).
+func Run(ctx context.Context, cfg policy.Config, opts Options) (*Report, error) {
+	if opts.ImageMax < 0 {
+		return nil, fmt.Errorf("probe: image max %d: use 1 or more (or 0 for %d)", opts.ImageMax, DefaultImageMax)
+	}
+	if opts.ImageMax == 0 {
+		opts.ImageMax = DefaultImageMax
+	}
 	if cfg.MaxTokens == 0 {
 		cfg.MaxTokens = probeMaxTokens
 	}
@@ -101,21 +139,31 @@ func Run(ctx context.Context, cfg policy.Config) (*Report, error) {
 	}
 	defer c.Close()
 	cfg = c.Config()
-	r := &Report{BaseURL: cfg.BaseURL, Model: cfg.Model, Server: serverKind(ctx, cfg)}
+	r := &Report{BaseURL: cfg.BaseURL, Model: cfg.Model, Server: serverKind(ctx, cfg), ImageMax: opts.ImageMax}
 
 	text := textPrompt()
 	r.Text = call(ctx, c, text)
-	if r.Text.Err != nil {
+	switch {
+	case r.Text.Err != nil:
 		// The others would fail the same way (or hang as long).
-		r.Image.Err, r.Repeat.Err = errSkipped, errSkipped
-	} else {
-		r.Image = call(ctx, c, imagePrompt())
+		r.Image.Err, r.Images.Err, r.Repeat.Err = errSkipped, errSkipped, errSkipped
+	default:
+		r.Image = call(ctx, c, imagePrompt(1))
+		if r.Image.Err == nil {
+			r.Images = call(ctx, c, imagePrompt(opts.ImageMax))
+		} else {
+			r.Images.Err = errNoImages
+		}
 		r.Repeat = call(ctx, c, text)
 	}
-	r.TokenIDs = c.TokenIDs()
+	r.TokenIDs = c.TokenIDSource()
+	r.Refused = c.RefusedFields()
 	r.assess()
 	return r, nil
 }
+
+// errNoImages marks the images request not sent because one image failed.
+var errNoImages = errors.New("skipped: the one-image request failed")
 
 func call(ctx context.Context, c *policy.Client, msgs []schema.Message) Call {
 	res, err := c.Complete(ctx, msgs)
@@ -126,10 +174,10 @@ func call(ctx context.Context, c *policy.Client, msgs []schema.Message) Call {
 		Seconds:          res.Model.Seconds,
 		PromptTokens:     res.Model.PromptTokens,
 		CompletionTokens: res.Model.CompletionTokens,
-		CachedTokens:     deref(res.Model.CachedTokens),
-		CacheReported:    res.CacheReported,
+		CachedTokens:     res.Model.CachedTokens,
 		Logprobs:         len(res.Response.Logprobs),
 		TokenIDs:         len(res.Response.TokenIDs),
+		PromptTokenIDs:   len(res.PromptTokenIDs),
 		Warnings:         res.Warnings,
 	}
 }
@@ -166,6 +214,11 @@ func serverKind(ctx context.Context, cfg policy.Config) string {
 	return ""
 }
 
+// imageLimit reads vLLM's refusal of a prompt over --limit-mm-per-prompt:
+// "At most N image(s) may be provided in one prompt." (before mid-2026,
+// "in one request").
+var imageLimit = regexp.MustCompile(`At most (\d+) image\(s\) may be provided in one (?:prompt|request)`)
+
 func (r *Report) assess() {
 	texts := []Call{r.Text, r.Repeat}
 	r.Logprobs = r.Text.Err == nil
@@ -181,44 +234,104 @@ func (r *Report) assess() {
 			r.Aligned = false
 		}
 	}
-	r.CacheReported = r.Repeat.Err == nil && r.Repeat.CacheReported
-	r.CacheHit = r.CacheReported && r.Repeat.CachedTokens > 0
+	for _, c := range []Call{r.Text, r.Image, r.Images, r.Repeat} {
+		if c.Err == nil && c.PromptTokenIDs > 0 {
+			r.PromptTokenIDs = true
+		}
+	}
+	r.Exact = r.TokenIDs.Exact()
+	r.CacheReported = r.Repeat.Err == nil && r.Repeat.CachedTokens != nil
+	r.CacheHit = r.CacheReported && *r.Repeat.CachedTokens > 0
 	r.ImageInput = r.Image.Err == nil
-	r.Trainable = r.Text.Err == nil && r.Logprobs && r.ImageInput
+	r.ImagesAccepted = r.Images.Err == nil
+	var pe *policy.Error
+	if errors.As(r.Images.Err, &pe) && pe.Status == http.StatusBadRequest {
+		if m := imageLimit.FindStringSubmatch(pe.Message); m != nil {
+			r.ImageLimit, _ = strconv.Atoi(m[1])
+		}
+	}
 
+	why := func(s string) { r.Why = append(r.Why, s) }
 	add := func(s string) { r.Advice = append(r.Advice, s) }
 	if r.Text.Err != nil {
+		why("the text request failed")
 		add("the text request failed (see above): check --policy-url (the OpenAI root, ending in /v1), --model and $LEGATO_POLICY_KEY")
+		r.Trainable = false
 		return
 	}
 	if !r.Logprobs {
+		why("no logprobs")
 		add("the server returned no logprobs, so rollouts would have nothing to train on: serve the policy with vLLM or SGLang, which return logprobs for chat completions")
 	}
+	if !r.Exact {
+		why("not exact: token strings, no token ids")
+		add(r.upgradeAdvice())
+	}
 	if !r.ImageInput {
+		why("no image input")
 		add("image input failed: serve a vision-language model (on vLLM, also check --limit-mm-per-prompt allows an image)")
 	}
-	switch r.TokenIDs {
-	case policy.TokenIDsIgnored:
-		add("token ids were not returned: upgrade to a server version that supports return_token_ids (a recent vLLM or SGLang); until then the trainer must re-tokenize response_text")
-	case policy.TokenIDsRefused:
-		add("the server refuses return_token_ids (a hosted API?): records keep token strings instead of ids, and the trainer must re-tokenize response_text")
+	switch {
+	case r.ImageInput && !r.ImagesAccepted && r.ImageLimit > 0:
+		why(fmt.Sprintf("at most %d images per prompt, and --image-max is %d", r.ImageLimit, r.ImageMax))
+		add(fmt.Sprintf("the server refuses more than %d image(s) in one prompt and collect sends up to --image-max %d: start vLLM with --limit-mm-per-prompt '{\"image\": %d}', or collect (and probe) with --image-max %d",
+			r.ImageLimit, r.ImageMax, r.ImageMax, r.ImageLimit))
+	case r.ImageInput && !r.ImagesAccepted:
+		why(fmt.Sprintf("%d images in one prompt failed", r.ImageMax))
+		add(fmt.Sprintf("a prompt of %d screenshots (--image-max) failed (see above): check the server's per-prompt image limit and context length, or lower --image-max", r.ImageMax))
 	}
-	if !r.Aligned {
+	switch r.TokenIDs {
+	case schema.SourceTokensAsIDs:
+		add("token ids are exact through vLLM's return_tokens_as_token_ids, but this vLLM returns no prompt token ids: upgrade to vLLM 0.10.2 or later (return_token_ids) to record them")
+	case schema.SourceMetaInfo:
+		add("token ids are exact through SGLang's return_meta_info; an SGLang whose chat endpoint has return_token_ids (mid-2026) returns them directly")
+	}
+	if r.Exact && !r.Aligned {
 		add("token ids and logprobs differ in length; such steps are flagged logprobs_token_ids_mismatch: check the server version")
 	}
 	switch {
 	case !r.CacheReported && r.Server == "vllm":
-		add("cached tokens are not reported: start vLLM with --enable-prompt-tokens-details")
+		add("no cached-token count on the repeated request: start vLLM with --enable-prompt-tokens-details (vLLM before mid-2026 also leaves the count out when nothing was cached: check --enable-prefix-caching too)")
 	case !r.CacheReported && r.Server == "sglang":
-		add("cached tokens are not reported: start SGLang with --enable-cache-report")
+		add("no cached-token count on the repeated request: start SGLang with --enable-cache-report (and without --disable-radix-cache)")
 	case !r.CacheReported:
-		add("cached tokens are not reported: on vLLM start it with --enable-prompt-tokens-details, on SGLang with --enable-cache-report")
+		add("no cached-token count on the repeated request: on vLLM start it with --enable-prompt-tokens-details, on SGLang with --enable-cache-report")
 	case !r.CacheHit:
 		add("the repeated prompt hit no cached tokens: enable prefix caching (vLLM --enable-prefix-caching; SGLang without --disable-radix-cache)")
 	}
 	if r.Server == "vllm" || r.Server == "" {
 		add("if vLLM samples with a temperature other than 1 or with penalties, start it with --logprobs-mode processed_logprobs so logprobs match the distribution tokens were drawn from")
 	}
+	r.Trainable = len(r.Why) == 0
+}
+
+// upgradeAdvice says what gives exact token ids, for a server that gave
+// none in any form the client knows.
+func (r *Report) upgradeAdvice() string {
+	switch {
+	case len(r.Refused) > 0:
+		return fmt.Sprintf("not exact: the server refuses %s (a hosted API?), so records keep token strings, which a trainer must re-tokenize: serve the policy with vLLM 0.10.2+ or an SGLang with return_token_ids",
+			joinFields(r.Refused))
+	case r.Server == "vllm":
+		return "not exact: this vLLM returns token strings even with return_tokens_as_token_ids: upgrade vLLM to 0.10.2 or later (return_token_ids)"
+	case r.Server == "sglang":
+		return "not exact: this SGLang returns token strings only: upgrade SGLang to 0.5.13 or later (return_meta_info), or a release whose chat endpoint has return_token_ids (mid-2026)"
+	}
+	return "not exact: the server returns token strings, not ids, with return_token_ids, return_tokens_as_token_ids and return_meta_info: serve the policy with vLLM 0.10.2+ or an SGLang with return_token_ids"
+}
+
+func joinFields(fields []string) string {
+	switch len(fields) {
+	case 0:
+		return ""
+	case 1:
+		return fields[0]
+	}
+	out := fields[0]
+	for _, f := range fields[1 : len(fields)-1] {
+		out += ", " + f
+	}
+	return out + " and " + fields[len(fields)-1]
 }
 
 // WriteTable prints r as a table, then the verdict and the advice.
@@ -234,6 +347,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row := func(check, result, detail string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", check, result, detail) }
 	row("text request", okFailed(r.Text.Err), callDetail(r.Text))
 	row("image request", okFailed(r.Image.Err), callDetail(r.Image))
+	row("images request", okFailed(r.Images.Err), callDetail(r.Images))
 	row("repeat request", okFailed(r.Repeat.Err), callDetail(r.Repeat))
 	if r.Text.Err == nil {
 		lp := "missing"
@@ -241,23 +355,34 @@ func (r *Report) WriteTable(w io.Writer) error {
 			lp = "ok"
 		}
 		row("logprobs", lp, fmt.Sprintf("%d for %d generated tokens", r.Text.Logprobs, r.Text.CompletionTokens))
-		ids := fmt.Sprintf("%d ids", r.Text.TokenIDs)
-		if r.TokenIDs == policy.TokenIDsReturned {
-			if r.Aligned {
-				ids += ", aligned with logprobs"
-			} else {
-				ids += ", NOT aligned with logprobs"
-			}
+		ids, detail := "exact", fmt.Sprintf("%d ids from %s", r.Text.TokenIDs, r.TokenIDs)
+		switch {
+		case !r.Exact:
+			ids, detail = "NOT exact", "token strings only"
+		case r.Aligned:
+			detail += ", aligned with logprobs"
+		default:
+			detail += ", NOT aligned with logprobs"
 		}
-		row("token ids", r.TokenIDs.String(), ids)
-		cache, detail := "not reported", "usage.prompt_tokens_details missing on the repeated request"
+		row("token ids", ids, detail)
+		prompt, detail := "missing", "the server returned no prompt token ids"
+		if r.PromptTokenIDs {
+			prompt, detail = "ok", fmt.Sprintf("%d for %d prompt tokens", r.Text.PromptTokenIDs, r.Text.PromptTokens)
+		}
+		row("prompt token ids", prompt, detail)
+		cache, detail := "not reported", "no cached-token count on the repeated request"
 		if r.CacheReported {
 			cache = "reported"
-			detail = fmt.Sprintf("%d of %d prompt tokens cached on the repeated request", r.Repeat.CachedTokens, r.Repeat.PromptTokens)
+			detail = fmt.Sprintf("%d of %d prompt tokens cached on the repeated request", *r.Repeat.CachedTokens, r.Repeat.PromptTokens)
 		}
 		row("cached tokens", cache, detail)
 		row("image input", okFailed(r.Image.Err), "a 64×64 PNG as a data URL")
-		row("latency", "-", fmt.Sprintf("text %s, image %s, repeat %s", seconds(r.Text), seconds(r.Image), seconds(r.Repeat)))
+		images := fmt.Sprintf("%d screenshots in one prompt (--image-max)", r.ImageMax)
+		if r.ImageLimit > 0 {
+			images += fmt.Sprintf("; the server allows %d", r.ImageLimit)
+		}
+		row("images per prompt", okFailed(r.Images.Err), images)
+		row("latency", "-", fmt.Sprintf("text %s, image %s, images %s, repeat %s", seconds(r.Text), seconds(r.Image), seconds(r.Images), seconds(r.Repeat)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -266,16 +391,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, c := range []struct {
 		name string
 		call Call
-	}{{"text", r.Text}, {"image", r.Image}, {"repeat", r.Repeat}} {
-		if c.call.Err != nil && !errors.Is(c.call.Err, errSkipped) && !slices.Contains(shown, c.call.Err.Error()) {
+	}{{"text", r.Text}, {"image", r.Image}, {"images", r.Images}, {"repeat", r.Repeat}} {
+		if c.call.Err != nil && !skipped(c.call.Err) && !slices.Contains(shown, c.call.Err.Error()) {
 			shown = append(shown, c.call.Err.Error())
 			fmt.Fprintf(&b, "\n%s request: %v\n", c.name, c.call.Err)
 		}
 	}
 	if r.Trainable {
-		b.WriteString("\nverdict: trainable\n")
+		fmt.Fprintf(&b, "\nverdict: trainable (token ids exact, from %s)\n", r.TokenIDs)
 	} else {
-		b.WriteString("\nverdict: NOT trainable\n")
+		fmt.Fprintf(&b, "\nverdict: NOT trainable: %s\n", joinFields(r.Why))
 	}
 	if len(r.Advice) > 0 {
 		b.WriteString("\nto change on the server:\n")
@@ -287,9 +412,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	return err
 }
 
+func skipped(err error) bool { return errors.Is(err, errSkipped) || errors.Is(err, errNoImages) }
+
 func okFailed(err error) string {
 	switch {
-	case errors.Is(err, errSkipped):
+	case skipped(err):
 		return "skipped"
 	case err != nil:
 		return "failed"
@@ -305,7 +432,7 @@ func seconds(c Call) string {
 }
 
 func callDetail(c Call) string {
-	if errors.Is(c.Err, errSkipped) {
+	if skipped(c.Err) {
 		return "-"
 	}
 	if c.Err != nil {
@@ -331,20 +458,25 @@ func textPrompt() []schema.Message {
 	}
 }
 
-func imagePrompt() []schema.Message {
-	return []schema.Message{{Role: "user", Content: []schema.Part{
-		schema.TextPart("What is the main colour of this image? Answer in one word."),
-		schema.ImagePart(testImage()),
-	}}}
+// imagePrompt asks about n screenshots in one prompt, each a different
+// image, as collect's prompts hold.
+func imagePrompt(n int) []schema.Message {
+	parts := []schema.Part{schema.TextPart("What is the main colour of these images? Answer in one word.")}
+	for i := range n {
+		parts = append(parts, schema.ImagePart(testImage(i)))
+	}
+	return []schema.Message{{Role: "user", Content: parts}}
 }
 
-// testImage is a 64×64 PNG, mostly blue with a white square, as a data URL.
-func testImage() string {
+// testImage is a 64×64 PNG, mostly blue with a white square placed by i,
+// as a data URL.
+func testImage(i int) string {
 	img := image.NewRGBA(image.Rect(0, 0, 64, 64))
+	ox, oy := 8+(i*5)%40, 8+(i*11)%40
 	for y := range 64 {
 		for x := range 64 {
 			c := color.RGBA{R: 30, G: 80, B: 200, A: 255}
-			if x >= 24 && x < 40 && y >= 24 && y < 40 {
+			if x >= ox && x < ox+16 && y >= oy && y < oy+16 {
 				c = color.RGBA{R: 255, G: 255, B: 255, A: 255}
 			}
 			img.Set(x, y, c)
@@ -356,11 +488,4 @@ func testImage() string {
 		panic(err)
 	}
 	return "data:image/png;base64," + base64.StdEncoding.EncodeToString(b.Bytes())
-}
-
-func deref(n *int) int {
-	if n == nil {
-		return 0
-	}
-	return *n
 }

@@ -15,6 +15,7 @@ import (
 
 	"legato/rl/policy"
 	"legato/rl/policy/policytest"
+	"legato/rl/schema"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -27,42 +28,71 @@ func TestRun(t *testing.T) {
 		name string
 		opts policytest.Options
 		key  string
+		// imageMax is the probe's --image-max; 0 means the default.
+		imageMax int
 		// want is the verdict; wantAdvice substrings of the advice, in
 		// order.
 		wantTrainable bool
-		wantIDs       policy.TokenIDSupport
+		wantIDs       schema.TokenIDSource
+		wantPromptIDs bool
 		wantCache     [2]bool // reported, hit
+		wantLimit     int
 		wantAdvice    []string
 	}{
 		{name: "vllm", opts: policytest.Options{Dialect: policytest.VLLM},
-			wantTrainable: true, wantIDs: policy.TokenIDsReturned, wantCache: [2]bool{true, true},
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true},
 			wantAdvice: []string{"--logprobs-mode processed_logprobs"}},
-		{name: "vllm-no-prompt-tokens-details", opts: policytest.Options{Dialect: policytest.VLLM, NoCacheReport: true},
-			wantTrainable: true, wantIDs: policy.TokenIDsReturned,
+		{name: "vllm-0.10.2", opts: policytest.Options{Dialect: policytest.VLLM, Version: policytest.VLLM0102},
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"--logprobs-mode processed_logprobs"}},
+		{name: "vllm-0.10.1", opts: policytest.Options{Dialect: policytest.VLLM, Version: policytest.VLLM0101},
+			wantTrainable: true, wantIDs: schema.SourceTokensAsIDs, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"upgrade to vLLM 0.10.2 or later (return_token_ids) to record them", "--logprobs-mode processed_logprobs"}},
+		// Reporting on, but nothing cached yet: vLLM 0.10 sends null, so
+		// the first requests say nothing; the repeat's hit shows it.
+		{name: "vllm-no-prompt-tokens-details", opts: policytest.Options{Dialect: policytest.VLLM, Version: policytest.VLLM0102, NoCacheReport: true},
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true,
 			wantAdvice: []string{"--enable-prompt-tokens-details", "--logprobs-mode processed_logprobs"}},
-		{name: "vllm-too-old-for-token-ids", opts: policytest.Options{Dialect: policytest.VLLM, Faults: always(policytest.FaultIgnoreField)},
-			wantTrainable: true, wantIDs: policy.TokenIDsIgnored, wantCache: [2]bool{true, true},
-			wantAdvice: []string{"supports return_token_ids", "--logprobs-mode processed_logprobs"}},
+		{name: "vllm-image-limit", opts: policytest.Options{Dialect: policytest.VLLM, ImageLimit: 4},
+			wantTrainable: false, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true}, wantLimit: 4,
+			wantAdvice: []string{`--limit-mm-per-prompt '{"image": 20}', or collect (and probe) with --image-max 4`, "--logprobs-mode processed_logprobs"}},
+		{name: "vllm-0.10.1-image-limit-within-image-max", opts: policytest.Options{Dialect: policytest.VLLM, Version: policytest.VLLM0101, ImageLimit: 8}, imageMax: 8,
+			wantTrainable: true, wantIDs: schema.SourceTokensAsIDs, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"upgrade to vLLM 0.10.2", "--logprobs-mode processed_logprobs"}},
+		{name: "vllm-0.10.1-image-limit", opts: policytest.Options{Dialect: policytest.VLLM, Version: policytest.VLLM0101, ImageLimit: 1},
+			wantTrainable: false, wantIDs: schema.SourceTokensAsIDs, wantCache: [2]bool{true, true}, wantLimit: 1,
+			wantAdvice: []string{"refuses more than 1 image(s)", "upgrade to vLLM 0.10.2", "--logprobs-mode processed_logprobs"}},
+		{name: "vllm-ignores-return-token-ids", opts: policytest.Options{Dialect: policytest.VLLM, Faults: always(policytest.FaultIgnoreField)},
+			wantTrainable: true, wantIDs: schema.SourceTokensAsIDs, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"upgrade to vLLM 0.10.2", "--logprobs-mode processed_logprobs"}},
 		{name: "vllm-no-logprobs", opts: policytest.Options{Dialect: policytest.VLLM, Faults: always(policytest.FaultNoLogprobs)},
-			wantTrainable: false, wantIDs: policy.TokenIDsReturned, wantCache: [2]bool{true, true},
+			wantTrainable: false, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true},
 			wantAdvice: []string{"no logprobs", "--logprobs-mode processed_logprobs"}},
 		{name: "vllm-misaligned", opts: policytest.Options{Dialect: policytest.VLLM, Faults: always(policytest.FaultLogprobsMismatch)},
-			wantTrainable: true, wantIDs: policy.TokenIDsReturned, wantCache: [2]bool{true, true},
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true},
 			wantAdvice: []string{"differ in length", "--logprobs-mode processed_logprobs"}},
 		{name: "vllm-text-only", opts: policytest.Options{Dialect: policytest.VLLM, TextOnly: true},
-			wantTrainable: false, wantIDs: policy.TokenIDsReturned, wantCache: [2]bool{true, true},
+			wantTrainable: false, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true},
 			wantAdvice: []string{"serve a vision-language model", "--logprobs-mode processed_logprobs"}},
 		{name: "vllm-wrong-key", opts: policytest.Options{Dialect: policytest.VLLM, APIKey: "right"}, key: "wrong",
-			wantTrainable: false, wantIDs: policy.TokenIDsUnknown,
-			wantAdvice: []string{"the text request failed"}},
+			wantTrainable: false,
+			wantAdvice:    []string{"the text request failed"}},
 		{name: "sglang", opts: policytest.Options{Dialect: policytest.SGLang},
-			wantTrainable: true, wantIDs: policy.TokenIDsReturned, wantCache: [2]bool{true, true}},
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true}},
+		{name: "sglang-0.5.13", opts: policytest.Options{Dialect: policytest.SGLang, Version: policytest.SGLang0513},
+			wantTrainable: true, wantIDs: schema.SourceMetaInfo, wantPromptIDs: true, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"exact through SGLang's return_meta_info"}},
+		{name: "sglang-0.4", opts: policytest.Options{Dialect: policytest.SGLang, Version: policytest.SGLang04},
+			wantTrainable: false, wantIDs: schema.SourceStrings, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"not exact: this SGLang returns token strings only: upgrade SGLang to 0.5.13"}},
+		// SGLang's image counts come with cached_tokens 0 whatever the
+		// cache report: not a report.
 		{name: "sglang-no-cache-report", opts: policytest.Options{Dialect: policytest.SGLang, NoCacheReport: true},
-			wantTrainable: true, wantIDs: policy.TokenIDsReturned,
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true,
 			wantAdvice: []string{"--enable-cache-report"}},
 		{name: "openai", opts: policytest.Options{Dialect: policytest.OpenAI},
-			wantTrainable: true, wantIDs: policy.TokenIDsRefused, wantCache: [2]bool{true, true},
-			wantAdvice: []string{"refuses return_token_ids"}},
+			wantTrainable: false, wantIDs: schema.SourceStrings, wantCache: [2]bool{true, true},
+			wantAdvice: []string{"not exact: the server refuses return_token_ids, return_tokens_as_token_ids, return_meta_info and return_prompt_token_ids (a hosted API?)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,20 +101,21 @@ func TestRun(t *testing.T) {
 				tt.opts.Model = "qwen"
 				srv := policytest.NewPipeServer(tt.opts)
 				defer srv.Close()
-				r, err := Run(t.Context(), policy.Config{BaseURL: srv.URL(), Model: "qwen", APIKey: tt.key, HTTPClient: srv.Client()})
+				r, err := Run(t.Context(), policy.Config{BaseURL: srv.URL(), Model: "qwen", APIKey: tt.key, HTTPClient: srv.Client()},
+					Options{ImageMax: tt.imageMax})
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := [5]any{r.Trainable, r.TokenIDs, r.CacheReported, r.CacheHit, r.Server}
-				want := [5]any{tt.wantTrainable, tt.wantIDs, tt.wantCache[0], tt.wantCache[1], string(tt.opts.Dialect)}
+				got := [7]any{r.Trainable, r.TokenIDs, r.PromptTokenIDs, r.CacheReported, r.CacheHit, r.ImageLimit, r.Server}
+				want := [7]any{tt.wantTrainable, tt.wantIDs, tt.wantPromptIDs, tt.wantCache[0], tt.wantCache[1], tt.wantLimit, string(tt.opts.Dialect)}
 				if tt.opts.Dialect == policytest.OpenAI {
-					want[4] = "system"
+					want[6] = "system"
 				}
 				if tt.key != "" {
-					want[4] = "" // /v1/models refused the key too
+					want[6] = "" // /v1/models refused the key too
 				}
 				if diff := cmp.Diff(want, got); diff != "" {
-					t.Errorf("{trainable, token ids, cache reported, cache hit, server} (-want +got):\n%s", diff)
+					t.Errorf("{trainable, token ids, prompt ids, cache reported, cache hit, image limit, server} (-want +got):\n%s", diff)
 				}
 				if len(r.Advice) != len(tt.wantAdvice) {
 					t.Errorf("advice %q, want %d items", r.Advice, len(tt.wantAdvice))
@@ -131,7 +162,11 @@ func TestProbeMain(t *testing.T) {
 		wantInOut string
 	}{
 		{"trainable with the key from the environment", policytest.Options{APIKey: key}, key, nil, "verdict: trainable"},
-		{"no logprobs exits non-zero", policytest.Options{Faults: policytest.FaultAlways(policytest.FaultNoLogprobs)}, "", ErrNotTrainable, "verdict: NOT trainable"},
+		{"no logprobs exits non-zero", policytest.Options{Faults: policytest.FaultAlways(policytest.FaultNoLogprobs)}, "", ErrNotTrainable, "verdict: NOT trainable: no logprobs"},
+		{"an image limit below --image-max exits non-zero", policytest.Options{ImageLimit: 3}, "", ErrNotTrainable,
+			"verdict: NOT trainable: at most 3 images per prompt, and --image-max is 5"},
+		{"token strings exit non-zero", policytest.Options{Dialect: policytest.SGLang, Version: policytest.SGLang04}, "", ErrNotTrainable,
+			"verdict: NOT trainable: not exact"},
 		{"missing key exits non-zero", policytest.Options{APIKey: key}, "", ErrNotTrainable, "401 Unauthorized"},
 	}
 	for _, tt := range tests {
@@ -141,7 +176,7 @@ func TestProbeMain(t *testing.T) {
 			srv := policytest.NewServer(tt.opts)
 			defer srv.Close()
 			var stdout, stderr bytes.Buffer
-			err := Main(t.Context(), []string{"--policy-url", srv.URL(), "--model", "qwen", "--step-timeout", "5s"}, &stdout, &stderr)
+			err := Main(t.Context(), []string{"--policy-url", srv.URL(), "--model", "qwen", "--step-timeout", "5s", "--image-max", "5"}, &stdout, &stderr)
 			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
 				t.Errorf("Main() = %v, want %v", err, tt.wantErr)
 			}
@@ -172,6 +207,7 @@ func TestMainUsage(t *testing.T) {
 		{"no model", []string{"--policy-url", "http://127.0.0.1:1/v1"}, "Model is empty"},
 		{"key as a flag", []string{"--api-key", "x"}, "flag provided but not defined: -api-key"},
 		{"stray argument", []string{"--model", "m", "extra"}, "unexpected arguments"},
+		{"image max", []string{"--policy-url", "http://127.0.0.1:1/v1", "--model", "m", "--image-max", "-2"}, "image max -2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
