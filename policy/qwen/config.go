@@ -1,9 +1,11 @@
 package qwen
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 )
 
 // Style is the coordinate and image convention of a Qwen model family.
@@ -81,22 +83,94 @@ func (s Style) DefaultPixels() (minPixels, maxPixels int) {
 	return 4 * f * f, 12800 * f * f
 }
 
+// Families lists the model families a harness can be made for, by the
+// names NewFamily and the CLI's --harness take.
+func Families() []string { return []string{Qwen3VL.String(), Qwen25VL.String()} }
+
+// NewFamily returns the harness for the model family named family
+// ("qwen3vl" or "qwen25vl", see Style.UnmarshalText), configured by cfg
+// with its Style set to the family's. Unlike New it fails, naming the
+// problem, on an unknown family or an invalid cfg.
+func NewFamily(family string, cfg Config) (*Harness, error) {
+	if err := cfg.Style.UnmarshalText([]byte(family)); err != nil {
+		return nil, fmt.Errorf("harness %q: want one of %s", family, strings.Join(Families(), ", "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return New(cfg), nil
+}
+
 // DefaultImageMax is the default number of screenshots kept in a prompt.
 const DefaultImageMax = 20
 
+// Eviction says which screenshots leave the prompt once more than ImageMax
+// exist. Evicted screenshots are replaced by a text placeholder.
+type Eviction int
+
+const (
+	// EvictHalf drops the oldest half of the screenshots shown (ImageMax/2
+	// of them, at least one) when a new one would make more than ImageMax.
+	// Between two evictions every prompt extends the previous one, so the
+	// server's prefix cache serves the whole history; only every
+	// ImageMax/2 steps does the prompt change near its start. Prompts then
+	// carry from ImageMax/2+1 to ImageMax screenshots. The default.
+	EvictHalf Eviction = iota
+	// EvictOldest keeps exactly the newest ImageMax screenshots: past
+	// ImageMax every step drops one, so every prompt differs from the one
+	// before from its oldest screenshot on, and the prefix cache serves
+	// only what comes before that.
+	EvictOldest
+)
+
+// String returns the name used in flags and configs: "half" or "oldest".
+func (e Eviction) String() string {
+	switch e {
+	case EvictHalf:
+		return "half"
+	case EvictOldest:
+		return "oldest"
+	}
+	return fmt.Sprintf("Eviction(%d)", int(e))
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler: "half" or "oldest".
+func (e *Eviction) UnmarshalText(text []byte) error {
+	switch strings.ToLower(string(text)) {
+	case "half":
+		*e = EvictHalf
+	case "oldest":
+		*e = EvictOldest
+	default:
+		return fmt.Errorf("qwen: unknown eviction %q: use half (keeps the prefix cache) or oldest (keeps the most screenshots)", text)
+	}
+	return nil
+}
+
 // Config configures the harness. The zero value is the default: Qwen3-VL
-// conventions and at most 20 screenshots per prompt.
+// conventions, the built-in system prompt, and at most 20 screenshots per
+// prompt, evicted half at a time.
 type Config struct {
 	// ImageMax is the most screenshots a prompt carries, the newest ones;
-	// older ones are replaced by a text placeholder. 0 means
-	// DefaultImageMax.
+	// older ones are replaced by a text placeholder, as Eviction says. 0
+	// means DefaultImageMax.
 	ImageMax int
+	// Eviction says how screenshots leave a prompt past ImageMax; the zero
+	// value is EvictHalf.
+	Eviction Eviction
 	// Style picks the coordinate and image convention; the zero value is
 	// Qwen3VL.
 	Style Style
 	// MinPixels and MaxPixels bound the pixel count of a resized
 	// screenshot; 0 means the style's default (Style.DefaultPixels).
 	MinPixels, MaxPixels int
+	// SystemPrompt, when set, is the system message of every prompt,
+	// verbatim, instead of the built-in one: the prompt the model was
+	// trained with. Replies are still parsed as the package comment says
+	// (computer_use calls in <tool_call> blocks, the XML function style or
+	// OpenAI tool calls), so the prompt should ask for one of those, with
+	// coordinates in the Style's convention.
+	SystemPrompt string
 }
 
 // withDefaults returns c with its zero values replaced by defaults.
@@ -121,6 +195,15 @@ func (c Config) Validate() error {
 	}
 	if c.ImageMax < 0 {
 		return fmt.Errorf("qwen config: image max %d: must be at least 1 (or 0 for the default %d)", c.ImageMax, DefaultImageMax)
+	}
+	if c.Eviction != EvictHalf && c.Eviction != EvictOldest {
+		return fmt.Errorf("qwen config: unknown eviction %d: use EvictHalf or EvictOldest", int(c.Eviction))
+	}
+	if c.SystemPrompt != "" && strings.TrimSpace(c.SystemPrompt) == "" {
+		return errors.New("qwen config: the system prompt is only white space: give the prompt text, or leave it empty for the built-in one")
+	}
+	if !utf8.ValidString(c.SystemPrompt) {
+		return errors.New("qwen config: the system prompt is not valid UTF-8: save the file as UTF-8")
 	}
 	if c.MinPixels < 0 || c.MaxPixels < 0 {
 		return fmt.Errorf("qwen config: min pixels %d, max pixels %d: must not be negative (0 means the style's default)", c.MinPixels, c.MaxPixels)

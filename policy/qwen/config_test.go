@@ -103,6 +103,11 @@ func TestConfigValidate(t *testing.T) {
 		{"negative pixels", Config{MinPixels: -5}, "must not be negative"},
 		{"max below one patch", Config{MaxPixels: 100}, "max pixels 100"},
 		{"min above max", Config{MinPixels: 1 << 24, MaxPixels: 1 << 20}, "is above max pixels"},
+		{"oldest eviction", Config{Eviction: EvictOldest}, ""},
+		{"unknown eviction", Config{Eviction: 9}, "unknown eviction 9"},
+		{"custom system prompt", Config{SystemPrompt: "Operate the desktop."}, ""},
+		{"blank system prompt", Config{SystemPrompt: " \n\t"}, "only white space"},
+		{"system prompt not UTF-8", Config{SystemPrompt: "caf\xe9"}, "not valid UTF-8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -165,5 +170,56 @@ func TestScreen(t *testing.T) {
 	}
 	if _, err := (Call{Action: ActionLeftClick, Coordinate: []float64{1, 1}}).Pyautogui(Screen{}); err == nil || errors.Is(err, ErrOutOfRange) {
 		t.Errorf("Pyautogui on a zero Screen = %v, want a screen error", err)
+	}
+}
+
+func TestNewFamily(t *testing.T) {
+	tests := []struct {
+		family       string
+		cfg          Config
+		wantStyle    Style
+		wantImageMax int
+		wantErr      string
+	}{
+		{"qwen3vl", Config{}, Qwen3VL, DefaultImageMax, ""},
+		{"qwen25vl", Config{Style: Qwen3VL, ImageMax: 5}, Qwen25VL, 5, ""},
+		{"Qwen2.5-VL", Config{}, Qwen25VL, DefaultImageMax, ""},
+		{"llava", Config{}, 0, 0, `harness "llava": want one of qwen3vl, qwen25vl`},
+		{"qwen3vl", Config{ImageMax: -1}, 0, 0, "image max -1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.family, func(t *testing.T) {
+			h, err := NewFamily(tt.family, tt.cfg)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || h != nil {
+					t.Errorf("NewFamily(%q) = %v, %v; want an error containing %q", tt.family, h, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := h.Config(); got.Style != tt.wantStyle || got.ImageMax != tt.wantImageMax {
+				t.Errorf("NewFamily(%q) config %+v, want style %v and image max %d", tt.family, got, tt.wantStyle, tt.wantImageMax)
+			}
+		})
+	}
+	for _, f := range Families() {
+		if _, err := NewFamily(f, Config{}); err != nil {
+			t.Errorf("listed family %q: %v", f, err)
+		}
+	}
+}
+
+func TestEvictionText(t *testing.T) {
+	for _, e := range []Eviction{EvictHalf, EvictOldest} {
+		var got Eviction
+		if err := got.UnmarshalText([]byte(e.String())); err != nil || got != e {
+			t.Errorf("UnmarshalText(%q) = %v, %v; want %v", e, got, err, e)
+		}
+	}
+	var e Eviction
+	if err := e.UnmarshalText([]byte("newest")); err == nil || !strings.Contains(err.Error(), "use half") {
+		t.Errorf("UnmarshalText(newest) = %v, want an error naming the choices", err)
 	}
 }

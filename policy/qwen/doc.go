@@ -5,18 +5,22 @@
 //
 // # Prompt
 //
-// The system prompt declares one function tool, computer_use, with the
-// actions key, type, mouse_move, left_click, left_click_drag, right_click,
-// middle_click, double_click, triple_click, scroll, hscroll, wait, terminate
-// and answer, and asks for a reply made of one "Action:" summary line and
-// one or more <tool_call> blocks. The first user message carries the task's
+// The built-in system prompt (Config.SystemPrompt replaces it) declares one
+// function tool, computer_use, with the actions key, type, mouse_move,
+// left_click, left_click_drag, right_click, middle_click, double_click,
+// triple_click, scroll, hscroll, wait, terminate and answer, and asks for a
+// reply made of one "Action:" summary line and one or more <tool_call>
+// blocks. The first user message carries the task's
 // instruction and the first screenshot; every later step adds the model's
 // reply (verbatim) and a user message with the next screenshot. So while
 // fewer than Config.ImageMax screenshots exist, the prompt of step n+1 is
 // the prompt of step n plus two messages, byte for byte, and the model
 // server's prefix cache serves the whole history. Past ImageMax, the oldest
-// screenshots are replaced by a short text placeholder. When a reply does
-// not parse, the next user message says why, above the screenshot.
+// screenshots are replaced by a short text placeholder, by default half of
+// them at once (EvictHalf), so that the prompt changes near its start only
+// every ImageMax/2 steps rather than at every step and the prefix cache
+// keeps serving the history in between. When a reply does not parse, the
+// next user message says why, above the screenshot.
 //
 // Screenshots are resized with Qwen's smart-resize rule (SmartResize) and
 // sent as PNG data URLs; each one is encoded once and reused for the rest

@@ -67,10 +67,10 @@ const (
 
 // Prompt returns the messages of the next model call: the system prompt,
 // the task and first screenshot, then each earlier reply followed by the
-// next screenshot, ending with obs. Until more than ImageMax screenshots
-// exist, the result extends the previous Prompt's result by exactly the
-// previous reply and obs; after that the oldest screenshots are replaced by
-// a text placeholder.
+// next screenshot, ending with obs. The result extends the previous
+// Prompt's result by exactly the previous reply and obs, except when more
+// than ImageMax screenshots would be shown: then the oldest are replaced
+// by a text placeholder, as Config.Eviction says.
 //
 // A Prompt that follows a Prompt with no Reply in between (the model call
 // failed) replaces that observation with obs.
@@ -107,12 +107,42 @@ func (e *Episode) Prompt(obs desktop.Observation) ([]schema.Message, error) {
 	}
 	e.screen = screen
 	if e.system == "" {
+		e.system = e.h.cfg.SystemPrompt
+	}
+	if e.system == "" {
 		e.system = systemPrompt(e.h.cfg.Style, screen)
 	}
-	for i := range max(0, len(e.steps)-e.h.cfg.ImageMax) {
-		e.steps[i].image = "" // never shown again: let it go
-	}
+	e.evict()
 	return e.messages(), nil
+}
+
+// evict drops the oldest screenshots once more than ImageMax are shown, as
+// Config.Eviction says. A dropped screenshot is never shown again, so its
+// memory is let go.
+func (e *Episode) evict() {
+	shown := 0
+	for _, s := range e.steps {
+		if s.image != "" {
+			shown++
+		}
+	}
+	limit := e.h.cfg.ImageMax
+	if shown <= limit {
+		return
+	}
+	drop := shown - limit
+	if e.h.cfg.Eviction == EvictHalf {
+		drop = max(drop, limit/2)
+	}
+	for i := range e.steps {
+		if drop == 0 {
+			break
+		}
+		if e.steps[i].image != "" {
+			e.steps[i].image = ""
+			drop--
+		}
+	}
 }
 
 // messages builds the prompt from the history. Every call builds new

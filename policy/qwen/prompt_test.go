@@ -123,48 +123,68 @@ func TestPromptGolden(t *testing.T) {
 	})
 }
 
-// TestPromptExtendsPreviousPrompt proves the prefix-cache property: while
-// fewer than ImageMax screenshots exist, the request of step n+1 is the
-// request of step n, byte for byte, plus the reply of step n and the
-// screenshot of step n+1.
+// TestPromptExtendsPreviousPrompt proves the prefix-cache property: the
+// request of step n+1 is the request of step n, byte for byte, plus the
+// reply of step n and the screenshot of step n+1, except at the steps that
+// evict: every step past ImageMax for EvictOldest, every ImageMax/2 steps
+// for EvictHalf.
 func TestPromptExtendsPreviousPrompt(t *testing.T) {
-	const steps = 21 // one past the default ImageMax of 20
-	prompts := runEpisode(t, New(Config{}), 160, 96, steps)
-	for n := 1; n < DefaultImageMax; n++ {
-		prev, next := prompts[n-1], prompts[n]
-		prevJSON, err := json.Marshal(prev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nextJSON, err := json.Marshal(next)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The JSON array of step n, less its closing bracket, starts the
-		// array of step n+1.
-		if !bytes.HasPrefix(nextJSON, prevJSON[:len(prevJSON)-1]) {
-			t.Fatalf("step %d's messages do not start with step %d's, byte for byte", n+1, n)
-		}
-		if len(next) != len(prev)+2 {
-			t.Fatalf("step %d has %d messages, want %d + 2", n+1, len(next), len(prev))
-		}
-		reply, obs := next[len(prev)], next[len(prev)+1]
-		if reply.Role != "assistant" || len(reply.Content) != 1 || reply.Content[0].Text != historyText(scriptedReply(n)) {
-			t.Errorf("step %d: message %d is %+v, want the reply of step %d verbatim", n+1, len(prev), reply, n)
-		}
-		if obs.Role != "user" || obs.Content[len(obs.Content)-1].ImageURL == nil {
-			t.Errorf("step %d: last message is %+v, want the new screenshot", n+1, obs)
-		}
+	const steps = 31
+	tests := []struct {
+		eviction Eviction
+		// evicts are the steps whose prompt does not extend the one
+		// before; shown the screenshots of the last step.
+		evicts []int
+		shown  int
+	}{
+		{EvictHalf, []int{21, 31}, 11},
+		{EvictOldest, []int{21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31}, DefaultImageMax},
 	}
-	// Step 21 has 21 screenshots: the oldest gives way, so the prefix
-	// changes at the first user message.
-	last := prompts[steps-1]
-	if got := countImages(last); got != DefaultImageMax {
-		t.Errorf("step %d carries %d screenshots, want %d", steps, got, DefaultImageMax)
-	}
-	first := last[1].Content
-	if len(first) != 2 || first[1].Text != evictedText || !strings.Contains(first[0].Text, goldenTask.Instruction) {
-		t.Errorf("step %d's first user message = %+v, want the task and the placeholder", steps, first)
+	for _, tt := range tests {
+		t.Run(tt.eviction.String(), func(t *testing.T) {
+			prompts := runEpisode(t, New(Config{Eviction: tt.eviction}), 160, 96, steps)
+			var evicts []int
+			for n := 1; n < steps; n++ {
+				prev, next := prompts[n-1], prompts[n]
+				prevJSON, err := json.Marshal(prev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				nextJSON, err := json.Marshal(next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The JSON array of step n, less its closing bracket, starts
+				// the array of step n+1.
+				if !bytes.HasPrefix(nextJSON, prevJSON[:len(prevJSON)-1]) {
+					evicts = append(evicts, n+1)
+					continue
+				}
+				if len(next) != len(prev)+2 {
+					t.Fatalf("step %d has %d messages, want %d + 2", n+1, len(next), len(prev))
+				}
+				reply, obs := next[len(prev)], next[len(prev)+1]
+				if reply.Role != "assistant" || len(reply.Content) != 1 || reply.Content[0].Text != historyText(scriptedReply(n)) {
+					t.Errorf("step %d: message %d is %+v, want the reply of step %d verbatim", n+1, len(prev), reply, n)
+				}
+				if obs.Role != "user" || obs.Content[len(obs.Content)-1].ImageURL == nil {
+					t.Errorf("step %d: last message is %+v, want the new screenshot", n+1, obs)
+				}
+			}
+			if diff := cmp.Diff(tt.evicts, evicts); diff != "" {
+				t.Errorf("steps whose prompt does not extend the previous one (-want +got):\n%s", diff)
+			}
+			last := prompts[steps-1]
+			if got := countImages(last); got != tt.shown {
+				t.Errorf("step %d carries %d screenshots, want %d", steps, got, tt.shown)
+			}
+			// The prompt changes at the first user message, which keeps
+			// the task and shows the placeholder.
+			first := last[1].Content
+			if len(first) != 2 || first[1].Text != evictedText || !strings.Contains(first[0].Text, goldenTask.Instruction) {
+				t.Errorf("step %d's first user message = %+v, want the task and the placeholder", steps, first)
+			}
+		})
 	}
 }
 
@@ -181,37 +201,68 @@ func countImages(msgs []schema.Message) int {
 }
 
 // TestPromptKeepsNewestImages checks eviction with a small ImageMax: every
-// prompt carries min(step, ImageMax) screenshots, the newest ones.
+// prompt carries the newest screenshots, as many as the eviction keeps.
 func TestPromptKeepsNewestImages(t *testing.T) {
-	const imageMax, steps = 3, 8
-	h := New(Config{ImageMax: imageMax})
-	ep := h.NewEpisode(goldenTask)
-	var urls []string // each step's screenshot as the prompt first showed it
-	for i := 1; i <= steps; i++ {
-		msgs, err := ep.Prompt(desktop.Observation{Screenshot: desktopPNG(t, 160, 96, uint64(i))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var shown []string
-		for _, m := range msgs {
-			for _, p := range m.Content {
-				if p.ImageURL != nil {
-					shown = append(shown, p.ImageURL.URL)
+	const imageMax, steps = 4, 12
+	tests := []struct {
+		eviction Eviction
+		shown    []int // screenshots per step
+	}{
+		{EvictOldest, []int{1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4}},
+		{EvictHalf, []int{1, 2, 3, 4, 3, 4, 3, 4, 3, 4, 3, 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.eviction.String(), func(t *testing.T) {
+			h := New(Config{ImageMax: imageMax, Eviction: tt.eviction})
+			ep := h.NewEpisode(goldenTask)
+			var urls []string // each step's screenshot as the prompt first showed it
+			for i := 1; i <= steps; i++ {
+				msgs, err := ep.Prompt(desktop.Observation{Screenshot: desktopPNG(t, 160, 96, uint64(i))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var shown []string
+				for _, m := range msgs {
+					for _, p := range m.Content {
+						if p.ImageURL != nil {
+							shown = append(shown, p.ImageURL.URL)
+						}
+					}
+				}
+				urls = append(urls, shown[len(shown)-1])
+				want := urls[len(urls)-tt.shown[i-1]:]
+				if diff := cmp.Diff(want, shown); diff != "" {
+					t.Errorf("step %d: screenshots shown (-want +got):\n%s", i, truncate(diff, 500))
+				}
+				ep.Reply(scriptedReply(i))
+			}
+			e := ep.(*Episode)
+			for i, s := range e.steps[:steps-tt.shown[steps-1]] {
+				if s.image != "" {
+					t.Errorf("step %d's evicted screenshot is still held in memory", i+1)
 				}
 			}
-		}
-		urls = append(urls, shown[len(shown)-1])
-		want := urls[max(0, len(urls)-imageMax):]
-		if diff := cmp.Diff(want, shown); diff != "" {
-			t.Errorf("step %d: screenshots shown (-want +got):\n%s", i, truncate(diff, 500))
-		}
-		ep.Reply(scriptedReply(i))
+		})
 	}
-	e := ep.(*Episode)
-	for i, s := range e.steps[:steps-imageMax] {
-		if s.image != "" {
-			t.Errorf("step %d's evicted screenshot is still held in memory", i+1)
-		}
+}
+
+// TestSystemPromptOverride: a system prompt from the config is sent
+// verbatim, and the rest of the prompt is as with the built-in one.
+func TestSystemPromptOverride(t *testing.T) {
+	const custom = "You are a GUI agent trained with this exact prompt.\nReply with <tool_call> blocks."
+	for _, style := range []Style{Qwen3VL, Qwen25VL} {
+		t.Run(style.String(), func(t *testing.T) {
+			builtIn := runEpisode(t, New(Config{Style: style}), 320, 200, 2)
+			own := runEpisode(t, New(Config{Style: style, SystemPrompt: custom}), 320, 200, 2)
+			for i := range own {
+				if got := own[i][0]; got.Role != "system" || len(got.Content) != 1 || got.Content[0].Text != custom {
+					t.Errorf("step %d: system message %+v, want the custom prompt verbatim", i+1, got)
+				}
+				if diff := cmp.Diff(builtIn[i][1:], own[i][1:]); diff != "" {
+					t.Errorf("step %d: the rest of the prompt changed (-built-in +custom):\n%s", i+1, truncate(diff, 500))
+				}
+			}
+		})
 	}
 }
 
