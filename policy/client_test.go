@@ -803,3 +803,41 @@ func TestSamplingKnobs(t *testing.T) {
 		}
 	})
 }
+
+// TestTokenIDsFoundConcurrently: the first calls of a batch arrive
+// together; each asks again at most once, and every one comes back with
+// exact ids.
+func TestTokenIDsFoundConcurrently(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := policytest.NewPipeServer(policytest.Options{Version: policytest.VLLM0101, NoLatency: true})
+		defer srv.Close()
+		c := newClient(t, srv, policy.Config{})
+		const calls = 16
+		var wg sync.WaitGroup
+		results := make([]*policy.Result, calls)
+		for i := range calls {
+			wg.Go(func() {
+				res, err := c.Complete(t.Context(), prompt())
+				if err != nil {
+					t.Error(err)
+				}
+				results[i] = res
+			})
+		}
+		wg.Wait()
+		for i, res := range results {
+			if res == nil {
+				continue
+			}
+			if res.Response.TokenIDsSource != schema.SourceTokensAsIDs || res.Model.Attempts > 2 {
+				t.Errorf("call %d: ids from %q in %d attempts, want tokens_as_ids in at most 2", i, res.Response.TokenIDsSource, res.Model.Attempts)
+			}
+		}
+		if n := srv.Stats().Requests; n > 2*calls {
+			t.Errorf("%d requests for %d calls", n, calls)
+		}
+		if got := c.TokenIDSource(); got != schema.SourceTokensAsIDs {
+			t.Errorf("TokenIDSource() = %q, want tokens_as_ids", got)
+		}
+	})
+}

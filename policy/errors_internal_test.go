@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +125,47 @@ func TestCutMessage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzErrorBody feeds server error bodies, whole or cut short, through what
+// the client reads of them: no panic, a message no longer than the body's
+// text allows, and a refusal only of fields the request sent.
+func FuzzErrorBody(f *testing.F) {
+	f.Add([]byte(`{"error":{"message":"Unrecognized request argument supplied: return_token_ids","param":"return_token_ids"}}`), 5)
+	f.Add([]byte(`{"object":"error","message":"1 validation error: {'input': {'return_token_ids': True}}"`), 1)
+	f.Add([]byte(`{"message": "a\u00`), 15)
+	f.Fuzz(func(t *testing.T, body []byte, sent int) {
+		msg, param := errorMessage(body)
+		e := &Error{Status: 400, param: param, full: msg, Message: capMessage(msg)}
+		if len(e.Message) > maxMessage+len("… (more bytes)")+20 {
+			t.Fatalf("capped message of %d bytes", len(e.Message))
+		}
+		s := idFields(sent) & (fieldReturnTokenIDs | fieldTokensAsIDs | fieldMetaInfo | fieldPromptTokenIDs)
+		if got := refusedFields(e, s); got&^s != 0 {
+			t.Fatalf("refused %q, not all of them sent (%q)", got.names(), s.names())
+		}
+	})
+}
+
+// FuzzFill feeds chat-completion answers through what the client keeps of
+// them: no panic, and exact ids only with a source that says so.
+func FuzzFill(f *testing.F) {
+	f.Add([]byte(`{"choices":[{"message":{"content":"hi"},"logprobs":{"content":[{"token":"token_id:12","logprob":-1}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":null}}`), 1)
+	f.Add([]byte(`{"choices":[{"message":{"content":"hi"},"meta_info":{"output_token_logprobs":[[-0.5,151645,"<|im_end|>"]]},"prompt_token_ids":[1,2]}],"usage":{"prompt_tokens_details":{"cached_tokens":0,"image_tokens":32}}}`), 1)
+	f.Add([]byte(`{"choices":[{"token_ids":[1,2,3]}],"prompt_token_ids":[4]}`), 0)
+	f.Fuzz(func(t *testing.T, raw []byte, mode int) {
+		c := &Client{log: slog.New(slog.DiscardHandler)}
+		m := idMode(uint(mode) % uint(modeStrings+1))
+		res := &Result{}
+		if _, err := c.fill(res, raw, m, m.fields()); err != nil {
+			return
+		}
+		r := res.Response
+		if !r.TokenIDsSource.Exact() && r.TokenIDs != nil {
+			t.Fatalf("ids %v from source %q", r.TokenIDs, r.TokenIDsSource)
+		}
+		if r.TokenIDsSource.Exact() && r.Tokens != nil {
+			t.Fatalf("token strings kept beside exact ids from %q", r.TokenIDsSource)
+		}
+	})
 }
