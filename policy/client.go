@@ -46,7 +46,8 @@ type Result struct {
 	ToolCalls []ToolCall
 	// StartedAt is when the call was issued, after queueing.
 	StartedAt time.Time
-	// Warnings flag data problems (WarnLogprobsMismatch, WarnNoLogprobs).
+	// Warnings flag data problems (WarnLogprobsMismatch, WarnNoLogprobs,
+	// WarnNoExactTokenIDs).
 	Warnings []string
 	// PromptTokenIDs are the prompt's token ids when the server returned
 	// them (vLLM at the top level, SGLang on the choice). Store them with
