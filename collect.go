@@ -26,7 +26,7 @@ const (
 	DefaultEnvRetries        = 1
 	DefaultErrorReruns       = 2
 	DefaultServerDownTimeout = 5 * time.Minute
-	DefaultImageMax          = 20
+	DefaultImageMax          = qwen.DefaultImageMax
 	DefaultProgressInterval  = 2 * time.Second
 	DefaultSummaryInterval   = 10 * time.Second
 )
@@ -264,7 +264,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if harness == nil {
 		harness = qwen.New(qwen.Config{ImageMax: opts.ImageMax})
 	}
-	m := manifestFor(tasks, pol, opts)
+	m := manifestFor(tasks, pol, opts, harness)
 	old, err := readManifest(opts.Out)
 	if err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/policy/policytest"
+	"legato/rl/policy/qwen"
 	"legato/rl/schema"
 )
 
@@ -172,6 +173,19 @@ func TestCollectResumeRefused(t *testing.T) {
 		}, want: "the same task ids but changed task configs"},
 		{name: "group", change: func(e *batchEnv) { e.opts.Group = 3 }, want: "groups of 2 with 2 attempts per task, not 3 with 3"},
 		{name: "oversample", change: func(e *batchEnv) { e.opts.Oversample = 0.5 }, want: "groups of 2 with 2 attempts per task, not 2 with 3"},
+		{name: "temperature", change: func(e *batchEnv) { e.pol.Temperature = new(0.7) }, want: "sampling temperature server default, top-p server default, max tokens 0, not temperature 0.7"},
+		{name: "max tokens", change: func(e *batchEnv) { e.pol.MaxTokens = 512 }, want: "not temperature server default, top-p server default, max tokens 512"},
+		{name: "image max", change: func(e *batchEnv) { e.opts.ImageMax = 5 }, want: "image max 20"},
+		{name: "system prompt", change: func(e *batchEnv) {
+			e.opts.Harness = qwen.New(qwen.Config{SystemPrompt: "You are a careful agent."})
+		}, want: "system prompt built-in\", not \"qwen qwen3vl, image max 20, eviction half, pixels 4096-13107200, system prompt sha256:"},
+		{name: "family", change: func(e *batchEnv) {
+			h, err := qwen.NewFamily("qwen25vl", qwen.Config{})
+			if err != nil {
+				panic(err)
+			}
+			e.opts.Harness = h
+		}, want: "not \"qwen qwen25vl"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -59,7 +59,7 @@ func ExampleCollect() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d of %d groups closed, %d tokens to train on\n", sum.GroupsClosed, sum.Groups, tokens)
-	// Output: 6 of 6 groups closed, 5580 tokens to train on
+	// Output: 6 of 6 groups closed, 5676 tokens to train on
 }
 
 // TestREADMEFromGo checks that the README's "From Go" code block is the

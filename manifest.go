@@ -9,8 +9,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
+	"legato/rl/policy"
 	"legato/rl/schema"
 )
 
@@ -32,9 +34,31 @@ type manifest struct {
 	// ErrorReruns is how often a later collect reruns an attempt whose
 	// record is an error, fixed by the batch's first run.
 	ErrorReruns int `json:"error_reruns"`
+	// Sampling is what the requests asked of the server beyond the model
+	// (temperature, top-p, max tokens); Harness what shaped the prompts
+	// (policy.Describer). A batch mixing two would mix two policies.
+	Sampling sampling `json:"sampling"`
+	Harness  string   `json:"harness,omitempty"`
 }
 
-func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions) manifest {
+// sampling is the part of the policy block a batch must keep.
+type sampling struct {
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	MaxTokens   int      `json:"max_tokens,omitempty"`
+}
+
+func (s sampling) String() string {
+	f := func(v *float64) string {
+		if v == nil {
+			return "server default"
+		}
+		return strconv.FormatFloat(*v, 'g', -1, 64)
+	}
+	return fmt.Sprintf("temperature %s, top-p %s, max tokens %d", f(s.Temperature), f(s.TopP), s.MaxTokens)
+}
+
+func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions, harness policy.Harness) manifest {
 	h := sha256.New()
 	ids := make([]string, len(tasks))
 	for i, t := range tasks {
@@ -57,7 +81,18 @@ func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions) manifest {
 		TaskIDs:     ids,
 		TasksSHA:    hex.EncodeToString(h.Sum(nil)),
 		ErrorReruns: max(opts.ErrorReruns, 0),
+		Sampling:    sampling{Temperature: pol.Temperature, TopP: pol.TopP, MaxTokens: pol.MaxTokens},
+		Harness:     harnessDescription(harness),
 	}
+}
+
+// harnessDescription is what a harness says shapes its prompts, "" when it
+// does not say.
+func harnessDescription(h policy.Harness) string {
+	if d, ok := h.(policy.Describer); ok {
+		return d.Describe()
+	}
+	return ""
 }
 
 // readManifest reads the manifest of the batch in dir; nil when dir holds
@@ -91,6 +126,12 @@ func (old *manifest) sameBatch(dir string, m manifest) error {
 	}
 	if old.Model != m.Model {
 		diffs = append(diffs, fmt.Sprintf("model %q, not %q", old.Model, m.Model))
+	}
+	if o, n := old.Sampling.String(), m.Sampling.String(); o != n {
+		diffs = append(diffs, fmt.Sprintf("sampling %s, not %s", o, n))
+	}
+	if old.Harness != m.Harness {
+		diffs = append(diffs, fmt.Sprintf("harness %q, not %q", old.Harness, m.Harness))
 	}
 	if old.Group != m.Group || old.Attempts != m.Attempts {
 		diffs = append(diffs, fmt.Sprintf("groups of %d with %d attempts per task, not %d with %d", old.Group, old.Attempts, m.Group, m.Attempts))

@@ -238,7 +238,7 @@ func (b *batch) newRecord(a *attempt, slot int, start time.Time) *Record {
 		Domain:    a.g.task.Domain,
 		GroupID:   a.g.id,
 		Attempt:   a.index,
-		Policy:    schema.Policy{Model: b.pol.Model, Version: b.pol.Version},
+		Policy:    b.pol.Policy(),
 		Desktop:   slot,
 		StartedAt: schema.Time{Time: start},
 	}
@@ -279,7 +279,7 @@ func (b *batch) summary(final bool) *schema.Summary {
 	s := b.sched.summary.Summary()
 	s.GroupsClosed = b.sched.closedCount()
 	b.sched.mu.Unlock()
-	s.Policy = schema.Policy{Model: b.pol.Model, Version: b.pol.Version}
+	s.Policy = b.pol.Policy()
 	s.Final = final
 	s.State = schema.StateRunning
 	s.ServerDownS = b.outage.downSeconds()

@@ -79,7 +79,7 @@ func newScheduler(tasks []Task, pol PolicyConfig, opts CollectOptions) *schedule
 		maxTries: opts.EnvRetries + 1,
 		slots:    opts.Desktops,
 		counts:   make(map[Status]int),
-		summary:  export.NewSummaryBuilder(schema.Policy{Model: pol.Model, Version: pol.Version}, len(tasks), len(tasks)),
+		summary:  export.NewSummaryBuilder(pol.Policy(), len(tasks), len(tasks)),
 	}
 	s.wake = sync.NewCond(&s.mu)
 	n := AttemptsPerTask(opts.Group, opts.Oversample)

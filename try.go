@@ -189,6 +189,9 @@ func (t *try) steps(ctx context.Context) error {
 			Warnings:    res.Warnings,
 			ServerDownS: downS,
 		}
+		if step.PromptTokenChunks, err = b.store.PutTokenIDs(res.PromptTokenIDs); err != nil {
+			return &storeFailure{fmt.Errorf("store prompt token ids: %w", err)}
+		}
 		parsed := ep.Reply(policy.Reply{Content: res.Response.Content, Reasoning: res.Response.Reasoning, ToolCalls: res.ToolCalls})
 		if parsed.Err != nil {
 			step.ParseError = parsed.Err.Error()

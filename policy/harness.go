@@ -15,6 +15,14 @@ type Harness interface {
 	NewEpisode(task desktop.Task) Episode
 }
 
+// Describer is implemented by harnesses that can say what shapes their
+// prompts (model family, image budget, system prompt, ...). Collect records
+// the description in batch.json, so that continuing a batch with a harness
+// that would prompt differently is refused.
+type Describer interface {
+	Describe() string
+}
+
 // Episode holds the history of one attempt. It is not safe for concurrent
 // use.
 type Episode interface {

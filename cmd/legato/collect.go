@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -42,6 +43,9 @@ type collectFlags struct {
 	noReadySignal, noRetryErr   bool
 	fixed                       struct{ afterAction, afterReset, beforeEval seconds }
 	retries                     int
+	sampling                    struct{ temperature, topP optFloat }
+	harness, systemPrompt       string
+	eviction                    qwen.Eviction
 	fake                        fakeFlags
 	verbose                     bool
 }
@@ -77,6 +81,12 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Var(&f.fixed.afterReset, "fixed-wait-after-reset", "with --no-ready-signal: sleep after a reset, seconds or a duration (default 0; OSWorld's runner slept 60)")
 	fs.Var(&f.fixed.beforeEval, "fixed-wait-before-eval", "with --no-ready-signal: sleep before grading, seconds or a duration (default 0; OSWorld's runner slept 20)")
 	fs.IntVar(&f.opts.ImageMax, "image-max", rl.DefaultImageMax, "screenshots kept in the prompt")
+	fs.TextVar(&f.eviction, "eviction", qwen.EvictHalf, "how screenshots leave the prompt past --image-max: half (the oldest half at once, keeping the prefix cache) or oldest (one a step)")
+	fs.StringVar(&f.harness, "harness", qwen.Qwen3VL.String(), "the model family's prompt and action conventions: "+strings.Join(qwen.Families(), " or "))
+	fs.StringVar(&f.systemPrompt, "system-prompt", "", "a file holding the system prompt to send instead of the built-in one (the prompt your model was trained with)")
+	fs.Var(&f.sampling.temperature, "temperature", "sampling temperature sent with every request (default: the server's)")
+	fs.Var(&f.sampling.topP, "top-p", "nucleus sampling top-p sent with every request (default: the server's)")
+	fs.IntVar(&f.pol.MaxTokens, "max-tokens", 0, "cap on generated tokens per model call (0: the server's default)")
 	f.ow.Register(fs)
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
@@ -134,7 +144,20 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if f.noRetryErr {
 		f.opts.ErrorReruns = -1
 	}
-	f.opts.Harness = qwen.New(qwen.Config{ImageMax: f.opts.ImageMax})
+	hcfg := qwen.Config{ImageMax: f.opts.ImageMax, Eviction: f.eviction}
+	if f.systemPrompt != "" {
+		text, err := os.ReadFile(f.systemPrompt)
+		if err != nil {
+			return usageErrorf("--system-prompt: %v", err)
+		}
+		hcfg.SystemPrompt = string(text)
+	}
+	h, err := qwen.NewFamily(f.harness, hcfg)
+	if err != nil {
+		return usageErrorf("--harness %s --system-prompt %q: %v", f.harness, f.systemPrompt, err)
+	}
+	f.opts.Harness = h
+	f.pol.Temperature, f.pol.TopP = f.sampling.temperature.v, f.sampling.topP.v
 
 	// checkTasks refuses, before anything runs, tasks the backend could
 	// not set up or grade.
@@ -222,6 +245,13 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 	atLeast("retries", f.retries, 0)
 	atLeast("env-retries", f.opts.EnvRetries, 0)
 	atLeast("max-inflight", f.pol.MaxInflight, 0)
+	atLeast("max-tokens", f.pol.MaxTokens, 0)
+	if t := f.sampling.temperature.v; t != nil && (*t < 0 || *t > 2) {
+		errs = append(errs, fmt.Sprintf("--temperature %v: want 0 to 2", *t))
+	}
+	if p := f.sampling.topP.v; p != nil && (*p <= 0 || *p > 1) {
+		errs = append(errs, fmt.Sprintf("--top-p %v: want more than 0, at most 1", *p))
+	}
 	if f.stepTimeout == 0 {
 		errs = append(errs, "--step-timeout 0: want a positive time, e.g. 60")
 	}
@@ -310,8 +340,12 @@ func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary) {
 		}
 	}
 	fmt.Fprintf(w, "%s: %s; %d/%d groups closed; %s\n", dir, s.State, s.GroupsClosed, s.Groups, strings.Join(parts, ", "))
-	fmt.Fprintf(w, "success rate %.3f, %.0f rollouts/hour, %d groups with reward variance, prefix-cache hit rate %.2f\n",
-		s.SuccessRate, s.RolloutsPerHour, s.GroupsWithVariance, s.PrefixCacheHitRate)
+	hit := "unknown (the server did not report cached tokens)"
+	if s.PrefixCacheReported {
+		hit = fmt.Sprintf("%.2f", s.PrefixCacheHitRate)
+	}
+	fmt.Fprintf(w, "success rate %.3f, %.0f rollouts/hour, %d groups with reward variance, prefix-cache hit rate %s\n",
+		s.SuccessRate, s.RolloutsPerHour, s.GroupsWithVariance, hit)
 	if s.ServerDownS > 0 || s.ErrorsRerun > 0 {
 		fmt.Fprintf(w, "model server down %.0f s in all; %d error records rerun\n", s.ServerDownS, s.ErrorsRerun)
 	}
@@ -401,5 +435,25 @@ func (s *seconds) Set(v string) error {
 		return fmt.Errorf("%q: want ≥ 0", v)
 	}
 	*s = seconds(d)
+	return nil
+}
+
+// optFloat is a float flag that tells "not given" (nil: the server's
+// default) from any value, 0 included.
+type optFloat struct{ v *float64 }
+
+func (o *optFloat) String() string {
+	if o == nil || o.v == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*o.v, 'g', -1, 64)
+}
+
+func (o *optFloat) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("%q: want a number", s)
+	}
+	o.v = &v
 	return nil
 }

@@ -223,3 +223,63 @@ func TestCollectServerRestart(t *testing.T) {
 			errs, sum.State, sum.ServerDownS, stdout.String(), stderr.String())
 	}
 }
+
+// TestCollectSamplingAndHarnessFlags: the sampling knobs reach the server
+// and the records, the harness and system prompt reach batch.json, and a
+// resume with another system prompt is refused.
+func TestCollectSamplingAndHarnessFlags(t *testing.T) {
+	srv, err := policytest.Listen("127.0.0.1:0", policytest.Options{Model: "m", NoLatency: true, KeepRequests: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	dir := t.TempDir()
+	prompt := filepath.Join(dir, "prompt.txt")
+	if err := os.WriteFile(prompt, []byte(`You use a computer. Call computer_use in <tool_call> tags.`), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "run")
+	args := []string{"rl", "collect", "--out", out, "--policy-url", srv.URL(), "--model", "m", "--version", "v",
+		"--fake-speed", "none", "--desktops", "2", "--group", "1", "--temperature", "0", "--top-p", "0.9", "--max-tokens", "300",
+		"--harness", "qwen25vl", "--system-prompt", prompt}
+	var stderr bytes.Buffer
+	if err := run(t.Context(), args, &bytes.Buffer{}, &stderr); err != nil {
+		t.Fatalf("collect: %v\n%s", err, stderr.String())
+	}
+	reqs := srv.Requests()
+	if len(reqs) == 0 {
+		t.Fatal("no request")
+	}
+	for _, r := range reqs {
+		if r.Temperature == nil || *r.Temperature != 0 || r.TopP == nil || *r.TopP != 0.9 || r.MaxTokens != 300 {
+			t.Fatalf("request sampling: temperature %v, top-p %v, max tokens %d; want 0, 0.9, 300", r.Temperature, r.TopP, r.MaxTokens)
+		}
+		if sys := r.Messages[0]; sys.Role != "system" || len(sys.Content) == 0 || !strings.HasPrefix(sys.Content[0].Text, "You use a computer.") {
+			t.Fatalf("request's first message %+v is not the file's system prompt", sys)
+		}
+	}
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		if p := r.Policy; p.Temperature == nil || *p.Temperature != 0 || p.TopP == nil || *p.TopP != 0.9 || p.MaxTokens != 300 {
+			t.Errorf("record %s policy block %+v lacks the sampling knobs", r.RolloutID, p)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(out, schema.BatchFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"temperature": 0`, `"top_p": 0.9`, "qwen qwen25vl", "system prompt sha256:"} {
+		if !strings.Contains(string(manifest), want) {
+			t.Errorf("batch.json does not hold %q:\n%s", want, manifest)
+		}
+	}
+	if err := os.WriteFile(prompt, []byte("Another prompt."), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	err = run(t.Context(), args, &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "holds another batch: harness") {
+		t.Errorf("resume with another system prompt: %v; want a refusal naming the harness", err)
+	}
+}

@@ -134,6 +134,14 @@ func (e Eviction) String() string {
 	return fmt.Sprintf("Eviction(%d)", int(e))
 }
 
+// MarshalText names the eviction as UnmarshalText reads it.
+func (e Eviction) MarshalText() ([]byte, error) {
+	if e != EvictHalf && e != EvictOldest {
+		return nil, fmt.Errorf("qwen: unknown eviction %d", int(e))
+	}
+	return []byte(e.String()), nil
+}
+
 // UnmarshalText implements encoding.TextUnmarshaler: "half" or "oldest".
 func (e *Eviction) UnmarshalText(text []byte) error {
 	switch strings.ToLower(string(text)) {

@@ -2,6 +2,8 @@ package qwen
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,8 +22,9 @@ type Harness struct {
 }
 
 var (
-	_ policy.Harness = (*Harness)(nil)
-	_ policy.Episode = (*Episode)(nil)
+	_ policy.Harness   = (*Harness)(nil)
+	_ policy.Describer = (*Harness)(nil)
+	_ policy.Episode   = (*Episode)(nil)
 )
 
 // New returns a harness configured by cfg. New does not fail: a cfg that
@@ -33,6 +36,19 @@ func New(cfg Config) *Harness {
 
 // Config returns the harness's configuration with defaults filled in.
 func (h *Harness) Config() Config { return h.cfg }
+
+// Describe says what shapes the harness's prompts, the system prompt by
+// its SHA-256 when it is not the built-in one.
+func (h *Harness) Describe() string {
+	c := h.cfg
+	prompt := "built-in"
+	if c.SystemPrompt != "" {
+		sum := sha256.Sum256([]byte(c.SystemPrompt))
+		prompt = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return fmt.Sprintf("qwen %s, image max %d, eviction %s, pixels %d-%d, system prompt %s",
+		c.Style, c.ImageMax, c.Eviction, c.MinPixels, c.MaxPixels, prompt)
+}
 
 // NewEpisode starts the history of one attempt at task.
 func (h *Harness) NewEpisode(task desktop.Task) policy.Episode {
