@@ -31,6 +31,7 @@ func TestCheckOutput(t *testing.T) {
 		{"summary not written yet", filepath.Join(run, SummaryFile), SummaryFile},
 		{"a message", filepath.Join(run, MessagesDir, strings.Repeat("ab", 32)), MessagesDir},
 		{"the images directory", filepath.Join(run, ImagesDir), ImagesDir},
+		{"a chunk of prompt token ids", filepath.Join(run, TokensDir, strings.Repeat("cd", 32)), TokensDir},
 		{"in a new directory under images", filepath.Join(run, ImagesDir, "x", "y.png"), ImagesDir},
 		{"through a symlinked run directory", filepath.Join(link, BatchFile), BatchFile},
 		{"with dot-dot", run + "/sub/../" + RecordsFile, RecordsFile},
