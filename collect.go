@@ -255,7 +255,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if pol.Logger == nil {
 		pol.Logger = opts.Logger
 	}
-	client, err := policy.New(pol)
+	client, err := policy.NewReplicas(pol)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ type batch struct {
 	tasks   []Task
 	pol     PolicyConfig
 	opts    CollectOptions
-	client  *policy.Client
+	client  *policy.Replicas
 	harness policy.Harness
 	store   *schema.Run
 	log     *slog.Logger

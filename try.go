@@ -228,7 +228,7 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		if err := wait(func() (time.Duration, error) { return b.outage.pause(ctx) }); err != nil {
 			return nil, downS, err
 		}
-		res, err := b.client.Complete(ctx, msgs)
+		res, err := b.client.Complete(ctx, t.a.g.id, msgs)
 		if res != nil {
 			// A failed call still took its time; total_s should show it.
 			tm.QueueS += res.Model.QueueS

@@ -36,6 +36,12 @@ type Config struct {
 	// BaseURL is the server's OpenAI API root, e.g.
 	// "http://127.0.0.1:8000/v1"; requests go to BaseURL/chat/completions.
 	BaseURL string
+	// Replicas are the API roots of more servers that serve the same
+	// weights (data-parallel replicas). NewReplicas spreads calls over
+	// BaseURL and these as Routing says; New uses BaseURL only.
+	Replicas []string
+	// Routing says how NewReplicas spreads calls (default RouteSticky).
+	Routing Routing
 	// Model is the model name sent with every request.
 	Model string
 	// Version names the policy weights; it is recorded with the
@@ -98,6 +104,14 @@ func (c Config) Validate() error {
 		bad("BaseURL is empty: set it to the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
 	} else if u, err := url.Parse(c.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("BaseURL %q is not an http(s) URL: set it to the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1", redactURL(c.BaseURL))
+	}
+	for i, r := range c.Replicas {
+		if u, err := url.Parse(r); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("Replicas[%d] %q is not an http(s) URL: give each replica's OpenAI API root, e.g. http://127.0.0.1:8001/v1", i, redactURL(r))
+		}
+	}
+	if c.Routing != RouteSticky && c.Routing != RouteRoundRobin {
+		bad("Routing is %d: use RouteSticky or RouteRoundRobin", int(c.Routing))
 	}
 	if c.Model == "" {
 		bad("Model is empty: set it to the name the server serves the policy under")

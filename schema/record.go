@@ -200,6 +200,9 @@ type ModelCall struct {
 	// 0.9 to mid-2026 sends null at 0; SGLang sends 0 with image counts
 	// even with reporting off), so null is not 0.
 	CachedTokens *int `json:"cached_tokens"`
+	// Replica is the base URL of the server that answered, when the batch
+	// spread its calls over several.
+	Replica string `json:"replica,omitempty"`
 }
 
 // ActionRecord is one action sent to the desktop and the time around it.

@@ -43,6 +43,7 @@ type collectFlags struct {
 	noReadySignal, noRetryErr   bool
 	fixed                       struct{ afterAction, afterReset, beforeEval seconds }
 	retries                     int
+	policyURLs                  stringList
 	sampling                    struct{ temperature, topP optFloat }
 	harness, systemPrompt       string
 	eviction                    qwen.Eviction
@@ -61,7 +62,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs := flag.NewFlagSet("legato rl collect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.tasks, "tasks", "", "tasks file: [{\"task_id\",\"domain\"}], [{\"task_id\",\"config\"}] or an OSWorld index (default with --backend fake: built-in demo tasks)")
-	fs.StringVar(&f.pol.BaseURL, "policy-url", "", "model server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (default: a built-in scripted server on loopback)")
+	fs.Var(&f.policyURLs, "policy-url", "model server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (default: a built-in scripted server on loopback); repeat it for replicas of the same weights: a group's calls go to one replica while it answers")
 	fs.StringVar(&f.pol.Model, "model", "", "model name sent to the server (default with the built-in server: scripted)")
 	fs.StringVar(&f.pol.Version, "version", "", "policy version recorded with every rollout, e.g. step-41 (default with the built-in server: demo)")
 	fs.StringVar(&f.out, "out", "", "run directory (required); collecting into it again continues the batch")
@@ -203,6 +204,9 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 
+	if len(f.policyURLs) > 0 {
+		f.pol.BaseURL, f.pol.Replicas = f.policyURLs[0], f.policyURLs[1:]
+	}
 	if f.pol.BaseURL == "" {
 		srv, err := startBuiltinServer(f, stderr)
 		if err != nil {
@@ -455,5 +459,15 @@ func (o *optFloat) Set(s string) error {
 		return fmt.Errorf("%q: want a number", s)
 	}
 	o.v = &v
+	return nil
+}
+
+// stringList is a flag that may be repeated.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(s string) error {
+	*l = append(*l, s)
 	return nil
 }
