@@ -364,7 +364,9 @@ def main():
 
     send({"ready": True, "python": sys.version.split()[0], "pid": os.getpid()})
     while True:
-        line = sys.stdin.readline()
+        # Bytes, so that a line that is not UTF-8 is a bad request, not
+        # the end of the process.
+        line = sys.stdin.buffer.readline()
         if not line:
             return
         if not line.strip():
