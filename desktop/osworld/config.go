@@ -274,6 +274,10 @@ type GradeConfig struct {
 	// Timeout bounds each metric with its getters (default
 	// grade.DefaultTimeout).
 	Timeout time.Duration
+	// Workers is the number of Python processes running OSWorld's
+	// evaluators for all the desktops (default grade.DefaultWorkers(), from
+	// the CPUs).
+	Workers int
 }
 
 // vmMode reports whether the desktops are VMs started here.
@@ -403,6 +407,9 @@ func (c Config) Validate() error {
 	}
 	if c.Grade.Timeout < 0 {
 		add("Grade.Timeout %v: want ≥ 0", c.Grade.Timeout)
+	}
+	if c.Grade.Workers < 0 {
+		add("Grade.Workers %d: want 1 or more Python processes (0 means %d, from the CPUs)", c.Grade.Workers, grade.DefaultWorkers())
 	}
 	for _, d := range []struct {
 		name string

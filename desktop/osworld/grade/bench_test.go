@@ -119,12 +119,10 @@ func cpuTime(b *testing.B, g *Grader) time.Duration {
 		b.Fatal(err)
 	}
 	total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	if g.bridge == nil {
+	if g.pool == nil {
 		return total
 	}
-	g.bridge.mu.Lock()
-	pid := g.bridge.proc.cmd.Process.Pid
-	g.bridge.mu.Unlock()
+	pid := int(g.pool.workers[0].pid.Load())
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		b.Fatal(err)
