@@ -280,6 +280,16 @@ type GradeConfig struct {
 	Workers int
 }
 
+// DefaultCacheDir is Config.CacheDir's default: legato/osworld in the
+// user's cache directory. The checkout's compiled evaluators are kept in
+// its pycache.
+func DefaultCacheDir() string {
+	if dir, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(dir, "legato", "osworld")
+	}
+	return filepath.Join(os.TempDir(), "legato-osworld-cache")
+}
+
 // vmMode reports whether the desktops are VMs started here.
 func (c Config) vmMode() bool { return len(c.Guests) == 0 }
 
@@ -302,11 +312,7 @@ func (c Config) withDefaults() Config {
 		c.BaselineDir = DefaultBaselineDir
 	}
 	if c.CacheDir == "" {
-		if dir, err := os.UserCacheDir(); err == nil {
-			c.CacheDir = filepath.Join(dir, "legato", "osworld")
-		} else {
-			c.CacheDir = filepath.Join(os.TempDir(), "legato-osworld-cache")
-		}
+		c.CacheDir = DefaultCacheDir()
 	}
 	if c.ClientPassword == "" {
 		c.ClientPassword = setup.DefaultClientPassword

@@ -43,7 +43,10 @@
 // checkout is given, when its module does not import, or by choice (Mode).
 // Evaluate says which way each metric ran. A task needing a metric or
 // getter that is neither native nor importable is refused before the batch
-// by Catalog.Check, naming the task and the metric.
+// by Catalog.Check, naming the task and the metric; Check reports, before
+// any desktop starts, which interpreter runs, what imports (or the module
+// it lacks), what runs natively and how each task would be graded (the
+// `legato rl grader` command).
 //
 // # Where the reward may differ from OSWorld's
 //
