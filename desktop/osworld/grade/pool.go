@@ -474,8 +474,8 @@ func (w *worker) stopProcess() {
 }
 
 // start makes sure the worker has a running, warm process: started, and
-// every evaluator module imported (the listing that imports them is kept
-// as the pool's catalog).
+// (but in a lazy pool) every evaluator module imported, by the listing kept
+// as the pool's catalog.
 func (w *worker) start() error {
 	if w.proc != nil && !w.proc.exited() {
 		return nil
@@ -496,7 +496,11 @@ func (w *worker) start() error {
 	if err == nil && !ans.Ready {
 		err = fmt.Errorf("%w: unexpected first line from the bridge", ErrBridgeExited)
 	}
-	if err == nil {
+	if err == nil && p.lazy {
+		// A grader's own pool serves one desktop: it imports a module when
+		// a grade first needs it, as a lone process should.
+		p.started(ans)
+	} else if err == nil {
 		p.started(ans)
 		err = proc.send(&bridgeRequest{Op: "list"}, p.cfg.StartTimeout)
 		if err == nil {
