@@ -110,9 +110,10 @@ type Config struct {
 	// Grade says how tasks are graded.
 	Grade GradeConfig
 
-	// CacheDir keeps the task files setup steps download, and the cloud
-	// files graders fetch, shared by every desktop (default: legato/osworld
-	// under the user's cache directory).
+	// CacheDir keeps the task files setup steps download, the cloud files
+	// graders fetch and the OSWorld checkout's compiled evaluators
+	// (pycache), shared by every desktop and kept across runs (default:
+	// DefaultCacheDir()).
 	CacheDir string
 	// ClientPassword is the guest user's password, for the {CLIENT_PASSWORD}
 	// placeholder of setup steps and for sudo (default "password", as in

@@ -80,15 +80,15 @@ func (c *PoolConfig) Validate() error {
 // Interpreter says which Python runs the evaluators.
 type Interpreter struct {
 	// Command is the interpreter as configured ("python3").
-	Command string
+	Command string `json:"command"`
 	// Path is where the command was found on PATH.
-	Path string
+	Path string `json:"path"`
 	// Executable is the interpreter that runs, as Python reports it
 	// (sys.executable): a version manager's shim resolved. "" until a
 	// worker started.
-	Executable string
+	Executable string `json:"executable"`
 	// Version is Python's version ("3.11.2"); "" until a worker started.
-	Version string
+	Version string `json:"version"`
 }
 
 // PoolStats describes a pool's processes.
