@@ -27,6 +27,7 @@ func commands() []command {
 	return []command{
 		{"probe", "check that a model server returns logprobs, token ids and cached tokens", runProbe},
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
+		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
 		{"export", "write a run's training samples, with GRPO group advantages", runExport},
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", runProfile},
 		{"gc", "remove the VMs and disk overlays a crashed batch left behind", runGC},

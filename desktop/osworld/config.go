@@ -110,9 +110,10 @@ type Config struct {
 	// Grade says how tasks are graded.
 	Grade GradeConfig
 
-	// CacheDir keeps the task files setup steps download, and the cloud
-	// files graders fetch, shared by every desktop (default: legato/osworld
-	// under the user's cache directory).
+	// CacheDir keeps the task files setup steps download, the cloud files
+	// graders fetch and the OSWorld checkout's compiled evaluators
+	// (pycache), shared by every desktop and kept across runs (default:
+	// DefaultCacheDir()).
 	CacheDir string
 	// ClientPassword is the guest user's password, for the {CLIENT_PASSWORD}
 	// placeholder of setup steps and for sudo (default "password", as in
@@ -274,6 +275,20 @@ type GradeConfig struct {
 	// Timeout bounds each metric with its getters (default
 	// grade.DefaultTimeout).
 	Timeout time.Duration
+	// Workers is the number of Python processes running OSWorld's
+	// evaluators for all the desktops (default grade.DefaultWorkers(), from
+	// the CPUs).
+	Workers int
+}
+
+// DefaultCacheDir is Config.CacheDir's default: legato/osworld in the
+// user's cache directory. The checkout's compiled evaluators are kept in
+// its pycache.
+func DefaultCacheDir() string {
+	if dir, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(dir, "legato", "osworld")
+	}
+	return filepath.Join(os.TempDir(), "legato-osworld-cache")
 }
 
 // vmMode reports whether the desktops are VMs started here.
@@ -298,11 +313,7 @@ func (c Config) withDefaults() Config {
 		c.BaselineDir = DefaultBaselineDir
 	}
 	if c.CacheDir == "" {
-		if dir, err := os.UserCacheDir(); err == nil {
-			c.CacheDir = filepath.Join(dir, "legato", "osworld")
-		} else {
-			c.CacheDir = filepath.Join(os.TempDir(), "legato-osworld-cache")
-		}
+		c.CacheDir = DefaultCacheDir()
 	}
 	if c.ClientPassword == "" {
 		c.ClientPassword = setup.DefaultClientPassword
@@ -403,6 +414,9 @@ func (c Config) Validate() error {
 	}
 	if c.Grade.Timeout < 0 {
 		add("Grade.Timeout %v: want ≥ 0", c.Grade.Timeout)
+	}
+	if c.Grade.Workers < 0 {
+		add("Grade.Workers %d: want 1 or more Python processes (0 means %d, from the CPUs)", c.Grade.Workers, grade.DefaultWorkers())
 	}
 	for _, d := range []struct {
 		name string

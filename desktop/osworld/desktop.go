@@ -75,8 +75,9 @@ type Desktop struct {
 	warned     map[string]bool // domains warned about (guests without snapshots)
 	noLoad     bool            // the guest's load cannot be measured
 
-	mu        sync.Mutex // guards lastReset
-	lastReset ResetReport
+	mu          sync.Mutex // guards lastReset and lastGrading
+	lastReset   ResetReport
+	lastGrading []desktop.MetricRun // how the last Evaluate's metrics ran
 }
 
 // VMDesktop is a Desktop on a VM this process started. It adds Revert.
@@ -162,6 +163,9 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	}
 	defer done()
 	d.lastAction = desktop.Action{}
+	d.mu.Lock()
+	d.lastGrading = nil
+	d.mu.Unlock()
 	if err := d.checkTask(task); err != nil {
 		return d.fail("reset", err)
 	}
@@ -356,11 +360,14 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 		return 0, err
 	}
 	defer done()
-	r, err := d.grader.Grade(ctx, task, d.lastAction)
+	r, err := d.grader.Evaluate(ctx, task, d.lastAction)
+	d.mu.Lock()
+	d.lastGrading = r.Metrics
+	d.mu.Unlock()
 	if err != nil {
 		return 0, d.fail("evaluate", err)
 	}
-	return r, nil
+	return r.Score, nil
 }
 
 // AccessibilityTree returns the screen's accessibility tree as OSWorld's

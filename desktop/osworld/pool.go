@@ -23,13 +23,15 @@ import (
 
 // Pool makes the desktops of a batch, one per worker slot: it boots a VM
 // (or attaches to the slot's guest URL) for each, replaces failed ones when
-// asked again for their slot, and shares the download cache and the
-// grader's catalog between them. Its methods are safe for concurrent use.
+// asked again for their slot, and shares between them the download cache,
+// the grader's catalog and the processes that run OSWorld's Python
+// evaluators. Its methods are safe for concurrent use.
 type Pool struct {
 	cfg       Config
 	log       *slog.Logger
 	downloads *setup.Cache
 	catalog   *grade.Catalog
+	graders   *grade.Pool // nil when grading natively only
 
 	mu     sync.Mutex
 	closed bool
@@ -39,8 +41,10 @@ type Pool struct {
 // NewPool checks cfg and prepares the shared parts. In VM mode it first
 // removes what a crashed run left behind: every domain and overlay with
 // cfg.VM.NamePrefix (so runs sharing a host at the same time need
-// different prefixes). With an OSWorld checkout it lists the evaluators
-// the checkout provides, which starts Python once.
+// different prefixes). With an OSWorld checkout it starts the grader
+// processes every desktop shares (cfg.Grade.Workers of them) and waits for
+// the first, which lists the evaluators the checkout provides; the others
+// get ready while the desktops boot.
 func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("osworld config: %w", err)
@@ -62,8 +66,19 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("download cache: %w", err)
 	}
 	if cfg.Grade.OSWorldDir != "" && cfg.Grade.Mode != grade.NativeOnly {
+		p.graders, err = grade.NewPool(grade.PoolConfig{
+			OSWorldDir:  cfg.Grade.OSWorldDir,
+			Python:      cfg.Grade.Python,
+			Workers:     cfg.Grade.Workers,
+			BytecodeDir: filepath.Join(cfg.CacheDir, "pycache"),
+			Logger:      cfg.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
 		p.catalog, err = grade.LoadCatalog(ctx, p.graderConfig())
 		if err != nil {
+			p.graders.Close()
 			return nil, fmt.Errorf("list the OSWorld checkout's evaluators: %w", err)
 		}
 	} else {
@@ -86,8 +101,7 @@ func NewFactory(ctx context.Context, cfg Config) (desktop.Factory, func() error,
 // desktop.
 func (p *Pool) graderConfig() grade.GraderConfig {
 	return grade.GraderConfig{
-		OSWorldDir:  p.cfg.Grade.OSWorldDir,
-		Python:      p.cfg.Grade.Python,
+		Pool:        p.graders,
 		Mode:        p.cfg.Grade.Mode,
 		Timeout:     p.cfg.Grade.Timeout,
 		DownloadDir: filepath.Join(p.cfg.CacheDir, "cloud-files"),
@@ -212,11 +226,20 @@ func (p *Pool) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	if p.graders != nil {
+		if err := p.graders.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close grader pool: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // Config returns the pool's configuration, defaults filled in.
 func (p *Pool) Config() Config { return p.cfg }
+
+// Graders returns the processes that run OSWorld's evaluators for every
+// desktop (their Stats, their Interpreter); nil when grading natively only.
+func (p *Pool) Graders() *grade.Pool { return p.graders }
 
 // attach makes the desktop of a guest that already runs.
 func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {

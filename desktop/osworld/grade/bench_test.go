@@ -14,15 +14,20 @@ import (
 	"legato/rl/desktop"
 )
 
-// Benchmarks of one grade:
+// Benchmarks of grading:
 //
-//	go test -run '^$' -bench . -benchtime 20x ./desktop/osworld/grade/
+//	go test -run '^$' -bench . -benchtime 5x ./desktop/osworld/grade/
 //
-// BenchmarkBridgeFirstGrade pays for starting Python and importing the
-// metric's module (with a catalog given, as in a batch; or listing the
-// checkout itself, which imports every module); BenchmarkGrade compares
-// later grades through the warm bridge with native ones. LEGATO_OSWORLD_DIR
-// benchmarks a real checkout instead of the fixture.
+// BenchmarkPoolStart is what a batch waits for before its first grade
+// through Python: a worker starting and importing every evaluator module,
+// with the checkout's bytecode cached by an earlier run or not, and the
+// memory it then holds. BenchmarkFirstGrade is a grader's first grade
+// through Python: on a batch's warm pool, or on a pool of its own (start
+// Python, import the metric's module). BenchmarkGrade compares later
+// grades through a warm worker with native ones. LEGATO_OSWORLD_DIR
+// benchmarks a real checkout instead of the fixture, LEGATO_PYTHON another
+// interpreter, and LEGATO_BENCH_EVALUATOR (an evaluator's JSON) another
+// metric through Python in BenchmarkFirstGrade.
 
 func benchCheckout(b *testing.B) string {
 	if dir := os.Getenv("LEGATO_OSWORLD_DIR"); dir != "" {
@@ -48,45 +53,110 @@ func benchTasks(b *testing.B, guest *fakeGuest) map[string]desktop.Task {
 	}
 }
 
-func BenchmarkBridgeFirstGrade(b *testing.B) {
+func BenchmarkPoolStart(b *testing.B) {
 	python := needPython(b)
-	guest := newFakeGuest(b)
-	task := benchTasks(b, guest)["exact_match"]
-	base := GraderConfig{OSWorldDir: benchCheckout(b), Python: python, Env: Env{ServerPort: guest.port()}}
-	cat, err := LoadCatalog(context.Background(), base)
+	ctx := context.Background()
+	start := func(b *testing.B, bytecode string) *Pool {
+		p, err := NewPool(PoolConfig{OSWorldDir: benchCheckout(b), Python: python, Workers: 1, BytecodeDir: bytecode})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.waitRunning(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	for _, cached := range []bool{true, false} {
+		name := "bytecode-cold"
+		if cached {
+			name = "bytecode-cached"
+		}
+		b.Run(name, func(b *testing.B) {
+			cache := b.TempDir()
+			if cached {
+				start(b, cache).Close()
+			}
+			var rss int64
+			for b.Loop() {
+				dir := cache
+				if !cached {
+					dir = b.TempDir()
+				}
+				p := start(b, dir)
+				if st := p.Stats(); len(st.RSS) == 1 {
+					rss = st.RSS[0]
+				}
+				p.Close()
+			}
+			b.ReportMetric(float64(rss)/(1<<20), "MiB/worker")
+		})
+	}
+}
+
+// benchFirstTask is what BenchmarkFirstGrade grades through Python.
+func benchFirstTask(b *testing.B) desktop.Task {
+	ev := os.Getenv("LEGATO_BENCH_EVALUATOR")
+	if ev == "" {
+		ev = `{"func":"exact_match","result":{"type":"rule","rules":"100\n"},"expected":{"type":"rule","rules":{"expected":"100\n"}}}`
+	}
+	return desktop.Task{ID: "bench-first", Evaluator: []byte(ev)}
+}
+
+func BenchmarkFirstGrade(b *testing.B) {
+	python := needPython(b)
+	task := benchFirstTask(b)
+	ctx := context.Background()
+	pool, err := NewPool(PoolConfig{OSWorldDir: benchCheckout(b), Python: python, Workers: 1, BytecodeDir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name    string
-		catalog *Catalog
-	}{{"catalog-given", cat}, {"lists-checkout", nil}} {
-		b.Run(tc.name, func(b *testing.B) {
-			for b.Loop() {
-				cfg := base
-				cfg.Catalog = tc.catalog
-				g, err := New(cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if s, err := g.Grade(context.Background(), task, desktop.DoneAction); err != nil || s != 1 {
-					b.Fatalf("Grade = %v, %v", s, err)
-				}
-				g.Close()
-			}
-		})
+	defer pool.Close()
+	cat, err := LoadCatalog(ctx, GraderConfig{Pool: pool})
+	if err != nil {
+		b.Fatal(err)
 	}
+	if err := pool.waitRunning(ctx); err != nil {
+		b.Fatal(err)
+	}
+	grade := func(b *testing.B, cfg GraderConfig) {
+		cfg.Catalog, cfg.CacheDir = cat, b.TempDir()
+		g, err := New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer g.Close()
+		r, err := g.Evaluate(ctx, task, desktop.DoneAction)
+		if err != nil || len(r.Metrics) == 0 || r.Metrics[0].Via != ViaPython {
+			b.Fatalf("Evaluate = %+v, %v; want a grade through Python", r, err)
+		}
+	}
+	b.Run("warm-pool", func(b *testing.B) {
+		for b.Loop() {
+			grade(b, GraderConfig{Pool: pool})
+		}
+	})
+	b.Run("own-pool", func(b *testing.B) {
+		bytecode := b.TempDir()
+		for b.Loop() {
+			grade(b, GraderConfig{OSWorldDir: benchCheckout(b), Python: python, BytecodeDir: bytecode})
+		}
+	})
 }
 
 func BenchmarkGrade(b *testing.B) {
 	python := needPython(b)
 	guest := newFakeGuest(b)
 	tasks := benchTasks(b, guest)
+	pool, err := NewPool(PoolConfig{OSWorldDir: benchCheckout(b), Python: python, Workers: 1, BytecodeDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
 	for _, metric := range []string{"exact_match", "diff_text_file"} {
 		for _, mode := range []Mode{PreferBridge, NativeOnly} {
 			b.Run(metric+"/"+mode.String(), func(b *testing.B) {
 				g, err := New(GraderConfig{
-					OSWorldDir: benchCheckout(b), Python: python, Mode: mode,
+					Pool: pool, Mode: mode, CacheDir: b.TempDir(),
 					Env: Env{ServerPort: guest.port()}, Guest: guest.client(b),
 				})
 				if err != nil {
@@ -94,7 +164,7 @@ func BenchmarkGrade(b *testing.B) {
 				}
 				defer g.Close()
 				task := tasks[metric]
-				// Warm: the process runs and the module is imported.
+				// Warm: the worker runs and has imported the module.
 				if _, err := g.Grade(context.Background(), task, desktop.DoneAction); err != nil {
 					b.Fatal(err)
 				}
@@ -112,19 +182,17 @@ func BenchmarkGrade(b *testing.B) {
 	}
 }
 
-// cpuTime is the CPU time used so far by this process and g's bridge.
+// cpuTime is the CPU time used so far by this process and g's worker.
 func cpuTime(b *testing.B, g *Grader) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		b.Fatal(err)
 	}
 	total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	if g.bridge == nil {
+	if g.pool == nil || g.cfg.Mode == NativeOnly {
 		return total
 	}
-	g.bridge.mu.Lock()
-	pid := g.bridge.proc.cmd.Process.Pid
-	g.bridge.mu.Unlock()
+	pid := int(g.pool.workers[0].pid.Load())
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		b.Fatal(err)

@@ -3,7 +3,6 @@ package grade
 import (
 	"bufio"
 	"bytes"
-	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -11,13 +10,17 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"legato/rl/desktop"
 )
+
+// The bridge is the Python side of a grader worker: bridge.py, run by the
+// user's interpreter in the OSWorld checkout's context. This file holds one
+// bridge process and its JSON-lines protocol; pool.go runs a few of them
+// for all the desktops of a batch.
 
 //go:embed bridge.py
 var bridgeSource []byte
@@ -33,39 +36,6 @@ const (
 	// it) before we stop reading.
 	pipeGrace = 2 * time.Second
 )
-
-// bridge is the long-lived Python process of one grader. It is started on
-// first use, restarted on the next request after it died or was killed, and
-// killed by close. Requests are serialized.
-type bridge struct {
-	python  string
-	root    string // the OSWorld checkout
-	workDir string // holds bridge.py and Python's bytecode cache
-	log     *slog.Logger
-
-	reqMu sync.Mutex // one request at a time
-
-	mu     sync.Mutex
-	proc   *bridgeProc
-	closed bool
-	nextID int64
-	starts int // processes started, for tests and logs
-}
-
-// bridgeProc is one Python process and the goroutines that read it. Its
-// goroutines end when the process has exited and its pipes are drained.
-type bridgeProc struct {
-	cmd   *exec.Cmd
-	stdin *os.File
-	lines chan []byte   // answer lines; closed at EOF
-	quit  chan struct{} // closed by kill: readers stop delivering
-	done  chan struct{} // closed once the process is reaped and readers ended
-
-	killOnce sync.Once
-	tailMu   sync.Mutex
-	tail     []string
-	exitErr  error // set before done is closed
-}
 
 type bridgeEnv struct {
 	Host         string `json:"host,omitempty"`
@@ -87,106 +57,59 @@ type bridgeRequest struct {
 }
 
 type bridgeAnswer struct {
-	ID        *int64             `json:"id"`
-	Ready     bool               `json:"ready"`
-	Python    string             `json:"python"`
-	PID       int                `json:"pid"`
-	Pong      bool               `json:"pong"`
-	Score     *float64           `json:"score"`
-	Error     string             `json:"error"`
-	Kind      string             `json:"kind"`
-	Where     string             `json:"where"`
-	ExcType   string             `json:"exc_type"`
-	Traceback string             `json:"traceback"`
-	Metrics   map[string]*string `json:"metrics"`
-	Getters   map[string]*string `json:"getters"`
+	ID         *int64             `json:"id"`
+	Ready      bool               `json:"ready"`
+	Python     string             `json:"python"`
+	Executable string             `json:"executable"`
+	PID        int                `json:"pid"`
+	Pong       bool               `json:"pong"`
+	Score      *float64           `json:"score"`
+	Error      string             `json:"error"`
+	Kind       string             `json:"kind"`
+	Where      string             `json:"where"`
+	ExcType    string             `json:"exc_type"`
+	Traceback  string             `json:"traceback"`
+	Metrics    map[string]*string `json:"metrics"`
+	Getters    map[string]*string `json:"getters"`
+	Missing    map[string]string  `json:"missing"`
 }
 
-// do sends one request and returns its answer. The timeout covers starting
-// the process if needed and the request itself; when it passes, or ctx is
-// done, the process is killed (a hung evaluator cannot be interrupted any
-// other way) and the next request starts a new one.
-func (b *bridge) do(ctx context.Context, req *bridgeRequest, timeout time.Duration) (*bridgeAnswer, error) {
-	b.reqMu.Lock()
-	defer b.reqMu.Unlock()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-
-	p, err := b.process(ctx, deadline.C, timeout)
-	if err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	b.nextID++
-	req.ID = b.nextID
-	b.mu.Unlock()
-	line, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("encode %s request: %w", req.Op, err)
-	}
-	_ = p.stdin.SetWriteDeadline(time.Now().Add(timeout))
-	if _, err := p.stdin.Write(append(line, '\n')); err != nil {
-		// The process is gone or not reading; wait below reports why.
-		b.log.Debug("grader bridge: write request", "err", err)
-	}
-	for {
-		ans, err := b.wait(ctx, p, deadline.C, timeout)
-		if err != nil {
-			return nil, err
-		}
-		if ans.ID == nil || *ans.ID != req.ID {
-			b.log.Warn("grader bridge: ignoring an answer to another request", "want", req.ID)
-			continue
-		}
-		return ans, nil
-	}
+// bridgeSpec is how to start a bridge process.
+type bridgeSpec struct {
+	python   string // the interpreter
+	script   string // absolute path of bridge.py
+	checkout string // absolute path of the OSWorld checkout
+	bytecode string // absolute path of the checkout's bytecode cache; "" none
+	dir      string // the process's working directory
+	log      *slog.Logger
 }
 
-// process returns the running process, starting one if needed.
-func (b *bridge) process(ctx context.Context, deadline <-chan time.Time, timeout time.Duration) (*bridgeProc, error) {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return nil, desktop.ErrClosed
-	}
-	if p := b.proc; p != nil && !p.exited() {
-		b.mu.Unlock()
-		return p, nil
-	}
-	began := time.Now()
-	p, err := b.spawn()
-	if err != nil {
-		b.mu.Unlock()
-		return nil, err
-	}
-	b.proc = p
-	b.starts++
-	b.mu.Unlock()
+// bridgeProc is one Python process and the goroutines that read it. Its
+// goroutines end when the process has exited and its pipes are drained.
+type bridgeProc struct {
+	cmd   *exec.Cmd
+	stdin *os.File
+	lines chan []byte   // answer lines; closed at EOF
+	quit  chan struct{} // closed by kill: readers stop delivering
+	done  chan struct{} // closed once the process is reaped and readers ended
 
-	ans, err := b.wait(ctx, p, deadline, timeout)
-	if err != nil {
-		return nil, fmt.Errorf("start grader: %w", err)
-	}
-	if !ans.Ready {
-		b.kill(p)
-		return nil, fmt.Errorf("start grader: %w: unexpected first line from the bridge", ErrBridgeExited)
-	}
-	b.log.Info("grader bridge started", "pid", ans.PID, "python", ans.Python, "checkout", b.root, "took", time.Since(began))
-	return p, nil
+	nextID   int64 // protocol ids; used by the one goroutine that talks to it
+	killOnce sync.Once
+	tailMu   sync.Mutex
+	tail     []string
+	exitErr  error // set before done is closed
 }
 
-// spawn starts the Python process. Called with b.mu held.
-func (b *bridge) spawn() (*bridgeProc, error) {
-	script := filepath.Join(b.workDir, "bridge.py")
-	if err := os.MkdirAll(b.workDir, 0o755); err != nil {
-		return nil, fmt.Errorf("grader work dir: %w", err)
+// startBridge starts the Python process; its first answer is the ready
+// line.
+func startBridge(spec bridgeSpec) (*bridgeProc, error) {
+	args := []string{"-u", spec.script, spec.checkout}
+	if spec.bytecode != "" {
+		args = append(args, spec.bytecode)
 	}
-	if err := os.WriteFile(script, bridgeSource, 0o644); err != nil {
-		return nil, fmt.Errorf("write grader bridge: %w", err)
-	}
-	cmd := exec.Command(b.python, "-u", script, b.root)
-	cmd.Dir = b.root
-	cmd.Env = bridgeEnviron(os.Environ(), filepath.Join(b.workDir, "pycache"))
+	cmd := exec.Command(spec.python, args...)
+	cmd.Dir = spec.dir
+	cmd.Env = bridgeEnviron(os.Environ())
 	setProcessGroup(cmd)
 
 	inR, inW, err := os.Pipe()
@@ -217,7 +140,7 @@ func (b *bridge) spawn() (*bridgeProc, error) {
 		inW.Close()
 		outR.Close()
 		errR.Close()
-		return nil, fmt.Errorf("start grader %q: %w (set the Python interpreter with GraderConfig.Python)", b.python, err)
+		return nil, fmt.Errorf("start grader %q: %w (set the Python interpreter with GraderConfig.Python)", spec.python, err)
 	}
 	p := &bridgeProc{
 		cmd:   cmd,
@@ -234,7 +157,7 @@ func (b *bridge) spawn() (*bridgeProc, error) {
 	}()
 	go func() {
 		defer readers.Done()
-		p.readStderr(errR, b.log.With("grader_pid", cmd.Process.Pid))
+		p.readStderr(errR, spec.log.With("grader_pid", cmd.Process.Pid))
 	}()
 	go func() {
 		err := cmd.Wait()
@@ -261,17 +184,22 @@ func (b *bridge) spawn() (*bridgeProc, error) {
 }
 
 // bridgeEnviron is the environment of the Python process: ours, minus the
-// model API key, with bytecode caches kept out of the user's checkout.
-func bridgeEnviron(env []string, pycache string) []string {
-	out := make([]string, 0, len(env)+2)
+// model API key and PYTHONPYCACHEPREFIX, which would make Python ignore
+// the bytecode its distribution ships and compile every module it imports
+// again (the bridge caches the checkout's own bytecode itself).
+func bridgeEnviron(env []string) []string {
+	out := make([]string, 0, len(env)+1)
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "LEGATO_POLICY_KEY=") || strings.HasPrefix(kv, "PYTHONPYCACHEPREFIX=") {
+		if strings.HasPrefix(kv, "LEGATO_POLICY_KEY=") || strings.HasPrefix(kv, "PYTHONPYCACHEPREFIX=") ||
+			strings.HasPrefix(kv, "PYTHONIOENCODING=") {
 			continue
 		}
 		out = append(out, kv)
 	}
-	return append(out, "PYTHONPYCACHEPREFIX="+pycache, "PYTHONIOENCODING=utf-8")
+	return append(out, "PYTHONIOENCODING=utf-8")
 }
+
+func (p *bridgeProc) pid() int { return p.cmd.Process.Pid }
 
 func (p *bridgeProc) readAnswers(r *os.File) {
 	defer close(p.lines)
@@ -322,7 +250,7 @@ func (p *bridgeProc) exited() bool {
 
 // kill kills the process and everything it started, and waits until it is
 // reaped.
-func (b *bridge) kill(p *bridgeProc) {
+func (p *bridgeProc) kill() {
 	p.killOnce.Do(func() {
 		close(p.quit)
 		killProcessGroup(p.cmd)
@@ -330,37 +258,59 @@ func (b *bridge) kill(p *bridgeProc) {
 	<-p.done
 }
 
-// wait returns the next answer line from p.
-func (b *bridge) wait(ctx context.Context, p *bridgeProc, deadline <-chan time.Time, timeout time.Duration) (*bridgeAnswer, error) {
+// send writes one request, numbering it.
+func (p *bridgeProc) send(req *bridgeRequest, timeout time.Duration) error {
+	p.nextID++
+	req.ID = p.nextID
+	line, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encode %s request: %w", req.Op, err)
+	}
+	_ = p.stdin.SetWriteDeadline(time.Now().Add(timeout))
+	_, err = p.stdin.Write(append(line, '\n'))
+	return err
+}
+
+// errStopped is what recv returns when its stop channel closed.
+var errStopped = errors.New("stopped")
+
+// recv returns the next answer line. stop ends the wait early with
+// errStopped (the process is left running); deadline with ErrTimeout.
+func (p *bridgeProc) recv(deadline <-chan time.Time, stop <-chan struct{}) (*bridgeAnswer, error) {
 	select {
 	case line, ok := <-p.lines:
 		if !ok {
-			b.kill(p)
-			return nil, b.exitError(p)
+			p.kill()
+			return nil, p.exitError()
 		}
 		var ans bridgeAnswer
 		if err := json.Unmarshal(line, &ans); err != nil {
-			b.kill(p)
-			return nil, fmt.Errorf("grader bridge protocol: %w (line %.200q)", err, line)
+			p.kill()
+			return nil, fmt.Errorf("%w: grader bridge protocol: %v (line %.200q)", ErrBridgeExited, err, line)
 		}
 		return &ans, nil
 	case <-deadline:
-		b.log.Warn("grader bridge timed out; killing it", "timeout", timeout)
-		b.kill(p)
-		return nil, fmt.Errorf("%w: no answer after %v; killed the grader process", ErrTimeout, timeout)
-	case <-ctx.Done():
-		b.kill(p)
-		return nil, fmt.Errorf("grader: %w", ctx.Err())
+		return nil, ErrTimeout
+	case <-stop:
+		return nil, errStopped
 	}
 }
 
-func (b *bridge) exitError(p *bridgeProc) error {
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		return desktop.ErrClosed
+// answer returns the answer to the request numbered id, skipping answers to
+// requests given up on earlier.
+func (p *bridgeProc) answer(id int64, deadline <-chan time.Time, stop <-chan struct{}) (*bridgeAnswer, error) {
+	for {
+		ans, err := p.recv(deadline, stop)
+		if err != nil {
+			return nil, err
+		}
+		if ans.ID != nil && *ans.ID == id {
+			return ans, nil
+		}
 	}
+}
+
+func (p *bridgeProc) exitError() error {
 	msg := fmt.Sprintf("%v", p.exitErr)
 	if p.exitErr == nil {
 		msg = "exit status 0"
@@ -369,53 +319,6 @@ func (b *bridge) exitError(p *bridgeProc) error {
 		msg += "; last output:\n" + tail
 	}
 	return fmt.Errorf("%w (%s)", ErrBridgeExited, msg)
-}
-
-// close kills the process, if any; later requests fail with ErrClosed.
-func (b *bridge) close() {
-	b.mu.Lock()
-	b.closed = true
-	p := b.proc
-	b.mu.Unlock()
-	if p != nil {
-		b.kill(p)
-	}
-}
-
-// startCount reports how many processes were started.
-func (b *bridge) startCount() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.starts
-}
-
-// list asks which getters and metrics the checkout provides; a name maps
-// to "" when it imports, else to the reason it does not.
-func (b *bridge) list(ctx context.Context, timeout time.Duration) (metrics, getters map[string]string, err error) {
-	ans, err := b.do(ctx, &bridgeRequest{Op: "list"}, timeout)
-	if err != nil {
-		return nil, nil, fmt.Errorf("list evaluators of %s: %w", b.root, err)
-	}
-	if ans.Error != "" {
-		return nil, nil, fmt.Errorf("list evaluators of %s: %s", b.root, ans.Error)
-	}
-	conv := func(in map[string]*string, prefix string) map[string]string {
-		out := make(map[string]string, len(in))
-		for name, reason := range in {
-			if prefix != "" {
-				var ok bool
-				if name, ok = strings.CutPrefix(name, prefix); !ok {
-					continue
-				}
-			}
-			out[name] = ""
-			if reason != nil {
-				out[name] = *reason
-			}
-		}
-		return out
-	}
-	return conv(ans.Metrics, ""), conv(ans.Getters, "get_"), nil
 }
 
 // errAnswer turns an error answer into the error Grade reports.

@@ -1,10 +1,16 @@
 """legato grader bridge.
 
-Runs the getters and metrics of an OSWorld checkout for one legato desktop.
-legato starts it as `python3 bridge.py CHECKOUT`, keeps it for the life of the
-desktop, and talks to it in JSON lines: one request per line on stdin, one
+Runs the getters and metrics of an OSWorld checkout for legato's desktops.
+legato starts a few of them per batch as `python3 bridge.py CHECKOUT
+[BYTECODE_DIR]`, each in a working directory of its own, keeps them for the
+batch, and talks to each in JSON lines: one request per line on stdin, one
 answer per line on the descriptor that was stdout. Everything the evaluators
 print goes to stderr, which legato logs.
+
+The checkout's modules are compiled once into BYTECODE_DIR (which mirrors
+the checkout's absolute path, so it serves any number of checkouts) and read
+from there by every later process; all other modules use the bytecode their
+distribution ships, as Python normally does.
 
 Requests:
   {"id": 1, "op": "ping"}
@@ -12,8 +18,11 @@ Requests:
   {"id": 3, "op": "grade", "metric": NAME, "result": GETTER, "expected": GETTER
    or null, "options": {...}, "cache_dir": DIR, "env": {...}}
 
-Answers carry the request's id and either the outcome ("score", "metrics" and
-"getters", "pong") or "error" with a "kind":
+The first line is {"ready": true, "python": VERSION, "executable": PATH,
+"pid": PID}. Answers carry the request's id and either the outcome ("score";
+"metrics" and "getters", each name mapped to null when it imports, else the
+reason, with "missing" naming the module a name lacks; "pong") or "error"
+with a "kind":
   unavailable     the metric or getter cannot be found or imported
   file_not_found  the result getter raised FileNotFoundError (OSWorld scores 0)
   raised          a getter or the metric raised ("where" says which)
@@ -29,6 +38,7 @@ unavailable.
 
 import ast
 import importlib
+import importlib.machinery
 import json
 import math
 import os
@@ -47,7 +57,49 @@ HTTP_TIMEOUT = 120
 
 
 class Unavailable(Exception):
-    """A getter or metric that cannot be found or imported."""
+    """A getter or metric that cannot be found or imported; missing names
+    the module whose absence is why, when that is the reason."""
+
+    def __init__(self, msg, missing=None):
+        super().__init__(msg)
+        self.missing = missing
+
+
+class CheckoutLoader(importlib.machinery.SourceFileLoader):
+    """Loads the checkout's modules with their bytecode cached under legato's
+    directory: the checkout stays untouched (it may be read-only), and the
+    rest of the interpreter keeps the bytecode its distribution ships, which
+    a PYTHONPYCACHEPREFIX would make it ignore and recompile."""
+
+    cache = None
+
+    def get_code(self, fullname):
+        saved = sys.pycache_prefix, sys.dont_write_bytecode
+        sys.pycache_prefix, sys.dont_write_bytecode = CheckoutLoader.cache, False
+        try:
+            return super().get_code(fullname)
+        finally:
+            sys.pycache_prefix, sys.dont_write_bytecode = saved
+
+
+def cache_checkout_bytecode(root, cache):
+    CheckoutLoader.cache = cache
+    inside = os.path.join(root, "")
+    machinery = importlib.machinery
+
+    def hook(path):
+        full = os.path.abspath(path)
+        if full != root and not full.startswith(inside):
+            raise ImportError("not in the checkout")
+        return machinery.FileFinder(
+            path,
+            (machinery.ExtensionFileLoader, machinery.EXTENSION_SUFFIXES),
+            (CheckoutLoader, machinery.SOURCE_SUFFIXES),
+            (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES),
+        )
+
+    sys.path_hooks.insert(0, hook)
+    sys.path_importer_cache.clear()
 
 
 class Controller:
@@ -171,7 +223,7 @@ class Evaluators:
     def __init__(self, root):
         self.root = root
         self.index = {}      # kind -> {name: (module, attribute)}
-        self.failed = {}     # module -> formatted import error
+        self.failed = {}     # module -> (formatted import error, missing module)
         self.packages = {}
         for dotted in ("desktop_env", EVALUATORS, EVALUATORS + ".getters", EVALUATORS + ".metrics"):
             self._stub(dotted)
@@ -247,15 +299,16 @@ class Evaluators:
 
     def _import(self, module):
         if module in self.failed:
-            raise Unavailable(self.failed[module])
+            raise Unavailable(*self.failed[module])
         try:
             return importlib.import_module(module)
         except BaseException as e:  # a module may even call sys.exit
             if isinstance(e, KeyboardInterrupt):
                 raise
             msg = "importing %s: %s" % (module, "".join(traceback.format_exception_only(type(e), e)).strip())
-            self.failed[module] = msg
-            raise Unavailable(msg)
+            missing = e.name if isinstance(e, ModuleNotFoundError) else None
+            self.failed[module] = (msg, missing)
+            raise Unavailable(msg, missing)
 
     def resolve(self, kind, name):
         entry = self.index[kind].get(name)
@@ -275,8 +328,9 @@ class Evaluators:
             raise Unavailable("%s.%s is not a function" % (module, attr))
         return value
 
-    def available(self, kind):
-        """Name -> None when it imports, else the reason it does not."""
+    def available(self, kind, missing):
+        """Name -> None when it imports, else the reason it does not; the
+        module a name lacks goes into missing."""
         out = {}
         for name in sorted(self.index[kind]):
             try:
@@ -284,6 +338,8 @@ class Evaluators:
                 out[name] = None
             except Unavailable as e:
                 out[name] = str(e)
+                if e.missing:
+                    missing[name] = e.missing
         return out
 
 
@@ -346,10 +402,12 @@ def grade(evaluators, req):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: bridge.py OSWORLD_CHECKOUT", file=sys.stderr)
+    if len(sys.argv) not in (2, 3):
+        print("usage: bridge.py OSWORLD_CHECKOUT [BYTECODE_DIR]", file=sys.stderr)
         sys.exit(2)
     root = os.path.abspath(sys.argv[1])
+    if len(sys.argv) == 3:
+        cache_checkout_bytecode(root, os.path.abspath(sys.argv[2]))
     # Keep the real stdout for answers; whatever the evaluators print goes
     # to stderr instead of corrupting the protocol.
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -362,9 +420,11 @@ def main():
         answers.write(json.dumps(msg) + "\n")
         answers.flush()
 
-    send({"ready": True, "python": sys.version.split()[0], "pid": os.getpid()})
+    send({"ready": True, "python": sys.version.split()[0], "executable": sys.executable, "pid": os.getpid()})
     while True:
-        line = sys.stdin.readline()
+        # Bytes, so that a line that is not UTF-8 is a bad request, not
+        # the end of the process.
+        line = sys.stdin.buffer.readline()
         if not line:
             return
         if not line.strip():
@@ -377,7 +437,9 @@ def main():
             if op == "ping":
                 answer = {"pong": True}
             elif op == "list":
-                answer = {kind: evaluators.available(kind) for kind in KINDS}
+                missing = {}
+                answer = {kind: evaluators.available(kind, missing) for kind in KINDS}
+                answer["missing"] = missing
             elif op == "grade":
                 answer = grade(evaluators, req)
             else:

@@ -93,7 +93,7 @@ func TestBridgeRunsTheCheckoutsEvaluators(t *testing.T) {
 			}
 		})
 	}
-	if n := g.bridge.startCount(); n != 1 {
+	if n := g.pool.Stats().Starts; n != 1 {
 		t.Errorf("bridge started %d times for %d grades, want once", n, len(tests))
 	}
 }
@@ -167,8 +167,10 @@ func TestBridgeFaultsAreReportedAndTheNextGradeWorks(t *testing.T) {
 		wantStarts int // processes started once the next grade succeeded
 	}{
 		{"metric raises", "raise_value_error", nil, "ValueError", []string{`metric raise_value_error (#0): metric`, "metric exploded", "faults.py"}, 1},
-		{"metric hangs", "sleep_forever", ErrTimeout, "", []string{"metric sleep_forever", "killed the grader process"}, 2},
-		{"metric kills its process", "exit_process", ErrBridgeExited, "", []string{"metric exit_process", "exit status 3", "leaving with status 3"}, 2},
+		// A worker that hangs or dies is replaced and the grade tried once
+		// more, on a third process; the next grade runs there.
+		{"metric hangs", "sleep_forever", ErrTimeout, "", []string{"metric sleep_forever", "killed the grader process", "second try"}, 3},
+		{"metric kills its process", "exit_process", ErrBridgeExited, "", []string{"metric exit_process", "exit status 3", "leaving with status 3", "second try"}, 3},
 		{"metric returns None", "return_none", nil, "", []string{"metric return_none", "not a number"}, 1},
 	}
 	for _, tt := range tests {
@@ -208,7 +210,7 @@ func TestBridgeFaultsAreReportedAndTheNextGradeWorks(t *testing.T) {
 			if err != nil || got != 1 {
 				t.Fatalf("next Grade = %v, %v; want 1", got, err)
 			}
-			if n := g.bridge.startCount(); n != tt.wantStarts {
+			if n := g.pool.Stats().Starts; n != tt.wantStarts {
 				t.Errorf("bridge started %d times, want %d", n, tt.wantStarts)
 			}
 		})
@@ -259,9 +261,7 @@ func TestBridgeCloseKillsAHungGrade(t *testing.T) {
 		errc <- err
 	}()
 	<-guest.signals // the metric's getter has run: Python is busy grading
-	g.bridge.mu.Lock()
-	pid := g.bridge.proc.cmd.Process.Pid
-	g.bridge.mu.Unlock()
+	pid := int(g.pool.workers[0].pid.Load())
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -55,9 +55,15 @@ type Catalog struct {
 	mode Mode
 	// checkout is set when an OSWorld checkout was listed.
 	checkout string
-	// For the checkout: name → "" when it imports, else why not.
+	// For the checkout: name → "" when it imports, else why not; missing
+	// names the module a name lacks.
 	metrics map[string]string
 	getters map[string]string
+	missing map[string]string
+}
+
+func newCatalog(mode Mode, checkout string, l *evaluatorLists) *Catalog {
+	return &Catalog{mode: mode, checkout: checkout, metrics: l.metrics, getters: l.getters, missing: l.missing}
 }
 
 // runner is where one metric runs.
@@ -77,8 +83,9 @@ func (r runner) String() string {
 
 // LoadCatalog lists what cfg's grader can run: the native getters and
 // metrics and, with an OSWorld checkout (unless cfg.Mode is NativeOnly),
-// what the checkout provides and imports. Listing starts one Python process
-// and imports every evaluator module once.
+// what the checkout provides and imports. With cfg.Pool it waits for the
+// pool's first worker, which lists the checkout as it starts; without, it
+// starts one Python process that imports every evaluator module once.
 func LoadCatalog(ctx context.Context, cfg GraderConfig) (*Catalog, error) {
 	cfg.Catalog = nil
 	g, err := New(cfg)

@@ -81,7 +81,7 @@ func differential(t *testing.T, checkout string) {
 			}
 		})
 	}
-	if n := bridged.bridge.startCount(); n != 1 {
+	if n := bridged.pool.Stats().Starts; n != 1 {
 		t.Errorf("bridge started %d times, want once", n)
 	}
 }

@@ -11,30 +11,42 @@
 // "and" (0 at the first 0, else the mean) or "or" (1 at the first 1, else
 // the maximum). A result getter that finds no file makes its metric score 0.
 //
-// # Bridge and native code
+// # Python workers and native code
 //
 // Getters and metrics are OSWorld's own Python, run from the user's
-// checkout (GraderConfig.OSWorldDir) by a long-lived Python process per
-// desktop: the bridge, a small standard-library-only program embedded in
-// the binary. It starts on the first grade that needs it, imports each
-// evaluator module when first needed (a module whose dependencies are
-// missing disables only its own metrics), is restarted after it dies, and
-// is killed, with everything it started, when a grade exceeds
-// GraderConfig.Timeout and on Close. It builds the env object OSWorld's
+// checkout by a Pool: a few long-lived Python processes (workers) shared by
+// the graders of every desktop of a batch, each running the bridge, a
+// small standard-library-only program embedded in the binary. A pool
+// starts its workers when it is made, so that they are ready before the
+// first grade; each imports every evaluator module before taking work (a
+// module whose dependencies are missing disables only its own metrics).
+// The checkout's bytecode is compiled once into a persistent directory
+// (PoolConfig.BytecodeDir); everything else uses the bytecode its
+// distribution ships. A worker whose process dies, or hangs past
+// GraderConfig.Timeout, is killed with everything it started and replaced,
+// and the grade it was running is tried once more before it fails as an
+// env error naming the metric. The bridge builds the env object OSWorld's
 // getters read: vm_ip, server_port, chromium_port and vlc_port pointing at
 // the desktop's forwarded ports, a per-task cache_dir, and a controller
 // (get_file, execute_python_command, get_accessibility_tree, ...) talking
-// HTTP to the guest server.
+// HTTP to the guest server. A Grader without a Pool starts one of its own,
+// of one worker, at its first grade through Python.
 //
 // The simplest and most used getters (vm_file, vm_command_line, rule,
 // cloud_file, cache_file, accessibility_tree) and metrics (exact_match,
 // check_include_exclude, match_in_list, is_in_list, literal_match,
 // check_direct_json_object, compare_text_file, diff_text_file) are also
-// implemented in Go with Python's semantics, down to where the Python code
-// raises. They run when no checkout is given, when its module does not
-// import, or by choice (Mode). A task needing a metric or getter that is
-// neither native nor importable is refused before the batch by
-// Catalog.Check, naming the task and the metric.
+// implemented in Go with CPython 3.11's semantics, down to where the Python
+// code raises: str methods as package pystr gives them (the final sigma of
+// str.lower, Unicode 14's tables), json.loads as decodePy does (NaN and
+// Infinity, lone surrogates, the 4300-digit limit on ints). They run when no
+// checkout is given, when its module does not import, or by choice (Mode).
+// Evaluate says which way each metric ran. A task needing a metric or
+// getter that is neither native nor importable is refused before the batch
+// by Catalog.Check, naming the task and the metric; Check reports, before
+// any desktop starts, which interpreter runs, what imports (or the module
+// it lacks), what runs natively and how each task would be graded (the
+// `legato rl grader` command).
 //
 // # Where the reward may differ from OSWorld's
 //
@@ -54,15 +66,19 @@
 //     by an earlier attempt (a postconfig output) is never graded again.
 //     Cloud files are cached by URL in GraderConfig.DownloadDir.
 //
-// And where the native code cannot follow Python exactly: str.lower() and
-// white space match Python 3.11 for every code point (tested), repr() may
-// escape characters assigned after Unicode 14 that Python 3.11 does not
-// know; a result text with NaN or Infinity literals is not JSON to
-// check_direct_json_object natively. check_direct_json_object follows
-// OSWorld's current code (the "__EVALUATION_FAILED__" marker,
-// "ignore_list_order", a string matching one of a list); an older checkout
-// through the bridge may score differently. The rule_relativeTime getter,
-// and every getter and metric not listed above, are bridge-only.
+// And where the native code cannot follow Python exactly: it follows
+// CPython 3.11 (Unicode 14.0.0), so under another Python version the
+// characters that version's Unicode added may lower, print or count as
+// space differently; JSON nested deeper than 990 levels raises
+// RecursionError natively, where CPython's limit depends on its caller's
+// stack (about 990); sorted() with NaN among the values may order them
+// otherwise than CPython's sort, which never changes a score (NaN equals no
+// expected value). check_direct_json_object follows OSWorld's current code
+// (the "__EVALUATION_FAILED__" marker, "ignore_list_order", a string
+// matching one of a list); an older checkout through Python may score
+// differently. Files are read as UTF-8, as Python does under a UTF-8
+// locale. The rule_relativeTime getter, and every getter and metric not
+// listed above, run through Python only.
 //
 // # Re-grading
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"legato/rl/desktop"
 )
@@ -76,6 +77,10 @@ type rawEvaluator struct {
 func ParseEvaluator(raw json.RawMessage) (*Evaluator, error) {
 	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return nil, errors.New("no evaluator")
+	}
+	if !utf8.Valid(raw) {
+		// Python could not even read such a task file as text.
+		return nil, errors.New("evaluator: not UTF-8 text")
 	}
 	var r rawEvaluator
 	if err := json.Unmarshal(raw, &r); err != nil {

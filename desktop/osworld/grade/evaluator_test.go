@@ -144,6 +144,7 @@ func TestParseEvaluatorRefuses(t *testing.T) {
 		{"options list for one metric", `{"func":"a","result":{"type":"x"},"options":[{}]}`, "options: want an object"},
 		{"options of wrong length", `{"func":["a"],"result":[{"type":"x"}],"options":[{},{}]}`, "2 entries for 1 metrics"},
 		{"postconfig step without type", `{"func":"infeasible","postconfig":[{"parameters":{}}]}`, "postconfig[0]: no type"},
+		{"not UTF-8", "{\"func\":\"a\",\"result\":{\"type\":\"rule\",\"rules\":\"\xff\"}}", "not UTF-8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

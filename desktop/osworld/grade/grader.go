@@ -58,22 +58,30 @@ type Env struct {
 // GraderConfig configures a Grader. The zero value grades natively, with
 // the defaults below.
 type GraderConfig struct {
+	// Pool runs OSWorld's Python evaluators, shared with the batch's other
+	// graders; Close leaves it running. With none, a grader that has an
+	// OSWorldDir starts a pool of its own, of one worker, at its first
+	// grade through Python.
+	Pool *Pool
 	// OSWorldDir is the root of an OSWorld checkout (it holds
-	// desktop_env/evaluators). "" grades natively only.
+	// desktop_env/evaluators): Pool's, or the one a pool of the grader's
+	// own runs. "" and no Pool grades natively only.
 	OSWorldDir string
-	// Python is the interpreter that runs the bridge; "" means
+	// Python is the interpreter of the grader's own pool; "" means
 	// DefaultPython. It needs the packages OSWorld's evaluators import.
 	Python string
-	// Mode chooses between the bridge and native code for metrics both can
-	// run.
+	// BytecodeDir is PoolConfig.BytecodeDir for the grader's own pool.
+	BytecodeDir string
+	// Mode chooses between OSWorld's Python and native code for metrics
+	// both can run.
 	Mode Mode
-	// Timeout bounds each metric with its getters, and the bridge's
-	// start; 0 means DefaultTimeout. The first grade through a bridge also
-	// pays for starting Python and importing the metric's module.
+	// Timeout bounds each metric with its getters (a metric a worker
+	// process fails gets a second try, with a second Timeout), and the
+	// start of the grader's own pool; 0 means DefaultTimeout.
 	Timeout time.Duration
 	// CacheDir is this grader's own directory: per-task cache directories
-	// (OSWorld's env.cache_dir) and the bridge's files live under it. Give
-	// each desktop its own. "" uses a temporary directory removed by Close.
+	// (OSWorld's env.cache_dir) live under it. Give each desktop its own.
+	// "" uses a temporary directory removed by Close.
 	CacheDir string
 	// DownloadDir caches cloud_file downloads by URL and may be shared by
 	// graders; "" means CacheDir/downloads.
@@ -113,10 +121,16 @@ func (c *GraderConfig) Validate() error {
 			return fmt.Errorf("grader: %s port %d out of range", p.name, p.port)
 		}
 	}
-	if c.Catalog != nil && c.Catalog.checkout != "" && (c.OSWorldDir == "" || c.Mode == NativeOnly) {
-		return fmt.Errorf("grader: the catalog lists the checkout %q but the grader runs no bridge: set OSWorldDir", c.Catalog.checkout)
+	python := (c.OSWorldDir != "" || c.Pool != nil) && c.Mode != NativeOnly
+	if c.Catalog != nil && c.Catalog.checkout != "" && !python {
+		return fmt.Errorf("grader: the catalog lists the checkout %q but the grader runs no Python: set OSWorldDir or Pool", c.Catalog.checkout)
 	}
-	if c.OSWorldDir != "" && c.Mode != NativeOnly {
+	if c.Pool != nil && c.OSWorldDir != "" {
+		if dir, err := filepath.Abs(c.OSWorldDir); err != nil || dir != c.Pool.Checkout() {
+			return fmt.Errorf("grader: OSWorldDir %q is not the checkout of the pool (%s): leave OSWorldDir empty or give the same one", c.OSWorldDir, c.Pool.Checkout())
+		}
+	}
+	if c.Pool == nil && c.OSWorldDir != "" && c.Mode != NativeOnly {
 		st, err := os.Stat(filepath.Join(c.OSWorldDir, "desktop_env", "evaluators"))
 		if err != nil || !st.IsDir() {
 			return fmt.Errorf("grader: %q has no desktop_env/evaluators: give the root of an OSWorld checkout", c.OSWorldDir)
@@ -136,7 +150,8 @@ type Grader struct {
 	download string
 	client   *http.Client
 	timeout  time.Duration
-	bridge   *bridge // nil without a checkout or in NativeOnly mode
+	pool     *Pool // nil without a checkout or in NativeOnly mode
+	ownPool  bool  // the pool is the grader's, closed with it
 	now      func() time.Time
 
 	catMu   sync.Mutex
@@ -152,8 +167,8 @@ type Grader struct {
 	extraMetrics map[string]nativeMetric
 }
 
-// New returns a grader. It starts nothing: the bridge starts on the first
-// grade that needs it.
+// New returns a grader. It starts nothing: a pool of its own starts on the
+// first grade that needs Python.
 func New(cfg GraderConfig) (*Grader, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -188,29 +203,43 @@ func New(cfg GraderConfig) (*Grader, error) {
 	if g.download == "" {
 		g.download = filepath.Join(g.root, "downloads")
 	}
-	if cfg.OSWorldDir != "" && cfg.Mode != NativeOnly {
-		checkout, err := filepath.Abs(cfg.OSWorldDir)
+	// Paths handed to Python must not depend on a working directory: the
+	// workers run in their own.
+	var err error
+	if g.root, err = filepath.Abs(g.root); err != nil {
+		return nil, fmt.Errorf("grader cache dir: %w", err)
+	}
+	if g.download, err = filepath.Abs(g.download); err != nil {
+		return nil, fmt.Errorf("grader download dir: %w", err)
+	}
+	switch {
+	case cfg.Mode == NativeOnly:
+	case cfg.Pool != nil:
+		g.pool = cfg.Pool
+	case cfg.OSWorldDir != "":
+		p, err := newPool(PoolConfig{
+			OSWorldDir: cfg.OSWorldDir, Python: cfg.Python, Workers: 1, BytecodeDir: cfg.BytecodeDir,
+			StartTimeout: g.timeout, Logger: g.log,
+		}, true)
 		if err != nil {
+			g.Close()
 			return nil, err
 		}
-		python := cfg.Python
-		if python == "" {
-			python = DefaultPython
-		}
-		g.bridge = &bridge{python: python, root: checkout, workDir: filepath.Join(g.root, "bridge"), log: g.log}
+		g.pool, g.ownPool = p, true
 	}
 	return g, nil
 }
 
-// Close kills the bridge process, if one runs, and removes the temporary
-// directory, if the grader made one. It is idempotent.
+// Close stops the grader's own pool, if it has one (a shared Pool keeps
+// running), and removes the temporary directory, if the grader made one.
+// It is idempotent.
 func (g *Grader) Close() error {
 	var err error
 	g.closeOnce.Do(func() {
 		g.closed.Store(true)
 		g.endLife()
-		if g.bridge != nil {
-			g.bridge.close()
+		if g.ownPool {
+			g.pool.Close()
 		}
 		if g.tempRoot {
 			err = os.RemoveAll(g.root)
@@ -219,8 +248,32 @@ func (g *Grader) Close() error {
 	return err
 }
 
-// Grade runs task's evaluator on the desktop as OSWorld's DesktopEnv.evaluate
-// does and returns the reward in [0, 1]:
+// How a metric ran, as desktop.MetricRun.Via says.
+const (
+	// ViaNative is legato's Go version of the metric and its getters.
+	ViaNative = "native"
+	// ViaPython is OSWorld's own Python code, run by a worker of the pool.
+	ViaPython = "python"
+)
+
+// Result is a grade: the reward, and how each metric that ran was
+// computed, in order. A list of metrics that stopped early ("and" at a 0,
+// "or" at a 1) lists only those that ran; a metric that failed the grade
+// is the last.
+type Result struct {
+	Score   float64
+	Metrics []desktop.MetricRun
+}
+
+// Grade is Evaluate's reward.
+func (g *Grader) Grade(ctx context.Context, task desktop.Task, lastAction desktop.Action) (float64, error) {
+	r, err := g.Evaluate(ctx, task, lastAction)
+	return r.Score, err
+}
+
+// Evaluate runs task's evaluator on the desktop as OSWorld's
+// DesktopEnv.evaluate does and returns the reward in [0, 1] with how each
+// metric ran:
 //
 //   - the postconfig steps run first;
 //   - "infeasible" scores 1 exactly when lastAction is FAIL;
@@ -234,22 +287,26 @@ func (g *Grader) Close() error {
 // none). An error wrapping desktop.ErrUnsupported means the task cannot be
 // graded here; any other error (an *Error naming the metric) is a failure
 // of the desktop or of its grader.
-func (g *Grader) Grade(ctx context.Context, task desktop.Task, lastAction desktop.Action) (float64, error) {
+func (g *Grader) Evaluate(ctx context.Context, task desktop.Task, lastAction desktop.Action) (Result, error) {
 	if g.closed.Load() {
-		return 0, desktop.ErrClosed
+		return Result{}, desktop.ErrClosed
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(g.life, cancel)
 	defer stop()
-	s, err := g.grade(ctx, task, lastAction)
+	var runs []desktop.MetricRun
+	s, err := g.grade(ctx, task, lastAction, &runs)
 	if err != nil && g.closed.Load() {
-		return 0, desktop.ErrClosed
+		err = desktop.ErrClosed
 	}
-	return s, err
+	if err != nil {
+		s = 0
+	}
+	return Result{Score: s, Metrics: runs}, err
 }
 
-func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction desktop.Action) (float64, error) {
+func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction desktop.Action, runs *[]desktop.MetricRun) (float64, error) {
 	ev, err := ParseEvaluator(task.Evaluator)
 	if err != nil {
 		return 0, &UnsupportedError{TaskID: task.ID, Reason: err.Error()}
@@ -292,6 +349,11 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 
 	var results []float64
 	for i, m := range ev.Metrics {
+		via := ViaNative
+		if runners[i] == runBridge {
+			via = ViaPython
+		}
+		*runs = append(*runs, desktop.MetricRun{Metric: m.Func, Via: via})
 		s, err := g.runMetric(ctx, task.ID, i, m, runners[i], cacheDir)
 		var nr *noResultFile
 		if errors.As(err, &nr) {
@@ -353,15 +415,15 @@ func (g *Grader) loadCatalog(ctx context.Context) (*Catalog, error) {
 	if g.catalog != nil {
 		return g.catalog, nil
 	}
-	if g.bridge == nil {
+	if g.pool == nil {
 		g.catalog = &Catalog{mode: g.cfg.Mode}
 		return g.catalog, nil
 	}
-	metrics, getters, err := g.bridge.list(ctx, g.timeout)
+	lists, err := g.pool.evaluators(ctx)
 	if err != nil {
 		return nil, err
 	}
-	g.catalog = &Catalog{mode: g.cfg.Mode, checkout: g.bridge.root, metrics: metrics, getters: getters}
+	g.catalog = newCatalog(g.cfg.Mode, g.pool.Checkout(), lists)
 	return g.catalog, nil
 }
 
@@ -504,7 +566,7 @@ func (g *Grader) bridgeMetric(ctx context.Context, timeout time.Duration, m Metr
 	if m.Expected != nil {
 		req.Expected = m.Expected.Config
 	}
-	ans, err := g.bridge.do(ctx, req, timeout)
+	ans, err := g.pool.do(ctx, req, timeout)
 	if err != nil {
 		return 0, &Error{Op: "bridge", Err: err}
 	}

@@ -1,6 +1,7 @@
 package grade
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -188,11 +189,12 @@ func fixtureDir(t testing.TB) string {
 	return dir
 }
 
-// pythonPath is the interpreter python3 stands for, resolved once: a
-// version manager's shim (pyenv) can take seconds per start on a busy
-// machine.
+// pythonPath is the interpreter LEGATO_PYTHON, or python3, stands for,
+// resolved once: a version manager's shim (pyenv) can take seconds per
+// start on a busy machine.
 var pythonPath = sync.OnceValue(func() string {
-	out, err := exec.Command(DefaultPython, "-c", "import sys; print(sys.executable)").Output()
+	python := cmp.Or(os.Getenv("LEGATO_PYTHON"), DefaultPython)
+	out, err := exec.Command(python, "-c", "import sys; print(sys.executable)").Output()
 	if err != nil {
 		return ""
 	}

@@ -201,7 +201,7 @@ func givesFunc(cfg *pyDict) (func(int) bool, error) {
 	return func(i int) bool {
 		n := big.NewInt(int64(i))
 		for _, it := range items {
-			if pyEqual(it, n) {
+			if pyItemEqual(it, n) {
 				return true
 			}
 		}

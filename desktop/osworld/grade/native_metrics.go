@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"legato/rl/desktop/osworld/grade/pystr"
 )
 
 // nativeMetric is a metric with its Python signature: required positional
@@ -118,7 +120,7 @@ func subscript(v any, key string) (any, error) {
 		if e, ok := x.get(key); ok {
 			return e, nil
 		}
-		return nil, raise("KeyError", "%s", pyStrRepr(key))
+		return nil, raise("KeyError", "%s", pystr.Repr(key))
 	case []any:
 		return nil, raise("TypeError", "list indices must be integers or slices, not str")
 	case string:
@@ -214,7 +216,7 @@ func literalMatch(args []any, options *pyDict) (float64, error) {
 	ignoreCase := pyTruthy(options.getOr("ignore_case", false))
 	conv := pyStr
 	if ignoreCase {
-		conv = func(v any) string { return pyLower(pyStr(v)) }
+		conv = func(v any) string { return pystr.Lower(pyStr(v)) }
 	}
 	switch {
 	case pyEqual(typ, "str"):
@@ -244,9 +246,9 @@ func checkDirectJSONObject(args []any, _ *pyDict) (float64, error) {
 	result, rules := args[0], args[1]
 	if s, ok := result.(string); ok {
 		// OSWorld turns Python-style quotes into JSON ones before parsing.
-		v, err := decodePy([]byte(strings.ReplaceAll(pyStrip(s), "'", `"`)))
+		v, err := decodePy([]byte(strings.ReplaceAll(pystr.Strip(s), "'", `"`)))
 		if err != nil {
-			return 0, raise("JSONDecodeError", "%v", err)
+			return 0, err
 		}
 		result = v
 	}
@@ -371,7 +373,7 @@ func compareTextFile(args []any, options *pyDict) (float64, error) {
 		actual, expected = collapseBlanks(actual), collapseBlanks(expected)
 	}
 	if pyTruthy(options.getOr("ignore_case", false)) {
-		actual, expected = pyLower(actual), pyLower(expected)
+		actual, expected = pystr.Lower(actual), pystr.Lower(expected)
 	}
 	return score(actual == expected), nil
 }
@@ -379,19 +381,21 @@ func compareTextFile(args []any, options *pyDict) (float64, error) {
 // collapseBlanks does OSWorld's re.sub(r'[\t\n]', ' ', s).strip() followed
 // by re.sub(r'\s+', ' ', s), with Python's notion of white space.
 func collapseBlanks(s string) string {
-	s = pyStrip(strings.NewReplacer("\t", " ", "\n", " ").Replace(s))
+	s = pystr.Strip(strings.NewReplacer("\t", " ", "\n", " ").Replace(s))
 	var b strings.Builder
 	inSpace := false
-	for _, r := range s {
-		if pyIsSpace(r) {
+	for i := 0; i < len(s); {
+		r, n := pystr.DecodeRune(s[i:])
+		if pystr.IsSpace(r) {
 			if !inSpace {
 				b.WriteByte(' ')
 			}
 			inSpace = true
-			continue
+		} else {
+			inSpace = false
+			b.WriteString(s[i : i+n])
 		}
-		inSpace = false
-		b.WriteRune(r)
+		i += n
 	}
 	return b.String()
 }
@@ -410,7 +414,7 @@ func diffTextFile(args []any, _ *pyDict) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return matchRatio(pySplitLines(result), pySplitLines(expected)), nil
+	return matchRatio(pystr.SplitLines(result), pystr.SplitLines(expected)), nil
 }
 
 // readText is open(path).read() in text mode: UTF-8, strict, with
@@ -423,11 +427,11 @@ func readText(path any) (string, error) {
 	data, err := os.ReadFile(p)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return "", raise("FileNotFoundError", "[Errno 2] No such file or directory: %s", pyStrRepr(p))
+		return "", raise("FileNotFoundError", "[Errno 2] No such file or directory: %s", pystr.Repr(p))
 	case err != nil:
 		return "", raise("OSError", "%v", err)
 	case !utf8.Valid(data):
-		return "", raise("UnicodeDecodeError", "'utf-8' codec can't decode %s", pyStrRepr(p))
+		return "", raise("UnicodeDecodeError", "'utf-8' codec can't decode %s", pystr.Repr(p))
 	}
 	s := strings.ReplaceAll(string(data), "\r\n", "\n")
 	return strings.ReplaceAll(s, "\r", "\n"), nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -130,6 +131,13 @@ var metricCases = []metricCase{
 	{name: "literal: list type, lengths differ", metric: "literal_match", result: `["a"]`, expected: `["a","b"]`, options: `{"type":"list"}`, want: 0},
 	{name: "literal: list type, not a list", metric: "literal_match", result: `"a"`, expected: `["a"]`, options: `{"type":"list"}`, want: 0},
 	{name: "literal: list type, str of elements", metric: "literal_match", result: `[1,2]`, expected: `["1","2"]`, options: `{"type":"list"}`, want: 1},
+	{name: "literal: final sigma, ignore case", metric: "literal_match", result: `"ΟΔΟΣ"`, expected: `"οδος"`, options: `{"ignore_case":true}`, want: 1},
+	{name: "literal: final sigma is not σ", metric: "literal_match", result: `"ΟΔΟΣ"`, expected: `"οδοσ"`, options: `{"ignore_case":true}`, want: 0},
+	{name: "literal: sigma before a letter", metric: "literal_match", result: `"ΣΑ"`, expected: `"σα"`, options: `{"ignore_case":true}`, want: 1},
+	{name: "literal: dotted capital I lowers to two", metric: "literal_match", result: `"İ"`, expected: `"i\u0307"`, options: `{"ignore_case":true}`, want: 1},
+	{name: "literal: lone surrogate in repr", metric: "literal_match", result: `["\ud800"]`, expected: `"['\\ud800']"`, want: 1},
+	{name: "literal: unassigned in Unicode 14 is escaped", metric: "literal_match", result: `["\ud83d\udedc"]`, expected: `"['\\U0001f6dc']"`, want: 1},
+	{name: "literal: list of sigmas", metric: "literal_match", result: `["ΟΔΟΣ","Σ"]`, expected: `["οδος","σ"]`, options: `{"type":"list","ignore_case":true}`, want: 1},
 	{name: "literal: unknown type", metric: "literal_match", result: `"a"`, expected: `"a"`, options: `{"type":"dict"}`, wantRaise: "NotImplementedError"},
 
 	// check_direct_json_object(result, rules)
@@ -150,6 +158,12 @@ var metricCases = []metricCase{
 	{name: "json: in result, number", metric: "check_direct_json_object", result: `{"n":1}`, expected: `{"expect_in_result":true,"expected":{"n":1}}`, want: 0},
 	{name: "json: list result", metric: "check_direct_json_object", result: `[1]`, expected: `{"expected":{"a":1}}`, want: 0},
 	{name: "json: list result, nothing expected", metric: "check_direct_json_object", result: `[1]`, expected: `{"expected":{}}`, want: 1},
+	{name: "json: NaN text", metric: "check_direct_json_object", result: `"{'a': NaN}"`, expected: `{"expected":{"a":1}}`, want: 0},
+	{name: "json: NaN in a list equals itself", metric: "check_direct_json_object", result: `"{'a': [NaN]}"`, expected: `{"expected":{"a":[1]}}`, want: 0},
+	{name: "json: Infinity text", metric: "check_direct_json_object", result: `"{\"a\": -Infinity}"`, expected: `{"expected":{"b":null}}`, want: 1},
+	{name: "json: int over 4300 digits", metric: "check_direct_json_object", result: `"` + strings.Repeat("9", 4301) + `"`, expected: `{"expected":{"a":1}}`, wantRaise: "ValueError"},
+	{name: "json: strip takes Unicode space", metric: "check_direct_json_object", result: `"\u3000\u0085{'a': 1}\u2029"`, expected: `{"expected":{"a":1}}`, want: 1},
+	{name: "json: lone surrogate key", metric: "check_direct_json_object", result: `"{'\\ud800': 1}"`, expected: `{"expected":{"\ud800":1}}`, want: 1},
 	{name: "json: no expected", metric: "check_direct_json_object", result: `{"a":1}`, expected: `{}`, want: 0},
 
 	// compare_text_file(actual, expected, **options)
@@ -160,6 +174,8 @@ var metricCases = []metricCase{
 	{name: "text: ignore blanks", metric: "compare_text_file", resultFile: text("a  b\n\tc\n"), expectedFile: text("a b c"), options: `{"ignore_blanks":true}`, want: 1},
 	{name: "text: ignore blanks, unicode space", metric: "compare_text_file", resultFile: text("a\u00a0\u2003b\x1fc"), expectedFile: text(" a b c "), options: `{"ignore_blanks":true}`, want: 1},
 	{name: "text: ignore case", metric: "compare_text_file", resultFile: text("ÄBC"), expectedFile: text("äbc"), options: `{"ignore_case":true}`, want: 1},
+	{name: "text: ignore case, final sigma", metric: "compare_text_file", resultFile: text("ΟΔΟΣ ΟΔΟΣ.\n"), expectedFile: text("οδος οδος.\n"), options: `{"ignore_case":true}`, want: 1},
+	{name: "text: ignore blanks, separators", metric: "compare_text_file", resultFile: text("a\x1c\x1db\u0085c"), expectedFile: text("a b c"), options: `{"ignore_blanks":true}`, want: 1},
 	{name: "text: no result", metric: "compare_text_file", result: `null`, expectedFile: text("x"), want: 0},
 	{name: "text: empty result path", metric: "compare_text_file", result: `""`, expectedFile: text("x"), want: 0},
 	{name: "text: expected file missing", metric: "compare_text_file", resultFile: text("x"), expectedFile: text("-"), wantRaise: "FileNotFoundError"},
@@ -174,6 +190,7 @@ var metricCases = []metricCase{
 	{name: "diff: both empty", metric: "diff_text_file", resultFile: text(""), expectedFile: text(""), want: 1},
 	{name: "diff: empty result", metric: "diff_text_file", resultFile: text(""), expectedFile: text("a\n"), want: 0},
 	{name: "diff: CRLF is a line break", metric: "diff_text_file", resultFile: text("a\r\nb"), expectedFile: text("a\nb\n"), want: 1},
+	{name: "diff: Unicode line boundaries", metric: "diff_text_file", resultFile: text("a\u2028b\x1ec\u0085d"), expectedFile: text("a\nb\nc\nd\n"), want: 1},
 	{name: "diff: None", metric: "diff_text_file", result: `null`, expectedFile: text("a\n"), want: 0},
 	{name: "diff: options refused", metric: "diff_text_file", resultFile: text("a"), expectedFile: text("a"), options: `{"x":1}`, wantRaise: "TypeError"},
 	{name: "diff: missing result file", metric: "diff_text_file", resultFile: text("-"), expectedFile: text("a"), wantRaise: "FileNotFoundError"},

@@ -11,21 +11,22 @@ package grade
 // The value model:
 //
 //	None → nil, bool → bool, int → *big.Int, float → float64,
-//	str → string, list → []any, dict → *pyDict
+//	str → string (in pystr's encoding), list → []any, dict → *pyDict
+//
+// Values come from json.loads (decodePy), and json.loads returns one and
+// the same NaN object for every NaN it reads. Python compares container
+// elements by identity first, so a NaN equals itself inside a list or dict
+// (and in `in`), though `NaN == NaN` is false: pyEqual is the operator,
+// pyItemEqual the element comparison.
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/big"
 	"sort"
-	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf8"
+
+	"legato/rl/desktop/osworld/grade/pystr"
 )
 
 // pyDict is a Python dict with string keys, in insertion order.
@@ -72,91 +73,6 @@ func (d *pyDict) len() int {
 // raise returns the exception Python would raise.
 func raise(typ, format string, args ...any) error {
 	return &PythonError{Type: typ, Message: fmt.Sprintf(format, args...)}
-}
-
-// decodePy decodes JSON the way Python's json.loads does, keeping dict order
-// and the int/float distinction.
-func decodePy(data []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	v, err := decodePyValue(dec)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("extra data after the JSON value")
-	}
-	return v, nil
-}
-
-func decodePyValue(dec *json.Decoder) (any, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '[':
-			list := []any{}
-			for dec.More() {
-				v, err := decodePyValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				list = append(list, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return nil, err
-			}
-			return list, nil
-		case '{':
-			d := newPyDict()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				k, ok := kt.(string)
-				if !ok {
-					return nil, fmt.Errorf("object key %v is not a string", kt)
-				}
-				v, err := decodePyValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				d.set(k, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return nil, err
-			}
-			return d, nil
-		}
-		return nil, fmt.Errorf("unexpected delimiter %v", t)
-	case json.Number:
-		return pyNumber(string(t))
-	case string, bool, nil:
-		return t, nil
-	}
-	return nil, fmt.Errorf("unexpected JSON token %v", tok)
-}
-
-// pyNumber converts a JSON number literal as Python's json module does: a
-// literal with a fraction or exponent is a float, any other is an int of
-// arbitrary size.
-func pyNumber(lit string) (any, error) {
-	if strings.ContainsAny(lit, ".eE") {
-		f, err := strconv.ParseFloat(lit, 64)
-		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return nil, err
-		}
-		return f, nil // out of range gives ±Inf or 0, as float() does
-	}
-	n, ok := new(big.Int).SetString(lit, 10)
-	if !ok {
-		return nil, fmt.Errorf("bad integer %q", lit)
-	}
-	return n, nil
 }
 
 func pyTypeName(v any) string {
@@ -227,6 +143,17 @@ func isPyNumber(v any) bool {
 	return false
 }
 
+// pyItemEqual is how Python compares the elements of containers, and an
+// item with the elements of a list in `in`: identity first, then ==.
+func pyItemEqual(a, b any) bool {
+	fa, aFloat := a.(float64)
+	fb, bFloat := b.(float64)
+	if aFloat && bFloat && math.IsNaN(fa) && math.IsNaN(fb) {
+		return true // json.loads's one NaN object
+	}
+	return pyEqual(a, b)
+}
+
 // pyEqual is a == b.
 func pyEqual(a, b any) bool {
 	if isPyNumber(a) && isPyNumber(b) {
@@ -253,7 +180,7 @@ func pyEqual(a, b any) bool {
 			return false
 		}
 		for i := range x {
-			if !pyEqual(x[i], y[i]) {
+			if !pyItemEqual(x[i], y[i]) {
 				return false
 			}
 		}
@@ -265,7 +192,7 @@ func pyEqual(a, b any) bool {
 		}
 		for _, k := range x.keys {
 			yv, ok := y.get(k)
-			if !ok || !pyEqual(x.vals[k], yv) {
+			if !ok || !pyItemEqual(x.vals[k], yv) {
 				return false
 			}
 		}
@@ -285,7 +212,7 @@ func pyContains(container, item any) (bool, error) {
 		return strings.Contains(c, s), nil
 	case []any:
 		for _, e := range c {
-			if pyEqual(e, item) {
+			if pyItemEqual(e, item) {
 				return true, nil
 			}
 		}
@@ -310,8 +237,10 @@ func pyIter(v any) ([]any, error) {
 		return x, nil
 	case string:
 		out := make([]any, 0, len(x))
-		for _, r := range x {
-			out = append(out, string(r))
+		for i := 0; i < len(x); {
+			_, n := pystr.DecodeRune(x[i:])
+			out = append(out, x[i:i+n])
+			i += n
 		}
 		return out, nil
 	case *pyDict:
@@ -351,7 +280,7 @@ func pyLess(a, b any) (bool, error) {
 	case []any:
 		if y, ok := b.([]any); ok {
 			for i := 0; i < len(x) && i < len(y); i++ {
-				if !pyEqual(x[i], y[i]) {
+				if !pyItemEqual(x[i], y[i]) {
 					return pyLess(x[i], y[i])
 				}
 			}
@@ -403,9 +332,9 @@ func pyRepr(v any) string {
 	case *big.Int:
 		return x.String()
 	case float64:
-		return pyFloatRepr(x)
+		return pystr.Float(x)
 	case string:
-		return pyStrRepr(x)
+		return pystr.Repr(x)
 	case []any:
 		parts := make([]string, len(x))
 		for i, e := range x {
@@ -415,116 +344,9 @@ func pyRepr(v any) string {
 	case *pyDict:
 		parts := make([]string, 0, x.len())
 		for _, k := range x.keys {
-			parts = append(parts, pyStrRepr(k)+": "+pyRepr(x.vals[k]))
+			parts = append(parts, pystr.Repr(k)+": "+pyRepr(x.vals[k]))
 		}
 		return "{" + strings.Join(parts, ", ") + "}"
 	}
 	return fmt.Sprint(v)
-}
-
-// pyFloatRepr formats like Python's repr(float): the shortest digits that
-// round-trip, in positional notation when the decimal exponent is in
-// [-5, 16), with ".0" on whole numbers, else in exponent notation.
-func pyFloatRepr(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "nan"
-	case math.IsInf(f, 1):
-		return "inf"
-	case math.IsInf(f, -1):
-		return "-inf"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64)
-	exp, _ := strconv.Atoi(e[strings.IndexByte(e, 'e')+1:])
-	if exp < -4 || exp >= 16 {
-		return e
-	}
-	s := strconv.FormatFloat(f, 'f', -1, 64)
-	if !strings.ContainsRune(s, '.') {
-		s += ".0"
-	}
-	return s
-}
-
-// pyStrRepr is repr(str): single quotes unless the text has a single quote
-// and no double quote, and escapes for what str.isprintable rejects.
-func pyStrRepr(s string) string {
-	quote := byte('\'')
-	if strings.ContainsRune(s, '\'') && !strings.ContainsRune(s, '"') {
-		quote = '"'
-	}
-	var b strings.Builder
-	b.WriteByte(quote)
-	for _, r := range s {
-		switch {
-		case r == rune(quote) || r == '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == ' ' || (r < utf8.RuneSelf && r >= 0x20 && r != 0x7f):
-			b.WriteRune(r)
-		case r < utf8.RuneSelf || !unicode.IsPrint(r):
-			switch {
-			case r <= 0xff:
-				fmt.Fprintf(&b, `\x%02x`, r)
-			case r <= 0xffff:
-				fmt.Fprintf(&b, `\u%04x`, r)
-			default:
-				fmt.Fprintf(&b, `\U%08x`, r)
-			}
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte(quote)
-	return b.String()
-}
-
-// pyLower is str.lower(). Go's simple case mapping matches Python's full
-// mapping except for U+0130, which Python lowers to two code points.
-func pyLower(s string) string {
-	return strings.ToLower(strings.ReplaceAll(s, "\u0130", "i\u0307"))
-}
-
-// pyIsSpace is str.isspace() for one character: Go's unicode.IsSpace plus
-// the four ASCII separators Python also counts.
-func pyIsSpace(r rune) bool {
-	return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f)
-}
-
-// pyStrip is str.strip().
-func pyStrip(s string) string { return strings.TrimFunc(s, pyIsSpace) }
-
-// pySplitLines is str.splitlines().
-func pySplitLines(s string) []string {
-	var lines []string
-	start := 0
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch r {
-		case '\n', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x85, 0x2028, 0x2029:
-			lines = append(lines, s[start:i])
-			i += size
-			start = i
-			continue
-		case '\r':
-			lines = append(lines, s[start:i])
-			i += size
-			if i < len(s) && s[i] == '\n' {
-				i++
-			}
-			start = i
-			continue
-		}
-		i += size
-	}
-	if start < len(s) {
-		lines = append(lines, s[start:])
-	}
-	return lines
 }

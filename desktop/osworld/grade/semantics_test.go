@@ -91,6 +91,9 @@ func newNativeGrader(t testing.TB, cfg GraderConfig) *Grader {
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = t.TempDir()
 	}
+	if cfg.BytecodeDir == "" {
+		cfg.BytecodeDir = filepath.Join(cfg.CacheDir, "pycache")
+	}
 	g, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@
 # one whose module cannot be imported here.
 from .broken import needs_missing_dependency
 from .faults import (
+    crash_once,
     exit_process,
     noisy_exact_match,
     options_match,
@@ -11,6 +12,7 @@ from .faults import (
     sleep_forever,
     uses_package_attribute,
     value_equals,
+    write_relative,
 )
 from .general import (
     check_direct_json_object,

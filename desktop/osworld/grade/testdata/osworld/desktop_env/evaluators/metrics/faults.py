@@ -48,3 +48,26 @@ def uses_package_attribute(result, rules):
 
     assert not hasattr(metrics, "no_such_metric")
     return exact_match(result, rules)
+
+
+def crash_once(result, rules):
+    """Kills its process the first time it runs for rules["marker"] (a file
+    it creates), and scores 1 afterwards: a worker that dies in the middle
+    of a grade."""
+    marker = rules["marker"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(4)
+    return 1.0
+
+
+def write_relative(result, rules):
+    """Writes a file by a relative path, as some OSWorld metrics do, and
+    scores 1 when it reads back what it wrote: two processes sharing a
+    working directory would overwrite each other's file."""
+    with open("temp.txt", "w") as f:
+        f.write(str(result))
+    time.sleep(0.05)
+    with open("temp.txt") as f:
+        return float(f.read() == str(result))
+

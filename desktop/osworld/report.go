@@ -1,0 +1,21 @@
+package osworld
+
+import (
+	"slices"
+
+	"legato/rl/desktop"
+)
+
+var _ desktop.Reporter = (*Desktop)(nil)
+
+// AttemptReport says what the desktop did for the attempt since its last
+// Reset: which reset ran (LastReset's kind) and how each metric of the
+// last Evaluate ran, natively or through OSWorld's Python.
+func (d *Desktop) AttemptReport() desktop.AttemptReport {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return desktop.AttemptReport{
+		Reset:   d.lastReset.Kind,
+		Grading: slices.Clone(d.lastGrading),
+	}
+}
