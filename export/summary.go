@@ -47,8 +47,11 @@ type SummaryBuilder struct {
 	// lastError holds, per attempt whose last record is an error, that
 	// error's kind: a later record of the attempt (a resume ran it again)
 	// replaces it.
-	lastError    map[attemptKey]string
-	errorsRerun  int
+	lastError   map[attemptKey]string
+	errorsRerun int
+	// grading and resets count the env blocks' metric runs and resets.
+	grading      map[string]map[string]int
+	resets       map[string]int
 	promptTokens int64
 	cachedTokens int64
 	// cacheReported: some step's answer gave a cached-token count, so the
@@ -185,6 +188,23 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 			b.withPromptIDs++
 		}
 	}
+	if env := rec.Env; env != nil {
+		if env.Reset != "" {
+			if b.resets == nil {
+				b.resets = make(map[string]int)
+			}
+			b.resets[env.Reset]++
+		}
+		for _, m := range env.Grading {
+			if b.grading == nil {
+				b.grading = make(map[string]map[string]int)
+			}
+			if b.grading[m.Metric] == nil {
+				b.grading[m.Metric] = make(map[string]int)
+			}
+			b.grading[m.Metric][m.Via]++
+		}
+	}
 	layout(rec, func(p phase, start, end int64) {
 		if p == phModel {
 			b.busy.add(start, end)
@@ -278,6 +298,13 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 	s.PolicyErrors = b.policyErrors
 	s.EnvErrors = b.envErrors
 	s.ErrorsRerun = b.errorsRerun
+	s.Resets = maps.Clone(b.resets)
+	for metric, via := range b.grading {
+		if s.Grading == nil {
+			s.Grading = make(map[string]map[string]int, len(b.grading))
+		}
+		s.Grading[metric] = maps.Clone(via)
+	}
 	s.PrefixCacheReported = b.cacheReported
 	if b.promptTokens > 0 && b.cacheReported {
 		s.PrefixCacheHitRate = float64(b.cachedTokens) / float64(b.promptTokens)

@@ -84,6 +84,12 @@ type Summary struct {
 	TokenIDSource  TokenIDSource         `json:"token_id_source"`
 	TokenIDSources map[TokenIDSource]int `json:"token_id_sources"`
 
+	// Grading counts, per metric, the grades that ran natively and through
+	// OSWorld's Python ("native", "python"); Resets counts the resets by
+	// kind. Both come from the records' env blocks (desktops that say).
+	Grading map[string]map[string]int `json:"grading,omitempty"`
+	Resets  map[string]int            `json:"resets,omitempty"`
+
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/term"
@@ -112,6 +113,10 @@ Flags:
 
 // runCollect is `legato rl collect`.
 func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// The log, the progress line and the libraries' warnings write to
+	// stderr from several goroutines.
+	out := stderr
+	stderr = &lockedWriter{w: stderr}
 	fs, f := newCollectFlags(stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -219,7 +224,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 	fmt.Fprintf(stderr, "collecting %d tasks × %d attempts on %d %s desktops into %s (policy %s %s)\n",
 		len(tasks), rl.AttemptsPerTask(f.opts.Group, f.opts.Oversample), f.opts.Desktops, f.backend, f.out, f.pol.Model, f.pol.Version)
-	pr := newProgressPrinter(stderr)
+	pr := newProgressPrinter(stderr, out)
 	f.opts.Progress = pr.print
 	sum, err := rl.Collect(ctx, tasks, f.pol, f.opts)
 	pr.done()
@@ -373,9 +378,11 @@ type progressPrinter struct {
 	drawn bool
 }
 
-func newProgressPrinter(w io.Writer) *progressPrinter {
+// newProgressPrinter prints to w; dest is what w writes to in the end, a
+// terminal or not.
+func newProgressPrinter(w, dest io.Writer) *progressPrinter {
 	p := &progressPrinter{w: w}
-	if f, ok := w.(*os.File); ok {
+	if f, ok := dest.(*os.File); ok {
 		p.tty = term.IsTerminal(int(f.Fd()))
 	}
 	return p
@@ -470,4 +477,17 @@ func (l *stringList) String() string { return strings.Join(*l, ",") }
 func (l *stringList) Set(s string) error {
 	*l = append(*l, s)
 	return nil
+}
+
+// lockedWriter serializes writes to w, which need not be safe for
+// concurrent use (a test's buffer).
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
