@@ -23,6 +23,11 @@ const (
 	DefaultMaxInflight = 0
 )
 
+// KeyEnv is the environment variable that holds the model server's key,
+// read by the command line (and the scripted server's -require-key). The
+// key is never a flag, so it stays out of argv and shell history.
+const KeyEnv = "LEGATO_POLICY_KEY"
+
 // ErrInvalidConfig is wrapped by every error of Config.Validate.
 var ErrInvalidConfig = errors.New("invalid policy config")
 
@@ -48,7 +53,7 @@ type Config struct {
 	// trajectories, not sent.
 	Version string
 	// APIKey is sent as a bearer token when set. The CLI reads it from
-	// LEGATO_POLICY_KEY; it is never a flag.
+	// the environment variable KeyEnv; it is never a flag.
 	APIKey string
 	// StepTimeout bounds one attempt of a call; zero means
 	// DefaultStepTimeout. A call never runs longer than

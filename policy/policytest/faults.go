@@ -86,6 +86,20 @@ func ParseFault(s string) (Fault, error) {
 	return NoFault, fmt.Errorf("unknown fault %q: want one of %s", s, strings.Join(faultNames[:], ", "))
 }
 
+// UnmarshalText sets f from its name (ParseFault), so that a Fault can be
+// a flag's or a config file's value.
+func (f *Fault) UnmarshalText(b []byte) error {
+	v, err := ParseFault(string(b))
+	if err != nil {
+		return err
+	}
+	*f = v
+	return nil
+}
+
+// MarshalText returns f's name.
+func (f Fault) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
+
 // FaultSeq returns an Options.Faults that gives the n-th request (from 0)
 // faults[n] and every later request NoFault.
 func FaultSeq(faults ...Fault) func(n int, req Request) Fault {

@@ -613,71 +613,6 @@ func TestTCPServer(t *testing.T) {
 	}
 }
 
-// lineWriter hands each write to a channel, so a test can wait for a
-// server's first line without polling.
-type lineWriter chan string
-
-func (w lineWriter) Write(p []byte) (int, error) {
-	w <- string(p)
-	return len(p), nil
-}
-
-func TestServeMain(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	out := make(lineWriter, 8)
-	done := make(chan error, 1)
-	go func() {
-		done <- ServeMain(ctx, []string{"-addr", "127.0.0.1:0", "-dialect", "sglang", "-no-latency", "-fault", "500", "-fault-every", "2"}, out)
-	}()
-	var line string
-	select {
-	case line = <-out:
-	case err := <-done:
-		t.Fatalf("ServeMain returned early: %v", err)
-	}
-	url := line[strings.Index(line, "http://") : len(line)-1]
-	for i, want := range []int{200, 500, 200} {
-		res, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(chatBody))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		if res.StatusCode != want {
-			t.Errorf("request %d: status %d, want %d", i, res.StatusCode, want)
-		}
-	}
-	http.DefaultClient.CloseIdleConnections()
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("ServeMain after cancel = %v, want nil", err)
-	}
-}
-
-func TestServeMainErrors(t *testing.T) {
-	t.Setenv(KeyEnv, "")
-	tests := []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"dialect", []string{"-dialect", "tgi"}, `unknown dialect "tgi"`},
-		{"fault", []string{"-fault", "explode"}, `unknown fault "explode"`},
-		{"version", []string{"-dialect", "sglang", "-version", "0.10.2"}, `unknown sglang version "0.10.2": want one of 0.4, 0.5.13, latest`},
-		{"image limit", []string{"-image-limit", "-1"}, "image limit -1"},
-		{"public address", []string{"-addr", "0.0.0.0:8000"}, "not a loopback address"},
-		{"key missing", []string{"-require-key"}, "LEGATO_POLICY_KEY"},
-		{"stray argument", []string{"serve"}, "unexpected arguments"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := ServeMain(t.Context(), tt.args, io.Discard)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("ServeMain(%q) = %v, want an error containing %q", tt.args, err, tt.want)
-			}
-		})
-	}
-}
-
 // TestReleaseInvariants holds every release to what real servers do with
 // the ids of a reply: the ids end with the end-of-turn id, which
 // completion_tokens counts and the text leaves out; ids come back only in
@@ -796,4 +731,69 @@ func (a *answerIDs) exactIDs() []int64 {
 		return ids
 	}
 	return nil
+}
+
+func TestOptionsValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+		want string // "" for valid
+	}{
+		{"zero", Options{}, ""},
+		{"sglang", Options{Dialect: SGLang, ImageTokens: 64}, ""},
+		{"dialect", Options{Dialect: "tgi"}, `unknown dialect "tgi"`},
+		{"image tokens", Options{ImageTokens: -1}, "ImageTokens -1"},
+		{"cache blocks", Options{CacheBlocks: -5}, "CacheBlocks -5"},
+		{"retry after", Options{RetryAfter: -time.Second}, "RetryAfter -1s"},
+		{"first byte", Options{FirstByteDelay: -time.Second}, "FirstByteDelay -1s"},
+		{"version", Options{Dialect: SGLang, Version: "0.10.2"}, `unknown sglang version "0.10.2": want one of 0.4, 0.5.13, latest`},
+		{"image limit", Options{ImageLimit: -1}, "ImageLimit -1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.opts.Validate()
+			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want %q", err, tt.want)
+			}
+			if tt.want != "" {
+				if _, err := Listen("127.0.0.1:0", tt.opts); err == nil {
+					t.Error("Listen accepted options Validate refuses")
+				}
+			}
+		})
+	}
+}
+
+func TestCheckAddr(t *testing.T) {
+	for addr, want := range map[string]string{
+		"127.0.0.1:8000":  "",
+		"[::1]:0":         "",
+		"localhost:65535": "",
+		"0.0.0.0:8000":    "not a loopback address",
+		"127.0.0.1:65536": "want 0 (any free port) to 65535",
+		"127.0.0.1:-1":    "want 0 (any free port) to 65535",
+		"127.0.0.1":       "want HOST:PORT",
+	} {
+		err := CheckAddr(addr)
+		if (err == nil) != (want == "") || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckAddr(%q) = %v, want %q", addr, err, want)
+		}
+	}
+}
+
+func TestFaultText(t *testing.T) {
+	for _, f := range []Fault{NoFault, FaultServerError, FaultLogprobsMismatch} {
+		b, err := f.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Fault
+		if err := got.UnmarshalText(b); err != nil || got != f {
+			t.Errorf("UnmarshalText(%q) = %v, %v; want %v", b, got, err, f)
+		}
+	}
+	var f Fault
+	if err := f.UnmarshalText([]byte("explode")); err == nil || !strings.Contains(err.Error(), `unknown fault "explode"`) {
+		t.Errorf("UnmarshalText(explode) = %v, want an unknown-fault error", err)
+	}
 }

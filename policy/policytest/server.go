@@ -27,6 +27,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -158,13 +159,50 @@ type Server struct {
 	requests []Request
 }
 
-func newServer(opts Options) (*Server, error) {
-	switch opts.Dialect {
-	case "":
-		opts.Dialect = VLLM
-	case VLLM, SGLang, OpenAI:
+// Validate reports what is wrong with the options, zero fields taken as
+// their defaults; each error names the field and what it accepts.
+func (o Options) Validate() error {
+	var errs []error
+	switch o.Dialect {
+	case "", VLLM, SGLang, OpenAI:
+		d := o.Dialect
+		if d == "" {
+			d = VLLM
+		}
+		if _, err := releaseOf(d, o.Version); err != nil {
+			errs = append(errs, err)
+		}
 	default:
-		return nil, fmt.Errorf("unknown dialect %q: want vllm, sglang or openai", opts.Dialect)
+		errs = append(errs, fmt.Errorf("unknown dialect %q: want vllm, sglang or openai", o.Dialect))
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"ImageTokens", o.ImageTokens}, {"CacheBlocks", o.CacheBlocks}} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: want 1 or more (0 means the default)", n.name, n.v))
+		}
+	}
+	if o.ImageLimit < 0 {
+		errs = append(errs, fmt.Errorf("ImageLimit %d: want 0 (no limit) or more", o.ImageLimit))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"RetryAfter", o.RetryAfter}, {"FirstByteDelay", o.FirstByteDelay}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: want a positive duration (0 means the default)", d.name, d.v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func newServer(opts Options) (*Server, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Dialect == "" {
+		opts.Dialect = VLLM
 	}
 	if opts.Version == "" {
 		opts.Version = Latest
@@ -172,9 +210,6 @@ func newServer(opts Options) (*Server, error) {
 	rel, err := releaseOf(opts.Dialect, opts.Version)
 	if err != nil {
 		return nil, err
-	}
-	if opts.ImageLimit < 0 {
-		return nil, fmt.Errorf("image limit %d: use 0 (no limit) or more", opts.ImageLimit)
 	}
 	if opts.ImageTokens <= 0 {
 		opts.ImageTokens = DefaultImageTokens
@@ -215,9 +250,9 @@ func NewServer(opts Options) *Server {
 }
 
 // Listen starts a server on addr, which must be a loopback address
-// ("127.0.0.1:8000", "[::1]:0", "localhost:8000").
+// (see CheckAddr).
 func Listen(addr string, opts Options) (*Server, error) {
-	if err := checkLoopback(addr); err != nil {
+	if err := CheckAddr(addr); err != nil {
 		return nil, err
 	}
 	s, err := newServer(opts)
@@ -326,10 +361,16 @@ func ListenAndServe(ctx context.Context, addr string, opts Options) error {
 	return nil
 }
 
-func checkLoopback(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
+// CheckAddr reports whether Listen can listen on addr: a loopback host
+// and a port from 0 (any free port) to 65535, such as "127.0.0.1:8000",
+// "[::1]:0" or "localhost:8000".
+func CheckAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("address %q: %w", addr, err)
+		return fmt.Errorf("address %q: %w: want HOST:PORT, e.g. 127.0.0.1:8000", addr, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("address %q: port %q: want 0 (any free port) to 65535", addr, port)
 	}
 	if host == "localhost" {
 		return nil
