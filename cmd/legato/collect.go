@@ -20,14 +20,10 @@ import (
 	rl "legato/rl"
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
-	"legato/rl/desktop/osworld"
 	"legato/rl/policy"
 	"legato/rl/policy/policytest"
 	"legato/rl/policy/qwen"
 )
-
-// keyEnv is the only place the model server's key comes from.
-const keyEnv = "LEGATO_POLICY_KEY"
 
 //go:embed demo_tasks.json
 var demoTasks []byte
@@ -36,7 +32,7 @@ var demoTasks []byte
 // library's option structs.
 type collectFlags struct {
 	tasks, out, backend         string
-	ow                          osworld.Flags
+	ow                          osworldFlags
 	pol                         rl.PolicyConfig
 	opts                        rl.CollectOptions
 	stepTimeout, rolloutTimeout seconds
@@ -136,7 +132,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	f.pol.APIKey = os.Getenv(keyEnv)
+	f.pol.APIKey = os.Getenv(policy.KeyEnv)
 	f.pol.StepTimeout = time.Duration(f.stepTimeout)
 	f.pol.Retries = f.retries
 	f.pol.Logger = log
@@ -232,7 +228,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		writeCollectSummary(stdout, stderr, f.out, sum)
 	}
 	if errors.Is(err, rl.ErrInvalidOptions) {
-		return &usageError{msg: err.Error()}
+		return usage(err)
 	}
 	return err
 }
@@ -282,13 +278,13 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 	o.Out, o.NewDesktop = f.out, func(context.Context, int) (desktop.Desktop, error) { return nil, nil }
 	o.ServerDownTimeout, o.RolloutTimeout = time.Duration(f.serverDownTimeout), time.Duration(f.rolloutTimeout)
 	if err := o.Validate(); err != nil {
-		return &usageError{msg: err.Error()}
+		return usage(err)
 	}
 	return nil
 }
 
 func loadCollectTasks(f *collectFlags) ([]rl.Task, error) {
-	opts := rl.LoadOptions{OSWorldDir: f.ow.OSWorldDir}
+	opts := rl.LoadOptions{OSWorldDir: f.ow.cfg.Grade.OSWorldDir}
 	if f.tasks == "" {
 		if f.backend != "fake" {
 			return nil, usageErrorf("--tasks FILE is required with --backend %s", f.backend)

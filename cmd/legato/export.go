@@ -2,13 +2,101 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"path/filepath"
 
 	"legato/rl/export"
+	"legato/rl/schema"
 )
 
-// runExport is `legato rl export`: it writes one training sample per model
-// call of a run, with group advantages.
-func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return export.Main(ctx, args, stdout, stderr)
+// exportCommand is `legato rl export`: it writes one training sample per
+// model call of a run, with group advantages.
+type exportCommand struct {
+	out  string
+	opts export.Options
+}
+
+func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("legato rl export", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.out, "out", "", "write the samples to `FILE`, one JSON line per model call (required)")
+	fs.BoolVar(&c.opts.InlineImages, "inline-images", false, "write images as PNG data URLs instead of references to DIR/images/")
+	fs.BoolVar(&c.opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
+	fs.BoolVar(&c.opts.AllowMissingLogprobs, "allow-missing-logprobs", false, "write samples whose response has no logprobs (the model server returned none) instead of failing")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups] [--allow-missing-logprobs]
+
+Writes one training sample per model call of every ok or truncated attempt
+of the run directory DIR: the prompt, the response's text, token ids and
+logprobs, the reward, and the GRPO advantage within the attempt's group
+((reward - mean) / population std; 0 when the group's rewards are equal).
+Flags may come before or after DIR.
+
+It fails, writing nothing, when samples have no logprobs (unless
+--allow-missing-logprobs) and when a line of rollouts.jsonl other than the
+last cannot be read (a lost record would change its group's advantages). A
+torn last line, left by a crash mid-append, is skipped with a warning.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// Run parses args, writes the samples and reports what it wrote on stdout,
+// and a skipped torn last line and allowed samples without logprobs on
+// stderr.
+func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := c.flagSet(stderr)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	dir, err := oneRunDir(pos)
+	if err != nil {
+		return err
+	}
+	if c.out == "" {
+		return usageErrorf("missing --out FILE: name the file to write the samples to")
+	}
+	if err := schema.CheckOutput(dir, c.out); errors.Is(err, schema.ErrRunFile) {
+		return usageErrorf("--out %w", err)
+	}
+	st, err := export.ExportStepsContext(ctx, dir, c.out, c.opts)
+	if err != nil {
+		return err
+	}
+	if st.TornLines > 0 {
+		fmt.Fprintf(stderr, "warning: skipped the torn last line of %s (a crash mid-append; collect runs its attempt again): %v\n",
+			filepath.Join(dir, schema.RecordsFile), st.FirstTorn)
+	}
+	if st.MissingLogprobs > 0 {
+		fmt.Fprintf(stderr, "warning: wrote %d of %d samples without logprobs (--allow-missing-logprobs)\n", st.MissingLogprobs, st.Lines)
+	}
+	fmt.Fprintf(stdout, "wrote %d samples from %d rollouts in %d groups to %s (%s)\n",
+		st.Lines, st.Rollouts, st.Groups, c.out, byteSize(st.Bytes))
+	if c.opts.DropConstantGroups {
+		fmt.Fprintf(stdout, "dropped %d groups with equal rewards (%d samples)\n", st.DroppedGroups, st.DroppedLines)
+	}
+	if st.MissingReward > 0 {
+		fmt.Fprintf(stderr, "warning: %d finished rollouts have no reward and were left out\n", st.MissingReward)
+	}
+	return nil
+}
+
+// byteSize formats n bytes for people.
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

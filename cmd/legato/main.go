@@ -11,12 +11,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"legato/rl/export"
 )
 
-// Exit codes. A run stopped by Ctrl-C or SIGTERM exits 130 like a shell
-// job killed by SIGINT, so scripts can tell "stopped" from "failed".
+// Exit codes, mapped from errors in one place: exitCode. A run stopped by
+// Ctrl-C or SIGTERM exits 130 like a shell job killed by SIGINT, so scripts
+// can tell "stopped" from "failed".
 const (
 	exitOK          = 0
 	exitFailure     = 1
@@ -49,13 +48,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // usageError is a command line that cannot run as given: a missing or
-// unknown subcommand, a bad flag.
-type usageError struct{ msg string }
+// unknown subcommand, a bad flag or flag value, a missing argument. It is
+// the one error that exits with exitUsage, and it is found before anything
+// starts.
+type usageError struct{ err error }
 
-func (e *usageError) Error() string { return e.msg }
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
 
 func usageErrorf(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
+	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+// usage marks err, found while checking the command line, as a usage
+// error; nil stays nil.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &usageError{err: err}
 }
 
 // exitCode reports err on stderr and returns the process's exit code. It
@@ -63,7 +74,6 @@ func usageErrorf(format string, args ...any) error {
 // command ran with; in main only a signal cancels it.
 func exitCode(ctx context.Context, err error, stderr io.Writer) int {
 	var usage *usageError
-	var exportUsage *export.UsageError
 	switch {
 	case err == nil:
 		return exitOK
@@ -73,7 +83,7 @@ func exitCode(ctx context.Context, err error, stderr io.Writer) int {
 	case ctx.Err() != nil:
 		fmt.Fprintf(stderr, "%v\nlegato: interrupted\n", err)
 		return exitInterrupted
-	case errors.As(err, &usage), errors.As(err, &exportUsage):
+	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "%v\nRun 'legato rl help' for usage.\n", err)
 		return exitUsage
 	}

@@ -22,16 +22,17 @@ type command struct {
 
 // commands returns the table of subcommands, in the order help lists them.
 // A function rather than a package variable: help reads the table it is
-// part of.
+// part of, and each call gets fresh commands (each is a small type whose
+// fields the flags bind to, used for one run).
 func commands() []command {
 	return []command{
-		{"probe", "check that a model server returns logprobs, token ids and cached tokens", runProbe},
+		{"probe", "check that a model server returns logprobs, token ids and cached tokens", new(probeCommand).Run},
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
 		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
-		{"export", "write a run's training samples, with GRPO group advantages", runExport},
-		{"profile", "show where a batch spent its time (phases, latency, timelines)", runProfile},
-		{"gc", "remove the VMs and disk overlays a crashed batch left behind", runGC},
-		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", runServePolicy},
+		{"export", "write a run's training samples, with GRPO group advantages", new(exportCommand).Run},
+		{"profile", "show where a batch spent its time (phases, latency, timelines)", new(profileCommand).Run},
+		{"gc", "remove the VMs and disk overlays a crashed batch left behind", new(gcCommand).Run},
+		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", new(servePolicyCommand).Run},
 		{"help", "show this help, or the help of one subcommand", runHelp},
 	}
 }
@@ -52,8 +53,7 @@ func runRL(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("legato rl: missing subcommand")
 	}
 	name := args[0]
-	switch name {
-	case "-h", "-help", "--help":
+	if isHelpFlag(name) {
 		writeHelp(stdout)
 		return nil
 	}
@@ -75,21 +75,41 @@ func names() string {
 	return strings.Join(ns, ", ")
 }
 
-// runHelp is `legato rl help [subcommand]`.
-func runHelp(_ context.Context, args []string, stdout, _ io.Writer) error {
+// runHelp is `legato rl help [subcommand]`. The help of a subcommand is
+// what its -h prints, flags included, written to stdout: the subcommand
+// parses "-h" and stops there, so nothing runs.
+func runHelp(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	switch len(args) {
 	case 0:
 		writeHelp(stdout)
 		return nil
 	case 1:
+		if args[0] == "help" || isHelpFlag(args[0]) {
+			fmt.Fprint(stdout, "Usage: legato rl help [SUBCOMMAND]\n\nLists the subcommands, or shows one subcommand's usage and flags.\n")
+			return nil
+		}
 		c, ok := lookup(args[0])
 		if !ok {
 			return usageErrorf("unknown subcommand %q; the subcommands are %s", args[0], names())
 		}
-		fmt.Fprintf(stdout, "legato rl %s: %s\n\nUsage:\n\n  legato rl %s [flags]\n\nRun 'legato rl %s -h' for its flags.\n", c.name, c.summary, c.name, c.name)
-		return nil
+		err := c.run(ctx, []string{"-h"}, stdout, stdout)
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("printed no usage for -h")
+		}
+		return fmt.Errorf("help %s: %w", c.name, err)
 	}
 	return usageErrorf("want at most one subcommand, got %q", args)
+}
+
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help":
+		return true
+	}
+	return false
 }
 
 // writeHelp writes the overview: what legato is and its subcommands.
@@ -114,17 +134,6 @@ Subcommands:
 	tw.Flush()
 	fmt.Fprint(w, `
 The model server's API key is read from LEGATO_POLICY_KEY, never from a flag.
-Run 'legato rl help <subcommand>' for more about one subcommand.
+Run 'legato rl help <subcommand>' for its usage and flags.
 `)
-}
-
-// parseFlags parses a subcommand's flags. A bad flag becomes a usage error
-// (the flag set has already printed what is wrong and its usage); -h gives
-// flag.ErrHelp, which exits 0.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	err := fs.Parse(args)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
-		return err
-	}
-	return &usageError{msg: err.Error()}
 }

@@ -21,13 +21,19 @@ import (
 	"legato/rl/desktop/osworld/vm"
 )
 
+// PasswordEnv is the environment variable the command line reads the guest
+// user's password from (Config.ClientPassword); it is never a flag, so it
+// stays out of argv.
+const PasswordEnv = "LEGATO_GUEST_PASSWORD"
+
 // Defaults for the zero values of Config.
 const (
 	DefaultHome        = "/home/user"
 	DefaultBaselineDir = "/var/lib/legato/home-baseline"
-	// DefaultAttachTimeout bounds the wait for a guest given by URL to
-	// answer when its desktop is created.
-	DefaultAttachTimeout = 2 * time.Minute
+	// DefaultBootTimeout bounds the wait for a desktop's guest server to
+	// answer: after a VM boots or reverts, and when a guest given by URL
+	// is attached.
+	DefaultBootTimeout = vm.DefaultBootTimeout
 	// DefaultPrepareTimeout bounds the preparation of a freshly booted VM
 	// before its clean snapshot: the /home/user baseline copy and a first
 	// settled screen.
@@ -76,8 +82,9 @@ func DefaultAppsToKill() map[string][]string {
 // field means its documented default; one of VM.BaseImage and Guests is
 // required.
 type Config struct {
-	// VM runs one libvirt VM per desktop on VM.BaseImage. Its Ready field
-	// is the desktop's own; leave it nil.
+	// VM runs one libvirt VM per desktop on VM.BaseImage. Its Ready and
+	// BootTimeout fields are the desktop's own (BootTimeout below); leave
+	// them zero.
 	VM vm.Config
 	// Guests are OSWorld guests that already run (under Docker, on another
 	// host): desktop slot i uses Guests[i], so a batch has at most
@@ -122,9 +129,11 @@ type Config struct {
 	// GuestTimeouts bound each kind of call to a guest server; zero fields
 	// take the guest package's defaults.
 	GuestTimeouts guest.Timeouts
-	// AttachTimeout bounds the wait for a guest given by URL to answer
-	// (default 2m).
-	AttachTimeout time.Duration
+	// BootTimeout bounds the wait for a desktop's guest server to answer,
+	// whichever way the desktop comes: after a VM's boot or revert, and
+	// when a guest given by URL is attached, so a dead guest fails its
+	// desktop in that time (default DefaultBootTimeout).
+	BootTimeout time.Duration
 	// PrepareTimeout bounds the preparation of a freshly booted VM before
 	// its snapshot (default 3m).
 	PrepareTimeout time.Duration
@@ -194,6 +203,11 @@ func (a GuestAddr) validate() error {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil ||
 		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
 		return fmt.Errorf("guest url %q: want http://HOST:PORT, the guest server's root", a.URL)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("guest url %q: port %q: want 1-65535", a.URL, p)
+		}
 	}
 	for _, p := range []struct {
 		name string
@@ -318,8 +332,8 @@ func (c Config) withDefaults() Config {
 	if c.ClientPassword == "" {
 		c.ClientPassword = setup.DefaultClientPassword
 	}
-	if c.AttachTimeout <= 0 {
-		c.AttachTimeout = DefaultAttachTimeout
+	if c.BootTimeout <= 0 {
+		c.BootTimeout = DefaultBootTimeout
 	}
 	if c.PrepareTimeout <= 0 {
 		c.PrepareTimeout = DefaultPrepareTimeout
@@ -367,6 +381,9 @@ func (c Config) Validate() error {
 	case len(c.Guests) == 0:
 		if c.VM.Ready != nil {
 			add("VM.Ready: leave it nil; the desktop probes its guest itself")
+		}
+		if c.VM.BootTimeout != 0 {
+			add("VM.BootTimeout %v: leave it zero and set BootTimeout, which bounds VMs and guests given by URL alike", c.VM.BootTimeout)
 		}
 		if err := c.VM.Validate(); err != nil {
 			errs = append(errs, err)
@@ -421,7 +438,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"AttachTimeout", c.AttachTimeout}, {"PrepareTimeout", c.PrepareTimeout}} {
+	}{{"BootTimeout", c.BootTimeout}, {"PrepareTimeout", c.PrepareTimeout}} {
 		if d.v < 0 {
 			add("%s %v: want ≥ 0 (0 means the default)", d.name, d.v)
 		}

@@ -77,9 +77,9 @@ func (g *hostGuest) config(t *testing.T, url string) Config {
 			AfterResetMax: 10 * time.Second,
 			BeforeEvalMax: 5 * time.Second,
 		},
-		Grade:         GradeConfig{Mode: grade.NativeOnly},
-		AttachTimeout: 30 * time.Second,
-		Logger:        testLogger(t),
+		Grade:       GradeConfig{Mode: grade.NativeOnly},
+		BootTimeout: 30 * time.Second,
+		Logger:      testLogger(t),
 	}
 }
 

@@ -96,20 +96,20 @@ func itConfig(t *testing.T, prefix string) Config {
 	apps["legato_term"] = []string{"xterm"}
 	return Config{
 		VM: vm.Config{
-			NamePrefix:  prefix,
-			BaseImage:   filepath.Join(*itImage, "base.qcow2"),
-			Kernel:      filepath.Join(*itImage, "vmlinux"),
-			Initrd:      filepath.Join(*itImage, "initrd.img"),
-			Cmdline:     strings.TrimSpace(string(cmdline)),
-			VCPUs:       2,
-			MemoryMiB:   1536,
-			OverlayDir:  "/var/tmp/legato-osworld-it",
-			BootTimeout: 4 * time.Minute,
+			NamePrefix: prefix,
+			BaseImage:  filepath.Join(*itImage, "base.qcow2"),
+			Kernel:     filepath.Join(*itImage, "vmlinux"),
+			Initrd:     filepath.Join(*itImage, "initrd.img"),
+			Cmdline:    strings.TrimSpace(string(cmdline)),
+			VCPUs:      2,
+			MemoryMiB:  1536,
+			OverlayDir: "/var/tmp/legato-osworld-it",
 		},
-		AppsToKill: apps,
-		CacheDir:   t.TempDir(),
-		Grade:      GradeConfig{Mode: grade.NativeOnly},
-		Logger:     slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		BootTimeout: 4 * time.Minute,
+		AppsToKill:  apps,
+		CacheDir:    t.TempDir(),
+		Grade:       GradeConfig{Mode: grade.NativeOnly},
+		Logger:      slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }
 

@@ -241,6 +241,9 @@ func (p *Pool) Config() Config { return p.cfg }
 // desktop (their Stats, their Interpreter); nil when grading natively only.
 func (p *Pool) Graders() *grade.Pool { return p.graders }
 
+// attachTry bounds one readiness probe of a guest given by URL.
+const attachTry = 10 * time.Second
+
 // attach makes the desktop of a guest that already runs.
 func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 	c, err := guest.New(addr.URL, guest.Options{Timeouts: p.cfg.GuestTimeouts, Logger: p.cfg.Logger})
@@ -251,7 +254,7 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 		c.CloseIdleConnections()
 		return &desktop.Error{Op: op, Desktop: addr.URL, Err: err}
 	}
-	if err := c.WaitReady(ctx, 10*time.Second, p.cfg.AttachTimeout); err != nil {
+	if err := c.WaitReady(ctx, min(attachTry, p.cfg.BootTimeout), p.cfg.BootTimeout); err != nil {
 		return nil, fail("attach", err)
 	}
 	sh := &guestShell{client: c, password: p.cfg.ClientPassword}
@@ -284,6 +287,7 @@ func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
 	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel}
 	vcfg := p.cfg.VM
 	vcfg.Ready = prep.ready
+	vcfg.BootTimeout = p.cfg.BootTimeout
 	v, err := vm.Start(sctx, vcfg, slot)
 	prep.done.Store(true)
 	if err != nil {

@@ -2,7 +2,6 @@ package profile_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"flag"
 	"os"
@@ -150,40 +149,28 @@ func TestBuildTimeline(t *testing.T) {
 
 func abs(v float64) float64 { return max(v, -v) }
 
-func TestMainCommand(t *testing.T) {
-	html := filepath.Join(t.TempDir(), "profile.html")
-	var stdout, stderr bytes.Buffer
-	if err := profile.Main(context.Background(), []string{fixedRun, "--html", html}, &stdout, &stderr); err != nil {
-		t.Fatalf("Main: %v\nstderr: %s", err, stderr.String())
+func TestWriteHTMLFile(t *testing.T) {
+	rep := build(t, fixedRun)
+	path := filepath.Join(t.TempDir(), "profile.html")
+	if err := profile.WriteHTMLFile(path, rep); err != nil {
+		t.Fatal(err)
 	}
-	report, err := os.ReadFile(filepath.Join("testdata", "report.golden.txt"))
+	var want bytes.Buffer
+	if err := profile.WriteHTML(&want, rep); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(string(report)+"wrote "+html+"\n", stdout.String()); diff != "" {
-		t.Errorf("stdout (-want +got):\n%s", diff)
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("%s holds %d bytes, want the %d bytes WriteHTML writes", path, len(got), want.Len())
 	}
-	if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
-		t.Errorf("HTML file: %v", err)
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Errorf("the directory holds %d entries, want only the page (no temp file left)", len(ents))
 	}
-
-	for _, tt := range []struct {
-		args    []string
-		wantMsg string
-	}{
-		{nil, "missing run directory"},
-		{[]string{fixedRun, "extra"}, "want one run directory"},
-		{[]string{"--svg", "x", fixedRun}, "flag provided but not defined: -svg"},
-	} {
-		err := profile.Main(context.Background(), tt.args, &bytes.Buffer{}, &bytes.Buffer{})
-		var usage *export.UsageError
-		if !errors.As(err, &usage) || !strings.Contains(err.Error(), tt.wantMsg) {
-			t.Errorf("Main(%q) = %v, want a *UsageError saying %q", tt.args, err, tt.wantMsg)
-		}
-	}
-	err = profile.Main(context.Background(), []string{filepath.Join(t.TempDir(), "none")}, &bytes.Buffer{}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "rollouts.jsonl") {
-		t.Errorf("Main(missing dir) = %v, want an error naming rollouts.jsonl", err)
+	if err := profile.WriteHTMLFile(filepath.Join(t.TempDir(), "missing", "p.html"), rep); err == nil {
+		t.Error("WriteHTMLFile into a missing directory succeeded")
 	}
 }
 
@@ -211,38 +198,28 @@ func TestBuildUsesCollectSummary(t *testing.T) {
 	}
 }
 
-// TestMainRefusesRunFiles checks that --html never replaces one of the
-// run's own files (exit status 2: a usage error), while a new page inside
-// the run directory is written.
-func TestMainRefusesRunFiles(t *testing.T) {
+// TestWriteHTMLFileRefusesRunFiles: the page never replaces one of the
+// run's own files, while a new page inside the run directory is written.
+func TestWriteHTMLFileRefusesRunFiles(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run")
 	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
 		t.Fatal(err)
 	}
+	rep := build(t, dir)
 	for _, name := range []string{schema.BatchFile, schema.RecordsFile, schema.SummaryFile,
 		filepath.Join(schema.MessagesDir, "x.html"), schema.ImagesDir} {
 		path := filepath.Join(dir, name)
 		before, _ := os.ReadFile(path)
-		var stdout bytes.Buffer
-		err := profile.Main(context.Background(), []string{dir, "--html", path}, &stdout, &bytes.Buffer{})
-		var usage *export.UsageError
-		if !errors.As(err, &usage) || !strings.Contains(err.Error(), "is one of the run's own files") {
-			t.Errorf("profile --html %s = %v, want a usage error", name, err)
+		if err := profile.WriteHTMLFile(path, rep); !errors.Is(err, schema.ErrRunFile) {
+			t.Errorf("WriteHTMLFile(%s) = %v, want schema.ErrRunFile", name, err)
 		}
 		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
-			t.Errorf("a refused profile changed %s", name)
-		}
-		if stdout.Len() > 0 {
-			t.Errorf("profile --html %s printed %q, want nothing", name, stdout.String())
-		}
-		// The library refuses it too.
-		if err := profile.WriteHTMLFile(path, build(t, dir)); !errors.Is(err, schema.ErrRunFile) {
-			t.Errorf("WriteHTMLFile(%s) = %v, want schema.ErrRunFile", name, err)
+			t.Errorf("a refused page changed %s", name)
 		}
 	}
 	page := filepath.Join(dir, "profile.html")
-	if err := profile.Main(context.Background(), []string{dir, "--html", page}, &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
-		t.Errorf("profile --html into a new file of the run: %v", err)
+	if err := profile.WriteHTMLFile(page, rep); err != nil {
+		t.Errorf("a new page inside the run: %v", err)
 	}
 	if _, err := os.Stat(page); err != nil {
 		t.Error(err)

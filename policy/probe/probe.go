@@ -46,6 +46,14 @@ type Options struct {
 	ImageMax int
 }
 
+// Validate reports what is wrong with the options.
+func (o Options) Validate() error {
+	if o.ImageMax < 0 {
+		return fmt.Errorf("probe: image max %d: use 1 or more (or 0 for %d)", o.ImageMax, DefaultImageMax)
+	}
+	return nil
+}
+
 // errSkipped marks requests not sent because the text request failed.
 var errSkipped = errors.New("skipped: the text request failed")
 
@@ -118,8 +126,8 @@ type Report struct {
 // server is not trainable (see Report.Trainable); it is set only when the
 // probe itself could not run (invalid cfg or opts).
 func Run(ctx context.Context, cfg policy.Config, opts Options) (*Report, error) {
-	if opts.ImageMax < 0 {
-		return nil, fmt.Errorf("probe: image max %d: use 1 or more (or 0 for %d)", opts.ImageMax, DefaultImageMax)
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
 	if opts.ImageMax == 0 {
 		opts.ImageMax = DefaultImageMax

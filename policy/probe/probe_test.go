@@ -2,7 +2,6 @@ package probe
 
 import (
 	"bytes"
-	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -149,73 +148,5 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	if diff := cmp.Diff(string(want), string(got)); diff != "" {
 		t.Errorf("%s (-want +got):\n%s", path, diff)
-	}
-}
-
-func TestProbeMain(t *testing.T) {
-	const key = "sk-probe-secret-5150"
-	tests := []struct {
-		name      string
-		opts      policytest.Options
-		env       string
-		wantErr   error
-		wantInOut string
-	}{
-		{"trainable with the key from the environment", policytest.Options{APIKey: key}, key, nil, "verdict: trainable"},
-		{"no logprobs exits non-zero", policytest.Options{Faults: policytest.FaultAlways(policytest.FaultNoLogprobs)}, "", ErrNotTrainable, "verdict: NOT trainable: no logprobs"},
-		{"an image limit below --image-max exits non-zero", policytest.Options{ImageLimit: 3}, "", ErrNotTrainable,
-			"verdict: NOT trainable: at most 3 images per prompt, and --image-max is 5"},
-		{"token strings exit non-zero", policytest.Options{Dialect: policytest.SGLang, Version: policytest.SGLang04}, "", ErrNotTrainable,
-			"verdict: NOT trainable: not exact"},
-		{"missing key exits non-zero", policytest.Options{APIKey: key}, "", ErrNotTrainable, "401 Unauthorized"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv(KeyEnv, tt.env)
-			tt.opts.NoLatency = true
-			srv := policytest.NewServer(tt.opts)
-			defer srv.Close()
-			var stdout, stderr bytes.Buffer
-			err := Main(t.Context(), []string{"--policy-url", srv.URL(), "--model", "qwen", "--step-timeout", "5s", "--image-max", "5"}, &stdout, &stderr)
-			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
-				t.Errorf("Main() = %v, want %v", err, tt.wantErr)
-			}
-			if !strings.Contains(stdout.String(), tt.wantInOut) {
-				t.Errorf("stdout does not say %q:\n%s", tt.wantInOut, stdout.String())
-			}
-			if all := stdout.String() + stderr.String() + errString(err); strings.Contains(all, key) {
-				t.Errorf("the key appears in the output:\n%s", all)
-			}
-		})
-	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-func TestMainUsage(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"no flags", nil, "BaseURL is empty"},
-		{"no model", []string{"--policy-url", "http://127.0.0.1:1/v1"}, "Model is empty"},
-		{"key as a flag", []string{"--api-key", "x"}, "flag provided but not defined: -api-key"},
-		{"stray argument", []string{"--model", "m", "extra"}, "unexpected arguments"},
-		{"image max", []string{"--policy-url", "http://127.0.0.1:1/v1", "--model", "m", "--image-max", "-2"}, "image max -2"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := Main(t.Context(), tt.args, &stdout, &stderr)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("Main(%q) = %v, want an error saying %q", tt.args, err, tt.want)
-			}
-		})
 	}
 }

@@ -45,6 +45,23 @@ const (
 	AccelTCG Accel = "tcg"
 )
 
+// UnmarshalText sets a from "auto", "kvm" or "tcg"; empty means auto. It
+// lets an Accel be a flag's value (flag.TextVar) or a config file's.
+func (a *Accel) UnmarshalText(b []byte) error {
+	switch v := Accel(b); v {
+	case AccelAuto, AccelKVM, AccelTCG:
+		*a = v
+		return nil
+	case "":
+		*a = AccelAuto
+		return nil
+	}
+	return fmt.Errorf("accel %q: want auto, kvm or tcg", b)
+}
+
+// MarshalText returns a as text.
+func (a Accel) MarshalText() ([]byte, error) { return []byte(a), nil }
+
 // ReadyFunc reports whether the guest server answers on the VM's forwarded
 // ports; a nil error means ready. It is called repeatedly, each time with a
 // ctx bounded by Config.ReadyTry, until it succeeds or Config.BootTimeout

@@ -90,3 +90,16 @@ func TestVMFileName(t *testing.T) {
 		}
 	}
 }
+
+func TestAccelText(t *testing.T) {
+	for in, want := range map[string]Accel{"auto": AccelAuto, "kvm": AccelKVM, "tcg": AccelTCG, "": AccelAuto} {
+		var a Accel
+		if err := a.UnmarshalText([]byte(in)); err != nil || a != want {
+			t.Errorf("UnmarshalText(%q) = %q, %v; want %q", in, a, err, want)
+		}
+	}
+	var a Accel
+	if err := a.UnmarshalText([]byte("hvf")); err == nil || !strings.Contains(err.Error(), "want auto, kvm or tcg") {
+		t.Errorf("UnmarshalText(hvf) = %v, want an error listing auto, kvm and tcg", err)
+	}
+}

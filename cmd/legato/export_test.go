@@ -1,8 +1,7 @@
-package export_test
+package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"flag"
 	"os"
@@ -12,10 +11,57 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"legato/rl/export"
+	"legato/rl/schema"
 )
 
-func TestMainCommand(t *testing.T) {
+// fixedRun is the export package's fixed run directory (its go test
+// -update rewrites it).
+const fixedRun = "../../export/testdata/run"
+
+// runCopy copies the fixed run, so a test can damage or write into it.
+func runCopy(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// tornCopy copies the fixed run and cuts a record in the middle of its last
+// line, as a crash during an append leaves it.
+func tornCopy(t *testing.T) string {
+	t.Helper()
+	dir := runCopy(t)
+	f, err := os.OpenFile(filepath.Join(dir, schema.RecordsFile), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(`{"schema":"legato.rollout/v0","rollout_id":"r-torn","status":"ok","rew`); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// damagedCopy copies the fixed run and cuts its line n (from 1) in half.
+func damagedCopy(t *testing.T, n int) string {
+	t.Helper()
+	dir := runCopy(t)
+	path := filepath.Join(dir, schema.RecordsFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	lines[n-1] = lines[n-1][:len(lines[n-1])/2] + "\n"
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "")), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestExportCommand(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "train.jsonl")
 	tests := []struct {
 		name       string
@@ -47,8 +93,8 @@ func TestMainCommand(t *testing.T) {
 				}
 			}
 			var stdout, stderr bytes.Buffer
-			if err := export.Main(context.Background(), args, &stdout, &stderr); err != nil {
-				t.Fatalf("Main(%q): %v\nstderr: %s", args, err, stderr.String())
+			if err := new(exportCommand).Run(t.Context(), args, &stdout, &stderr); err != nil {
+				t.Fatalf("export %q: %v\nstderr: %s", args, err, stderr.String())
 			}
 			if diff := cmp.Diff(tt.wantStdout, stdout.String()); diff != "" {
 				t.Errorf("stdout (-want +got):\n%s", diff)
@@ -63,10 +109,10 @@ func TestMainCommand(t *testing.T) {
 	}
 }
 
-// TestMainCommandRefuses checks the data-quality gates from the command
-// line: the command fails (exit status 1 in legato, not a usage error),
-// says why and writes nothing.
-func TestMainCommandRefuses(t *testing.T) {
+// TestExportCommandRefuses checks the data-quality gates from the command
+// line: the command fails (exit status 1, not a usage error), says why and
+// writes nothing.
+func TestExportCommandRefuses(t *testing.T) {
 	tests := []struct {
 		name    string
 		dir     func(t *testing.T) string
@@ -80,23 +126,25 @@ func TestMainCommandRefuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			outDir := t.TempDir()
-			var stdout, stderr bytes.Buffer
-			err := export.Main(context.Background(), []string{tt.dir(t), "--out", filepath.Join(outDir, "train.jsonl")}, &stdout, &stderr)
-			var usage *export.UsageError
-			if err == nil || errors.As(err, &usage) || !strings.Contains(err.Error(), tt.wantMsg) {
-				t.Errorf("Main = %v, want a failure saying %q", err, tt.wantMsg)
+			var stdout bytes.Buffer
+			err := new(exportCommand).Run(t.Context(), []string{tt.dir(t), "--out", filepath.Join(outDir, "train.jsonl")}, &stdout, &bytes.Buffer{})
+			if err == nil || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("export = %v, want a failure saying %q", err, tt.wantMsg)
+			}
+			if code := exitCode(t.Context(), err, &bytes.Buffer{}); code != exitFailure {
+				t.Errorf("exit code %d, want %d", code, exitFailure)
 			}
 			if stdout.Len() > 0 {
 				t.Errorf("stdout = %q, want nothing", stdout.String())
 			}
-			if left := listDir(t, outDir); len(left) != 0 {
-				t.Errorf("left %q", left)
+			if left, _ := os.ReadDir(outDir); len(left) != 0 {
+				t.Errorf("left %d files in the output directory", len(left))
 			}
 		})
 	}
 }
 
-func TestMainCommandUsage(t *testing.T) {
+func TestExportCommandUsage(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
@@ -110,11 +158,11 @@ func TestMainCommandUsage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := export.Main(context.Background(), tt.args, &stdout, &stderr)
-			var usage *export.UsageError
+			var stdout bytes.Buffer
+			err := new(exportCommand).Run(t.Context(), tt.args, &stdout, &bytes.Buffer{})
+			var usage *usageError
 			if !errors.As(err, &usage) || !strings.Contains(err.Error(), tt.wantMsg) {
-				t.Errorf("Main(%q) = %v, want a *UsageError saying %q", tt.args, err, tt.wantMsg)
+				t.Errorf("export %q = %v, want a usage error saying %q", tt.args, err, tt.wantMsg)
 			}
 			if stdout.Len() > 0 {
 				t.Errorf("stdout = %q, want nothing", stdout.String())
@@ -122,8 +170,8 @@ func TestMainCommandUsage(t *testing.T) {
 		})
 	}
 	var stderr bytes.Buffer
-	if err := export.Main(context.Background(), []string{"-h"}, &bytes.Buffer{}, &stderr); !errors.Is(err, flag.ErrHelp) {
-		t.Errorf("Main(-h) = %v, want flag.ErrHelp", err)
+	if err := new(exportCommand).Run(t.Context(), []string{"-h"}, &bytes.Buffer{}, &stderr); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("export -h = %v, want flag.ErrHelp", err)
 	}
 	if !strings.Contains(stderr.String(), "Usage: legato rl export DIR --out FILE") {
 		t.Errorf("-h printed %q, want the usage", stderr.String())

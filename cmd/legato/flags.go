@@ -1,0 +1,208 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// parseFlags parses a subcommand's flags. A bad flag or flag value becomes
+// a usage error (the flag set has already printed what is wrong and its
+// usage); -h gives flag.ErrHelp, which exits 0.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &usageError{err: err}
+}
+
+// parseInterspersed parses args with fs, letting flags come before and
+// after the positional arguments (`DIR --out FILE` as well as `--out FILE
+// DIR`), which the flag package alone stops at the first positional
+// argument to do; everything after "--" is positional. It returns the
+// positional arguments. Errors are parseFlags'.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// noArgs refuses positional arguments of a subcommand that takes none.
+func noArgs(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected arguments %q; all options are flags", fs.Args())
+	}
+	return nil
+}
+
+// oneRunDir returns the single run directory among the positional
+// arguments.
+func oneRunDir(pos []string) (string, error) {
+	switch len(pos) {
+	case 0:
+		return "", usageErrorf("missing run directory: pass the run directory written by collect")
+	case 1:
+		return pos[0], nil
+	}
+	return "", usageErrorf("want one run directory, got %d arguments %q", len(pos), pos)
+}
+
+// The bounded flag values below refuse a value out of range when the flag
+// is parsed, so a bad number is a usage error that names the flag and what
+// it accepts (the flag package writes `invalid value "-3" for flag -vcpus:
+// want an integer from 1 to 256`) and nothing has started yet.
+
+// intRange is an int flag limited to [min, max].
+type intRange struct {
+	p        *int
+	min, max int
+}
+
+// intVar defines an int flag limited to [min, max]; the usage says so.
+func intVar(fs *flag.FlagSet, p *int, name string, value, min, max int, usage string) {
+	*p = value
+	v := intRange{p: p, min: min, max: max}
+	bounds := fmt.Sprintf("`n`: %d to %d", min, max)
+	if max == math.MaxInt {
+		bounds = fmt.Sprintf("`n` ≥ %d", min)
+	}
+	fs.Var(v, name, usage+" ("+bounds+")")
+}
+
+func (v intRange) accepted() string {
+	if v.max == math.MaxInt {
+		return fmt.Sprintf("an integer ≥ %d", v.min)
+	}
+	return fmt.Sprintf("an integer from %d to %d", v.min, v.max)
+}
+
+func (v intRange) String() string {
+	if v.p == nil {
+		return "0"
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v intRange) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < v.min || n > v.max {
+		return errors.New("want " + v.accepted())
+	}
+	*v.p = n
+	return nil
+}
+
+// durationRange is a duration flag limited to [min, max] that also takes a
+// plain number of seconds ("--step-timeout 60"), as collect's flags do.
+type durationRange struct {
+	p        *time.Duration
+	min, max time.Duration
+}
+
+// durationVar defines a duration flag limited to [min, max]; the usage
+// says so.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value, min, max time.Duration, usage string) {
+	*p = value
+	v := durationRange{p: p, min: min, max: max}
+	fs.Var(v, name, fmt.Sprintf("%s (`duration`: %s to %s, as seconds (60) or with units (1m30s))", usage, shortDuration(min), shortDuration(max)))
+}
+
+func (v durationRange) accepted() string {
+	return fmt.Sprintf("from %s to %s, as seconds (60) or a duration with units (1m30s)", shortDuration(v.min), shortDuration(v.max))
+}
+
+func (v durationRange) String() string {
+	if v.p == nil {
+		return "0s"
+	}
+	return shortDuration(*v.p)
+}
+
+// shortDuration is d without the zero units time.Duration.String writes
+// ("24h", not "24h0m0s").
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func (v durationRange) Set(s string) error {
+	d, err := parseSeconds(s)
+	if err != nil || d < v.min || d > v.max {
+		return errors.New("want " + v.accepted())
+	}
+	*v.p = d
+	return nil
+}
+
+// parseSeconds reads a plain number of seconds ("60", "1.5") or a Go
+// duration ("1m30s").
+func parseSeconds(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > math.MaxInt64/float64(time.Second) {
+			return 0, fmt.Errorf("%q: out of range", s)
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	return time.ParseDuration(s)
+}
+
+// choice is a string flag limited to a list of values.
+type choice struct {
+	p       *string
+	choices []string
+}
+
+// choiceVar defines a string flag that accepts only choices; the usage
+// lists them.
+func choiceVar(fs *flag.FlagSet, p *string, name, value string, choices []string, usage string) {
+	*p = value
+	fs.Var(choice{p: p, choices: choices}, name, usage+": "+orList(choices))
+}
+
+func (c choice) String() string {
+	if c.p == nil {
+		return ""
+	}
+	return *c.p
+}
+
+func (c choice) Set(s string) error {
+	if !slices.Contains(c.choices, s) {
+		return errors.New("want " + orList(c.choices))
+	}
+	*c.p = s
+	return nil
+}
+
+// orList joins words as "a, b or c".
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}

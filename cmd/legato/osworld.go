@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"legato/rl/desktop/osworld"
+	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/vm"
+)
+
+// osworldFlags are the flags of the osworld backend (`legato rl collect
+// --backend osworld`), bound into an osworld.Config. The flags that need
+// more than a field (--image, --grader) are resolved by Config.
+type osworldFlags struct {
+	cfg    osworld.Config
+	image  string
+	grader string
+}
+
+// registerVMPlace binds where a run's VMs live and what they are called:
+// the flags gc shares with collect.
+func registerVMPlace(fs *flag.FlagSet, c *vm.Config) {
+	fs.StringVar(&c.URI, "libvirt-uri", vm.DefaultURI, "libvirt connection of the VMs (a local unix socket)")
+	fs.StringVar(&c.NamePrefix, "vm-prefix", vm.DefaultNamePrefix, "name prefix of this run's VMs; a run removes every VM with its prefix left by a crashed one, so concurrent runs need different prefixes")
+	fs.StringVar(&c.OverlayDir, "overlay-dir", vm.DefaultOverlayDir, "directory of the VMs' overlays and console logs (readable by QEMU's user)")
+}
+
+// Register defines the backend's flags on fs.
+func (f *osworldFlags) Register(fs *flag.FlagSet) {
+	c := &f.cfg
+	registerVMPlace(fs, &c.VM)
+	fs.StringVar(&f.image, "image", "", "VM base image: a qcow2 file (OSWorld's Ubuntu image), or a directory built by desktop/osworld/testdata/image/build.sh (base.qcow2 with vmlinux, initrd.img, cmdline)")
+	fs.StringVar(&c.VM.Kernel, "kernel", "", "boot this kernel directly instead of the image's bootloader (set by --image DIR)")
+	fs.StringVar(&c.VM.Initrd, "initrd", "", "initrd for --kernel")
+	fs.StringVar(&c.VM.Cmdline, "cmdline", "", "kernel command line for --kernel")
+	intVar(fs, &c.VM.VCPUs, "vcpus", vm.DefaultVCPUs, 1, 256, "vCPUs per VM")
+	intVar(fs, &c.VM.MemoryMiB, "memory", vm.DefaultMemoryMiB, 256, 1<<20, "memory per VM, MiB")
+	fs.TextVar(&c.VM.Accel, "accel", vm.AccelAuto, "VM acceleration `mode`: auto (KVM where it really works), kvm, or tcg (software emulation)")
+	durationVar(fs, &c.BootTimeout, "boot-timeout", osworld.DefaultBootTimeout, time.Second, 24*time.Hour,
+		"bound on the wait for a desktop's guest server to answer: a VM's boot or revert, or a --guest-url guest when attached")
+	fs.Func("guest-url", "an OSWorld guest that already runs (Docker, another host), one per desktop; repeat the flag: URL[,devtools=PORT][,vlc=PORT]. Fast reset only: no snapshots", func(s string) error {
+		a, err := osworld.ParseGuestAddr(s)
+		if err != nil {
+			return err
+		}
+		c.Guests = append(c.Guests, a)
+		return nil
+	})
+	fs.StringVar(&c.Grade.OSWorldDir, "osworld", "", "OSWorld checkout: task files and the evaluators the grader runs")
+	choiceVar(fs, &f.grader, "grader", "auto", []string{"auto", grade.PreferBridge.String(), grade.PreferNative.String(), grade.NativeOnly.String()},
+		"grader `mode`, where metrics run (auto: OSWorld's Python with --osworld, else native-only; native: Go where implemented, Python for the rest)")
+	fs.StringVar(&c.Grade.Python, "python", grade.DefaultPython, "Python with the packages OSWorld's evaluators import")
+	fs.BoolVar(&c.NoFastReset, "no-fast-reset", false, "revert the VM snapshot before every attempt (the baseline), instead of a fast reset where the domain allows")
+	fs.StringVar(&c.CacheDir, "cache-dir", "", "cache of task files and cloud files (default: legato/osworld in the user cache directory)")
+}
+
+// Config returns the backend configuration the flags describe, checked.
+// Every error is a usage error: it comes from the command line.
+func (f *osworldFlags) Config(logger *slog.Logger) (osworld.Config, error) {
+	cfg := f.cfg
+	cfg.ClientPassword = os.Getenv(osworld.PasswordEnv)
+	cfg.Logger = logger
+	cfg.VM.Logger = logger
+	switch f.grader {
+	case "", "auto":
+		if cfg.Grade.OSWorldDir == "" {
+			cfg.Grade.Mode = grade.NativeOnly
+		}
+	default:
+		m, err := grade.ParseMode(f.grader)
+		if err != nil {
+			return osworld.Config{}, usageErrorf("--grader: %w (or auto)", err)
+		}
+		if m != grade.NativeOnly && cfg.Grade.OSWorldDir == "" {
+			return osworld.Config{}, usageErrorf("--grader %s runs OSWorld's Python evaluators: give the checkout with --osworld, or use --grader native-only", f.grader)
+		}
+		cfg.Grade.Mode = m
+	}
+	if f.image != "" {
+		if len(cfg.Guests) > 0 {
+			return osworld.Config{}, usageErrorf("--image and --guest-url: choose VMs started here or guests that already run")
+		}
+		if err := imageFlag(f.image, &cfg.VM); err != nil {
+			return osworld.Config{}, usage(err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return osworld.Config{}, usage(err)
+	}
+	return cfg, nil
+}
+
+// Pool returns the desktop pool the flags describe.
+func (f *osworldFlags) Pool(ctx context.Context, logger *slog.Logger) (*osworld.Pool, error) {
+	cfg, err := f.Config(logger)
+	if err != nil {
+		return nil, err
+	}
+	return osworld.NewPool(ctx, cfg)
+}
+
+// imageFlag fills the VM's image from --image: a qcow2 file, or a directory
+// of legato's test guest with its kernel, initrd and command line, which
+// --kernel, --initrd and --cmdline override.
+func imageFlag(image string, c *vm.Config) error {
+	st, err := os.Stat(image)
+	if err != nil {
+		return fmt.Errorf("--image: %w", err)
+	}
+	if !st.IsDir() {
+		c.BaseImage = image
+		return nil
+	}
+	c.BaseImage = filepath.Join(image, "base.qcow2")
+	if _, err := os.Stat(c.BaseImage); err != nil {
+		return fmt.Errorf("--image %s: a directory needs base.qcow2 (built by desktop/osworld/testdata/image/build.sh): %w", image, err)
+	}
+	if c.Kernel == "" {
+		if k := filepath.Join(image, "vmlinux"); exists(k) {
+			c.Kernel = k
+		}
+	}
+	if c.Initrd == "" && c.Kernel != "" {
+		if i := filepath.Join(image, "initrd.img"); exists(i) {
+			c.Initrd = i
+		}
+	}
+	if c.Cmdline == "" && c.Kernel != "" {
+		b, err := os.ReadFile(filepath.Join(image, "cmdline"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("--image %s: %w", image, err)
+		}
+		c.Cmdline = strings.TrimSpace(string(b))
+	}
+	return nil
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

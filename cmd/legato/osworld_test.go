@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"legato/rl/desktop/osworld"
+	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/vm"
+)
+
+// testImageDir makes a directory like the one build.sh writes: base.qcow2,
+// vmlinux, initrd.img and cmdline, readable by QEMU's user.
+func testImageDir(t *testing.T) string {
+	t.Helper()
+	img := t.TempDir()
+	for _, d := range []string{filepath.Dir(img), img} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"base.qcow2", "vmlinux", "initrd.img"} {
+		if err := os.WriteFile(filepath.Join(img, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(img, "cmdline"), []byte("root=/dev/vda quiet\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+func parseOSWorld(args []string) (osworld.Config, error) {
+	var f osworldFlags
+	fs := flag.NewFlagSet("collect", flag.ContinueOnError)
+	fs.SetOutput(&strings.Builder{})
+	f.Register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return osworld.Config{}, err
+	}
+	return f.Config(nil)
+}
+
+func TestOSWorldFlags(t *testing.T) {
+	img := testImageDir(t)
+	osw := t.TempDir()
+	vmDefaults := vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, VCPUs: vm.DefaultVCPUs,
+		MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, OverlayDir: vm.DefaultOverlayDir}
+	tests := []struct {
+		name string
+		args []string
+		env  string
+		want osworld.Config
+	}{
+		{
+			name: "test guest directory",
+			args: []string{"--image", img, "--vcpus", "2", "--memory", "1536", "--accel", "tcg", "--no-fast-reset", "--boot-timeout", "90"},
+			want: osworld.Config{
+				VM: vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
+					VCPUs: 2, MemoryMiB: 1536, Accel: vm.AccelTCG, OverlayDir: vm.DefaultOverlayDir},
+				BootTimeout: 90 * time.Second,
+				NoFastReset: true,
+				Grade:       osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
+			},
+		},
+		{
+			name: "guests with osworld",
+			args: []string{"--guest-url", "http://127.0.0.1:5000,devtools=9222", "--guest-url", "http://127.0.0.1:5001", "--osworld", osw, "--grader", "native", "--boot-timeout", "10s"},
+			env:  "hunter2",
+			want: osworld.Config{
+				VM:             vmDefaults,
+				Guests:         []osworld.GuestAddr{{URL: "http://127.0.0.1:5000", DevToolsPort: 9222}, {URL: "http://127.0.0.1:5001"}},
+				BootTimeout:    10 * time.Second,
+				Grade:          osworld.GradeConfig{OSWorldDir: osw, Python: grade.DefaultPython, Mode: grade.PreferNative},
+				ClientPassword: "hunter2",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(osworld.PasswordEnv, tt.env)
+			cfg, err := parseOSWorld(tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, cfg, cmpopts.IgnoreFields(vm.Config{}, "Logger")); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestOSWorldFlagErrors: every bad value is a usage error that names the
+// flag, found before a pool (or a VM) is made.
+func TestOSWorldFlagErrors(t *testing.T) {
+	img := testImageDir(t)
+	guest := []string{"--guest-url", "http://127.0.0.1:5000"}
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"bridge without checkout", append(guest, "--grader", "bridge"), "--osworld"},
+		{"bad grader", append(guest, "--grader", "magic"), `invalid value "magic" for flag -grader: want auto, bridge, native or native-only`},
+		{"bad accel", append(guest, "--accel", "hvf"), `invalid value "hvf" for flag -accel`},
+		{"image and guests", append(guest, "--image", img), "choose"},
+		{"missing image", []string{"--image", filepath.Join(img, "none.qcow2")}, "--image"},
+		{"bad guest url", []string{"--guest-url", "localhost:5000"}, "http://HOST:PORT"},
+		{"guest url port", []string{"--guest-url", "http://127.0.0.1:99999"}, "port"},
+		{"devtools port", []string{"--guest-url", "http://127.0.0.1:5000,devtools=0"}, "devtools=PORT"},
+		{"vlc port", []string{"--guest-url", "http://127.0.0.1:5000,vlc=70000"}, "vlc=PORT"},
+		{"nothing", nil, "no desktops"},
+		// Numbers are checked whether or not VMs are started here.
+		{"vcpus zero", append(guest, "--vcpus", "0"), `invalid value "0" for flag -vcpus: want an integer from 1 to 256`},
+		{"vcpus negative", append(guest, "--vcpus", "-3"), "-vcpus"},
+		{"memory small", append(guest, "--memory", "100"), `invalid value "100" for flag -memory: want an integer from 256 to 1048576`},
+		{"memory not a number", append(guest, "--memory", "4G"), "-memory"},
+		{"boot timeout zero", append(guest, "--boot-timeout", "0"), `invalid value "0" for flag -boot-timeout: want from 1s to 24h, as seconds (60) or a duration with units (1m30s)`},
+		{"boot timeout negative", append(guest, "--boot-timeout", "-10s"), "-boot-timeout"},
+		{"bad vm prefix", []string{"--image", img, "--vm-prefix", "../x"}, "name prefix"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseOSWorld(tt.args)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("flags %q: %v; want an error containing %q", tt.args, err, tt.wantErr)
+			}
+			var u *usageError
+			if !errors.As(err, &u) {
+				t.Errorf("flags %q: %v is not a usage error", tt.args, err)
+			}
+		})
+	}
+}
+
+// TestGCFlags: gc lists and takes only its own three flags, not the 17 of
+// the osworld backend.
+func TestGCFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	err := new(gcCommand).Run(t.Context(), []string{"-h"}, &bytes.Buffer{}, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("gc -h = %v, want flag.ErrHelp", err)
+	}
+	var listed []string
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.HasPrefix(line, "  -") {
+			listed = append(listed, strings.Fields(line)[0])
+		}
+	}
+	if diff := cmp.Diff([]string{"-libvirt-uri", "-overlay-dir", "-vm-prefix"}, listed); diff != "" {
+		t.Errorf("gc -h flags (-want +got):\n%s", diff)
+	}
+	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})
+	var u *usageError
+	if !errors.As(err, &u) {
+		t.Errorf("gc --image = %v, want a usage error", err)
+	}
+}

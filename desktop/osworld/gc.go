@@ -1,0 +1,53 @@
+package osworld
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"legato/rl/desktop/osworld/vm"
+)
+
+// GC removes the VMs of cfg.VM's name prefix that a crashed run left
+// behind (domains, overlays, console logs), and writes one line per VM to
+// w. It only needs cfg.VM's URI, NamePrefix and OverlayDir. Run it when no
+// run of that prefix is going on: it removes running VMs too.
+func GC(ctx context.Context, cfg Config, w io.Writer) error {
+	if len(cfg.Guests) > 0 {
+		_, err := fmt.Fprintln(w, "guests given by URL: nothing to remove")
+		return err
+	}
+	left, err := vm.List(ctx, cfg.VM)
+	if err != nil {
+		return fmt.Errorf("list leftover VMs: %w", err)
+	}
+	if len(left) == 0 {
+		_, err := fmt.Fprintln(w, "no leftover VMs")
+		return err
+	}
+	removed, err := vm.Sweep(ctx, cfg.VM)
+	done := map[string]bool{}
+	for _, n := range removed {
+		done[n] = true
+	}
+	for _, l := range left {
+		what := "files only"
+		switch {
+		case l.Running:
+			what = "running domain"
+		case l.Domain:
+			what = "stopped domain"
+		}
+		verb := "removed"
+		if !done[l.Name] {
+			verb = "NOT removed"
+		}
+		if _, werr := fmt.Fprintf(w, "%s %s (%s; %d files)\n", verb, l.Name, what, len(l.Files)); werr != nil {
+			return werr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove leftover VMs: %w", err)
+	}
+	return nil
+}
