@@ -298,6 +298,8 @@ func (r *Report) assess() {
 		add("token ids and logprobs differ in length; such steps are flagged logprobs_token_ids_mismatch: check the server version")
 	}
 	switch {
+	case r.Repeat.Err != nil:
+		add("the repeated request failed (see above), so cached-token reporting and prefix caching were not checked: probe again once the server answers every request")
 	case !r.CacheReported && r.Server == "vllm":
 		add("no cached-token count on the repeated request: start vLLM with --enable-prompt-tokens-details (vLLM before mid-2026 also leaves the count out when nothing was cached: check --enable-prefix-caching too)")
 	case !r.CacheReported && r.Server == "sglang":
@@ -379,7 +381,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		row("prompt token ids", prompt, detail)
 		cache, detail := "not reported", "no cached-token count on the repeated request"
-		if r.CacheReported {
+		switch {
+		case r.Repeat.Err != nil:
+			cache, detail = "unknown", "the repeated request failed"
+		case r.CacheReported:
 			cache = "reported"
 			detail = fmt.Sprintf("%d of %d prompt tokens cached on the repeated request", *r.Repeat.CachedTokens, r.Repeat.PromptTokens)
 		}

@@ -76,6 +76,11 @@ func TestRun(t *testing.T) {
 		{name: "vllm-wrong-key", opts: policytest.Options{Dialect: policytest.VLLM, APIKey: "right"}, key: "wrong",
 			wantTrainable: false,
 			wantAdvice:    []string{"the text request failed"}},
+		// The server answers every request but the repeat, which gets a
+		// 500: that says nothing about cache reporting.
+		{name: "vllm-repeat-fails", opts: policytest.Options{Dialect: policytest.VLLM, Faults: failRepeat()},
+			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true,
+			wantAdvice: []string{"the repeated request failed (see above), so cached-token reporting and prefix caching were not checked", "--logprobs-mode processed_logprobs"}},
 		{name: "sglang", opts: policytest.Options{Dialect: policytest.SGLang},
 			wantTrainable: true, wantIDs: schema.SourceReturnTokenIDs, wantPromptIDs: true, wantCache: [2]bool{true, true}},
 		{name: "sglang-0.5.13", opts: policytest.Options{Dialect: policytest.SGLang, Version: policytest.SGLang0513},
@@ -148,5 +153,21 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	if diff := cmp.Diff(string(want), string(got)); diff != "" {
 		t.Errorf("%s (-want +got):\n%s", path, diff)
+	}
+}
+
+// failRepeat returns a policytest.Options.Faults that fails the probe's
+// repeat request, its second request without images, with a 500.
+func failRepeat() func(int, policytest.Request) policytest.Fault {
+	textOnly := 0
+	return func(_ int, req policytest.Request) policytest.Fault {
+		if req.Images > 0 {
+			return policytest.NoFault
+		}
+		textOnly++
+		if textOnly == 2 {
+			return policytest.FaultServerError
+		}
+		return policytest.NoFault
 	}
 }
