@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"golang.org/x/sync/semaphore"
 
+	"legato/rl/desktop"
 	"legato/rl/schema"
 )
 
@@ -249,15 +250,9 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 		}
 		c.log.Warn("policy call failed; retrying", "url", c.endpoint, "attempt", attempt,
 			"error", e.Error(), "wait", wait)
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				res.Model.Seconds = time.Since(start).Seconds()
-				return res, c.fail(attempt, 0, ctx.Err(), "", nil)
-			}
+		if desktop.Sleep(ctx, wait) != nil {
+			res.Model.Seconds = time.Since(start).Seconds()
+			return res, c.fail(attempt, 0, ctx.Err(), "", nil)
 		}
 		retries++
 	}

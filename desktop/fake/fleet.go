@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"legato/rl/desktop"
 )
@@ -87,12 +86,8 @@ func (f *Fleet) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 	}
 	seed := deriveSeed(f.cfg.Seed, slot, gen)
 	if l := f.cfg.Latency.Create; l != (Latency{}) {
-		t := time.NewTimer(l.Sample(draw(seed, "latency", "create", 0)))
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return nil, fail(ctx.Err())
+		if err := desktop.Sleep(ctx, l.Sample(draw(seed, "latency", "create", 0))); err != nil {
+			return nil, fail(err)
 		}
 	}
 

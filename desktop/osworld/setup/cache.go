@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"legato/rl/desktop"
 )
 
 // DefaultDownloadAttempts is how many times Cache tries a download that
@@ -132,12 +134,8 @@ func (c *Cache) Fetch(ctx context.Context, rawURL string) (string, error) {
 		if attempt > 1 {
 			wait := time.Duration(1<<(attempt-2)) * time.Second
 			c.log.Info("retrying download", "url", rawURL, "attempt", attempt, "after", last)
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return "", &DownloadError{URL: rawURL, Err: fmt.Errorf("%w (after: %v)", ctx.Err(), last)}
-			case <-t.C:
+			if err := desktop.Sleep(ctx, wait); err != nil {
+				return "", &DownloadError{URL: rawURL, Err: fmt.Errorf("%w (after: %v)", err, last)}
 			}
 		}
 		start := time.Now()

@@ -348,7 +348,7 @@ func (c *Controller) execute(ctx context.Context, p executeParams) error {
 			return fmt.Errorf("command %q did not reach its until condition in %v (%d polls; last exit %d)",
 				cmd.String(), orDefault(c.UntilTimeout, DefaultUntilTimeout), polls, res.ReturnCode)
 		}
-		if err := sleepFor(ctx, orDefault(c.UntilInterval, DefaultUntilInterval)); err != nil {
+		if err := desktop.Sleep(ctx, orDefault(c.UntilInterval, DefaultUntilInterval)); err != nil {
 			return err
 		}
 	}
@@ -399,20 +399,5 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func sleep(ctx context.Context, seconds float64) error {
-	return sleepFor(ctx, time.Duration(seconds*float64(time.Second)))
-}
-
-// sleepFor waits d or until ctx is done.
-func sleepFor(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return desktop.Sleep(ctx, time.Duration(seconds*float64(time.Second)))
 }

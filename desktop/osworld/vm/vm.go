@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+
+	"legato/rl/desktop"
 )
 
 // SnapshotName is the internal snapshot (disk and memory) Start takes once
@@ -327,16 +329,12 @@ func (v *VM) waitReady(ctx context.Context) error {
 				return v.fail("wait for guest", fmt.Errorf("%w while booting; console: %s", ErrNotRunning, v.consoleTail()))
 			}
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if err := desktop.Sleep(ctx, pause); err != nil {
 			cause := context.Cause(ctx)
 			if errors.Is(cause, ErrNotReady) {
 				return v.fail("wait for guest", fmt.Errorf("%w (last probe: %v); console: %s", cause, lastErr, v.consoleTail()))
 			}
 			return v.fail("wait for guest", cause)
-		case <-t.C:
 		}
 	}
 }
