@@ -135,10 +135,39 @@ func createTemp(dir, prefix string) (*os.File, error) {
 // The temp file's name starts with "." and the base name of path, never
 // with the prefix of a run's own temp files, which a collect opening the
 // run directory deletes.
-func WriteFileAtomic(path string, write func(io.Writer) error) (n int64, err error) {
-	f, err := createTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
+func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
+	var werr error
+	n, err := writeAtomic(path, "."+filepath.Base(path)+".tmp-", true, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 1<<20)
+		if werr = write(bw); werr != nil {
+			return werr
+		}
+		return bw.Flush()
+	})
+	switch {
+	case werr != nil:
+		return 0, werr
+	case err != nil:
 		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// writeAtomic is the one atomic file writer of everything legato writes
+// from a run: the run directory's files (summary, batch.json, the content
+// store) and the files made from a run (export, profile). It writes through
+// a temp file named prefix and a random number (createTemp, which decides
+// the mode) in path's directory, and renames it over path, so path is
+// absent, the old file or the whole new one. With durable, the temp file is
+// synced before the rename and the directory after it, so that holds after
+// a power loss too; without (the content store, which syncs a commit's
+// files together), the caller syncs the file and its directory before it
+// relies on them. On error the temp file is removed.
+func writeAtomic(path, prefix string, durable bool, write func(io.Writer) error) (n int64, err error) {
+	dir := filepath.Dir(path)
+	f, err := createTemp(dir, prefix)
+	if err != nil {
+		return 0, err
 	}
 	defer func() {
 		if err != nil {
@@ -147,26 +176,34 @@ func WriteFileAtomic(path string, write func(io.Writer) error) (n int64, err err
 		}
 	}()
 	cw := &countingWriter{w: f}
-	bw := bufio.NewWriterSize(cw, 1<<20)
-	if err := write(bw); err != nil {
+	if err := write(cw); err != nil {
 		return 0, err
 	}
-	if err := bw.Flush(); err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			return 0, err
+		}
 	}
 	if err := f.Close(); err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
+		return 0, err
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
+		return 0, err
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		return 0, fmt.Errorf("write %s: %w", path, err)
+	if durable {
+		if err := syncDir(dir); err != nil {
+			return 0, err
+		}
 	}
 	return cw.n, nil
+}
+
+// writeBytes is a write function of writeAtomic that writes data.
+func writeBytes(data []byte) func(io.Writer) error {
+	return func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}
 }
 
 type countingWriter struct {
@@ -194,10 +231,7 @@ func (r *Run) WriteFile(name string, data []byte) error {
 	if r.closed {
 		return ErrClosed
 	}
-	if err := writeFileAtomic(r.dir, name, data, true); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := syncDir(r.dir); err != nil {
+	if _, err := writeAtomic(filepath.Join(r.dir, name), tempPrefix, true, writeBytes(data)); err != nil {
 		return fmt.Errorf("write %s: %w", name, err)
 	}
 	return nil

@@ -488,10 +488,7 @@ func (r *Run) WriteSummary(s *Summary) error {
 	// Serialized so that the last call's summary is the one left on disk.
 	r.summaryMu.Lock()
 	defer r.summaryMu.Unlock()
-	if err := writeFileAtomic(r.dir, SummaryFile, b, true); err != nil {
-		return fmt.Errorf("write summary: %w", err)
-	}
-	if err := syncDir(r.dir); err != nil {
+	if _, err := writeAtomic(filepath.Join(r.dir, SummaryFile), tempPrefix, true, writeBytes(b)); err != nil {
 		return fmt.Errorf("write summary: %w", err)
 	}
 	return nil
@@ -508,37 +505,6 @@ func ReadSummary(dir string) (*Summary, error) {
 		return nil, fmt.Errorf("read summary %s: %w", filepath.Join(dir, SummaryFile), err)
 	}
 	return &s, nil
-}
-
-// writeFileAtomic writes data to dir/name through a temp file and a rename,
-// so that dir/name is either absent or complete. That holds after a process
-// crash; after a power loss only if sync is set (the temp file is synced
-// before the rename) or the caller syncs dir/name before it relies on it.
-// The caller syncs dir to make the name itself durable.
-func writeFileAtomic(dir, name string, data []byte, sync bool) (err error) {
-	f, err := createTemp(dir, tempPrefix)
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			return err
-		}
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, name))
 }
 
 func syncDir(dir string) error {

@@ -191,7 +191,7 @@ func (r *Run) checkImageRef(ref string) error {
 // replaced, not trusted: that process may have died before syncing it, and
 // a power loss after that could have left it short.
 func (r *Run) writeObject(dir, name string, obj storedObject, data []byte) error {
-	if err := writeFileAtomic(dir, name, data, false); err != nil {
+	if _, err := writeAtomic(filepath.Join(dir, name), tempPrefix, false, writeBytes(data)); err != nil {
 		return err
 	}
 	r.markUnsynced(filepath.Join(dir, name), obj)
