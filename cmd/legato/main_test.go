@@ -68,6 +68,7 @@ func TestDispatch(t *testing.T) {
 		{name: "help", args: []string{"help"}, wantCode: 0, wantStdout: "help.golden"},
 		{name: "help of collect", args: []string{"rl", "help", "collect"}, wantCode: 0, wantStdout: "help-collect.golden"},
 		{name: "help of probe", args: []string{"rl", "help", "probe"}, wantCode: 0, wantStdout: "help-probe.golden"},
+		{name: "help of grader", args: []string{"rl", "help", "grader"}, wantCode: 0, wantStdout: "help-grader.golden"},
 		{name: "help of export", args: []string{"rl", "help", "export"}, wantCode: 0, wantStdout: "help-export.golden"},
 		{name: "help of profile", args: []string{"rl", "help", "profile"}, wantCode: 0, wantStdout: "help-profile.golden"},
 		{name: "help of gc", args: []string{"rl", "help", "gc"}, wantCode: 0, wantStdout: "help-gc.golden"},
