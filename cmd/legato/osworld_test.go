@@ -53,8 +53,8 @@ func parseOSWorld(args []string) (osworld.Config, error) {
 func TestOSWorldFlags(t *testing.T) {
 	img := testImageDir(t)
 	osw := t.TempDir()
-	vmDefaults := vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, VCPUs: vm.DefaultVCPUs,
-		MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, OverlayDir: vm.DefaultOverlayDir}
+	vmDefaults := vm.Config{NamePrefix: vm.DefaultNamePrefix, VCPUs: vm.DefaultVCPUs,
+		MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool}
 	tests := []struct {
 		name string
 		args []string
@@ -63,11 +63,13 @@ func TestOSWorldFlags(t *testing.T) {
 	}{
 		{
 			name: "test guest directory",
-			args: []string{"--image", img, "--vcpus", "2", "--memory", "1536", "--accel", "tcg", "--no-fast-reset", "--boot-timeout", "90"},
+			args: []string{"--image", img, "--vcpus", "2", "--memory", "1536", "--accel", "tcg", "--no-fast-reset", "--boot-timeout", "90",
+				"--host", "qemu:///system,desktops=2", "--host", "qemu+ssh://root@10.0.0.7/system,desktops=16", "--storage-pool", "images"},
 			want: osworld.Config{
-				VM: vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+				VM: vm.Config{Hosts: []vm.HostSpec{{URI: "qemu:///system", Desktops: 2}, {URI: "qemu+ssh://root@10.0.0.7/system", Desktops: 16}},
+					NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
 					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
-					VCPUs: 2, MemoryMiB: 1536, Accel: vm.AccelTCG, OverlayDir: vm.DefaultOverlayDir},
+					VCPUs: 2, MemoryMiB: 1536, Accel: vm.AccelTCG, StoragePool: "images"},
 				BootTimeout: 90 * time.Second,
 				NoFastReset: true,
 				Grade:       osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
@@ -128,6 +130,9 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"boot timeout zero", append(guest, "--boot-timeout", "0"), `invalid value "0" for flag -boot-timeout: want from 1s to 24h, as seconds (60) or a duration with units (1m30s)`},
 		{"boot timeout negative", append(guest, "--boot-timeout", "-10s"), "-boot-timeout"},
 		{"bad vm prefix", []string{"--image", img, "--vm-prefix", "../x"}, "name prefix"},
+		{"bad host", []string{"--image", img, "--host", "qemu+ssh://h/system?no_verify=1"}, `invalid value "qemu+ssh://h/system?no_verify=1" for flag -host`},
+		{"host desktops", []string{"--image", img, "--host", "qemu:///system,desktops=0"}, "desktops=0"},
+		{"same host twice", []string{"--image", img, "--host", "qemu+ssh://h/system", "--host", "qemu+ssh://h/system"}, "give each its own name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,7 +162,7 @@ func TestGCFlags(t *testing.T) {
 			listed = append(listed, strings.Fields(line)[0])
 		}
 	}
-	if diff := cmp.Diff([]string{"-libvirt-uri", "-overlay-dir", "-vm-prefix"}, listed); diff != "" {
+	if diff := cmp.Diff([]string{"-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
 		t.Errorf("gc -h flags (-want +got):\n%s", diff)
 	}
 	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})

@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -52,8 +50,11 @@ type Timings struct {
 type VM struct {
 	cfg     Config
 	name    string
-	overlay string
-	console string
+	host    *Host
+	ownHost bool   // Start opened the host for this VM alone
+	overlay string // the overlay's path on the host
+	console string // the console log's path on the host
+	images  map[string]string
 	ports   Ports
 	accel   Accel
 	conn    *conn
@@ -79,8 +80,18 @@ func (v *VM) Ports() Ports { return v.ports }
 // Accel is how the domain runs (never AccelAuto).
 func (v *VM) Accel() Accel { return v.accel }
 
-// Overlay is the path of the VM's qcow2 overlay.
+// Overlay is the path of the VM's qcow2 overlay on its host (a volume of
+// the storage pool).
 func (v *VM) Overlay() string { return v.overlay }
+
+// Host is the host the VM runs on.
+func (v *VM) Host() *Host { return v.host }
+
+// DialContext connects to addr as the VM's host sees it: the Ports are on
+// its 127.0.0.1 (see Host.DialContext).
+func (v *VM) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return v.host.DialContext(ctx, network, addr)
+}
 
 // Timings reports how long Start's phases and the last reset took.
 func (v *VM) Timings() Timings {
@@ -89,16 +100,40 @@ func (v *VM) Timings() Timings {
 	return v.timings
 }
 
-// Start creates a VM for a worker slot: a fresh overlay on cfg.BaseImage,
-// a domain named cfg.NamePrefix + slot + a random suffix, booted with its
-// ports forwarded to free ports on 127.0.0.1; it waits until the guest
-// answers, then takes the clean snapshot. On any error, including a
-// cancelled ctx, everything created so far is removed again.
+// Start creates a VM for a worker slot on the first of cfg.Hosts (see
+// StartOn); the VM closes its connection to the host when it is closed.
 func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("vm config: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	h, err := OpenHost(cfg.Hosts[0], cfg, HostOptions{})
+	if err != nil {
+		return nil, err
+	}
+	v, err := start(ctx, h, cfg, slot, true)
+	if err != nil {
+		h.Close()
+	}
+	return v, err
+}
+
+// StartOn creates a VM for a worker slot on host h: a fresh overlay volume
+// on the host's base image volume, a domain named cfg.NamePrefix + slot +
+// a random suffix, booted with its ports forwarded to free ports on the
+// host's 127.0.0.1; it waits until the guest answers, then takes the clean
+// snapshot. The host must hold the image files (Host.SyncImages). On any
+// error, including a cancelled ctx, everything created so far is removed
+// again. cfg's Hosts are ignored.
+func StartOn(ctx context.Context, h *Host, cfg Config, slot int) (*VM, error) {
+	cfg.Hosts = []HostSpec{h.spec}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("vm config: %w", err)
+	}
+	return start(ctx, h, cfg.withDefaults(), slot, false)
+}
+
+func start(ctx context.Context, h *Host, cfg Config, slot int, ownHost bool) (*VM, error) {
 	if slot < 0 {
 		return nil, fmt.Errorf("vm slot %d: want 0 or more", slot)
 	}
@@ -107,21 +142,21 @@ func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
 		return nil, fmt.Errorf("vm name: %w", err)
 	}
 	name := fmt.Sprintf("%s%d-%s", cfg.NamePrefix, slot, hex.EncodeToString(suffix[:]))
-	c, err := newConn(cfg.URI, cfg.CallTimeout)
-	if err != nil {
-		return nil, err
-	}
 	accel, why := resolveAccel(cfg.Accel, DetectAccel)
+	if h.Remote() && cfg.Accel == AccelAuto {
+		// This machine's CPU says nothing about the host's.
+		accel, why = AccelKVM, "remote host: set Accel (--accel tcg) if it has no working KVM"
+	}
 	v := &VM{
 		cfg:     cfg,
 		name:    name,
-		overlay: filepath.Join(cfg.OverlayDir, name+".qcow2"),
-		console: filepath.Join(cfg.OverlayDir, name+".console.log"),
+		host:    h,
+		ownHost: ownHost,
 		accel:   accel,
-		conn:    c,
-		log:     cfg.Logger.With("vm", name),
+		conn:    h.connect(),
+		log:     cfg.Logger.With("vm", name, "host", h.Name()),
 		// No keep-alive: a probe leaves no connection (or goroutine) behind.
-		http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil, DialContext: h.DialContext}},
 	}
 	v.closeCtx, v.closeNow = context.WithCancel(context.Background())
 	v.log.Info("starting vm", "slot", slot, "accel", accel, "accel_reason", why,
@@ -139,9 +174,11 @@ func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
 
 func (v *VM) start(ctx context.Context) error {
 	t0 := time.Now()
-	if err := os.MkdirAll(v.cfg.OverlayDir, 0o755); err != nil {
-		return v.fail("create overlay dir", err)
+	images, err := v.host.imagePaths(ctx)
+	if err != nil {
+		return v.fail("find the image files", err)
 	}
+	v.images = images
 	if err := v.createOverlay(ctx); err != nil {
 		return err
 	}
@@ -196,21 +233,32 @@ func (v *VM) opCtx(ctx context.Context) (context.Context, context.CancelFunc, er
 	return ctx, func() { stop(); cancel(context.Canceled) }, nil
 }
 
-// createOverlay makes a fresh qcow2 overlay backed by the base image.
+// createOverlay makes a fresh qcow2 overlay volume backed by the base
+// image's volume, and an empty console log volume, replacing old ones.
 func (v *VM) createOverlay(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, v.cfg.CallTimeout)
-	defer cancel()
-	_ = os.Remove(v.overlay)
-	cmd := exec.CommandContext(ctx, v.cfg.QemuImg, "create", "-q", "-f", "qcow2",
-		"-b", v.cfg.BaseImage, "-F", "qcow2", v.overlay)
-	out, err := cmd.CombinedOutput()
+	s := v.host.storage(v.conn)
+	p, err := s.pool(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
-		}
-		return v.fail("create overlay", fmt.Errorf("qemu-img: %w: %s", err, strings.TrimSpace(string(out))))
+		return v.fail("create overlay", err)
 	}
-	return nil
+	for _, n := range []string{overlayVolume(v.name), consoleVolume(v.name)} {
+		if err := s.remove(ctx, p, n); err != nil {
+			return v.fail("create overlay", err)
+		}
+	}
+	ov, err := s.create(ctx, p, volumeSpec{Name: overlayVolume(v.name), Capacity: v.host.baseCapacity(),
+		Format: "qcow2", Mode: "0600", Backing: v.images[RoleBase]})
+	if err == nil {
+		v.overlay, err = s.path(ctx, ov)
+	}
+	if err != nil {
+		return v.fail("create overlay", err)
+	}
+	cv, err := s.create(ctx, p, volumeSpec{Name: consoleVolume(v.name), Format: "raw", Mode: "0600"})
+	if err == nil {
+		v.console, err = s.path(ctx, cv)
+	}
+	return v.fail("create console log", err)
 }
 
 // defineAndBoot defines the domain and starts it, picking new ports when
@@ -218,7 +266,7 @@ func (v *VM) createOverlay(ctx context.Context) error {
 func (v *VM) defineAndBoot(ctx context.Context) error {
 	var lastErr error
 	for attempt := 1; attempt <= startAttempts; attempt++ {
-		ps, err := freePorts(3)
+		ps, err := v.host.freePorts(ctx, 3)
 		if err != nil {
 			return v.fail("pick ports", err)
 		}
@@ -227,7 +275,6 @@ func (v *VM) defineAndBoot(ctx context.Context) error {
 		if err != nil {
 			return v.fail("define domain", err)
 		}
-		_ = os.Remove(v.console)
 		var dom libvirt.Domain
 		err = v.conn.do(ctx, "define domain", func(lv *libvirt.Libvirt) error {
 			var err error
@@ -265,8 +312,8 @@ func (v *VM) spec() domainSpec {
 		MemoryMiB: v.cfg.MemoryMiB,
 		Overlay:   v.overlay,
 		Console:   v.console,
-		Kernel:    v.cfg.Kernel,
-		Initrd:    v.cfg.Initrd,
+		Kernel:    v.images[RoleKernel],
+		Initrd:    v.images[RoleInitrd],
 		Cmdline:   v.cfg.Cmdline,
 		Forwards: []forward{
 			{Host: v.ports.Guest, Guest: v.cfg.GuestPort},
@@ -355,21 +402,32 @@ func (v *VM) httpReady(ctx context.Context, p Ports) error {
 	return nil
 }
 
-// consoleTail returns the end of the serial console log, for errors.
+// consoleTail returns the end of the serial console log, read through
+// libvirt, for errors. It is bounded by its own short time: the error it
+// decorates must not wait for a host that stopped answering.
 func (v *VM) consoleTail() string {
-	b, err := os.ReadFile(v.console)
+	ctx, cancel := context.WithTimeout(context.Background(), min(v.cfg.CallTimeout, 10*time.Second))
+	defer cancel()
+	b, err := v.Console(ctx, 4096)
+	return consoleText(b, err)
+}
+
+// Console returns up to max bytes of the end of the VM's serial console
+// log, read through libvirt (a download of its volume).
+func (v *VM) Console(ctx context.Context, max uint64) ([]byte, error) {
+	s := v.host.storage(v.conn)
+	p, err := s.pool(ctx)
 	if err != nil {
-		return "(no console log: " + err.Error() + ")"
+		return nil, err
 	}
-	const max = 600
-	s := strings.TrimSpace(string(b))
-	if len(s) > max {
-		s = "…" + s[len(s)-max:]
+	vol, ok, err := s.volume(ctx, p, consoleVolume(v.name))
+	if err != nil {
+		return nil, err
 	}
-	if s == "" {
-		return "(empty)"
+	if !ok {
+		return nil, fmt.Errorf("no volume %s", consoleVolume(v.name))
 	}
-	return s
+	return s.read(ctx, vol, max)
 }
 
 // snapshot takes the clean internal snapshot (disk and memory) of the
@@ -548,6 +606,9 @@ func (v *VM) Close() error {
 		v.conn.close()
 		v.closeErr = v.teardown()
 		v.http.CloseIdleConnections()
+		if v.ownHost {
+			v.host.Close()
+		}
 		if v.closeErr != nil {
 			v.log.Error("vm close", "err", v.closeErr)
 		} else {
@@ -557,21 +618,35 @@ func (v *VM) Close() error {
 	return v.closeErr
 }
 
-// teardown removes the domain and its files on a connection of its own, so
-// that a call being cut off on the VM's connection cannot fail it.
+// teardown removes the domain and its volumes on a connection of its own,
+// so that a call being cut off on the VM's connection cannot fail it.
 func (v *VM) teardown() error {
-	var errs []error
-	c, err := newConn(v.cfg.URI, v.cfg.CallTimeout)
-	if err == nil {
-		err = removeDomain(context.Background(), c, v.name)
-		c.close()
+	c := v.host.connect()
+	defer c.close()
+	ctx := context.Background()
+	if err := removeDomain(ctx, c, v.name); err != nil {
+		return v.fail("remove domain", err)
+	}
+	if err := removeVolumes(ctx, v.host.storage(c), v.name); err != nil {
+		return v.fail("remove volumes", err)
+	}
+	return nil
+}
+
+// removeVolumes deletes a VM's overlay and console log volumes; missing
+// ones (and a missing pool) are fine.
+func removeVolumes(ctx context.Context, s *storage, name string) error {
+	p, err := s.pool(ctx)
+	if errors.Is(err, ErrNoPool) {
+		return nil
 	}
 	if err != nil {
-		errs = append(errs, v.fail("remove domain", err))
+		return err
 	}
-	for _, p := range []string{v.overlay, v.console} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, v.fail("remove file", err))
+	var errs []error
+	for _, n := range []string{overlayVolume(name), consoleVolume(name)} {
+		if err := s.remove(ctx, p, n); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
