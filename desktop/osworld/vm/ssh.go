@@ -121,17 +121,23 @@ func (l *sshLink) get(ctx context.Context) (*ssh.Client, error) {
 	}
 	l.client, l.agent = c, ag
 	done := make(chan struct{})
+	silent := make(chan error, 1)
 	l.wg.Add(2)
-	go l.watch(c, ag, done)
-	go l.keepAlive(c, done)
+	go l.watch(c, ag, done, silent)
+	go l.keepAlive(c, done, silent)
 	return c, nil
 }
 
 // watch waits until the connection ends, then forgets it and says so.
-func (l *sshLink) watch(c *ssh.Client, ag net.Conn, done chan struct{}) {
+func (l *sshLink) watch(c *ssh.Client, ag net.Conn, done chan struct{}, silent <-chan error) {
 	defer l.wg.Done()
 	err := c.Wait()
 	close(done)
+	select {
+	case why := <-silent:
+		err = why
+	default:
+	}
 	if ag != nil {
 		ag.Close()
 	}
@@ -154,7 +160,7 @@ func (l *sshLink) watch(c *ssh.Client, ag net.Conn, done chan struct{}) {
 // closes the connection when none was answered for KeepAliveCount
 // intervals: a host that stopped answering leaves TCP waiting for many
 // minutes otherwise.
-func (l *sshLink) keepAlive(c *ssh.Client, done chan struct{}) {
+func (l *sshLink) keepAlive(c *ssh.Client, done chan struct{}, silent chan<- error) {
 	defer l.wg.Done()
 	tick := time.NewTicker(l.cfg.KeepAlive)
 	defer tick.Stop()
@@ -172,7 +178,11 @@ func (l *sshLink) keepAlive(c *ssh.Client, done chan struct{}) {
 			last = time.Now()
 		case <-tick.C:
 			if since := time.Since(last); since > time.Duration(l.cfg.KeepAliveCount)*l.cfg.KeepAlive {
-				l.log.Warn("ssh host stopped answering keep-alives; closing the connection", "host", l.target.addr(), "silent", since.Round(time.Second))
+				l.log.Warn("ssh host stopped answering keep-alives; closing the connection", "host", l.target.addr(), "silent", since.Round(time.Millisecond))
+				select {
+				case silent <- fmt.Errorf("no answer to keep-alives for %v", since.Round(time.Millisecond)):
+				default:
+				}
 				c.Close()
 				continue
 			}
