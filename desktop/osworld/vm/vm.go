@@ -621,14 +621,16 @@ func (v *VM) Close() error {
 // teardown removes the domain and its volumes on a connection of its own,
 // so that a call being cut off on the VM's connection cannot fail it.
 func (v *VM) teardown() error {
+	// Not v.fail: these errors are not caused by the Close they are part
+	// of.
 	c := v.host.connect()
 	defer c.close()
 	ctx := context.Background()
 	if err := removeDomain(ctx, c, v.name); err != nil {
-		return v.fail("remove domain", err)
+		return &Error{Op: "remove domain", VM: v.name, Err: err}
 	}
 	if err := removeVolumes(ctx, v.host.storage(c), v.name); err != nil {
-		return v.fail("remove volumes", err)
+		return &Error{Op: "remove volumes", VM: v.name, Err: err}
 	}
 	return nil
 }
