@@ -182,7 +182,11 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}()
 		if n := pool.Config().Slots(); n > 0 && f.opts.Desktops > n {
-			fmt.Fprintf(stderr, "--desktops %d: only %d --guest-url given; using %d desktops\n", f.opts.Desktops, n, n)
+			what := "--guest-url given"
+			if len(pool.Config().Guests) == 0 {
+				what = "desktop slots on the --host hosts (desktops=N)"
+			}
+			fmt.Fprintf(stderr, "--desktops %d: only %d %s; using %d desktops\n", f.opts.Desktops, n, what, n)
 			f.opts.Desktops = n
 		}
 		f.opts.NewDesktop = pool.New
