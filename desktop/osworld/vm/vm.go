@@ -609,9 +609,12 @@ func (v *VM) Close() error {
 		if v.ownHost {
 			v.host.Close()
 		}
-		if v.closeErr != nil {
+		switch {
+		case errors.Is(v.closeErr, ErrLibvirtUnavailable):
+			v.log.Warn("the VM's host does not answer: the VM stays there until swept (a pool of desktops does when the host answers again; else legato rl gc)", "err", v.closeErr)
+		case v.closeErr != nil:
 			v.log.Error("vm close", "err", v.closeErr)
-		} else {
+		default:
 			v.log.Info("vm closed")
 		}
 	})
