@@ -4,11 +4,22 @@
 // already running elsewhere (under Docker, on another host).
 //
 // A Pool makes one Desktop per worker slot; Pool.New is the batch's
-// desktop.Factory. In VM mode the pool first removes the VMs a crashed run
-// left behind (by name prefix), then boots each VM on its own overlay,
-// copies the guest's /home/user to a baseline inside the guest, waits for a
-// settled screen, and takes the clean snapshot. A guest given by URL is
-// attached as it is; it gets a baseline if it has none.
+// desktop.Factory. In VM mode the pool first readies each of its libvirt
+// hosts (the image files uploaded where missing, the VMs a crashed run left
+// behind removed by name prefix), then boots each VM on its own overlay on
+// the host with the most free slots, copies the guest's /home/user to a
+// baseline inside the guest, waits for a settled screen, and takes the
+// clean snapshot. A guest given by URL is attached as it is; it gets a
+// baseline if it has none.
+//
+// # Hosts
+//
+// A remote host's guest ports stay on its 127.0.0.1: the guest client, the
+// setup's Chrome DevTools client and the grader reach them through the
+// host's SSH connection (OSWorld's Python getters through local forwards).
+// A host that stops answering fails its desktops at once and takes no new
+// ones; it is tried again with backoff, and when it answers, what the batch
+// left there is swept and it takes desktops again.
 //
 // # Reset
 //

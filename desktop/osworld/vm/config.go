@@ -92,7 +92,8 @@ type Config struct {
 	// VCPUs (default 4) and MemoryMiB (default 4096) size each VM.
 	VCPUs     int
 	MemoryMiB int
-	// Accel chooses KVM or software emulation (default auto).
+	// Accel chooses KVM or software emulation (default auto: on this
+	// machine, KVM where it really works; on a remote host, KVM).
 	Accel Accel
 	// StoragePool is the libvirt storage pool, on every host, of the image
 	// files, overlays and console logs (default "legato"). SyncImages

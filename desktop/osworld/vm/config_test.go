@@ -70,7 +70,7 @@ func TestVMNames(t *testing.T) {
 		ok        bool
 	}{
 		{"legato-0-0123abcd.qcow2", "legato-0-0123abcd", true},
-		{"legato-12-0123abcd.console.log", "legato-12-0123abcd", true},
+		{"legato-12-0123abcd.qcow2", "legato-12-0123abcd", true},
 		{"legato-0-0123abcd", "", false},                  // no volume suffix
 		{"legato-0-0123abcd.xml", "", false},              // not a VM's volume
 		{"legato-0-0123ABCD.qcow2", "", false},            // Start writes lower-case hex

@@ -190,7 +190,7 @@ func TestSweepRemovesPrefixedDomainsAndVolumes(t *testing.T) {
 		notesVolume      = prefix + "notes.txt"
 	)
 	var mu sync.Mutex
-	vols := []string{runningLeftover + ".qcow2", runningLeftover + ".console.log", orphanOverlayVM + ".qcow2",
+	vols := []string{runningLeftover + ".qcow2", orphanOverlayVM + ".qcow2",
 		kept + ".qcow2", imageVolume, imageMarker, unrelatedVolume, notesVolume, longerPrefix + ".qcow2"}
 	f := newFakeLibvirtd(t, false, nil)
 	f.scriptArgs = func(_, proc int, args []byte) fakeReply {
@@ -243,7 +243,7 @@ func TestSweepRemovesPrefixedDomainsAndVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLeft := []Leftover{
-		{Host: "fake", Name: runningLeftover, Domain: true, Running: true, Volumes: []string{runningLeftover + ".console.log", runningLeftover + ".qcow2"}},
+		{Host: "fake", Name: runningLeftover, Domain: true, Running: true, Volumes: []string{runningLeftover + ".qcow2"}},
 		{Host: "fake", Name: secondLeftover, Domain: true, Running: true},
 		{Host: "fake", Name: orphanOverlayVM, Volumes: []string{orphanOverlayVM + ".qcow2"}},
 		{Host: "fake", Name: kept, Domain: true, Running: true, Volumes: []string{kept + ".qcow2"}},

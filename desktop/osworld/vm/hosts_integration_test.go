@@ -24,7 +24,7 @@ import (
 // checking that nothing is left of them.
 func startFleet(t *testing.T, name string, n int) *hosttest.Fleet {
 	t.Helper()
-	f, err := hosttest.Start(t.Context(), hosttest.Options{Hosts: n, Name: name, Logf: t.Logf})
+	f, err := hosttest.Start(t.Context(), hosttest.Options{Hosts: n, Name: name, TLS: true, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,8 @@ func domains(t *testing.T, h *hosttest.Host) string {
 // A VM on a remote host: its image files uploaded through libvirt, its
 // guest reached through SSH only, its console read through libvirt; the
 // host killed under it (the host is reported lost, calls fail, Close does
-// not hang), brought back and swept clean.
+// not hang), brought back and swept clean. The second host is reached over
+// TLS (its guests over SSH).
 func TestIntegrationRemoteHost(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
@@ -69,7 +70,8 @@ func TestIntegrationRemoteHost(t *testing.T) {
 	cfg.Accel = AccelTCG
 	cfg.SSH.KeepAlive, cfg.SSH.KeepAliveCount = time.Second, 3
 	h1, h2 := fleet.Hosts[0], fleet.Hosts[1]
-	cfg.Hosts = []HostSpec{hostSpec(h1, 1), hostSpec(h2, 1)}
+	cfg.Hosts = []HostSpec{hostSpec(h1, 1), {URI: h2.TLSURI(), SSH: "root@" + h2.Addr, Desktops: 1, Name: h2.Name}}
+	cfg.SSH.IdentityFiles, cfg.SSH.KnownHosts, cfg.SSH.NoAgent = []string{fleet.KeyFile}, []string{fleet.KnownHosts}, true
 	ctx := t.Context()
 	var lost atomic.Int32
 	hosts := map[string]*Host{}
@@ -121,6 +123,28 @@ func TestIntegrationRemoteHost(t *testing.T) {
 	}
 	t.Logf("sync again (nothing to upload): %v", time.Since(t0).Round(time.Millisecond))
 
+	// A VM on the TLS host: libvirt over TLS, the guest over SSH.
+	v2, err := StartOn(ctx, rh2, cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := &http.Client{Transport: &http.Transport{DialContext: v2.DialContext}}
+	if resp, err := c2.Get(v2.Ports().GuestURL() + "/platform"); err != nil {
+		t.Errorf("guest of the TLS host through ssh: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	c2.CloseIdleConnections()
+	if b, err := v2.Console(ctx, 4096); err != nil || !strings.Contains(string(b), "legato-init") {
+		t.Errorf("console through libvirt over TLS: %q, %v", b, err)
+	}
+	if err := v2.Close(); err != nil {
+		t.Errorf("close on the TLS host: %v", err)
+	}
+	if left, err := rh2.Leftovers(ctx, cfg.NamePrefix); err != nil || len(left) != 0 {
+		t.Errorf("TLS host after close: %+v, %v", left, err)
+	}
+
 	v, err := StartOn(ctx, rh1, cfg, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -151,8 +175,9 @@ func TestIntegrationRemoteHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) >= 4 && !strings.HasPrefix(f[3], "127.0.0.1:") && !strings.HasPrefix(f[3], h1.Addr+":22") {
-			t.Errorf("host %s listens beyond its loopback and sshd: %s", h1.Name, line)
+		// Beyond its loopback, only sshd and libvirtd's TLS listener.
+		if f := strings.Fields(line); len(f) >= 4 && !strings.HasPrefix(f[3], "127.0.0.1:") && f[3] != h1.Addr+":22" && f[3] != h1.Addr+":16514" {
+			t.Errorf("host %s listens beyond its loopback, sshd and libvirtd: %s", h1.Name, line)
 		}
 	}
 	console, err := v.Console(ctx, 4096)
@@ -200,8 +225,8 @@ func TestIntegrationRemoteHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) != 1 || left[0].Name != v.Name() || left[0].Running || len(left[0].Volumes) != 2 {
-		t.Errorf("after the crash: %+v; want %s stopped with its 2 volumes", left, v.Name())
+	if len(left) != 1 || left[0].Name != v.Name() || left[0].Running || len(left[0].Volumes) != 1 {
+		t.Errorf("after the crash: %+v; want %s stopped with its overlay", left, v.Name())
 	}
 	removed, err := rh1.Sweep(ctx, cfg.NamePrefix, nil)
 	if err != nil || len(removed) != 1 {

@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -49,14 +48,10 @@ func (f ImageFile) Volume() string {
 	return n
 }
 
-// marker is the name of the volume that records, once an upload is
-// complete, the full hash and size of the file a volume holds: a volume
-// without it (an upload cut off) does not count.
-func (f ImageFile) marker() string { return f.Volume() + ".sha256" }
-
-func (f ImageFile) markerText() string {
-	return f.SHA256 + " " + strconv.FormatInt(f.Size, 10) + "\n"
-}
+// marker is the name of the empty volume made once an upload is complete:
+// it holds the file's full hash in its name, so a volume without it (an
+// upload cut off) does not count, and checking it needs no download.
+func (f ImageFile) marker() string { return f.Volume() + ".sha256-" + f.SHA256 }
 
 // ImageFiles returns the image files of cfg (base image, kernel, initrd)
 // with their hashes. Hashing a large image takes a while, so the sums are
@@ -234,20 +229,12 @@ func checkImage(ctx context.Context, s *storage, p libvirt.StoragePool, f ImageF
 		return st, err
 	}
 	st.Present = true
-	m, ok, err := s.volume(ctx, p, f.marker())
+	_, ok, err = s.volume(ctx, p, f.marker())
 	if err != nil {
 		return st, err
 	}
 	if !ok {
 		st.Why = "upload incomplete (no " + f.marker() + ")"
-		return st, nil
-	}
-	text, err := s.read(ctx, m, 256)
-	if err != nil {
-		return st, err
-	}
-	if string(text) != f.markerText() {
-		st.Why = fmt.Sprintf("recorded %q, want %q", strings.TrimSpace(string(text)), strings.TrimSpace(f.markerText()))
 		return st, nil
 	}
 	size, err := s.size(ctx, v)
@@ -315,10 +302,11 @@ func (h *Host) SyncImages(ctx context.Context, progress SyncProgress) ([]ImageSt
 
 // upload replaces f's volume (and marker) with the file's content.
 func upload(ctx context.Context, s *storage, p libvirt.StoragePool, f ImageFile, progress SyncProgress) error {
-	for _, n := range []string{f.marker(), f.Volume()} {
-		if err := s.remove(ctx, p, n); err != nil {
-			return err
-		}
+	if err := removeMarkers(ctx, s, p, f); err != nil {
+		return err
+	}
+	if err := s.remove(ctx, p, f.Volume()); err != nil {
+		return err
 	}
 	file, err := os.Open(f.Path)
 	if err != nil {
@@ -336,12 +324,24 @@ func upload(ctx context.Context, s *storage, p libvirt.StoragePool, f ImageFile,
 	if err := s.write(ctx, v, r, uint64(f.Size)); err != nil {
 		return err
 	}
-	text := f.markerText()
-	m, err := s.create(ctx, p, volumeSpec{Name: f.marker(), Capacity: uint64(len(text)), Format: "raw", Mode: "0644"})
+	_, err = s.create(ctx, p, volumeSpec{Name: f.marker(), Format: "raw", Mode: "0644"})
+	return err
+}
+
+// removeMarkers deletes f's volume's markers, whatever hash they name.
+func removeMarkers(ctx context.Context, s *storage, p libvirt.StoragePool, f ImageFile) error {
+	names, err := s.names(ctx, p)
 	if err != nil {
 		return err
 	}
-	return s.write(ctx, m, strings.NewReader(text), uint64(len(text)))
+	for _, n := range names {
+		if strings.HasPrefix(n, f.Volume()+".sha256") {
+			if err := s.remove(ctx, p, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 type progressReader struct {

@@ -467,7 +467,7 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Leftover{{Host: "local", Name: name, Domain: true, Running: true, Volumes: []string{name + ".console.log", name + ".qcow2"}}}
+	want := []Leftover{{Host: "local", Name: name, Domain: true, Running: true, Volumes: []string{name + ".qcow2"}}}
 	if diff := cmp.Diff(want, left); diff != "" {
 		t.Errorf("after the crash (-want +got):\n%s", diff)
 	}

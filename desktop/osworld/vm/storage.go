@@ -13,16 +13,18 @@ import (
 )
 
 // The storage pool holds, on every host, the image files VMs boot from
-// (uploaded once, named after their content) and each VM's overlay and
-// console log (named after the VM). Everything is made, read and deleted
-// through libvirt: legato never touches a host's files by path.
+// (uploaded once, named after their content) and each VM's overlay (named
+// after the VM). Everything is made, written and deleted through libvirt:
+// legato never touches a host's files by path. Nothing is read back with a
+// volume download: go-libvirt can deadlock on an incoming stream (its
+// issue 241), so what legato must know of a volume is in its name and
+// size.
 
 // ErrNoPool means the host has no storage pool of the configured name.
 var ErrNoPool = errors.New("no storage pool")
 
-// Volume names of a VM.
+// overlayVolume is the name of a VM's overlay volume.
 func overlayVolume(vm string) string { return vm + ".qcow2" }
-func consoleVolume(vm string) string { return vm + ".console.log" }
 
 // libvirt's flag for StorageVolGetInfoFlags: report the file's size on
 // disk (VIR_STORAGE_VOL_GET_PHYSICAL), not what a qcow2 file allocates.
@@ -218,27 +220,6 @@ func (s *storage) capacity(ctx context.Context, v libvirt.StorageVol) (uint64, e
 		return err
 	})
 	return n, err
-}
-
-// read returns up to max bytes of a volume's end, through libvirt's
-// volume download.
-func (s *storage) read(ctx context.Context, v libvirt.StorageVol, max uint64) ([]byte, error) {
-	n, err := s.size(ctx, v)
-	if err != nil {
-		return nil, err
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	off := uint64(0)
-	if n > max {
-		off = n - max
-	}
-	var b bytes.Buffer
-	err = s.c.do(ctx, "download volume", func(lv *libvirt.Libvirt) error {
-		return lv.StorageVolDownload(v, &b, off, n-off, 0)
-	})
-	return b.Bytes(), err
 }
 
 // write replaces a volume's content with r's size bytes through libvirt's

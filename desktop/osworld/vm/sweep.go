@@ -22,7 +22,7 @@ type Leftover struct {
 	Domain bool
 	// Running reports whether that domain is running.
 	Running bool
-	// Volumes are the VM's overlay and console log volumes that exist.
+	// Volumes are the VM's volumes that exist (its overlay).
 	Volumes []string
 }
 
@@ -35,10 +35,8 @@ func vmNames(prefix string) *regexp.Regexp {
 
 // vmOfVolume returns the VM a volume belongs to.
 func vmOfVolume(vol string, names *regexp.Regexp) (string, bool) {
-	for _, ext := range []string{".qcow2", ".console.log"} {
-		if name, ok := strings.CutSuffix(vol, ext); ok && names.MatchString(name) {
-			return name, true
-		}
+	if name, ok := strings.CutSuffix(vol, ".qcow2"); ok && names.MatchString(name) {
+		return name, true
 	}
 	return "", false
 }

@@ -1,9 +1,12 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,7 +56,6 @@ type VM struct {
 	host    *Host
 	ownHost bool   // Start opened the host for this VM alone
 	overlay string // the overlay's path on the host
-	console string // the console log's path on the host
 	images  map[string]string
 	ports   Ports
 	accel   Accel
@@ -67,8 +69,11 @@ type VM struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	mu      sync.Mutex // guards timings
+	mu      sync.Mutex // guards timings and console
 	timings Timings
+	// console is the end of the serial console read so far: reading
+	// QEMU's ring buffer empties it.
+	console []byte
 }
 
 // Name is the libvirt domain name.
@@ -234,31 +239,22 @@ func (v *VM) opCtx(ctx context.Context) (context.Context, context.CancelFunc, er
 }
 
 // createOverlay makes a fresh qcow2 overlay volume backed by the base
-// image's volume, and an empty console log volume, replacing old ones.
+// image's volume, replacing an old one.
 func (v *VM) createOverlay(ctx context.Context) error {
 	s := v.host.storage(v.conn)
 	p, err := s.pool(ctx)
 	if err != nil {
 		return v.fail("create overlay", err)
 	}
-	for _, n := range []string{overlayVolume(v.name), consoleVolume(v.name)} {
-		if err := s.remove(ctx, p, n); err != nil {
-			return v.fail("create overlay", err)
-		}
+	if err := s.remove(ctx, p, overlayVolume(v.name)); err != nil {
+		return v.fail("create overlay", err)
 	}
 	ov, err := s.create(ctx, p, volumeSpec{Name: overlayVolume(v.name), Capacity: v.host.baseCapacity(),
 		Format: "qcow2", Mode: "0600", Backing: v.images[RoleBase]})
 	if err == nil {
 		v.overlay, err = s.path(ctx, ov)
 	}
-	if err != nil {
-		return v.fail("create overlay", err)
-	}
-	cv, err := s.create(ctx, p, volumeSpec{Name: consoleVolume(v.name), Format: "raw", Mode: "0600"})
-	if err == nil {
-		v.console, err = s.path(ctx, cv)
-	}
-	return v.fail("create console log", err)
+	return v.fail("create overlay", err)
 }
 
 // defineAndBoot defines the domain and starts it, picking new ports when
@@ -311,7 +307,6 @@ func (v *VM) spec() domainSpec {
 		VCPUs:     v.cfg.VCPUs,
 		MemoryMiB: v.cfg.MemoryMiB,
 		Overlay:   v.overlay,
-		Console:   v.console,
 		Kernel:    v.images[RoleKernel],
 		Initrd:    v.images[RoleInitrd],
 		Cmdline:   v.cfg.Cmdline,
@@ -412,22 +407,47 @@ func (v *VM) consoleTail() string {
 	return consoleText(b, err)
 }
 
-// Console returns up to max bytes of the end of the VM's serial console
-// log, read through libvirt (a download of its volume).
-func (v *VM) Console(ctx context.Context, max uint64) ([]byte, error) {
-	s := v.host.storage(v.conn)
-	p, err := s.pool(ctx)
+// Console returns up to max bytes of the end of the VM's serial console,
+// read through libvirt (QEMU's console ring buffer, through the monitor).
+// The VM keeps the last 64 KiB it read; what the guest wrote before QEMU
+// last started (a libvirt revert, a cold boot) is gone.
+func (v *VM) Console(ctx context.Context, max int) ([]byte, error) {
+	dom, err := v.domain(ctx)
 	if err != nil {
 		return nil, err
 	}
-	vol, ok, err := s.volume(ctx, p, consoleVolume(v.name))
+	var out string
+	cmd := fmt.Sprintf(`{"execute":"ringbuf-read","arguments":{"device":%q,"size":%d,"format":"base64"}}`, consoleID, consoleSize)
+	err = v.conn.do(ctx, "read console", func(lv *libvirt.Libvirt) error {
+		var err error
+		out, err = lv.QEMUDomainMonitorCommand(dom, cmd, 0)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
-		return nil, fmt.Errorf("no volume %s", consoleVolume(v.name))
+	var reply struct {
+		Return string `json:"return"`
 	}
-	return s.read(ctx, vol, max)
+	if err := json.Unmarshal([]byte(out), &reply); err != nil {
+		return nil, fmt.Errorf("console: qemu answered %q: %w", out, err)
+	}
+	b, err := base64.StdEncoding.DecodeString(reply.Return)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	const keep = 64 << 10
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.console = append(v.console, b...)
+	if len(v.console) > keep {
+		v.console = v.console[len(v.console)-keep:]
+	}
+	tail := v.console
+	if len(tail) > max {
+		tail = tail[len(tail)-max:]
+	}
+	return bytes.Clone(tail), nil
 }
 
 // snapshot takes the clean internal snapshot (disk and memory) of the
@@ -638,8 +658,8 @@ func (v *VM) teardown() error {
 	return nil
 }
 
-// removeVolumes deletes a VM's overlay and console log volumes; missing
-// ones (and a missing pool) are fine.
+// removeVolumes deletes a VM's overlay volume; a missing one (and a
+// missing pool) is fine.
 func removeVolumes(ctx context.Context, s *storage, name string) error {
 	p, err := s.pool(ctx)
 	if errors.Is(err, ErrNoPool) {
@@ -648,13 +668,7 @@ func removeVolumes(ctx context.Context, s *storage, name string) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, n := range []string{overlayVolume(name), consoleVolume(name)} {
-		if err := s.remove(ctx, p, n); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return s.remove(ctx, p, overlayVolume(name))
 }
 
 // removeDomain destroys and undefines a domain with its snapshot metadata.

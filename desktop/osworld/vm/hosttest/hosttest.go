@@ -49,6 +49,10 @@ type Options struct {
 	// Dir holds the hosts' directories (default /var/tmp/legato-hosts).
 	// QEMU reads its disks from there, so it must be open to other users.
 	Dir string
+	// TLS makes every libvirtd listen for TLS on its host's address too
+	// (port 16514), with certificates of a CA the fleet makes; clients
+	// use Fleet.PKIDir (Host.TLSURI).
+	TLS bool
 	// Logf receives progress lines (default: none).
 	Logf func(format string, args ...any)
 }
@@ -59,6 +63,10 @@ type Fleet struct {
 	Hosts []*Host
 	// KeyFile logs in as root on every host; KnownHosts lists their keys.
 	KeyFile, KnownHosts string
+	// PKIDir holds the CA certificate and the client certificate and key
+	// for the hosts' TLS listeners (Options.TLS), as libvirt's pkipath.
+	PKIDir string
+	pki    *pki
 
 	opts Options
 	dir  string
@@ -122,6 +130,12 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 		f.Close()
 		return nil, err
 	}
+	if opts.TLS {
+		if err := f.makePKI(); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
 	var known bytes.Buffer
 	for i := 1; i <= opts.Hosts; i++ {
 		h, line, err := f.makeHost(ctx, i)
@@ -145,6 +159,19 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 		}
 	}
 	return f, nil
+}
+
+func (f *Fleet) makePKI() error {
+	p, err := newPKI()
+	if err != nil {
+		return err
+	}
+	f.pki = p
+	f.PKIDir = filepath.Join(f.dir, "pki")
+	if err := p.writeCA(filepath.Join(f.PKIDir, "cacert.pem")); err != nil {
+		return err
+	}
+	return p.issue(2, "legato-client", nil, filepath.Join(f.PKIDir, "clientcert.pem"), filepath.Join(f.PKIDir, "clientkey.pem"))
 }
 
 func (f *Fleet) makeClientKey() error {
@@ -219,6 +246,11 @@ func (f *Fleet) makeHost(ctx context.Context, i int) (*Host, string, error) {
 	if err != nil {
 		return h, "", err
 	}
+	if f.pki != nil {
+		if err := f.tlsConfig(h, i); err != nil {
+			return h, "", err
+		}
+	}
 	// The holder enters the network namespace and makes the mount
 	// namespace, in which the libvirt directories are the host's own.
 	binds := ""
@@ -290,6 +322,34 @@ ClientAliveInterval 10
 	return knownhosts.Line([]string{h.Addr}, pub) + "\n", nil
 }
 
+// tlsConfig gives the host's libvirtd a TLS listener on its address, with
+// a server certificate for it.
+func (f *Fleet) tlsConfig(h *Host, i int) error {
+	dir := filepath.Join(h.Dir, "pki")
+	cert, key, ca := filepath.Join(dir, "servercert.pem"), filepath.Join(dir, "serverkey.pem"), filepath.Join(dir, "cacert.pem")
+	if err := f.pki.issue(int64(100+i), h.Name, net.ParseIP(h.Addr), cert, key); err != nil {
+		return err
+	}
+	if err := f.pki.writeCA(ca); err != nil {
+		return err
+	}
+	conf := filepath.Join(h.Dir, "etc", "libvirtd.conf")
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		return err
+	}
+	b = fmt.Appendf(b, "\n# hosttest: TLS on the host's address\nlisten_tls = 1\nlisten_tcp = 0\nlisten_addr = %q\nkey_file = %q\ncert_file = %q\nca_file = %q\nauth_tls = \"none\"\n",
+		h.Addr, key, cert, ca)
+	return os.WriteFile(conf, b, 0o644)
+}
+
+// TLSURI is the host's libvirt URI over TLS (Options.TLS), with the
+// fleet's client certificate; the guests' ports are reached over SSH,
+// which needs the fleet's key and known_hosts in vm.SSHConfig.
+func (h *Host) TLSURI() string {
+	return "qemu+tls://" + h.Addr + "/system?pkipath=" + h.fleet.PKIDir
+}
+
 // URI is the host's libvirt URI, with the fleet's key and known_hosts.
 func (h *Host) URI() string {
 	return "qemu+ssh://root@" + h.Addr + "/system?keyfile=" + h.fleet.KeyFile + "&known_hosts=" + h.fleet.KnownHosts
@@ -314,7 +374,7 @@ func (h *Host) StartDaemons(ctx context.Context) error {
 	}
 	for _, c := range [][]string{
 		{"virtlogd", "-d", "-p", "/run/libvirt/virtlogd.pid"},
-		{"libvirtd", "-d", "-p", "/run/libvirt/libvirtd.pid"},
+		h.libvirtdArgs(),
 		{"/usr/sbin/sshd", "-f", filepath.Join(h.Dir, "ssh", "sshd_config"), "-E", filepath.Join(h.Dir, "ssh", "sshd.log")},
 	} {
 		if _, err := h.Exec(ctx, c...); err != nil {
@@ -328,12 +388,19 @@ func (h *Host) StartDaemons(ctx context.Context) error {
 		if c != nil {
 			c.Close()
 		}
+		if serr == nil && h.fleet.pki != nil {
+			// libvirtd's TLS listener
+			c, serr = net.DialTimeout("tcp", net.JoinHostPort(h.Addr, "16514"), time.Second)
+			if c != nil {
+				c.Close()
+			}
+		}
 		if verr == nil && serr == nil {
 			h.fleet.opts.Logf("hosttest: %s up at %s", h.Name, h.Addr)
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("hosttest: %s did not come up: libvirtd: %v; sshd: %v", h.Name, verr, serr)
+			return fmt.Errorf("hosttest: %s did not come up: libvirtd: %v; its listeners: %v", h.Name, verr, serr)
 		}
 		select {
 		case <-ctx.Done():
@@ -341,6 +408,14 @@ func (h *Host) StartDaemons(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+func (h *Host) libvirtdArgs() []string {
+	args := []string{"libvirtd", "-d", "-p", "/run/libvirt/libvirtd.pid"}
+	if h.fleet.pki != nil {
+		args = append(args, "--listen")
+	}
+	return args
 }
 
 // Processes returns the processes running in the host's network
