@@ -21,6 +21,7 @@ type hostsCommand struct {
 	vm     vm.Config
 	image  string
 	asJSON bool
+	prune  bool
 }
 
 func (c *hostsCommand) flagSet(stderr io.Writer) *flag.FlagSet {
@@ -31,6 +32,7 @@ func (c *hostsCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.vm.Kernel, "kernel", "", "kernel booted directly (set by --image DIR)")
 	fs.StringVar(&c.vm.Initrd, "initrd", "", "initrd for --kernel")
 	fs.BoolVar(&c.asJSON, "json", false, "write the list as JSON")
+	fs.BoolVar(&c.prune, "prune", false, "with sync: also delete the volumes of other images (an image rebuilt, an older one) that no domain and no overlay on the host uses")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: legato rl hosts [sync] --image IMAGE [--host URI[,desktops=N]]... [flags]
 
@@ -39,7 +41,8 @@ answers, its cap and size, whether it holds the image files (a volume of the
 storage pool per file, named after its content and checked by hash), and the
 VMs of the prefix on it. With sync, it first uploads the image files to every
 host that lacks them or holds them differently, through libvirt's volume
-upload (creating the storage pool where missing). Exit status: 0 when every
+upload (creating the storage pool where missing); --prune then deletes the
+volumes of other images that nothing on a host uses. Exit status: 0 when every
 host answers and holds the image, 1 otherwise, 2 for a bad command line.
 
 Flags:
@@ -62,6 +65,9 @@ func (c *hostsCommand) Run(ctx context.Context, args []string, stdout, stderr io
 		doSync = true
 	case len(pos) > 0:
 		return usageErrorf("unexpected arguments %q; the only one is sync", pos)
+	}
+	if c.prune && !doSync {
+		return usageErrorf("--prune goes with sync: legato rl hosts sync --prune")
 	}
 	if c.image == "" {
 		return usageErrorf("--image: give the image the VMs boot from, as collect takes it")
@@ -101,6 +107,13 @@ func (c *hostsCommand) Run(ctx context.Context, args []string, stdout, stderr io
 			defer h.Close()
 			if doSync {
 				syncErrs[i] = syncHost(ctx, h, log)
+			}
+			if c.prune && syncErrs[i] == nil {
+				pruned, err := h.PruneImages(ctx)
+				if len(pruned) > 0 {
+					log.Info("deleted the volumes of other images", "host", h.Name(), "volumes", pruned)
+				}
+				syncErrs[i] = err
 			}
 			reports[i] = h.Inspect(ctx, cfg.NamePrefix)
 		}()

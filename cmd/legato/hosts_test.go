@@ -37,6 +37,7 @@ func TestHostsUsage(t *testing.T) {
 	}{
 		{nil, "--image"},
 		{[]string{"--image", img, "upload"}, "the only one is sync"},
+		{[]string{"--image", img, "--prune"}, "--prune goes with sync"},
 		{[]string{"--image", img, "--host", "qemu+ssh://h/system?no_verify=1"}, "-host"},
 	} {
 		err := new(hostsCommand).Run(t.Context(), tt.args, &bytes.Buffer{}, &bytes.Buffer{})

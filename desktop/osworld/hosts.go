@@ -261,12 +261,12 @@ func (p *Pool) hostDown(ph *poolHost, err error) {
 	if ph.inUse > 0 {
 		ph.unclean = true
 	}
-	inUse := ph.inUse
+	inUse, backoff := ph.inUse, ph.backoff
 	p.notifyLocked()
 	p.mu.Unlock()
 	if first {
 		p.log.Warn("host down: its desktops fail and it gets no new ones until it answers again",
-			"host", ph.name(), "desktops", inUse, "err", err, "retry_in", ph.backoff)
+			"host", ph.name(), "desktops", inUse, "err", err, "retry_in", backoff)
 	}
 	ph.h.Drop()
 }

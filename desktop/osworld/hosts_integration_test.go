@@ -62,6 +62,20 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 		}
 	}()
 	cfg := itConfig(t, "legato-ithosts-")
+	// A copy of the image files of its own: the batch, and the check at
+	// the end that every host holds them, must see one image even if the
+	// shared test image is rebuilt meanwhile.
+	img := t.TempDir()
+	for _, p := range []*string{&cfg.VM.BaseImage, &cfg.VM.Kernel, &cfg.VM.Initrd} {
+		b, err := os.ReadFile(*p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p = filepath.Join(img, filepath.Base(*p))
+		if err := os.WriteFile(*p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, h := range fleet.Hosts {
 		cfg.VM.Hosts = append(cfg.VM.Hosts, vm.HostSpec{URI: h.URI(), Desktops: 1, Name: h.Name})
 	}

@@ -578,10 +578,10 @@ func crashChild(t *testing.T, cfg Config) {
 		return d, err
 	}
 	tasks := []desktop.Task{{ID: "forever", Domain: "legato_term", Instruction: "Wait.", Evaluator: json.RawMessage(`{"func":"infeasible"}`)}}
-	rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "crash"}, rl.CollectOptions{
-		Out: t.TempDir(), NewDesktop: factory, Desktops: 1, Group: 1, MaxSteps: 10000,
+	_, err = rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "crash"}, rl.CollectOptions{
+		Out: t.TempDir(), NewDesktop: factory, Desktops: 1, Group: 1, MaxSteps: 1000,
 	})
-	t.Fatal("the batch ended; it should have been killed")
+	t.Fatalf("the batch ended (%v); it should have been killed", err)
 }
 
 // measurement is one quantity, measured several times.

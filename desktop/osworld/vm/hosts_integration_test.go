@@ -123,6 +123,43 @@ func TestIntegrationRemoteHost(t *testing.T) {
 	}
 	t.Logf("sync again (nothing to upload): %v", time.Since(t0).Round(time.Millisecond))
 
+	// Another image's file (here: another initrd) is pruned once nothing
+	// uses it; the current image stays.
+	stale := filepath.Join(t.TempDir(), "initrd.img")
+	b, err := os.ReadFile(cfg.Initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stale, append(b, 0), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other := cfg
+	other.Initrd = stale
+	oh, err := OpenHost(other.Hosts[0], other, HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oh.SyncImages(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	oh.Close()
+	pruned, err := rh1.PruneImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pruned) != 2 || !strings.HasPrefix(pruned[0], "legato-initrd-") || !strings.HasPrefix(pruned[1], "legato-initrd-") {
+		t.Errorf("pruned %v, want the other initrd and its marker", pruned)
+	}
+	if st, err := rh1.CheckImages(ctx); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, s := range st {
+			if !s.Matches {
+				t.Errorf("%s after the prune: %s", s.Volume, s.Why)
+			}
+		}
+	}
+
 	// A VM on the TLS host: libvirt over TLS, the guest over SSH.
 	v2, err := StartOn(ctx, rh2, cfg, 1)
 	if err != nil {

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -432,3 +434,118 @@ func (h *Host) baseCapacity() uint64 {
 // ErrImageMissing means a host lacks an image file VMs boot from (or holds
 // a different one).
 var ErrImageMissing = errors.New("image not on the host")
+
+// imageVolumeRE matches the volumes of image files (and their markers)
+// that SyncImages makes, whatever their content.
+var imageVolumeRE = regexp.MustCompile(`^legato-(base|kernel|initrd)-[0-9a-f]{16}(\.qcow2)?(\.sha256.*)?$`)
+
+// PruneImages deletes the image volumes of other images than the host's
+// current ones (an image rebuilt, an older OSWorld image) that nothing on
+// the host uses: no domain boots from them and no volume is backed by
+// them. It returns the volumes it deleted.
+func (h *Host) PruneImages(ctx context.Context) ([]string, error) {
+	files, err := h.imageFiles(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keep := map[string]bool{}
+	for _, f := range files {
+		keep[f.Volume()], keep[f.marker()] = true, true
+	}
+	c := h.connect()
+	defer c.close()
+	s := h.storage(c)
+	p, err := s.pool(ctx)
+	if errors.Is(err, ErrNoPool) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	used, err := usedPaths(ctx, c, s, p)
+	if err != nil {
+		return nil, err
+	}
+	names, err := s.names(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	var pruned []string
+	for _, n := range names {
+		if keep[n] || !imageVolumeRE.MatchString(n) {
+			continue
+		}
+		v, ok, err := s.volume(ctx, p, n)
+		if err != nil {
+			return pruned, err
+		}
+		if !ok {
+			continue
+		}
+		path, err := s.path(ctx, v)
+		if err != nil {
+			return pruned, err
+		}
+		// A marker goes with its volume, and is kept with it.
+		if base, _, isMarker := strings.Cut(path, ".sha256"); isMarker && used[base] {
+			continue
+		}
+		if used[path] {
+			continue
+		}
+		if err := s.remove(ctx, p, n); err != nil {
+			return pruned, err
+		}
+		pruned = append(pruned, n)
+	}
+	return pruned, nil
+}
+
+// usedPaths returns the paths on the host that a domain boots from (disks,
+// kernels, initrds) or a volume of the pool is backed by.
+func usedPaths(ctx context.Context, c *conn, s *storage, p libvirt.StoragePool) (map[string]bool, error) {
+	used := map[string]bool{}
+	var docs []string
+	err := c.do(ctx, "list what uses the image volumes", func(lv *libvirt.Libvirt) error {
+		doms, _, err := lv.ConnectListAllDomains(1, 0)
+		if err != nil {
+			return err
+		}
+		for _, d := range doms {
+			x, err := lv.DomainGetXMLDesc(d, 0)
+			if err != nil && !isNoDomain(err) {
+				return err
+			}
+			docs = append(docs, x)
+		}
+		vols, _, err := lv.StoragePoolListAllVolumes(p, 1, 0)
+		if err != nil {
+			return err
+		}
+		for _, v := range vols {
+			x, err := lv.StorageVolGetXMLDesc(v, 0)
+			if err != nil && !isNoVolume(err) {
+				return err
+			}
+			docs = append(docs, x)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, x := range docs {
+		for _, m := range usedPathRE.FindAllStringSubmatch(x, -1) {
+			for _, g := range m[1:] {
+				if g != "" {
+					used[html.UnescapeString(g)] = true
+				}
+			}
+		}
+	}
+	return used, nil
+}
+
+// usedPathRE finds the paths a domain or volume definition refers to:
+// disk sources, kernels and initrds, backing stores.
+var usedPathRE = regexp.MustCompile(`<source file='([^']*)'|<source file="([^"]*)"|<kernel>([^<]*)</kernel>|<initrd>([^<]*)</initrd>|<backingStore>\s*<path>([^<]*)</path>`)

@@ -29,15 +29,15 @@ const (
 // address of qemu+tls hosts). The zero value reads keys and known hosts
 // where OpenSSH does.
 type SSHConfig struct {
-	// KnownHosts are the known_hosts files a host's key must be in
-	// (default ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts). A host's
+	// KnownHosts are the known_hosts files a host's key must be in (nil:
+	// ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts). A host's
 	// ?known_hosts= parameter replaces them for that host. Host keys are
 	// always checked: an unknown or changed key fails the connection.
 	KnownHosts []string
-	// IdentityFiles are private keys to log in with (default the ones of
-	// ~/.ssh/id_ed25519, id_ecdsa and id_rsa that exist). A host's
-	// ?keyfile= parameter is tried first. Keys with a passphrase are
-	// skipped: add them to ssh-agent instead.
+	// IdentityFiles are private keys to log in with (nil: those of
+	// ~/.ssh/id_ed25519, id_ecdsa and id_rsa that exist; an empty list:
+	// none). A host's ?keyfile= parameter is tried first. Keys with a
+	// passphrase are skipped: add them to ssh-agent instead.
 	IdentityFiles []string
 	// NoAgent keeps legato from asking the agent at $SSH_AUTH_SOCK for
 	// keys.
