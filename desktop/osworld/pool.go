@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -261,13 +262,27 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 	if err := sh.detectRoot(ctx); err != nil {
 		return nil, fail("attach", err)
 	}
-	made, err := sh.ensureBaseline(ctx, p.cfg.Home, p.cfg.BaselineDir)
+	cc, err := p.cfg.cleanConfig()
 	if err != nil {
 		return nil, fail("attach", err)
 	}
-	if made {
+	// A guest given by URL has no snapshot: its clean state is what it is
+	// now, unless an earlier run recorded it in this boot.
+	cc.KeepSameBoot = true
+	rec, err := sh.recordClean(ctx, cc)
+	if err != nil {
+		return nil, fail("attach", err)
+	}
+	if rec.HomeBaseline == "created" {
 		p.log.Warn("the guest had no home baseline: made one from its home as it is now; fast resets restore that state",
 			"guest", addr.URL, "home", p.cfg.Home, "baseline", p.cfg.BaselineDir)
+	}
+	if !rec.Kept {
+		p.log.Warn("recorded the guest's clean state as it is now (processes, windows, "+strings.Join(p.cfg.FastReset.Restore, ", ")+"): fast resets bring it back to that",
+			"guest", addr.URL, "processes", rec.Processes, "record_s", rec.Seconds)
+	}
+	if rec.Windows == nil && !rec.Kept {
+		p.log.Warn("fast resets cannot check the guest's windows", "guest", addr.URL, "why", rec.WindowsWhy)
 	}
 	d, err := p.newDesktop(ctx, addr.URL, addr, c, sh, nil)
 	if err != nil {
@@ -290,6 +305,7 @@ func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
 	vcfg.BootTimeout = p.cfg.BootTimeout
 	v, err := vm.Start(sctx, vcfg, slot)
 	prep.done.Store(true)
+	prep.forgetOffset()
 	if err != nil {
 		return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot), Err: err}
 	}
@@ -299,14 +315,15 @@ func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
 	if err == nil {
 		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot}
 		var d *Desktop
-		// A fresh guest's clock comes from the emulated RTC, seconds off
-		// under software emulation.
+		// The clock was set before the snapshot, but the snapshot took
+		// time.
 		err = sh.setClock(ctx)
 		if err == nil {
 			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v)
 		}
 		if err == nil {
 			d.fresh = true
+			d.probe = prep
 			return d, nil
 		}
 	}
@@ -317,9 +334,11 @@ func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
 }
 
 // vmPrep is the readiness probe of a booting VM. The first time the guest
-// answers, it prepares the clean state (the home baseline, a settled
-// screen) before vm.Start takes the snapshot; afterwards, for reverts, it
-// only probes. vm.Start calls it from its own goroutine, one call at a time.
+// answers, it prepares the clean state (a settled screen, the clock, the
+// clean-state record with the home baseline) before vm.Start takes the
+// snapshot. Afterwards, for reverts, its probe asks the guest for its time,
+// so that the revert that waits for it learns the clock's offset without a
+// call of its own. vm.Start and the reverts call it one call at a time.
 type vmPrep struct {
 	pool *Pool
 	// startCtx is the ctx of the boot. The probe's own ctx is bounded by
@@ -331,6 +350,31 @@ type vmPrep struct {
 	prepared bool
 	asRoot   bool
 	client   *guest.Client
+
+	mu     sync.Mutex
+	off    time.Duration // the guest clock's offset the last probe measured
+	offSet bool
+}
+
+// offset returns the guest clock's offset that the probe measured when the
+// guest answered after the last revert. It is safe on a nil vmPrep.
+func (v *vmPrep) offset() (time.Duration, bool) {
+	if v == nil {
+		return 0, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.off, v.offSet
+}
+
+// forgetOffset drops the measured offset before the guest changes.
+func (v *vmPrep) forgetOffset() {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	v.offSet = false
+	v.mu.Unlock()
 }
 
 func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
@@ -346,11 +390,18 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 		}
 		v.client = c
 	}
+	if v.prepared || v.done.Load() {
+		off, err := clockOffset(ctx, v.client)
+		if err != nil {
+			return err
+		}
+		v.mu.Lock()
+		v.off, v.offSet = off, true
+		v.mu.Unlock()
+		return nil
+	}
 	if _, _, err := v.client.ScreenSize(ctx); err != nil {
 		return err
-	}
-	if v.prepared || v.done.Load() {
-		return nil
 	}
 	pctx, cancel := context.WithTimeout(v.startCtx, v.pool.cfg.PrepareTimeout)
 	defer cancel()
@@ -363,7 +414,8 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 	return nil
 }
 
-// prepare waits for a settled screen, then makes the home baseline.
+// prepare waits for a settled screen, sets the clock, then records the
+// clean state (and makes the home baseline).
 func (v *vmPrep) prepare(ctx context.Context) error {
 	p := v.pool
 	sh := &guestShell{client: v.client, password: p.cfg.ClientPassword}
@@ -378,8 +430,26 @@ func (v *vmPrep) prepare(ctx context.Context) error {
 	if _, err := d.readySignal(ctx, p.cfg.Ready.AfterResetMax); err != nil {
 		return err
 	}
-	_, err := sh.ensureBaseline(ctx, p.cfg.Home, p.cfg.BaselineDir)
-	return err
+	// The record's time stamp, and every later change's time, must come
+	// from a clock that is right: the emulated RTC is seconds off under
+	// software emulation.
+	if err := sh.setClock(ctx); err != nil {
+		return err
+	}
+	cc, err := p.cfg.cleanConfig()
+	if err != nil {
+		return err
+	}
+	rec, err := sh.recordClean(ctx, cc)
+	if err != nil {
+		return err
+	}
+	p.log.Info("recorded the clean state", "processes", rec.Processes, "windows", rec.Windows,
+		"writable_entries", rec.Writable, "seconds", rec.Seconds)
+	if rec.Windows == nil {
+		p.log.Warn("fast resets cannot check the guest's windows", "why", rec.WindowsWhy)
+	}
+	return nil
 }
 
 // newDesktop assembles a desktop around a guest that answers.
