@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // cleanStateTool is the in-guest program that records the clean state and
@@ -19,11 +21,51 @@ import (
 //go:embed guestpy/cleanstate.py
 var cleanStateTool string
 
-// runPython runs the tool as root: $1 is its text, the rest its arguments.
+// quietTool is the in-guest probe of the ready signal
+// (guestpy/quiet.py).
+//
+//go:embed guestpy/quiet.py
+var quietTool string
+
+// runPython runs a Python program: $1 is its text, the rest its arguments.
+// -I -S: the programs need the standard library only, and skipping the
+// site packages saves much of Python's start under software emulation.
 const runPython = `src=$1
 shift
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed in the guest" >&2; exit 127; }
-exec python3 -c "$src" "$@"`
+exec python3 -I -S -c "$src" "$@"`
+
+// errNoPython means the guest has no python3.
+var errNoPython = errors.New("the guest has no python3")
+
+// quietProbe is what the quiet probe saw over its interval.
+type quietProbe struct {
+	// Load is the busy share of the guest's CPUs.
+	Load float64 `json:"load"`
+	// Damage is the screen area redrawn, in pixels; nil when the guest
+	// cannot watch its screen (Why says why).
+	Damage *int64 `json:"damage"`
+	Why    string `json:"why"`
+}
+
+// quiet watches the guest's load and screen for interval.
+func (s *guestShell) quiet(ctx context.Context, interval time.Duration) (quietProbe, error) {
+	var p quietProbe
+	res, err := s.run(ctx, runPython, quietTool, strconv.FormatFloat(interval.Seconds(), 'f', 3, 64))
+	if err != nil {
+		return p, err
+	}
+	if res.ReturnCode == 127 {
+		return p, fmt.Errorf("%w: %s", errNoPython, clip(res.Error))
+	}
+	if res.ReturnCode != 0 {
+		return p, fmt.Errorf("quiet probe: exit %d: %s", res.ReturnCode, clip(lastLines(res.Error+res.Output, 6)))
+	}
+	if err := json.Unmarshal([]byte(res.Output), &p); err != nil {
+		return p, fmt.Errorf("quiet probe: answer %q: %v", clip(res.Output), err)
+	}
+	return p, nil
+}
 
 // cleanConfig is what the tool is told; see guestpy/cleanstate.py.
 type cleanConfig struct {
@@ -36,7 +78,12 @@ type cleanConfig struct {
 	Restore      []string `json:"restore"`
 	Check        []string `json:"check"`
 	Skip         []string `json:"skip"`
-	Shared       bool     `json:"shared"`
+	// ScopeDisplay ends only processes whose environment names the guest
+	// server's X display (a guest that shares its machine).
+	ScopeDisplay bool `json:"scope_display"`
+	// CheckOutside records and checks what the user may change outside
+	// the restored directories, and the Check directories.
+	CheckOutside bool `json:"check_outside"`
 	// KeepSameBoot keeps a record made earlier in the same boot (a guest
 	// given by URL that an earlier run attached to).
 	KeepSameBoot bool `json:"keep_same_boot"`
@@ -93,7 +140,8 @@ func (c Config) cleanConfig() (cleanConfig, error) {
 		Restore:      fr.Restore,
 		Check:        fr.Check,
 		Skip:         fr.Skip,
-		Shared:       fr.Shared,
+		ScopeDisplay: fr.Shared,
+		CheckOutside: !fr.Shared,
 	}, nil
 }
 

@@ -44,6 +44,9 @@ const (
 	DefaultReadyInterval = 500 * time.Millisecond
 	DefaultReadyStable   = 2
 	DefaultReadyMaxLoad  = 0.25
+	// DefaultReadyMaxDamage is an 8×8 square: a blinking text caret (2×20)
+	// is below it, a typed character above.
+	DefaultReadyMaxDamage = 64
 	DefaultAfterResetMax = 30 * time.Second
 	DefaultBeforeEvalMax = 10 * time.Second
 )
@@ -284,10 +287,12 @@ func (a GuestAddr) devToolsEndpoint() string {
 	return "http://" + net.JoinHostPort(a.host(), strconv.Itoa(a.DevToolsPort))
 }
 
-// ReadyConfig configures the ready signal: the desktop is ready when Stable
-// consecutive screenshots, Interval apart, are identical and the guest's
-// CPUs were at most MaxLoad busy in between, or when the wait's bound
-// passed. (desktop.WithFixedWaits replaces it by fixed sleeps, for
+// ReadyConfig configures the ready signal: the desktop is ready when, over
+// an Interval, the guest's CPUs were at most MaxLoad busy and at most
+// MaxDamage pixels of its screen were redrawn (then one screenshot shows
+// it), or, where the guest cannot watch its screen, when Stable
+// consecutive screenshots with idle Intervals between them are identical;
+// or when the wait's bound passed. (desktop.WithFixedWaits replaces it by fixed sleeps, for
 // baselines.)
 type ReadyConfig struct {
 	// Interval is the time between two looks at the screen, during which
@@ -300,6 +305,14 @@ type ReadyConfig struct {
 	// them) at or below which the guest counts as idle (default 0.25);
 	// 1 turns the load check off.
 	MaxLoad float64
+	// MaxDamage is the screen area in pixels that may be redrawn during an
+	// Interval of a settled screen, where the guest watches its screen
+	// (default 64).
+	MaxDamage int64
+	// NoDamage compares Stable screenshots even where the guest could
+	// watch its screen (a baseline; two screenshots per wait instead of
+	// one).
+	NoDamage bool
 	// AfterResetMax bounds WaitAfterReset (default 30s; OSWorld slept 60s).
 	AfterResetMax time.Duration
 	// BeforeEvalMax bounds WaitBeforeEval (default 10s; OSWorld slept
@@ -398,6 +411,9 @@ func (r ReadyConfig) withDefaults() ReadyConfig {
 	}
 	if r.MaxLoad <= 0 {
 		r.MaxLoad = DefaultReadyMaxLoad
+	}
+	if r.MaxDamage <= 0 {
+		r.MaxDamage = DefaultReadyMaxDamage
 	}
 	if r.AfterResetMax <= 0 {
 		r.AfterResetMax = DefaultAfterResetMax
@@ -515,6 +531,9 @@ func (r ReadyConfig) validate() []error {
 	}
 	if r.Stable < 0 {
 		errs = append(errs, fmt.Errorf("Ready.Stable %d: want ≥ 2 identical screenshots (0 means the default)", r.Stable))
+	}
+	if r.MaxDamage < 0 {
+		errs = append(errs, fmt.Errorf("Ready.MaxDamage %d: want ≥ 0 pixels (0 means the default)", r.MaxDamage))
 	}
 	if r.MaxLoad < 0 || r.MaxLoad > 1 {
 		errs = append(errs, fmt.Errorf("Ready.MaxLoad %g: want a share of the CPUs in (0, 1] (0 means the default)", r.MaxLoad))

@@ -70,6 +70,8 @@ type Desktop struct {
 	fresh      bool            // nothing ran since the clean snapshot
 	warned     map[string]bool // domains warned about (guests without snapshots)
 	noLoad     bool            // the guest's load cannot be measured
+	noDamage   bool            // the guest cannot watch its screen
+	waits      waitCosts
 	chooser    resetChooser
 	prev       prevAttempt // the attempt since the last reset
 	// probe is the VM's readiness probe, which measures the guest clock's
@@ -335,9 +337,9 @@ func (d *Desktop) wait(ctx context.Context, op string, max time.Duration) error 
 	return nil
 }
 
-// WaitReady waits after an action until Ready.Stable screenshots in a row
-// are identical and the guest was idle between them, at most max, and
-// returns the last of them as the observation to continue from.
+// WaitReady waits after an action until the screen settled and the guest
+// is idle (see readySignal), at most max, and returns the screen it ended
+// on as the observation to continue from.
 func (d *Desktop) WaitReady(ctx context.Context, max time.Duration) (desktop.Ready, error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {

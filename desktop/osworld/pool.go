@@ -508,6 +508,12 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		warned: map[string]bool{},
 	}
 	d.closeCtx, d.closeNow = context.WithCancel(context.Background())
+	// The ready signal plans its last screenshot to end by its bound: it
+	// needs to know what one costs from its first wait on.
+	if _, err := d.timedShot(ctx); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("screenshot: %w", err)
+	}
 	log.Info("desktop ready", "guest", addr.URL, "screen", fmt.Sprintf("%dx%d", w, h), "as_root", sh.asRoot)
 	return d, nil
 }

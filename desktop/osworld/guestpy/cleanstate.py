@@ -145,7 +145,7 @@ def display(cfg):
 def in_scope(cfg, pid):
     """Whether a process belongs to the guest: all of them, unless the guest shares its
     machine (then only those of the guest's X display)."""
-    if not cfg.get("shared"):
+    if not cfg.get("scope_display"):
         return True
     return environ_has(pid, b"DISPLAY=" + display(cfg).encode())
 
@@ -693,7 +693,7 @@ def record(cfg):
                 except OSError:
                     want.pop(rel)  # it went away, or cannot be read: not part of the state
         clean["restore"].append({"dir": d, "copy": copy, "want": want})
-    if not cfg.get("shared"):
+    if cfg.get("check_outside"):
         clean["writable"] = writable_entries(cfg, uid)
         clean["check"] = [d for d in cfg["check"] if os.path.lexists(d)]
     write_json(path, clean)
