@@ -47,8 +47,8 @@ const (
 	// DefaultReadyMaxDamage is an 8×8 square: a blinking text caret (2×20)
 	// is below it, a typed character above.
 	DefaultReadyMaxDamage = 64
-	DefaultAfterResetMax = 30 * time.Second
-	DefaultBeforeEvalMax = 10 * time.Second
+	DefaultAfterResetMax  = 30 * time.Second
+	DefaultBeforeEvalMax  = 10 * time.Second
 )
 
 // DefaultRevertDomains are the OSWorld domains whose tasks always get a

@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -378,7 +380,7 @@ echo left > /tmp/legato-left.txt && mkdir -p /tmp/legato-dir && echo x > /tmp/le
 (setsid sleep 4242 </dev/null >/dev/null 2>&1 &)
 (setsid xedit /tmp/legato-left.txt </dev/null >/dev/null 2>&1 &)
 (setsid xterm -T legato-dirty </dev/null >/dev/null 2>&1 &)
-for i in $(seq 300); do wmctrl -l | grep -q legato-dirty && wmctrl -l | grep -q legato-left && break; sleep 0.1; done
+for i in $(seq 300); do w=$(wmctrl -lx); case $w in *legato-dirty*) case $w in *xedit*) break;; esac;; esac; sleep 0.1; done
 xdotool search --name legato-dirty windowactivate --sync key ctrl+s`))
 	if err != nil || res.ReturnCode != 0 {
 		t.Fatalf("dirty the guest: %v %+v", err, res)
@@ -599,8 +601,8 @@ func TestIntegrationNothingCarriesOver(t *testing.T) {
 echo left > /tmp/legato-left.txt && echo left > /var/tmp/legato-left.txt
 (setsid sleep 4242 </dev/null >/dev/null 2>&1 &)
 (setsid xedit /tmp/legato-left.txt </dev/null >/dev/null 2>&1 &)
-for i in $(seq 300); do wmctrl -l | grep -q legato-left && break; sleep 0.1; done
-wmctrl -l | grep -q legato-left`)
+for i in $(seq 300); do wmctrl -lx | grep -qi xedit && break; sleep 0.1; done
+wmctrl -lx | grep -qi xedit`)
 	}
 
 	scores := map[string][]float64{}
@@ -771,6 +773,19 @@ func crashChild(t *testing.T, cfg Config) {
 	t.Fatal("the batch ended; it should have been killed")
 }
 
+// countingTransport counts the screenshots asked through it.
+type countingTransport struct {
+	base  http.RoundTripper
+	shots atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == "/screenshot" {
+		c.shots.Add(1)
+	}
+	return c.base.RoundTrip(r)
+}
+
 // measurement is one quantity, measured several times.
 type measurement struct {
 	Seconds []float64 `json:"seconds"`
@@ -801,9 +816,11 @@ func median(s []float64) float64 {
 }
 
 // measure times, side by side on one VM: each kind of reset until the
-// guest answers (checked to restore the clean state), the guest clock
-// right after each, the post-action wait with the ready signal against a
-// fixed 3 s, and the latency of screenshots and commands.
+// guest answers (checked to restore the clean state), with its clock set,
+// and the guest clock right after each; steps with the ready signal that
+// compares screenshots against the one that watches the screen (their
+// screenshots are counted: a "_count" is a number, not seconds); and the
+// latency of screenshots and commands.
 func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 	d, v := vd.Desktop, vd.VM()
 	c := d.Guest()
@@ -830,12 +847,31 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 	for range n {
 		dirty(t, ctx, d)
 		t0 := time.Now()
+		r, err := d.fastReset(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m("reset_fast_after_dirt").add(time.Since(t0))
+		for phase, s := range r.Seconds {
+			m("reset_fast_after_dirt_in_guest_" + phase).add(time.Duration(s * float64(time.Second)))
+		}
+		offset("clock_offset_after_fast")
+		restored("fast reset")
+		t0 = time.Now()
 		if _, err := d.fastReset(ctx); err != nil {
 			t.Fatal(err)
 		}
-		m("reset_fast").add(time.Since(t0))
-		offset("clock_offset_after_fast")
-		restored("fast reset")
+		m("reset_fast_nothing_to_undo").add(time.Since(t0))
+	}
+	for range n {
+		dirty(t, ctx, d)
+		t0 := time.Now()
+		if _, err := d.revert(ctx); err != nil {
+			t.Fatal(err)
+		}
+		m("reset_loadvm_with_clock_set").add(time.Since(t0))
+		offset("clock_offset_after_loadvm_with_clock_set")
+		restored("loadvm")
 	}
 	for _, r := range []struct {
 		name   string
@@ -848,12 +884,15 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 			if err := r.revert(ctx); err != nil {
 				t.Fatal(err)
 			}
-			m(r.name).add(time.Since(t0))
+			m(r.name + "_until_answering").add(time.Since(t0))
 			c.CloseIdleConnections()
-			offset("clock_offset_after_" + r.name)
+			t1 := time.Now()
+			// The clock set as before: measure the offset, then shift.
 			if err := d.sh.setClock(ctx); err != nil {
 				t.Fatal(err)
 			}
+			m(r.name + "_then_separate_clock_set").add(time.Since(t1))
+			offset("clock_offset_after_" + r.name + "_and_clock_set")
 			restored(r.name)
 		}
 	}
@@ -871,7 +910,7 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 	if err := d.WaitAfterReset(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for i := range n {
+	for range n {
 		t0 := time.Now()
 		if _, err := c.Screenshot(ctx); err != nil {
 			t.Fatal(err)
@@ -883,20 +922,49 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 		}
 		m("execute_true").add(time.Since(t0))
 		t0 = time.Now()
-		r, err := d.Act(ctx, desktop.Action{Kind: desktop.Code, Code: fmt.Sprintf("pyautogui.typewrite('echo step %d'); pyautogui.press('enter')", i)})
-		if err != nil || r.ExitCode != 0 {
-			t.Fatalf("act: %v %+v", err, r)
-		}
-		m("execute_pyautogui_action").add(time.Since(t0))
-		t0 = time.Now()
-		ready, err := d.WaitReady(ctx, 10*time.Second)
-		if err != nil {
+		if _, err := d.sh.quiet(ctx, 0); err != nil {
 			t.Fatal(err)
 		}
-		m("post_action_ready_s").add(ready.After)
-		m("post_action_wait_with_ready_signal").add(time.Since(t0))
-		m("post_action_fixed_wait").add(3 * time.Second)
+		m("quiet_probe_overhead").add(time.Since(t0))
 	}
+	// Steps on a screen that settles as the action ends (typing into a
+	// terminal), counting the wait's screenshots: comparing screenshots
+	// (what the wait did before) against watching the screen in the guest.
+	counter := &countingTransport{base: http.DefaultTransport}
+	counted, err := guest.New(c.URL(), guest.Options{HTTPClient: &http.Client{Transport: counter}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.guest = counted
+	for _, mode := range []struct {
+		name     string
+		noDamage bool
+	}{{"compare_screenshots", true}, {"watch_screen", false}} {
+		d.cfg.Ready.NoDamage = mode.noDamage
+		for i := range n {
+			t0 := time.Now()
+			r, err := d.Act(ctx, desktop.Action{Kind: desktop.Code, Code: fmt.Sprintf("pyautogui.typewrite('echo step %d'); pyautogui.press('enter')", i)})
+			if err != nil || r.ExitCode != 0 {
+				t.Fatalf("act: %v %+v", err, r)
+			}
+			m("execute_pyautogui_action").add(time.Since(t0))
+			shots := counter.shots.Load()
+			t1 := time.Now()
+			ready, err := d.WaitReady(ctx, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ready.Settled {
+				t.Errorf("%s: step %d: the screen did not settle within 10s", mode.name, i)
+			}
+			m("step_" + mode.name + "_screenshots_count").add(time.Duration(counter.shots.Load()-shots) * time.Second)
+			m("step_" + mode.name + "_wait").add(time.Since(t1))
+			m("step_" + mode.name + "_act_and_wait").add(time.Since(t0))
+		}
+	}
+	d.cfg.Ready.NoDamage = false
+	d.guest = c
+	counted.CloseIdleConnections()
 	t0 := time.Now()
 	if err := d.WaitBeforeEval(ctx); err != nil {
 		t.Fatal(err)

@@ -444,7 +444,11 @@ func (v *vmPrep) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.log.Info("recorded the clean state", "processes", rec.Processes, "windows", rec.Windows,
+	windows := -1
+	if rec.Windows != nil {
+		windows = *rec.Windows
+	}
+	p.log.Info("recorded the clean state", "processes", rec.Processes, "windows", windows,
 		"writable_entries", rec.Writable, "seconds", rec.Seconds)
 	if rec.Windows == nil {
 		p.log.Warn("fast resets cannot check the guest's windows", "why", rec.WindowsWhy)

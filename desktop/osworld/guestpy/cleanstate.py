@@ -94,13 +94,14 @@ def environ_has(pid, entry):
         return False
 
 
-def own_processes(procs, nonce):
-    """This call's processes: itself, its ancestors, its descendants, and anything that
-    carries the nonce (the request's shells and sudo)."""
+def own_processes(procs, nonce, ancestors=True):
+    """This call's processes: itself, its descendants, anything that carries the nonce (the
+    request's shells and sudo), and, with ancestors, every process it descends from (the
+    guest server, its supervisor: to be left alone, though a record keeps them)."""
     me = os.getpid()
-    own = set()
-    p = me
-    while p in procs and p not in own:
+    own = {me}
+    p = procs.get(me, (0, 0))[1]
+    while ancestors and p in procs and p not in own:
         own.add(p)
         p = procs[p][1]
     children = {}
@@ -129,7 +130,7 @@ def key(pid, info):
 
 def clean_processes(cfg):
     procs = read_procs()
-    own = own_processes(procs, cfg["nonce"])
+    own = own_processes(procs, cfg["nonce"], ancestors=False)
     out = {}
     for pid, info in procs.items():
         if pid in own or kernel_thread(pid, info) or info[2] == "Z" or not in_scope(cfg, pid):
