@@ -193,10 +193,10 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	case ResetFast:
 		var r cleanResult
 		r, err = d.fastReset(ctx)
-		rep.Ended, rep.Closed, rep.Left = r.Ended, r.Windows.Closed, r.Problems
+		rep.Ended, rep.Closed, rep.Left = r.Ended, r.Windows.Closed, append(r.Broken, r.Problems...)
 		d.log.Debug("fast reset in the guest", "seconds", r.Seconds, "restored", r.Restored)
 		if err != nil && errors.Is(err, ErrFastReset) {
-			left := strings.Join(append(r.Broken, r.Problems...), "; ")
+			left := strings.Join(rep.Left, "; ")
 			if left == "" {
 				left = err.Error()
 			}
@@ -293,9 +293,7 @@ func (d *Desktop) revert(ctx context.Context) (string, error) {
 	// Connections kept alive across the restore lead to a guest that no
 	// longer knows them.
 	d.guest.CloseIdleConnections()
-	if d.probe != nil {
-		d.probe.forgetOffset()
-	}
+	d.probe.forgetOffset()
 	err := d.vm.Revert(ctx)
 	d.guest.CloseIdleConnections()
 	how := ResetLoadvm

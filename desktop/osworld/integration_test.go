@@ -379,7 +379,7 @@ func dirty(t *testing.T, ctx context.Context, d *Desktop) {
 echo left > /tmp/legato-left.txt && mkdir -p /tmp/legato-dir && echo x > /tmp/legato-dir/x && echo left > /var/tmp/legato-left.txt
 (setsid sleep 4242 </dev/null >/dev/null 2>&1 &)
 (setsid xedit /tmp/legato-left.txt </dev/null >/dev/null 2>&1 &)
-(setsid xterm -T legato-dirty </dev/null >/dev/null 2>&1 &)
+(setsid xterm -xrm "XTerm.vt100.allowTitleOps: false" -T legato-dirty </dev/null >/dev/null 2>&1 &)
 for i in $(seq 300); do w=$(wmctrl -lx); case $w in *legato-dirty*) case $w in *xedit*) break;; esac;; esac; sleep 0.1; done
 xdotool search --name legato-dirty windowactivate --sync key ctrl+s`))
 	if err != nil || res.ReturnCode != 0 {
