@@ -13,19 +13,24 @@ import (
 	"time"
 )
 
-// cleanStateTool is the in-guest program that records the clean state and
-// brings a guest back to it (guestpy/cleanstate.py). It is sent with each
-// call, so a guest needs only python3: an OSWorld image has it, since its
-// guest server is Python.
-//
-//go:embed guestpy/cleanstate.py
-var cleanStateTool string
+// The in-guest programs. Each is sent with every call, ahead of it the X
+// client they share (guestpy/x11.py), so a guest needs only python3: an
+// OSWorld image has it, since its guest server is Python.
+var (
+	//go:embed guestpy/x11.py
+	x11Client string
+	//go:embed guestpy/cleanstate.py
+	cleanStateSrc string
+	//go:embed guestpy/quiet.py
+	quietSrc string
 
-// quietTool is the in-guest probe of the ready signal
-// (guestpy/quiet.py).
-//
-//go:embed guestpy/quiet.py
-var quietTool string
+	// cleanStateTool records the clean state and brings a guest back to
+	// it.
+	cleanStateTool = x11Client + "\n" + cleanStateSrc
+	// quietTool is the ready signal's probe: the guest's load and how
+	// much of its screen was redrawn.
+	quietTool = x11Client + "\n" + quietSrc
+)
 
 // runPython runs a Python program: $1 is its text, the rest its arguments.
 // -I -S: the programs need the standard library only, and skipping the

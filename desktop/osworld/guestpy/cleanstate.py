@@ -1,4 +1,4 @@
-"""legato's in-guest clean-state tool (Python 3 standard library only).
+"""legato's in-guest clean-state tool (Python 3 standard library only; x11.py comes first).
 
 The desktop sends this file's text with every call (python3 -c TEXT CMD CONFIG), so a guest
 needs nothing installed beyond python3. It prints one JSON object on stdout.
@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -199,133 +200,100 @@ def end_newcomers(cfg, base, problems, deadline):
     return ended
 
 
-# ---- X windows ------------------------------------------------------------------------------
+# ---- X windows ----------------------------------------------------------------------------
 
-def x_env(cfg):
-    env = dict(os.environ)
-    if display(cfg):
-        env["DISPLAY"] = display(cfg)
-    if cfg.get("xauthority"):
-        env["XAUTHORITY"] = cfg["xauthority"]
-    return env
-
-
-def run_x(cfg, argv, timeout=10):
+def x_open(cfg):
+    """A connection to the guest's display (x11.py), or (None, why)."""
     try:
-        r = subprocess.run(argv, env=x_env(cfg), stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        return X(display(cfg)), None
+    except (OSError, ValueError, struct.error, IndexError) as e:
         return None, str(e)
-    if r.returncode != 0:
-        return None, (r.stderr or r.stdout).decode("utf-8", "replace").strip()[:300]
-    return r.stdout.decode("utf-8", "replace"), None
 
 
-def list_windows(cfg):
-    """Returns ({id: {pid, desktop, geometry, class, title}}, None), or (None, why) when
-    the windows cannot be listed (no wmctrl, no window manager)."""
-    if not shutil.which("wmctrl"):
-        return None, "wmctrl is not installed"
-    out, err = run_x(cfg, ["wmctrl", "-lpGx"])
-    if out is None:
-        return None, "wmctrl -lpGx: " + err
-    wins = {}
-    for line in out.splitlines():
-        f = line.split(None, 9)
-        if len(f) < 9:
-            continue
-        wins[f[0]] = {"desktop": f[1], "pid": int(f[2]), "geometry": " ".join(f[3:7]),
-                      "class": f[7], "title": f[9] if len(f) > 9 else ""}
-    return wins, None
-
-
-def pointer(cfg):
-    if not shutil.which("xdotool"):
-        return None
-    out, _ = run_x(cfg, ["xdotool", "getmouselocation", "--shell"])
-    if out is None:
-        return None
-    loc = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
-    try:
-        return [int(loc["X"]), int(loc["Y"])]
-    except (KeyError, ValueError):
-        return None
-
-
-def active_window(cfg):
-    if not shutil.which("xprop"):
-        return None
-    out, _ = run_x(cfg, ["xprop", "-root", "_NET_ACTIVE_WINDOW"])
-    if out is None or "#" not in out:
-        return None
-    w = out.rsplit("#", 1)[1].split(",")[0].strip()
-    try:
-        n = int(w, 16)
-    except ValueError:
-        return None
-    return "0x%08x" % n if n else None
-
-
-MODIFIERS = ["Shift_L", "Shift_R", "Control_L", "Control_R", "Alt_L", "Alt_R",
-             "Super_L", "Super_R", "Meta_L", "Meta_R", "ISO_Level3_Shift"]
+def x_state(cfg):
+    """The windows, the pointer and the active window, or windows None with why."""
+    x, why = x_open(cfg)
+    if x is None:
+        return {"windows": None, "windows_why": why}
+    with x:
+        try:
+            px, py, _ = x.pointer()
+            out = {"pointer": [px, py], "windows_why": None}
+            out["windows"] = x.windows()
+            out["active"] = x.active_window()
+        except (OSError, struct.error) as e:
+            out.update(windows=None, windows_why=str(e))
+        return out
 
 
 def restore_windows(cfg, clean, problems, deadline):
-    """Closes the windows that were not there, puts the pointer back, releases held keys and
-    buttons, and compares the windows with the clean ones."""
+    """Closes the windows that were not there, releases held keys and buttons, puts the
+    pointer back, activates the window that was active, and compares the windows with the
+    clean ones."""
     base = clean.get("windows")
     if base is None:
-        return {"checked": False, "why": clean.get("windows_why", "")}
+        return {"checked": False, "why": clean.get("windows_why") or ""}
+    x, why = x_open(cfg)
+    if x is None:
+        problems.fail("cannot reach the display: " + why)
+        return {"checked": False, "why": why}
     closed = []
-    asked = set()
-    while True:
-        wins, err = list_windows(cfg)
-        if wins is None:
-            problems.fail("cannot list the windows: " + err)
-            return {"checked": False, "why": err}
-        extra = [w for w in wins if w not in base]
-        if not extra:
-            break
-        if time.monotonic() > deadline:
-            problems.add("windows still open",
-                         ["%s %r (%s, pid %d)" % (w, wins[w]["title"], wins[w]["class"], wins[w]["pid"])
-                          for w in extra])
-            break
-        # The windows of ended processes go once the window manager notices; the others are
-        # asked to close, once.
-        for w in extra:
-            if w not in asked:
-                asked.add(w)
-                run_x(cfg, ["wmctrl", "-ic", w])
-                closed.append("%s %r" % (w, wins[w]["title"]))
-        time.sleep(0.05)
-    if shutil.which("xdotool"):
-        # Keys and buttons the attempt left pressed (a keyDown without keyUp) would change
-        # what the next attempt's input does; releasing one that is up does nothing.
-        run_x(cfg, ["xdotool", "keyup", "--delay", "0"] + MODIFIERS + ["mouseup", "1", "mouseup", "2", "mouseup", "3"])
-        # Not --sync: it waits forever when the pointer is there already.
-        if clean.get("pointer") and pointer(cfg) != clean["pointer"]:
-            run_x(cfg, ["xdotool", "mousemove", str(clean["pointer"][0]), str(clean["pointer"][1])])
-    active = clean.get("active")
-    if active and active_window(cfg) != active:
-        run_x(cfg, ["wmctrl", "-ia", active])
-    wins, _ = list_windows(cfg)
-    if wins is not None:
-        missing = [w for w in base if w not in wins]
-        if missing:
-            problems.add("windows of the clean state are gone",
-                         ["%s %r" % (w, base[w]["title"]) for w in missing])
-        changed = [w for w in base if w in wins and wins[w] != base[w]]
-        if changed:
-            problems.add("windows of the clean state changed",
-                         ["%s %r -> %r %s" % (w, base[w]["title"], wins[w]["title"], wins[w]["geometry"])
-                          for w in changed])
-    if clean.get("pointer"):
-        now = pointer(cfg)
-        if now is not None and now != clean["pointer"]:
-            problems.add("the pointer is at %s, not at %s" % (now, clean["pointer"]))
-    if active and active_window(cfg) != active:
-        problems.add("the active window is %s, not %s" % (active_window(cfg), active))
+    with x:
+        try:
+            asked = set()
+            while True:
+                wins = x.windows()
+                extra = [w for w in wins if w not in base]
+                if not extra:
+                    break
+                if time.monotonic() > deadline:
+                    problems.add("windows still open",
+                                 ["%s %r (%s, pid %d)" % (w, wins[w]["title"], wins[w]["class"], wins[w]["pid"])
+                                  for w in extra])
+                    break
+                # The windows of ended processes go once the window manager notices; the
+                # others are asked to close, once.
+                for w in extra:
+                    if w not in asked:
+                        asked.add(w)
+                        x.close_window(w)
+                        closed.append("%s %r" % (w, wins[w]["title"]))
+                time.sleep(0.02)
+            # Keys and buttons the attempt left pressed (a keyDown without keyUp) would change
+            # what the next attempt's input does.
+            px, py, buttons = x.pointer()
+            keys = x.keys_held()
+            if (keys or buttons) and not x.release(keys, buttons):
+                problems.add("keys or buttons held, and no XTEST to release them")
+            want = clean.get("pointer")
+            if want and [px, py] != want:
+                x.warp(want[0], want[1])
+            active = clean.get("active")
+            if active and x.active_window() != active:
+                x.activate(active)
+                for _ in range(50):
+                    if x.active_window() == active:
+                        break
+                    time.sleep(0.02)
+            wins = x.windows()
+            missing = [w for w in base if w not in wins]
+            if missing:
+                problems.add("windows of the clean state are gone",
+                             ["%s %r" % (w, base[w]["title"]) for w in missing])
+            changed = [w for w in base if w in wins and wins[w] != base[w]]
+            if changed:
+                problems.add("windows of the clean state changed",
+                             ["%s %r -> %r %s" % (w, base[w]["title"], wins[w]["title"], wins[w]["geometry"])
+                              for w in changed])
+            px, py, buttons = x.pointer()
+            if want and [px, py] != want:
+                problems.add("the pointer is at %s, not at %s" % ([px, py], want))
+            if buttons or x.keys_held():
+                problems.add("keys or buttons are still held")
+            if active and x.active_window() != active:
+                problems.add("the active window is %s, not %s" % (x.active_window(), active))
+        except (OSError, struct.error) as e:
+            problems.fail("the display: %s" % e)
     return {"checked": True, "closed": closed}
 
 
@@ -666,10 +634,8 @@ def record(cfg):
     uid = os.lstat(cfg["home"]).st_uid
     clean = {"boot_id": boot_id(), "uid": uid, "stamp_ns": time.time_ns()}
     clean["processes"] = clean_processes(cfg)
-    wins, why = list_windows(cfg)
-    clean["windows"], clean["windows_why"] = wins, why
-    clean["pointer"] = pointer(cfg)
-    clean["active"] = active_window(cfg)
+    clean.update(x_state(cfg))
+    wins, why = clean["windows"], clean["windows_why"]
     trees = os.path.join(cfg["state_dir"], "trees")
     if os.path.lexists(trees):
         remove(trees)

@@ -1,4 +1,4 @@
-"""legato's in-guest quiet probe (Python 3 standard library only).
+"""legato's in-guest quiet probe (Python 3 standard library only; x11.py comes first).
 
   python3 -c TEXT SECONDS
 
@@ -9,7 +9,6 @@ with "why" when it cannot watch the screen. A quiet guest with no damage has a s
 one screenshot then shows it.
 """
 import json
-import os
 import socket
 import struct
 import sys
@@ -23,133 +22,34 @@ def cpu():
     return sum(v) - idle, sum(v)
 
 
-def pad(n):
-    return (4 - n % 4) % 4
-
-
-def display_number():
-    d = os.environ.get("DISPLAY", "")
-    host, _, rest = d.rpartition(":")
-    if host not in ("", "unix") or not rest:
-        raise OSError("DISPLAY %r is not a local display" % d)
-    return rest.split(".")[0]
-
-
-def cookie(number):
-    """The MIT-MAGIC-COOKIE-1 of the display in the user's Xauthority file, if any."""
-    path = os.environ.get("XAUTHORITY") or os.path.expanduser("~/.Xauthority")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return b"", b""
-    i = 0
-
-    def field():
-        nonlocal i
-        n = struct.unpack(">H", data[i:i + 2])[0]
-        v = data[i + 2:i + 2 + n]
-        i += 2 + n
-        return v
-
-    found = (b"", b"")
-    while i + 2 <= len(data):
-        family = struct.unpack(">H", data[i:i + 2])[0]
-        i += 2
-        _, num, name, value = field(), field(), field(), field()
-        if name == b"MIT-MAGIC-COOKIE-1" and family in (256, 65535) and num in (b"", number.encode()):
-            found = (name, value)
-            if num:
-                break
-    return found
-
-
-def recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise OSError("the X server closed the connection")
-        buf += chunk
-    return buf
-
-
-def connect():
-    number = display_number()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5)
-    try:
-        s.connect("\0/tmp/.X11-unix/X" + number)  # the abstract socket, where Xorg listens too
-    except OSError:
-        s.close()
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(5)
-        s.connect("/tmp/.X11-unix/X" + number)
-    name, value = cookie(number)
-    s.sendall(struct.pack("<BxHHHHxx", 0x6C, 11, 0, len(name), len(value))
-              + name + b"\0" * pad(len(name)) + value + b"\0" * pad(len(value)))
-    head = recv_exact(s, 8)
-    data = recv_exact(s, struct.unpack("<H", head[6:8])[0] * 4)
-    if head[0] != 1:
-        raise OSError("the X server refused the connection: %s" % data[:head[1]].decode("latin-1"))
-    base = struct.unpack("<I", data[4:8])[0]
-    vendor = struct.unpack("<H", data[16:18])[0]
-    formats = data[21]
-    off = 32 + vendor + pad(vendor) + 8 * formats
-    root = struct.unpack("<I", data[off:off + 4])[0]
-    return s, base, root
-
-
-def reply(s):
-    """Reads until the reply to the last request, dropping events; an X error raises."""
-    while True:
-        b = recv_exact(s, 32)
-        if b[0] == 0:
-            raise OSError("X error %d on request %d" % (b[1], b[10]))
-        if b[0] == 1:
-            extra = struct.unpack("<I", b[4:8])[0]
-            return b + recv_exact(s, extra * 4)
-
-
 def watch_damage(seconds):
-    """Returns the damaged area of the screen over the next seconds."""
-    s, base, root = connect()
-    try:
-        name = b"DAMAGE"
-        s.sendall(struct.pack("<BxHHxx", 98, 2 + (len(name) + pad(len(name))) // 4, len(name))
-                  + name + b"\0" * pad(len(name)))
-        r = reply(s)
-        if not r[8]:
-            raise OSError("the X server has no DAMAGE extension")
-        major, first_event = r[9], r[10]
-        s.sendall(struct.pack("<BBHII", major, 0, 3, 1, 1))  # QueryVersion comes first
-        reply(s)
+    """Returns the area of the screen redrawn over the next seconds."""
+    with X() as x:
+        ext = x.extension("DAMAGE")
+        if not ext:
+            raise XError("the X server has no DAMAGE extension")
+        major, first_event = ext
+        x.request(struct.pack("<BBHII", major, 0, 3, 1, 1))  # QueryVersion comes first
         # RawRectangles: an event per drawn rectangle, none to acknowledge. A new damage
-        # object starts with the whole window damaged: a round trip (GetInputFocus) after it
-        # brings that event in first, to be dropped.
-        s.sendall(struct.pack("<BBHIIBxxx", major, 1, 4, base | 1, root, 0) + struct.pack("<BxH", 43, 1))
-        reply(s)
+        # object starts with the whole window damaged; the round trip in send() brings that
+        # event in first, and it is dropped.
+        x.send(struct.pack("<BBHIIBxxx", major, 1, 4, x.new_id(), x.root, 0))
         area = 0
         end = time.monotonic() + seconds
         while True:
             left = end - time.monotonic()
             if left <= 0:
-                break
-            s.settimeout(left)
+                return area
+            x.sock.settimeout(left)
             try:
-                b = recv_exact(s, 32)
+                b = x.packet()
             except socket.timeout:
-                break
+                return area
             if b[0] == 0:
-                raise OSError("X error %d on request %d" % (b[1], b[10]))
-            if b[0] == 1:
-                recv_exact(s, struct.unpack("<I", b[4:8])[0] * 4)
-            elif b[0] & 0x7F == first_event:
+                raise XError("X error %d (request %d)" % (b[1], b[10]))
+            if b[0] & 0x7F == first_event:
                 w, h = struct.unpack("<HH", b[20:24])
                 area += w * h
-        return area
-    finally:
-        s.close()
 
 
 def main():
@@ -159,7 +59,7 @@ def main():
     start = time.monotonic()
     try:
         out["damage"] = watch_damage(seconds)
-    except (OSError, ValueError, struct.error, IndexError) as e:
+    except (OSError, ValueError, struct.error, IndexError) as e:  # XError is an OSError
         out["why"] = str(e)
     left = seconds - (time.monotonic() - start)
     if left > 0:
