@@ -3,6 +3,7 @@ package osworld
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -11,37 +12,124 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"legato/rl/desktop/osworld/guest"
 )
 
-// The in-guest programs. Each is sent with every call, ahead of it the X
-// client they share (guestpy/x11.py), so a guest needs only python3: an
-// OSWorld image has it, since its guest server is Python.
+// guestTool is legato's in-guest program: it records the clean state,
+// brings a guest back to it, and is the ready signal's probe. It is sent
+// with every call, so a guest needs only python3 (an OSWorld image has it:
+// its guest server is Python); once recorded, a guest keeps it compiled
+// under guestToolCache and calls import it instead of compiling it again.
 var (
 	//go:embed guestpy/x11.py
-	x11Client string
+	x11Src string
 	//go:embed guestpy/cleanstate.py
 	cleanStateSrc string
 	//go:embed guestpy/quiet.py
 	quietSrc string
+	//go:embed guestpy/helper.py
+	helperSrc string
+	//go:embed guestpy/main.py
+	mainSrc string
 
-	// cleanStateTool records the clean state and brings a guest back to
-	// it.
-	cleanStateTool = x11Client + "\n" + cleanStateSrc
-	// quietTool is the ready signal's probe: the guest's load and how
-	// much of its screen was redrawn.
-	quietTool = x11Client + "\n" + quietSrc
+	guestTool = strings.Join([]string{x11Src, cleanStateSrc, quietSrc, helperSrc, mainSrc}, "\n")
+	// guestToolModule names the compiled copy after its text, so that a
+	// guest never runs another version's.
+	guestToolModule = func() string {
+		h := sha256.Sum256([]byte(guestTool))
+		return "legato_guest_" + hex.EncodeToString(h[:6])
+	}()
 )
 
-// runPython runs a Python program: $1 is its text, the rest its arguments.
-// -I -S: the programs need the standard library only, and skipping the
-// site packages saves much of Python's start under software emulation.
-const runPython = `src=$1
-shift
-command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed in the guest" >&2; exit 127; }
-exec python3 -I -S -c "$src" "$@"`
+// runTool runs the tool: $1 is its text, $2 the directory of its compiled
+// copy, $3 that copy's module name, $4 and $5 its command and argument. It imports the compiled copy
+// when the guest has it. -I -S: the
+// tool needs the standard library only, and skipping the site packages
+// saves much of Python's start under software emulation.
+const runTool = `command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed in the guest" >&2; exit 127; }
+exec python3 -I -S -c '
+import sys
+src, cache, module = sys.argv[1], sys.argv[2], sys.argv[3]
+main = None
+sys.path.insert(0, cache)
+try:
+    main = __import__(module).main
+except Exception:
+    pass
+del sys.path[0]
+if main is None:
+    g = {"__name__": "legato_guest"}
+    exec(compile(src, "legato_guest", "exec"), g)
+    main = g["main"]
+sys.exit(main(sys.argv[4:], src, cache, module))
+' "$@"`
 
 // errNoPython means the guest has no python3.
 var errNoPython = errors.New("the guest has no python3")
+
+// helperCall asks the guest tool's helper (guestpy/helper.py) to run a
+// command: $1 is its directory, $2 the call's nonce, $3 the request. The
+// answer comes back through a FIFO named after the nonce. Exit status 91:
+// no helper serves there.
+const helperCall = `d=$1 nonce=$2 req=$3
+r="$d/r-$nonce"
+[ -p "$d/req" ] && mkfifo -m 600 "$r" 2>/dev/null || exit 91
+trap 'rm -f "$r"' EXIT
+timeout 3 sh -c 'printf "%s\n" "$1" > "$2"' legato "$req" "$d/req" || exit 91
+timeout 150 cat "$r"`
+
+// helperDown is the exit status of helperCall when no helper answers.
+const helperDown = 91
+
+// tool runs a command of the guest tool: through its helper where one runs
+// (it runs as root), else as root (through sudo if need be) or as the
+// guest server's user. nonce marks the call's processes; "" makes one.
+func (s *guestShell) tool(ctx context.Context, root bool, cmd, arg, nonce string) (guest.ExecResult, error) {
+	if s.helper != "" && !s.noHelper {
+		if nonce == "" {
+			nonce = newNonce()
+		}
+		req, err := json.Marshal(map[string]string{"cmd": cmd, "arg": arg, "nonce": nonce})
+		if err != nil {
+			return guest.ExecResult{}, err
+		}
+		res, err := s.run(ctx, helperCall, s.helper, nonce, string(req))
+		if err != nil || (res.ReturnCode != helperDown && res.ReturnCode != 124) {
+			return helperAnswer(res), err
+		}
+		// No helper (a guest whose record did not start one, or lost
+		// it): the tool runs from now on without it.
+		s.noHelper = true
+	}
+	if root {
+		return s.runRoot(ctx, runTool, guestTool, s.toolCache, guestToolModule, cmd, arg)
+	}
+	return s.run(ctx, runTool, guestTool, s.toolCache, guestToolModule, cmd, arg)
+}
+
+// helperAnswer turns a helper's answer that reports an error into the
+// failed run of the tool it stands for.
+func helperAnswer(res guest.ExecResult) guest.ExecResult {
+	if res.ReturnCode != 0 {
+		return res
+	}
+	var e struct {
+		Error string `json:"error"`
+		Trace string `json:"trace"`
+	}
+	if json.Unmarshal([]byte(res.Output), &e) == nil && e.Error != "" {
+		return guest.ExecResult{Status: res.Status, ReturnCode: 1, Error: e.Trace + e.Error}
+	}
+	return res
+}
+
+// newNonce returns a mark for one call's processes in the guest.
+func newNonce() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return "legato-" + hex.EncodeToString(b[:])
+}
 
 // quietProbe is what the quiet probe saw over its interval.
 type quietProbe struct {
@@ -56,7 +144,7 @@ type quietProbe struct {
 // quiet watches the guest's load and screen for interval.
 func (s *guestShell) quiet(ctx context.Context, interval time.Duration) (quietProbe, error) {
 	var p quietProbe
-	res, err := s.run(ctx, runPython, quietTool, strconv.FormatFloat(interval.Seconds(), 'f', 3, 64))
+	res, err := s.tool(ctx, false, "quiet", strconv.FormatFloat(interval.Seconds(), 'f', 3, 64), "")
 	if err != nil {
 		return p, err
 	}
@@ -89,6 +177,10 @@ type cleanConfig struct {
 	// CheckOutside records and checks what the user may change outside
 	// the restored directories, and the Check directories.
 	CheckOutside bool `json:"check_outside"`
+	// Helper is the directory of the tool's helper, which record starts;
+	// "" for none. Cache is where the compiled tool is.
+	Helper string `json:"helper,omitempty"`
+	Cache  string `json:"cache"`
 	// KeepSameBoot keeps a record made earlier in the same boot (a guest
 	// given by URL that an earlier run attached to).
 	KeepSameBoot bool `json:"keep_same_boot"`
@@ -132,13 +224,9 @@ type cleanResult struct {
 
 // cleanConfig returns the tool's configuration for one call.
 func (c Config) cleanConfig() (cleanConfig, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return cleanConfig{}, err
-	}
 	fr := c.FastReset
 	return cleanConfig{
-		Nonce:        "legato-" + hex.EncodeToString(b[:]),
+		Nonce:        newNonce(),
 		Home:         c.Home,
 		HomeBaseline: c.BaselineDir,
 		StateDir:     fr.StateDir,
@@ -147,6 +235,8 @@ func (c Config) cleanConfig() (cleanConfig, error) {
 		Skip:         fr.Skip,
 		ScopeDisplay: fr.Shared,
 		CheckOutside: !fr.Shared,
+		Helper:       c.helperDir(),
+		Cache:        c.toolCacheDir(),
 	}, nil
 }
 
@@ -157,7 +247,7 @@ func (s *guestShell) runTool(ctx context.Context, cmd string, cfg cleanConfig, o
 	if err != nil {
 		return err
 	}
-	res, err := s.runRoot(ctx, runPython, cleanStateTool, cmd, string(raw))
+	res, err := s.tool(ctx, true, cmd, string(raw), cfg.Nonce)
 	if err != nil {
 		return err
 	}

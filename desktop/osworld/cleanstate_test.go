@@ -23,7 +23,7 @@ func toolRun(t *testing.T, cmd string, cfg map[string]any, out any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := exec.Command("sh", "-c", runPython, "legato", cleanStateTool, cmd, string(raw))
+	c := exec.Command("sh", "-c", runTool, "legato", guestTool, filepath.Join(filepath.Dir(cfg["state_dir"].(string)), "py"), guestToolModule, cmd, string(raw))
 	var stderr strings.Builder
 	c.Stderr = &stderr
 	b, err := c.Output()
@@ -147,6 +147,12 @@ func TestCleanStateTool(t *testing.T) {
 	if rec.HomeBaseline != "created" || rec.Kept || rec.Processes != 1 || rec.Windows != nil {
 		t.Errorf("record: %+v; want a new baseline, the sleep, and no windows (no X here)", rec)
 	}
+	// The record left the tool compiled: a call imports it, whatever text
+	// comes with it.
+	c := exec.Command("sh", "-c", runTool, "legato", "raise SystemExit(9)", filepath.Join(root, "py"), guestToolModule, "quiet", "0")
+	if out, err := c.Output(); err != nil || !strings.Contains(string(out), `"load"`) {
+		t.Errorf("the tool from its compiled copy: %q, %v; want the probe's answer", out, err)
+	}
 
 	// An attempt's changes.
 	must := func(err error) {
@@ -215,6 +221,45 @@ func TestCleanStateTool(t *testing.T) {
 		}
 	}
 
+	// Through the helper: the record starts it, and it serves resets and
+	// probes without sudo or Python's start, as root.
+	cfg["helper"], cfg["cache"] = p("helper"), p("py")
+	var started struct {
+		HelperPID int `json:"helper_pid"`
+	}
+	toolRun(t, "record", cfg, &started)
+	if started.HelperPID == 0 {
+		t.Fatal("the record started no helper")
+	}
+	t.Cleanup(func() { syscall.Kill(started.HelperPID, syscall.SIGKILL) })
+	call := func(cmd, arg string, out any) {
+		t.Helper()
+		nonce := newNonce()
+		req, _ := json.Marshal(map[string]string{"cmd": cmd, "arg": arg, "nonce": nonce})
+		c := exec.Command("sh", "-c", helperCall, "legato", p("helper"), nonce, string(req))
+		b, err := c.Output()
+		if err != nil {
+			t.Fatalf("helper %s: %v: %s", cmd, err, b)
+		}
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("helper %s: %q: %v", cmd, b, err)
+		}
+	}
+	must(os.WriteFile(p("tmp/helper-left.txt"), []byte("x\n"), 0o644))
+	newcomer = startSleep(t, "997", display)
+	res = cleanResult{}
+	call("reset", "", &res)
+	if len(res.Problems) > 0 || len(res.Broken) > 0 || newcomer.alive() || len(res.Ended) != 1 {
+		t.Errorf("reset through the helper: %+v, newcomer alive %v; want it ended and nothing left", res, newcomer.alive())
+	}
+	if _, err := os.Stat(p("tmp/helper-left.txt")); !os.IsNotExist(err) {
+		t.Errorf("reset through the helper left tmp/helper-left.txt: %v", err)
+	}
+	var q quietProbe
+	call("quiet", "0.05", &q)
+	if q.Damage != nil || q.Why == "" || q.Load < 0 || q.Load > 1 {
+		t.Errorf("quiet probe through the helper: %+v; want a load and why there is no screen", q)
+	}
 	must(os.Remove(filepath.Join(p("state"), "clean.json")))
 	res = cleanResult{}
 	toolRun(t, "reset", cfg, &res)

@@ -546,6 +546,23 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
+// toolCacheDir is the guest directory where the guest keeps the compiled
+// guest tool: next to the clean-state record, /var/lib/legato/py by
+// default.
+func (c Config) toolCacheDir() string {
+	return path.Join(path.Dir(c.FastReset.StateDir), "py")
+}
+
+// helperDir is the guest directory of the guest tool's helper, named after
+// the tool's version; "" on a guest that shares its machine, where no
+// helper is left running.
+func (c Config) helperDir() string {
+	if c.FastReset.Shared {
+		return ""
+	}
+	return path.Join(path.Dir(c.FastReset.StateDir), "helper-"+strings.TrimPrefix(guestToolModule, "legato_guest_"))
+}
+
 // guestPath reports whether p is an absolute, clean guest path other than
 // /.
 func guestPath(p string) bool {

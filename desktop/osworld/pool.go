@@ -258,7 +258,7 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 	if err := c.WaitReady(ctx, min(attachTry, p.cfg.BootTimeout), p.cfg.BootTimeout); err != nil {
 		return nil, fail("attach", err)
 	}
-	sh := &guestShell{client: c, password: p.cfg.ClientPassword}
+	sh := &guestShell{client: c, password: p.cfg.ClientPassword, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 	if err := sh.detectRoot(ctx); err != nil {
 		return nil, fail("attach", err)
 	}
@@ -313,7 +313,7 @@ func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
 	addr := GuestAddr{URL: ports.GuestURL(), DevToolsPort: ports.DevTools, VLCPort: ports.VLC}
 	c, err := guest.New(addr.URL, guest.Options{Timeouts: p.cfg.GuestTimeouts, Logger: p.cfg.Logger})
 	if err == nil {
-		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot}
+		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 		var d *Desktop
 		// The clock was set before the snapshot, but the snapshot took
 		// time.
@@ -418,7 +418,7 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 // clean state (and makes the home baseline).
 func (v *vmPrep) prepare(ctx context.Context) error {
 	p := v.pool
-	sh := &guestShell{client: v.client, password: p.cfg.ClientPassword}
+	sh := &guestShell{client: v.client, password: p.cfg.ClientPassword, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 	if err := sh.detectRoot(ctx); err != nil {
 		return err
 	}

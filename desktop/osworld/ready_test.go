@@ -89,8 +89,10 @@ func TestReadySignal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.After < short || r.Settled {
-		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled at its bound %v", r.After, r.Settled, short)
+	// The wait ends by its bound, planning its last screenshot to: it
+	// looked for most of it.
+	if r.After < short/2 || r.Settled {
+		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled near its bound %v", r.After, r.Settled, short)
 	}
 }
 

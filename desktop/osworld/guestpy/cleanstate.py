@@ -349,10 +349,12 @@ def scan(root, skip=()):
 SAME = ("k", "m", "u", "g", "t", "s", "l", "r")
 
 
-def differs(a, b, ctime):
-    if any(a.get(f) != b.get(f) for f in SAME):
+def differs(want, cur, ctime):
+    """Whether cur is not what want lists; with ctime, a change time that differs counts
+    too (a file rewritten with its size and time kept), where want knows it."""
+    if any(want.get(f) != cur.get(f) for f in SAME):
         return True
-    return ctime and a.get("c") != b.get("c")
+    return ctime and want.get("c") is not None and want.get("c") != cur.get("c")
 
 
 def remove(path):
@@ -405,7 +407,8 @@ def restore_tree(root, want, copy, ctime, problems, label):
                 if c is None:
                     os.mkdir(path)
             elif w["k"] == "f":
-                if c is None or any(w.get(f) != c.get(f) for f in ("s", "t", "c")):
+                if c is None or w.get("s") != c.get("s") or w.get("t") != c.get("t") or \
+                        (w.get("c") is not None and w.get("c") != c.get("c")):
                     copy_content(os.path.join(copy, rel), path)
             elif w["k"] == "l":
                 if c is None or c.get("l") != w["l"]:
@@ -454,30 +457,18 @@ def verify_tree(root, want, ctime, problems, label):
 
 # ---- home ---------------------------------------------------------------------------------
 
-def restore_home(cfg, problems):
+def restore_home(cfg, clean, problems):
+    """Brings the home back to its baseline copy, by the listing the record made."""
     home, base = cfg["home"], cfg["home_baseline"]
-    if not os.path.isdir(base):
+    want = clean.get("home")
+    if not os.path.isdir(base) or want is None:
         problems.fail("no home baseline at %s" % base)
         return 0
-    if shutil.which("rsync"):
-        for _ in range(2):
-            r = subprocess.run(["rsync", "-a", "--delete", base + "/", home + "/"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            if r.returncode != 0:
-                problems.fail("rsync %s from %s: %s" % (home, base, r.stderr.decode("utf-8", "replace")[:300]))
-                return 0
-            d = subprocess.run(["rsync", "-a", "--delete", "--dry-run", "--itemize-changes", base + "/", home + "/"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            left = d.stdout.decode("utf-8", "replace").split("\n")
-            left = [l for l in left if l.strip()]
-            if not left:
-                return 1
-        problems.add("the home still differs from its baseline", left)
-        return 1
-    want = scan(base)
-    want["."] = entry(home, os.lstat(base))
-    n = restore_tree(home, want, base, False, problems, "home")
-    verify_tree(home, want, False, problems, "the home")
+    n = restore_tree(home, want, base, True, problems, "the home")
+    cur = verify_tree(home, want, True, problems, "the home")
+    for rel, e in cur.items():
+        if rel in want:
+            want[rel]["c"] = e["c"]
     return n
 
 
@@ -489,7 +480,7 @@ def make_home_baseline(cfg):
     tmp = base + ".tmp"
     if os.path.lexists(tmp):
         remove(tmp)
-    r = subprocess.run(["cp", "-a", home, tmp], stderr=subprocess.PIPE)
+    r = subprocess.run(["cp", "-ax", home, tmp], stderr=subprocess.PIPE)
     if r.returncode != 0:
         raise SystemExit("copy %s to %s: %s" % (home, tmp, r.stderr.decode("utf-8", "replace")))
     os.rename(tmp, base)
@@ -530,12 +521,17 @@ def mounts():
     return out
 
 
+def own_dirs(cfg):
+    """legato's own directories in the guest, which change with every call."""
+    return {p for p in (cfg["home"], cfg["home_baseline"], cfg["state_dir"], cfg.get("helper"), cfg.get("cache")) if p}
+
+
 def writable_entries(cfg, uid):
     """Every entry outside the skipped and restored paths that the user owns or may write:
     all a task that runs as the user can change there (a deletion or creation changes the
     directory it is in). Returns {path: ctime_ns}."""
     gids = user_groups(uid)
-    prune = set(cfg["skip"]) | set(cfg["restore"]) | {cfg["home"], cfg["home_baseline"], cfg["state_dir"]}
+    prune = set(cfg["skip"]) | set(cfg["restore"]) | own_dirs(cfg)
     out = {}
 
     def mine(st):
@@ -588,7 +584,7 @@ def changed_outside(cfg, clean, problems):
         except OSError:
             changed.append(p + " (gone)")
     stamp = clean["stamp_ns"]
-    skip = set(cfg["skip"]) | {cfg["state_dir"], cfg["home_baseline"]}
+    skip = set(cfg["skip"]) | own_dirs(cfg)
     for d in clean.get("check", []):
         if not os.path.lexists(d):
             continue
@@ -633,6 +629,15 @@ def record(cfg):
             return res
     uid = os.lstat(cfg["home"]).st_uid
     clean = {"boot_id": boot_id(), "uid": uid, "stamp_ns": time.time_ns()}
+    # The home's listing: from the home itself when its baseline was made from it just now
+    # (the times of change are then right); else from the baseline, without them (a reset
+    # rewrites what differs, and learns them).
+    if res["home_baseline"] == "created":
+        clean["home"] = scan(cfg["home"])
+    else:
+        clean["home"] = scan(cfg["home_baseline"])
+        for e in clean["home"].values():
+            e["c"] = None
     clean["processes"] = clean_processes(cfg)
     clean.update(x_state(cfg))
     wins, why = clean["windows"], clean["windows_why"]
@@ -670,6 +675,17 @@ def record(cfg):
     return res
 
 
+def adopt(cfg, pid):
+    """Adds a process started after the clean state was recorded (the helper) to it."""
+    path = state_file(cfg)
+    with open(path) as f:
+        clean = json.load(f)
+    procs = read_procs()
+    if pid in procs:
+        clean["processes"][key(pid, procs[pid])] = {"comm": procs[pid][4], "uid": procs[pid][3]}
+        write_json(path, clean)
+
+
 def reset(cfg):
     t = {"start": time.monotonic()}
     problems = Problems()
@@ -688,7 +704,7 @@ def reset(cfg):
     t["processes"] = time.monotonic()
     res["windows"] = restore_windows(cfg, clean, problems, time.monotonic() + 3)
     t["windows"] = time.monotonic()
-    res["home"] = restore_home(cfg, problems)
+    res["home"] = restore_home(cfg, clean, problems)
     t["home"] = time.monotonic()
     restored = {}
     for r in clean.get("restore", []):
@@ -711,7 +727,7 @@ def reset(cfg):
     if new:
         problems.add("processes started during the reset",
                      ["%s (pid %d)" % (i[4], p) for p, i in new.items()])
-    if any(restored.values()):
+    if res["home"] or any(restored.values()):
         write_json(path, clean)
     res["problems"] = problems
     res["broken"] = problems.broken
@@ -719,17 +735,3 @@ def reset(cfg):
     names = ["start", "processes", "windows", "home", "dirs", "checks"]
     res["seconds"] = {n: round(t[n] - t[p], 4) for p, n in zip(names, names[1:])}
     return res
-
-
-def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("record", "reset"):
-        sys.stderr.write("usage: cleanstate (record|reset) CONFIG_JSON\n")
-        return 2
-    cfg = json.loads(sys.argv[2])
-    out = record(cfg) if sys.argv[1] == "record" else reset(cfg)
-    sys.stdout.write(json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

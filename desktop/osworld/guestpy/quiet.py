@@ -1,8 +1,8 @@
-"""legato's in-guest quiet probe (Python 3 standard library only; x11.py comes first).
+"""legato's in-guest quiet probe (part of the guest tool; x11.py comes first).
 
-  python3 -c TEXT SECONDS
+  quiet SECONDS
 
-Watches the guest for SECONDS and prints one JSON object: "load", the busy share of its CPUs
+Watches the guest for SECONDS and returns: "load", the busy share of its CPUs
 (from /proc/stat), and "damage", the screen area in pixels that X reported as redrawn in that
 time (the X DAMAGE extension on the root window, spoken directly over the X socket), or null
 with "why" when it cannot watch the screen. A quiet guest with no damage has a settled screen:
@@ -52,8 +52,7 @@ def watch_damage(seconds):
                 area += w * h
 
 
-def main():
-    seconds = float(sys.argv[1])
+def quiet(seconds):
     out = {"damage": None}
     busy0, total0 = cpu()
     start = time.monotonic()
@@ -66,8 +65,4 @@ def main():
         time.sleep(left)
     busy1, total1 = cpu()
     out["load"] = (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
-    sys.stdout.write(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()
+    return out
