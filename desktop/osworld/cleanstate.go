@@ -86,7 +86,8 @@ const helperDown = 91
 // (it runs as root), else as root (through sudo if need be) or as the
 // guest server's user. nonce marks the call's processes; "" makes one.
 func (s *guestShell) tool(ctx context.Context, root bool, cmd, arg, nonce string) (guest.ExecResult, error) {
-	if s.helper != "" && !s.noHelper {
+	// The record starts the helper: it never goes through one.
+	if s.helper != "" && !s.noHelper && cmd != "record" {
 		if nonce == "" {
 			nonce = newNonce()
 		}
