@@ -78,6 +78,7 @@ func TestValidate(t *testing.T) {
 		{name: "skip root", cfg: Config{Guests: guests, FastReset: FastResetConfig{Skip: []string{"/"}}}, want: []string{`FastReset.Skip: "/"`}},
 		{name: "state dir relative", cfg: Config{Guests: guests, FastReset: FastResetConfig{StateDir: "x"}}, want: []string{`FastReset.StateDir "x"`}},
 		{name: "bad load", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxLoad: 1.5}}, want: []string{"Ready.MaxLoad"}},
+		{name: "bad damage", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxDamage: -1}}, want: []string{"Ready.MaxDamage"}},
 		{name: "negative wait", cfg: Config{Guests: guests, Ready: ReadyConfig{BeforeEvalMax: -time.Second}}, want: []string{"Ready.BeforeEvalMax"}},
 		{name: "osworld dir", cfg: Config{Guests: guests, Grade: GradeConfig{OSWorldDir: "/nonexistent"}}, want: []string{"OSWorld checkout"}},
 		{name: "negative grader workers", cfg: Config{Guests: guests, Grade: GradeConfig{Workers: -1}}, want: []string{"Grade.Workers -1"}},

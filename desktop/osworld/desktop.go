@@ -303,12 +303,19 @@ func (d *Desktop) revert(ctx context.Context) (string, error) {
 	if err != nil {
 		return how, err
 	}
-	// The probe that found the guest answering measured its clock: one
-	// call sets it.
-	if off, ok := d.probe.offset(); ok {
-		return how, d.sh.shiftClock(ctx, off)
+	// The probe that found the guest answering read its clock: when that
+	// reading was quick enough to trust, one call sets it.
+	off, rtt, ok := d.probe.offset()
+	if !ok || rtt > maxClockRTT {
+		again, rtt2, err := clockOffset(ctx, d.guest)
+		if err != nil {
+			return how, fmt.Errorf("set the guest clock: %w", err)
+		}
+		if !ok || rtt2 < rtt {
+			off = again
+		}
 	}
-	return how, d.sh.setClock(ctx)
+	return how, d.sh.shiftClock(ctx, off)
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after

@@ -172,29 +172,36 @@ func (s *guestShell) setClockTo(ctx context.Context, t time.Time) error {
 // clockOffset returns the guest clock minus the host's, measured at the
 // middle of the call.
 func (s *guestShell) clockOffset(ctx context.Context) (time.Duration, error) {
-	return clockOffset(ctx, s.client)
+	off, _, err := clockOffset(ctx, s.client)
+	return off, err
 }
 
 // clockOffset asks the guest c for its time and returns its offset from
-// the host's, taken at the middle of the call. It is also the readiness
-// probe after a revert: the guest answering it runs commands again.
-func clockOffset(ctx context.Context, c *guest.Client) (time.Duration, error) {
+// the host's, taken at the middle of the call, and the call's round trip:
+// the offset is right to within half of it. It is also the readiness probe
+// after a revert: the guest answering it runs commands again.
+func clockOffset(ctx context.Context, c *guest.Client) (off, rtt time.Duration, err error) {
 	before := time.Now()
 	res, err := c.Execute(ctx, guest.Argv("date", "+%s.%N"))
 	after := time.Now()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if res.ReturnCode != 0 {
-		return 0, fmt.Errorf("guest date: exit %d: %s", res.ReturnCode, clip(res.Error))
+		return 0, 0, fmt.Errorf("guest date: exit %d: %s", res.ReturnCode, clip(res.Error))
 	}
 	secs, err := strconv.ParseFloat(strings.TrimSpace(res.Output), 64)
 	if err != nil {
-		return 0, fmt.Errorf("guest date %q: %w", res.Output, err)
+		return 0, 0, fmt.Errorf("guest date %q: %w", res.Output, err)
 	}
 	mid := before.Add(after.Sub(before) / 2)
-	return time.Duration(secs*1e9) - time.Duration(mid.UnixNano()), nil
+	return time.Duration(secs*1e9) - time.Duration(mid.UnixNano()), after.Sub(before), nil
 }
+
+// maxClockRTT is the round trip of a clock reading good enough to set the
+// clock by (to within half of it); the readiness probe's reading, taken
+// while a restored guest catches up, often is not.
+const maxClockRTT = 300 * time.Millisecond
 
 // errNoLoad means the guest has no /proc/stat to measure its load from.
 var errNoLoad = errors.New("guest load unavailable")

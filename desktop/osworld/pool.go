@@ -353,18 +353,20 @@ type vmPrep struct {
 
 	mu     sync.Mutex
 	off    time.Duration // the guest clock's offset the last probe measured
+	rtt    time.Duration // the round trip of that reading
 	offSet bool
 }
 
 // offset returns the guest clock's offset that the probe measured when the
-// guest answered after the last revert. It is safe on a nil vmPrep.
-func (v *vmPrep) offset() (time.Duration, bool) {
+// guest answered after the last revert, and the reading's round trip. It
+// is safe on a nil vmPrep.
+func (v *vmPrep) offset() (off, rtt time.Duration, ok bool) {
 	if v == nil {
-		return 0, false
+		return 0, 0, false
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.off, v.offSet
+	return v.off, v.rtt, v.offSet
 }
 
 // forgetOffset drops the measured offset before the guest changes.
@@ -391,12 +393,12 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 		v.client = c
 	}
 	if v.prepared || v.done.Load() {
-		off, err := clockOffset(ctx, v.client)
+		off, rtt, err := clockOffset(ctx, v.client)
 		if err != nil {
 			return err
 		}
 		v.mu.Lock()
-		v.off, v.offSet = off, true
+		v.off, v.rtt, v.offSet = off, rtt, true
 		v.mu.Unlock()
 		return nil
 	}
@@ -405,7 +407,14 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 	}
 	pctx, cancel := context.WithTimeout(v.startCtx, v.pool.cfg.PrepareTimeout)
 	defer cancel()
-	if err := v.prepare(pctx); err != nil {
+	err := v.prepare(pctx)
+	if guest.IsNotReady(err) && pctx.Err() == nil {
+		// A guest that just booted under software emulation may drop a
+		// connection; every step of the preparation can run again.
+		v.pool.log.Warn("preparing the clean state: the guest dropped a call; preparing again", "err", err)
+		err = v.prepare(pctx)
+	}
+	if err != nil {
 		err = fmt.Errorf("prepare the clean state before the snapshot: %w", err)
 		v.abort(err)
 		return err

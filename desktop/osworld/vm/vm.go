@@ -344,10 +344,15 @@ func (v *VM) waitReady(ctx context.Context) error {
 		}
 		if err := desktop.Sleep(ctx, pause); err != nil {
 			cause := context.Cause(ctx)
-			if errors.Is(cause, ErrNotReady) {
+			switch {
+			case errors.Is(cause, ErrNotReady):
 				return v.fail("wait for guest", fmt.Errorf("%w (last probe: %v); console: %s", cause, lastErr, v.consoleTail()))
+			case errors.Is(cause, context.Canceled), errors.Is(cause, context.DeadlineExceeded), errors.Is(cause, ErrClosed):
+				return v.fail("wait for guest", cause)
 			}
-			return v.fail("wait for guest", cause)
+			// The probe gave up with an error of its own: what the guest
+			// said may explain it.
+			return v.fail("wait for guest", fmt.Errorf("%w; console: %s", cause, v.consoleTail()))
 		}
 	}
 }
