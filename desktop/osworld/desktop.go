@@ -305,17 +305,22 @@ func (d *Desktop) revert(ctx context.Context) (string, error) {
 	}
 	// The probe that found the guest answering read its clock: when that
 	// reading was quick enough to trust, one call sets it.
+	t0 := time.Now()
 	off, rtt, ok := d.probe.offset()
-	if !ok || rtt > maxClockRTT {
+	reread := !ok || rtt > maxClockRTT
+	if reread {
 		again, rtt2, err := clockOffset(ctx, d.guest)
 		if err != nil {
 			return how, fmt.Errorf("set the guest clock: %w", err)
 		}
 		if !ok || rtt2 < rtt {
-			off = again
+			off, rtt = again, rtt2
 		}
 	}
-	return how, d.sh.shiftClock(ctx, off)
+	err = d.sh.shiftClock(ctx, off)
+	d.log.Debug("revert", "how", how, "restore", d.vm.Timings().LastReset, "clock_offset", off, "clock_rtt", rtt,
+		"clock_reread", reread, "clock_set", time.Since(t0), "helper", d.sh.helper != "" && !d.sh.noHelper)
+	return how, err
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after
