@@ -64,12 +64,14 @@ func DefaultRevertDomains() []string { return []string{"os", "multi_apps"} }
 // besides the home: where any program, the task's included, may write.
 func DefaultRestoreDirs() []string { return []string{"/tmp", "/var/tmp", "/dev/shm"} }
 
-// DefaultCheckDirs are the guest directories in which any change since the
-// clean state makes a fast reset fall back to a revert: system
-// configuration, installed packages, root's and other services' files.
-// Only root changes them, so an attempt that did used sudo.
+// DefaultCheckDirs are the guest paths in which any change since the clean
+// state makes a fast reset fall back to a revert: system configuration,
+// software installed by hand, root's and the services' files, and dpkg's
+// status file (any package installed or removed rewrites it; its
+// directory holds tens of thousands of files on a desktop image). Only
+// root changes them, so an attempt that did used sudo.
 func DefaultCheckDirs() []string {
-	return []string{"/etc", "/usr/local", "/opt", "/srv", "/root", "/boot", "/var/spool", "/var/mail", "/var/lib/dpkg"}
+	return []string{"/etc", "/usr/local", "/opt", "/srv", "/root", "/boot", "/var/spool", "/var/mail", "/var/lib/dpkg/status"}
 }
 
 // DefaultSkipPaths are the guest paths the clean-state record does not scan
@@ -94,8 +96,9 @@ type FastResetConfig struct {
 	// Restore lists the guest directories brought back to their clean
 	// contents besides Home; nil means DefaultRestoreDirs().
 	Restore []string
-	// Check lists guest directories in which a change since the clean
-	// state makes the desktop revert instead; nil means DefaultCheckDirs().
+	// Check lists guest directories (or files) in which a change since the
+	// clean state makes the desktop revert instead; nil means
+	// DefaultCheckDirs().
 	Check []string
 	// Skip lists guest paths that are not scanned for what the guest user
 	// may change (everything else is, once, when the clean state is

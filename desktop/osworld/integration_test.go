@@ -301,6 +301,10 @@ func TestIntegrationCollect(t *testing.T) {
 			if r.Status != schema.StatusOK || r.Reward == nil || *r.Reward != 1 {
 				t.Errorf("task %s attempt %d on desktop %d: status %s, reward %v %s; want ok with reward 1", tk.ID, r.Attempt, r.Desktop, r.Status, fmtReward(r.Reward), msg)
 			}
+			// The record says which reset the attempt started from, and why.
+			if r.Env == nil || r.Env.Reset == "" || r.Env.ResetWhy == "" {
+				t.Errorf("task %s attempt %d: env %+v; want the reset and why", tk.ID, r.Attempt, r.Env)
+			}
 		}
 	}
 	// The home was clean for the last task even where an earlier task of
@@ -767,10 +771,10 @@ func crashChild(t *testing.T, cfg Config) {
 		return d, err
 	}
 	tasks := []desktop.Task{{ID: "forever", Domain: "legato_term", Instruction: "Wait.", Evaluator: json.RawMessage(`{"func":"infeasible"}`)}}
-	rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "crash"}, rl.CollectOptions{
-		Out: t.TempDir(), NewDesktop: factory, Desktops: 1, Group: 1, MaxSteps: 10000,
+	_, err = rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "crash"}, rl.CollectOptions{
+		Out: t.TempDir(), NewDesktop: factory, Desktops: 1, Group: 1, MaxSteps: 1000, // the most Collect allows; it is killed long before
 	})
-	t.Fatal("the batch ended; it should have been killed")
+	t.Fatalf("the batch ended (%v); it should have been killed", err)
 }
 
 // countingTransport counts the screenshots asked through it.
@@ -873,10 +877,19 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 		offset("clock_offset_after_loadvm_with_clock_set")
 		restored("loadvm")
 	}
+	// The clock set as before (a call to read the guest's clock, then a
+	// shift through sudo), and as a separate call pair through the helper.
+	sudo := *d.sh
+	sudo.noHelper = true
 	for _, r := range []struct {
 		name   string
 		revert func(context.Context) error
-	}{{"revert_libvirt", v.RevertLibvirt}, {"revert_loadvm", v.RevertLoadvm}} {
+		sh     *guestShell
+	}{
+		{"revert_libvirt", v.RevertLibvirt, d.sh},
+		{"revert_loadvm", v.RevertLoadvm, d.sh},
+		{"revert_loadvm_sudo", v.RevertLoadvm, &sudo},
+	} {
 		for range n {
 			dirty(t, ctx, d)
 			c.CloseIdleConnections()
@@ -887,8 +900,7 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 			m(r.name + "_until_answering").add(time.Since(t0))
 			c.CloseIdleConnections()
 			t1 := time.Now()
-			// The clock set as before: measure the offset, then shift.
-			if err := d.sh.setClock(ctx); err != nil {
+			if err := r.sh.setClock(ctx); err != nil {
 				t.Fatal(err)
 			}
 			m(r.name + "_then_separate_clock_set").add(time.Since(t1))
