@@ -118,7 +118,9 @@ func (c *resetChooser) done(kind string, took time.Duration, prev prevAttempt, f
 	switch kind {
 	case ResetFast:
 		c.fast.add(took, c.resets)
-	case ResetLoadvm:
+	case ResetLoadvm, ResetRevert:
+		// A loadvm that failed over to libvirt's revert: choosing loadvm
+		// cost that.
 		c.loadvm.add(took, c.resets)
 	case ResetFastThenLoadvm, ResetFastThenRevert:
 		// Choosing the fast reset cost both.

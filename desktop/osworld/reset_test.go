@@ -248,6 +248,11 @@ func TestResetCostsLearn(t *testing.T) {
 	if got := c.choose(cfg, next, prev); got.kind != ResetLoadvm || !strings.Contains(got.why, "processes still running") {
 		t.Errorf("after a fallback after task b: %+v; want loadvm naming the reason", got)
 	}
+	c.done(ResetRevert, 20*time.Second, prev, "")
+	if c.loadvm.n != 2 {
+		t.Errorf("a loadvm that failed over to libvirt's revert was not counted as loadvm: %+v", c.loadvm)
+	}
+	c.loadvm = resetCost{mean: time.Second, n: 2, at: c.resets}
 	other := prevAttempt{id: "d", domain: "gimp"}
 	if got := c.choose(cfg, next, other); got.kind != ResetLoadvm || !strings.Contains(got.why, "cheaper here: loadvm") {
 		t.Errorf("after task d, with fast now %v on average: %+v; want loadvm, the cheaper", c.fast.mean, got)
