@@ -482,7 +482,7 @@ func (c Config) Validate() error {
 	for _, l := range []struct {
 		name  string
 		paths []string
-	}{{"FastReset.Restore", c.FastReset.Restore}, {"FastReset.Check", c.FastReset.Check}, {"FastReset.Skip", c.FastReset.Skip}} {
+	}{{"FastReset.Restore (--fast-reset-restore)", c.FastReset.Restore}, {"FastReset.Check (--fast-reset-check)", c.FastReset.Check}, {"FastReset.Skip", c.FastReset.Skip}} {
 		for _, p := range l.paths {
 			if !guestPath(p) {
 				add("%s: %q: want an absolute, clean guest path other than /", l.name, p)
@@ -492,7 +492,7 @@ func (c Config) Validate() error {
 	for _, p := range c.FastReset.Restore {
 		for _, o := range []struct{ name, v string }{{"Home", home}, {"BaselineDir", base}, {"FastReset.StateDir", state}} {
 			if within(p, o.v) || within(o.v, p) {
-				add("FastReset.Restore: %q overlaps %s %q: restore directories apart from it", p, o.name, o.v)
+				add("FastReset.Restore (--fast-reset-restore): %q overlaps %s %q: restore directories apart from it", p, o.name, o.v)
 			}
 		}
 	}
