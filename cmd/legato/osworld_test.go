@@ -85,6 +85,23 @@ func TestOSWorldFlags(t *testing.T) {
 				ClientPassword: "hunter2",
 			},
 		},
+		{
+			name: "what a fast reset restores and checks",
+			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
+				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots"},
+			want: osworld.Config{
+				VM: vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
+					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, OverlayDir: vm.DefaultOverlayDir},
+				BootTimeout: osworld.DefaultBootTimeout,
+				FastReset: osworld.FastResetConfig{
+					Restore: append(osworld.DefaultRestoreDirs(), "/srv/data", "/var/games"),
+					Check:   append(osworld.DefaultCheckDirs(), "/var/lib/flatpak"),
+				},
+				Ready: osworld.ReadyConfig{NoDamage: true},
+				Grade: osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,6 +145,9 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"boot timeout zero", append(guest, "--boot-timeout", "0"), `invalid value "0" for flag -boot-timeout: want from 1s to 24h, as seconds (60) or a duration with units (1m30s)`},
 		{"boot timeout negative", append(guest, "--boot-timeout", "-10s"), "-boot-timeout"},
 		{"bad vm prefix", []string{"--image", img, "--vm-prefix", "../x"}, "name prefix"},
+		{"restore relative", append(guest, "--fast-reset-restore", "tmp"), `FastReset.Restore (--fast-reset-restore): "tmp"`},
+		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
+		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
