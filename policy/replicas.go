@@ -275,4 +275,3 @@ func (r *Replicas) InFlight() int {
 	}
 	return n
 }
-

@@ -31,19 +31,19 @@ var demoTasks []byte
 // collectFlags are the flags of `legato rl collect`, bound straight into the
 // library's option structs.
 type collectFlags struct {
-	tasks, out, backend         string
-	ow                          osworldFlags
-	pol                         rl.PolicyConfig
-	opts                        rl.CollectOptions
-	noReadySignal, noRetryErr   bool
-	fixed                       desktop.FixedWaits
-	retries                     int
-	policyURLs                  stringList
-	sampling                    struct{ temperature, topP optFloat }
-	harness, systemPrompt       string
-	eviction                    qwen.Eviction
-	fake                        fakeFlags
-	verbose                     bool
+	tasks, out, backend       string
+	ow                        osworldFlags
+	pol                       rl.PolicyConfig
+	opts                      rl.CollectOptions
+	noReadySignal, noRetryErr bool
+	fixed                     desktop.FixedWaits
+	retries                   int
+	policyURLs                stringList
+	sampling                  struct{ temperature, topP optFloat }
+	harness, systemPrompt     string
+	eviction                  qwen.Eviction
+	fake                      fakeFlags
+	verbose                   bool
 }
 
 type fakeFlags struct {
@@ -391,7 +391,6 @@ func progressLine(pr rl.Progress) string {
 		pr.Elapsed.Round(time.Second), pr.GroupsEnded, pr.GroupsTotal, strings.Join(parts, ", "),
 		pr.RolloutsPerHour, pr.Running, pr.InFlight, eta)
 }
-
 
 // optFloat is a float flag that tells "not given" (nil: the server's
 // default) from any value, 0 included.
