@@ -3,6 +3,7 @@ package rl
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -48,11 +49,20 @@ func withSwitch(e *batchEnv) *switchable {
 // error, and the time paused is recorded in the steps, the records and the
 // summary.
 func TestCollectRidesThroughOutage(t *testing.T) {
+	for _, replicas := range [][]string{nil, {"http://second-replica.pipe/v1"}} {
+		t.Run(fmt.Sprintf("%d replicas", 1+len(replicas)), func(t *testing.T) { ridesThroughOutage(t, replicas) })
+	}
+}
+
+// ridesThroughOutage takes every replica down at once (the pipe reaches
+// the same server whatever the URL's host).
+func ridesThroughOutage(t *testing.T, replicas []string) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newBatchEnv(t, testTasks(4), policytest.Options{Script: clicksThenDone(3)},
 			fake.Config{Latency: fake.Latencies{Act: fake.Latency{Fixed: time.Second}}, DefaultReward: fake.Reward{P: 0.5}})
 		e.opts.Desktops = 3
 		e.opts.RolloutTimeout = 10 * time.Second // the outage must not truncate
+		e.pol.Replicas = replicas
 		sw := withSwitch(e)
 		const downAt, downFor = 2500 * time.Millisecond, 60 * time.Second
 		stop := time.AfterFunc(downAt, func() {
@@ -250,5 +260,17 @@ func TestCollectRefusesHugeGroups(t *testing.T) {
 	}
 	if n := len(fleet.Desktops()); n != 0 {
 		t.Errorf("%d desktops created for refused batches", n)
+	}
+}
+
+// TestRolloutClockPausedPastItsDeadline: a pause that stops the timer after
+// the deadline passed, before it fired, still ends the stepping on resume.
+func TestRolloutClockPausedPastItsDeadline(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(t.Context())
+	c := &rolloutClock{timer: time.AfterFunc(time.Hour, func() {}), cancel: cancel, left: -time.Millisecond}
+	defer c.stop()
+	c.resume()
+	if !errors.Is(context.Cause(ctx), errRolloutTimeout) {
+		t.Errorf("after resume past the deadline: cause %v, want errRolloutTimeout", context.Cause(ctx))
 	}
 }

@@ -243,7 +243,8 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 			return nil, downS, &policyFailure{err}
 		}
 		var down bool
-		if werr := wait(func() (w time.Duration, err error) { down, w, err = b.outage.failed(ctx, err); return w, err }); werr != nil {
+		cause := err
+		if werr := wait(func() (w time.Duration, err error) { down, w, err = b.outage.failed(ctx, cause); return w, err }); werr != nil {
 			return nil, downS, werr
 		}
 		if !down {
@@ -429,7 +430,12 @@ func (c *rolloutClock) pause() {
 }
 
 func (c *rolloutClock) resume() {
-	if c != nil && c.left > 0 {
+	switch {
+	case c == nil:
+	case c.left <= 0:
+		// The deadline passed just before the pause stopped the timer.
+		c.cancel(errRolloutTimeout)
+	default:
 		c.since = time.Now()
 		c.timer.Reset(c.left)
 	}

@@ -215,6 +215,15 @@ func (d *fixedWaitDesktop) WaitReady(ctx context.Context, _ time.Duration) (Read
 	return Ready{Observation: obs}, nil
 }
 
+// AttemptReport passes on what the desktop whose waits were replaced says
+// of the attempt.
+func (d *fixedWaitDesktop) AttemptReport() AttemptReport {
+	if r, ok := d.Desktop.(Reporter); ok {
+		return r.AttemptReport()
+	}
+	return AttemptReport{}
+}
+
 // Unwrap returns the desktop whose waits were replaced, for tests and for
 // callers that need the backend's own type.
 func (d *fixedWaitDesktop) Unwrap() Desktop { return d.Desktop }

@@ -145,3 +145,26 @@ func TestReadyOptionsValidate(t *testing.T) {
 		t.Error("negative fixed wait: no error")
 	}
 }
+
+type reportingDesktop struct{ desktop.Desktop }
+
+func (reportingDesktop) AttemptReport() desktop.AttemptReport {
+	return desktop.AttemptReport{Reset: "fast", ResetWhy: "cheapest here"}
+}
+
+// TestWithFixedWaitsKeepsReports: the fixed-wait baseline still passes on
+// what the desktop says of each attempt.
+func TestWithFixedWaitsKeepsReports(t *testing.T) {
+	inner := func(context.Context, int) (desktop.Desktop, error) {
+		return reportingDesktop{fake.New(fake.Config{Width: 64, Height: 48})}, nil
+	}
+	d, err := desktop.WithFixedWaits(inner, desktop.FixedWaits{})(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	r, ok := d.(desktop.Reporter)
+	if !ok || r.AttemptReport().Reset != "fast" {
+		t.Errorf("the wrapped desktop's report is lost (Reporter %v)", ok)
+	}
+}

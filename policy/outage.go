@@ -17,6 +17,9 @@ import (
 // restarts or reloads its server between policy versions causes exactly
 // these; a caller can wait for Ping to succeed and send the call again.
 func IsOutage(err error) bool {
+	if errors.Is(err, ErrNoReplica) {
+		return true
+	}
 	var e *Error
 	if !errors.As(err, &e) {
 		return false

@@ -104,14 +104,16 @@ func (r *Replicas) Close() {
 // server. The time spent on replicas that failed counts in the result's
 // Model.Seconds and QueueS; Model.Replica names the replica that answered
 // when there are several. When no replica answers the error is the last
-// one's (IsOutage holds) and wraps ErrNoReplica.
+// one's and wraps ErrNoReplica (IsOutage holds: the batch waits for one
+// to answer a ping).
 func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Message) (*Result, error) {
 	var spent, queued float64
 	var tried []*replica
+	var last error = errors.New("every replica is down")
 	for {
 		rep := r.pick(key, tried)
 		if rep == nil {
-			return nil, &noReplica{last: errors.New("every replica is down")}
+			return nil, &noReplica{last: last}
 		}
 		res, err := rep.c.Complete(ctx, msgs)
 		if res != nil {
@@ -125,12 +127,9 @@ func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Messa
 			return res, err
 		}
 		r.markDown(rep, err)
-		tried = append(tried, rep)
+		tried, last = append(tried, rep), err
 		if res != nil {
 			spent, queued = res.Model.Seconds, res.Model.QueueS
-		}
-		if len(tried) == len(r.reps) {
-			return res, &noReplica{last: err}
 		}
 	}
 }
@@ -275,13 +274,4 @@ func (r *Replicas) InFlight() int {
 		n += rep.c.InFlight()
 	}
 	return n
-}
-
-// URLs are the replicas' base URLs, without credentials.
-func (r *Replicas) URLs() []string {
-	urls := make([]string, len(r.reps))
-	for i, rep := range r.reps {
-		urls[i] = rep.url
-	}
-	return urls
 }

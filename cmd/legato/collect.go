@@ -31,21 +31,19 @@ var demoTasks []byte
 // collectFlags are the flags of `legato rl collect`, bound straight into the
 // library's option structs.
 type collectFlags struct {
-	tasks, out, backend         string
-	ow                          osworldFlags
-	pol                         rl.PolicyConfig
-	opts                        rl.CollectOptions
-	stepTimeout, rolloutTimeout seconds
-	serverDownTimeout           seconds
-	noReadySignal, noRetryErr   bool
-	fixed                       struct{ afterAction, afterReset, beforeEval seconds }
-	retries                     int
-	policyURLs                  stringList
-	sampling                    struct{ temperature, topP optFloat }
-	harness, systemPrompt       string
-	eviction                    qwen.Eviction
-	fake                        fakeFlags
-	verbose                     bool
+	tasks, out, backend       string
+	ow                        osworldFlags
+	pol                       rl.PolicyConfig
+	opts                      rl.CollectOptions
+	noReadySignal, noRetryErr bool
+	fixed                     desktop.FixedWaits
+	retries                   int
+	policyURLs                stringList
+	sampling                  struct{ temperature, topP optFloat }
+	harness, systemPrompt     string
+	eviction                  qwen.Eviction
+	fake                      fakeFlags
+	verbose                   bool
 }
 
 type fakeFlags struct {
@@ -55,7 +53,8 @@ type fakeFlags struct {
 }
 
 func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
-	f := &collectFlags{stepTimeout: seconds(policy.DefaultStepTimeout), serverDownTimeout: seconds(rl.DefaultServerDownTimeout)}
+	f := &collectFlags{}
+	const day, week = 24 * time.Hour, 7 * 24 * time.Hour
 	fs := flag.NewFlagSet("legato rl collect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.tasks, "tasks", "", "tasks file: [{\"task_id\",\"domain\"}], [{\"task_id\",\"config\"}] or an OSWorld index (default with --backend fake: built-in demo tasks)")
@@ -63,28 +62,28 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.StringVar(&f.pol.Model, "model", "", "model name sent to the server (default with the built-in server: scripted)")
 	fs.StringVar(&f.pol.Version, "version", "", "policy version recorded with every rollout, e.g. step-41 (default with the built-in server: demo)")
 	fs.StringVar(&f.out, "out", "", "run directory (required); collecting into it again continues the batch")
-	fs.IntVar(&f.opts.Desktops, "desktops", 4, "desktops, one worker each")
-	fs.IntVar(&f.opts.Group, "group", rl.DefaultGroup, "attempts per task that close its GRPO group")
+	intVar(fs, &f.opts.Desktops, "desktops", 4, 1, rl.MaxDesktops, "desktops, one worker each")
+	intVar(fs, &f.opts.Group, "group", rl.DefaultGroup, 1, rl.MaxGroup, "attempts per task that close its GRPO group")
 	fs.Float64Var(&f.opts.Oversample, "oversample", 0, "extra attempts per group, as a fraction of --group; the slowest are cancelled")
-	fs.IntVar(&f.opts.MaxSteps, "max-steps", rl.DefaultMaxSteps, "model calls per attempt")
-	fs.IntVar(&f.pol.MaxInflight, "max-inflight", 0, "cap on concurrent model requests across all desktops (0: none)")
-	fs.Var(&f.stepTimeout, "step-timeout", "bound on one model call attempt, seconds or a duration")
-	fs.IntVar(&f.retries, "retries", policy.DefaultRetries, "extra tries of a model call after a timeout, connection error, 429 or 5xx")
-	fs.Var(&f.rolloutTimeout, "rollout-timeout", "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none)")
-	fs.IntVar(&f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, "times an attempt is re-queued after its desktop failed")
-	fs.Var(&f.serverDownTimeout, "server-down-timeout", "how long desktops wait for a model server that stopped answering before the batch stops (resume it later); seconds or a duration")
+	intVar(fs, &f.opts.MaxSteps, "max-steps", rl.DefaultMaxSteps, 1, rl.MaxMaxSteps, "model calls per attempt")
+	intVar(fs, &f.pol.MaxInflight, "max-inflight", 0, 0, math.MaxInt32, "cap on concurrent model requests per replica (0: none)")
+	durationVar(fs, &f.pol.StepTimeout, "step-timeout", policy.DefaultStepTimeout, time.Millisecond, day, "bound on one model call attempt")
+	intVar(fs, &f.retries, "retries", policy.DefaultRetries, 0, 100, "extra tries of a model call after a timeout, connection error, 429 or 5xx")
+	durationVar(fs, &f.opts.RolloutTimeout, "rollout-timeout", 0, 0, week, "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none)")
+	intVar(fs, &f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, 0, 100, "times an attempt is re-queued after its desktop failed")
+	durationVar(fs, &f.opts.ServerDownTimeout, "server-down-timeout", rl.DefaultServerDownTimeout, time.Second, week, "how long desktops wait for a model server that stopped answering before the batch stops (resume it later)")
 	fs.BoolVar(&f.noRetryErr, "no-retry-errors", false, "when continuing a batch, do not rerun attempts whose record is an error")
 	fs.BoolVar(&f.noReadySignal, "no-ready-signal", false, "fixed sleeps (--fixed-wait*) instead of waiting for the screen to settle, for baselines; each wait is only what its flag says")
-	fs.Var(&f.fixed.afterAction, "fixed-wait", "with --no-ready-signal: sleep after each action, seconds or a duration (default 0)")
-	fs.Var(&f.fixed.afterReset, "fixed-wait-after-reset", "with --no-ready-signal: sleep after a reset, seconds or a duration (default 0; OSWorld's runner slept 60)")
-	fs.Var(&f.fixed.beforeEval, "fixed-wait-before-eval", "with --no-ready-signal: sleep before grading, seconds or a duration (default 0; OSWorld's runner slept 20)")
-	fs.IntVar(&f.opts.ImageMax, "image-max", rl.DefaultImageMax, "screenshots kept in the prompt")
+	durationVar(fs, &f.fixed.AfterAction, "fixed-wait", 0, 0, day, "with --no-ready-signal: sleep after each action")
+	durationVar(fs, &f.fixed.AfterReset, "fixed-wait-after-reset", 0, 0, day, "with --no-ready-signal: sleep after a reset (OSWorld's runner slept 60)")
+	durationVar(fs, &f.fixed.BeforeEval, "fixed-wait-before-eval", 0, 0, day, "with --no-ready-signal: sleep before grading (OSWorld's runner slept 20)")
+	intVar(fs, &f.opts.ImageMax, "image-max", rl.DefaultImageMax, 1, rl.MaxImageMax, "screenshots kept in the prompt")
 	fs.TextVar(&f.eviction, "eviction", qwen.EvictHalf, "how screenshots leave the prompt past --image-max: half (the oldest half at once, keeping the prefix cache) or oldest (one a step)")
 	fs.StringVar(&f.harness, "harness", qwen.Qwen3VL.String(), "the model family's prompt and action conventions: "+strings.Join(qwen.Families(), " or "))
 	fs.StringVar(&f.systemPrompt, "system-prompt", "", "a file holding the system prompt to send instead of the built-in one (the prompt your model was trained with)")
 	fs.Var(&f.sampling.temperature, "temperature", "sampling temperature sent with every request (default: the server's)")
 	fs.Var(&f.sampling.topP, "top-p", "nucleus sampling top-p sent with every request (default: the server's)")
-	fs.IntVar(&f.pol.MaxTokens, "max-tokens", 0, "cap on generated tokens per model call (0: the server's default)")
+	intVar(fs, &f.pol.MaxTokens, "max-tokens", 0, 0, 1<<24, "cap on generated tokens per model call (0: the server's default)")
 	f.ow.Register(fs)
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
@@ -133,12 +132,9 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	f.pol.APIKey = os.Getenv(policy.KeyEnv)
-	f.pol.StepTimeout = time.Duration(f.stepTimeout)
 	f.pol.Retries = f.retries
 	f.pol.Logger = log
 	f.opts.Out = f.out
-	f.opts.RolloutTimeout = time.Duration(f.rolloutTimeout)
-	f.opts.ServerDownTimeout = time.Duration(f.serverDownTimeout)
 	f.opts.Logger = log
 	if f.opts.EnvRetries == 0 {
 		f.opts.EnvRetries = -1 // the flag's 0 means none; the library's zero means the default
@@ -195,11 +191,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageErrorf("--backend %q: want fake or osworld", f.backend)
 	}
 	if f.noReadySignal {
-		f.opts.NewDesktop = desktop.WithFixedWaits(f.opts.NewDesktop, desktop.FixedWaits{
-			AfterAction: time.Duration(f.fixed.afterAction),
-			AfterReset:  time.Duration(f.fixed.afterReset),
-			BeforeEval:  time.Duration(f.fixed.beforeEval),
-		})
+		f.opts.NewDesktop = desktop.WithFixedWaits(f.opts.NewDesktop, f.fixed)
 	}
 	tasks, err := loadCollectTasks(f)
 	if err != nil {
@@ -242,30 +234,11 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // value given is a value meant, so zero is refused where it cannot work.
 func (f *collectFlags) validate(fs *flag.FlagSet) error {
 	var errs []string
-	atLeast := func(name string, v, lo int) {
-		if v < lo {
-			errs = append(errs, fmt.Sprintf("--%s %d: want at least %d", name, v, lo))
-		}
-	}
-	atLeast("desktops", f.opts.Desktops, 1)
-	atLeast("group", f.opts.Group, 1)
-	atLeast("max-steps", f.opts.MaxSteps, 1)
-	atLeast("image-max", f.opts.ImageMax, 1)
-	atLeast("retries", f.retries, 0)
-	atLeast("env-retries", f.opts.EnvRetries, 0)
-	atLeast("max-inflight", f.pol.MaxInflight, 0)
-	atLeast("max-tokens", f.pol.MaxTokens, 0)
 	if t := f.sampling.temperature.v; t != nil && (*t < 0 || *t > 2) {
 		errs = append(errs, fmt.Sprintf("--temperature %v: want 0 to 2", *t))
 	}
 	if p := f.sampling.topP.v; p != nil && (*p <= 0 || *p > 1) {
 		errs = append(errs, fmt.Sprintf("--top-p %v: want more than 0, at most 1", *p))
-	}
-	if f.stepTimeout == 0 {
-		errs = append(errs, "--step-timeout 0: want a positive time, e.g. 60")
-	}
-	if f.serverDownTimeout == 0 {
-		errs = append(errs, "--server-down-timeout 0: want a positive time, e.g. 5m")
 	}
 	if !f.noReadySignal {
 		fs.Visit(func(fl *flag.Flag) {
@@ -277,10 +250,9 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 	if len(errs) > 0 {
 		return usageErrorf("%s", strings.Join(errs, "\n"))
 	}
-	// The library checks the upper bounds (--group, --oversample, ...).
+	// The library checks the rest (--oversample, ...).
 	o := f.opts
 	o.Out, o.NewDesktop = f.out, func(context.Context, int) (desktop.Desktop, error) { return nil, nil }
-	o.ServerDownTimeout, o.RolloutTimeout = time.Duration(f.serverDownTimeout), time.Duration(f.rolloutTimeout)
 	if err := o.Validate(); err != nil {
 		return usage(err)
 	}
@@ -422,31 +394,6 @@ func progressLine(pr rl.Progress) string {
 	return fmt.Sprintf("[%s] groups %d/%d | %s | %.0f rollouts/h | running %d, model calls in flight %d | ETA %s",
 		pr.Elapsed.Round(time.Second), pr.GroupsEnded, pr.GroupsTotal, strings.Join(parts, ", "),
 		pr.RolloutsPerHour, pr.Running, pr.InFlight, eta)
-}
-
-// seconds is a duration flag that also takes a plain number of seconds, as
-// the reference tool's flags do ("--step-timeout 60").
-type seconds time.Duration
-
-func (s *seconds) String() string { return time.Duration(*s).String() }
-
-func (s *seconds) Set(v string) error {
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		if f < 0 {
-			return fmt.Errorf("%q: want ≥ 0", v)
-		}
-		*s = seconds(f * float64(time.Second))
-		return nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		return fmt.Errorf("%q: want seconds (60) or a duration (1m30s)", v)
-	}
-	if d < 0 {
-		return fmt.Errorf("%q: want ≥ 0", v)
-	}
-	*s = seconds(d)
-	return nil
 }
 
 // optFloat is a float flag that tells "not given" (nil: the server's

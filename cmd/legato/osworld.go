@@ -65,8 +65,28 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 	choiceVar(fs, &f.grader, "grader", "auto", []string{"auto", grade.PreferBridge.String(), grade.PreferNative.String(), grade.NativeOnly.String()},
 		"grader `mode`, where metrics run (auto: OSWorld's Python with --osworld, else native-only; native: Go where implemented, Python for the rest)")
 	fs.StringVar(&c.Grade.Python, "python", grade.DefaultPython, "Python with the packages OSWorld's evaluators import")
-	fs.BoolVar(&c.NoFastReset, "no-fast-reset", false, "revert the VM snapshot before every attempt (the baseline), instead of a fast reset where the domain allows")
+	fs.BoolVar(&c.NoFastReset, "no-fast-reset", false, "load the VM snapshot before every attempt (the baseline); otherwise each desktop chooses per task between it and a fast reset, by measured cost, where the domain allows")
+	fs.Func("fast-reset-restore", "a guest `dir`ectory a fast reset brings back to its clean contents, besides /home/user and "+
+		strings.Join(osworld.DefaultRestoreDirs(), ", ")+"; repeat the flag", func(s string) error {
+		c.FastReset.Restore = appendToDefault(c.FastReset.Restore, osworld.DefaultRestoreDirs, s)
+		return nil
+	})
+	fs.Func("fast-reset-check", "a guest `path` where a change since the clean state makes the desktop load its snapshot rather than trust a fast reset, besides "+
+		strings.Join(osworld.DefaultCheckDirs(), ", ")+"; repeat the flag", func(s string) error {
+		c.FastReset.Check = appendToDefault(c.FastReset.Check, osworld.DefaultCheckDirs, s)
+		return nil
+	})
+	fs.BoolVar(&c.Ready.NoDamage, "ready-compare-screenshots", false, "the ready signal compares screenshots even where the guest watches its own screen (a baseline: two screenshots per settled wait instead of one)")
 	fs.StringVar(&c.CacheDir, "cache-dir", "", "cache of task files and cloud files (default: legato/osworld in the user cache directory)")
+}
+
+// appendToDefault appends v to list, which starts as defaults() when the
+// flag was not given before.
+func appendToDefault(list []string, defaults func() []string, v string) []string {
+	if list == nil {
+		list = defaults()
+	}
+	return append(list, v)
 }
 
 // Config returns the backend configuration the flags describe, checked.

@@ -87,6 +87,23 @@ func TestOSWorldFlags(t *testing.T) {
 				ClientPassword: "hunter2",
 			},
 		},
+		{
+			name: "what a fast reset restores and checks",
+			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
+				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots"},
+			want: osworld.Config{
+				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
+					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool},
+				BootTimeout: osworld.DefaultBootTimeout,
+				FastReset: osworld.FastResetConfig{
+					Restore: append(osworld.DefaultRestoreDirs(), "/srv/data", "/var/games"),
+					Check:   append(osworld.DefaultCheckDirs(), "/var/lib/flatpak"),
+				},
+				Ready: osworld.ReadyConfig{NoDamage: true},
+				Grade: osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,6 +150,9 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"bad host", []string{"--image", img, "--host", "qemu+ssh://h/system?no_verify=1"}, `invalid value "qemu+ssh://h/system?no_verify=1" for flag -host`},
 		{"host desktops", []string{"--image", img, "--host", "qemu:///system,desktops=0"}, "desktops=0"},
 		{"same host twice", []string{"--image", img, "--host", "qemu+ssh://h/system", "--host", "qemu+ssh://h/system"}, "give each its own name"},
+		{"restore relative", append(guest, "--fast-reset-restore", "tmp"), `FastReset.Restore (--fast-reset-restore): "tmp"`},
+		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
+		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

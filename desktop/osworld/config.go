@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -45,36 +44,75 @@ const (
 	DefaultReadyInterval = 500 * time.Millisecond
 	DefaultReadyStable   = 2
 	DefaultReadyMaxLoad  = 0.25
-	DefaultAfterResetMax = 30 * time.Second
-	DefaultBeforeEvalMax = 10 * time.Second
+	// DefaultReadyMaxDamage is an 8×8 square: a blinking text caret (2×20)
+	// is below it, a typed character above.
+	DefaultReadyMaxDamage = 64
+	DefaultAfterResetMax  = 30 * time.Second
+	DefaultBeforeEvalMax  = 10 * time.Second
 )
 
-// DefaultRevertDomains are the OSWorld domains whose tasks change the
-// machine beyond /home/user (system settings, packages, several apps at
-// once), so a fast reset cannot undo them: they get a snapshot revert.
+// DefaultRevertDomains are the OSWorld domains whose tasks always get a
+// snapshot revert, before their attempt and before the attempt after them.
+// Their tasks change state that lives in the memory of the desktop's
+// long-running programs (GNOME settings through gsettings and dconf, the
+// session's D-Bus services, network and time settings, installed
+// packages): processes of the clean state that a fast reset keeps, so no
+// file restore undoes them, and its checks cannot see them all.
 func DefaultRevertDomains() []string { return []string{"os", "multi_apps"} }
 
-// DefaultAppsToKill returns, per OSWorld domain, the process names (as the
-// kernel shows them in /proc/PID/comm, at most 15 bytes) of the programs
-// its tasks start. A fast reset kills the programs of every domain, not
-// only the task's: the desktop may have run a task of any domain before.
-func DefaultAppsToKill() map[string][]string {
-	office := []string{"soffice.bin", "soffice", "oosplash"}
-	return map[string][]string{
-		"chrome":              {"chrome", "google-chrome", "chromium", "chrome_crashpad"},
-		"gimp":                {"gimp", "gimp-2.10", "script-fu"},
-		"libreoffice_calc":    office,
-		"libreoffice_impress": office,
-		"libreoffice_writer":  office,
-		"thunderbird":         {"thunderbird", "thunderbird-bin"},
-		"vlc":                 {"vlc"},
-		"vs_code":             {"code"},
-		// Revert domains: listed for guests given by URL, which can only
-		// fast-reset them. "gnome-terminal-" is gnome-terminal-server cut
-		// to 15 bytes, as /proc shows it.
-		"os":         {"gedit", "nautilus", "gnome-terminal-"},
-		"multi_apps": {"gedit", "nautilus", "gnome-terminal-", "evince", "eog"},
-	}
+// DefaultRestoreDirs are the guest directories a fast reset restores
+// besides the home: where any program, the task's included, may write.
+func DefaultRestoreDirs() []string { return []string{"/tmp", "/var/tmp", "/dev/shm"} }
+
+// DefaultCheckDirs are the guest paths in which any change since the clean
+// state makes a fast reset fall back to a revert: system configuration,
+// software installed by hand, root's and the services' files, and dpkg's
+// status file (any package installed or removed rewrites it; its
+// directory holds tens of thousands of files on a desktop image). Only
+// root changes them, so an attempt that did used sudo.
+func DefaultCheckDirs() []string {
+	return []string{"/etc", "/usr/local", "/opt", "/srv", "/root", "/boot", "/var/spool", "/var/mail", "/var/lib/dpkg/status"}
+}
+
+// DefaultSkipPaths are the guest paths the clean-state record does not scan
+// for entries the guest user may change: pseudo filesystems, the session's
+// runtime directory (its programs' sockets, changing all the time), and
+// large system trees that only root writes (scanning them takes minutes
+// under software emulation). A fast reset does not restore them; it checks
+// them only where they lie in a Check directory (/usr/local).
+func DefaultSkipPaths() []string {
+	return []string{"/proc", "/sys", "/dev", "/run/user", "/usr", "/bin", "/sbin", "/lib", "/lib32",
+		"/lib64", "/libx32", "/snap", "/var/lib/snapd", "/var/cache", "/var/log", "/var/lib/apt"}
+}
+
+// DefaultStateDir is where the guest keeps its clean-state record.
+const DefaultStateDir = "/var/lib/legato/clean"
+
+// FastResetConfig says what a fast reset restores and what it checks. It
+// ends every process and closes every window that was not there at the
+// clean state, restores Home and Restore, and verifies the result; a VM
+// desktop reverts its snapshot when anything is left (see Desktop.Reset).
+type FastResetConfig struct {
+	// Restore lists the guest directories brought back to their clean
+	// contents besides Home; nil means DefaultRestoreDirs().
+	Restore []string
+	// Check lists guest directories (or files) in which a change since the
+	// clean state makes the desktop revert instead; nil means
+	// DefaultCheckDirs().
+	Check []string
+	// Skip lists guest paths that are not scanned for what the guest user
+	// may change (everything else is, once, when the clean state is
+	// recorded); Check directories inside them are checked all the same.
+	// nil means DefaultSkipPaths().
+	Skip []string
+	// Shared says the guest shares its machine with other programs (a
+	// guest server on a developer's desktop, legato's host tests): a fast
+	// reset then ends only the processes of the guest server's X display
+	// and checks nothing outside Home and Restore.
+	Shared bool
+	// StateDir is where the guest keeps the clean-state record and the
+	// copies of Restore (default /var/lib/legato/clean).
+	StateDir string
 }
 
 // Config says how to run OSWorld desktops: libvirt VMs started here (VM),
@@ -97,11 +135,11 @@ type Config struct {
 	// The zero value fast-resets every domain not in RevertDomains.
 	NoFastReset bool
 	// RevertDomains are the domains whose tasks always get a snapshot
-	// revert; nil means DefaultRevertDomains().
+	// revert, and so does the attempt after one of them; nil means
+	// DefaultRevertDomains().
 	RevertDomains []string
-	// AppsToKill lists, per domain, the programs a fast reset kills; nil
-	// means DefaultAppsToKill(). A fast reset kills those of every domain.
-	AppsToKill map[string][]string
+	// FastReset says what a fast reset restores and checks.
+	FastReset FastResetConfig
 	// Home is the guest user's home directory, restored by a fast reset
 	// (default /home/user).
 	Home string
@@ -265,10 +303,12 @@ func (a GuestAddr) devToolsEndpoint() string {
 	return "http://" + net.JoinHostPort(a.host(), strconv.Itoa(a.DevToolsPort))
 }
 
-// ReadyConfig configures the ready signal: the desktop is ready when Stable
-// consecutive screenshots, Interval apart, are identical and the guest's
-// CPUs were at most MaxLoad busy in between, or when the wait's bound
-// passed. (desktop.WithFixedWaits replaces it by fixed sleeps, for
+// ReadyConfig configures the ready signal: the desktop is ready when, over
+// an Interval, the guest's CPUs were at most MaxLoad busy and at most
+// MaxDamage pixels of its screen were redrawn (then one screenshot shows
+// it), or, where the guest cannot watch its screen, when Stable
+// consecutive screenshots with idle Intervals between them are identical;
+// or when the wait's bound passed. (desktop.WithFixedWaits replaces it by fixed sleeps, for
 // baselines.)
 type ReadyConfig struct {
 	// Interval is the time between two looks at the screen, during which
@@ -281,6 +321,14 @@ type ReadyConfig struct {
 	// them) at or below which the guest counts as idle (default 0.25);
 	// 1 turns the load check off.
 	MaxLoad float64
+	// MaxDamage is the screen area in pixels that may be redrawn during an
+	// Interval of a settled screen, where the guest watches its screen
+	// (default 64).
+	MaxDamage int64
+	// NoDamage compares Stable screenshots even where the guest could
+	// watch its screen (a baseline; two screenshots per wait instead of
+	// one).
+	NoDamage bool
 	// AfterResetMax bounds WaitAfterReset (default 30s; OSWorld slept 60s).
 	AfterResetMax time.Duration
 	// BeforeEvalMax bounds WaitBeforeEval (default 10s; OSWorld slept
@@ -343,8 +391,17 @@ func (c Config) withDefaults() Config {
 	if c.RevertDomains == nil {
 		c.RevertDomains = DefaultRevertDomains()
 	}
-	if c.AppsToKill == nil {
-		c.AppsToKill = DefaultAppsToKill()
+	if c.FastReset.Restore == nil {
+		c.FastReset.Restore = DefaultRestoreDirs()
+	}
+	if c.FastReset.Check == nil {
+		c.FastReset.Check = DefaultCheckDirs()
+	}
+	if c.FastReset.Skip == nil {
+		c.FastReset.Skip = DefaultSkipPaths()
+	}
+	if c.FastReset.StateDir == "" {
+		c.FastReset.StateDir = DefaultStateDir
 	}
 	if c.Home == "" {
 		c.Home = DefaultHome
@@ -393,6 +450,9 @@ func (r ReadyConfig) withDefaults() ReadyConfig {
 	if r.MaxLoad <= 0 {
 		r.MaxLoad = DefaultReadyMaxLoad
 	}
+	if r.MaxDamage <= 0 {
+		r.MaxDamage = DefaultReadyMaxDamage
+	}
 	if r.AfterResetMax <= 0 {
 		r.AfterResetMax = DefaultAfterResetMax
 	}
@@ -436,25 +496,38 @@ func (c Config) Validate() error {
 		}
 		seen[key] = true
 	}
-	for _, p := range []struct{ name, v string }{{"Home", c.Home}, {"BaselineDir", c.BaselineDir}} {
-		if p.v != "" && (!path.IsAbs(p.v) || path.Clean(p.v) != p.v || p.v == "/") {
+	for _, p := range []struct{ name, v string }{{"Home", c.Home}, {"BaselineDir", c.BaselineDir}, {"FastReset.StateDir", c.FastReset.StateDir}} {
+		if p.v != "" && !guestPath(p.v) {
 			add("%s %q: want an absolute, clean guest path other than /", p.name, p.v)
 		}
 	}
-	home, base := c.Home, c.BaselineDir
+	home, base, state := c.Home, c.BaselineDir, c.FastReset.StateDir
 	if home == "" {
 		home = DefaultHome
 	}
 	if base == "" {
 		base = DefaultBaselineDir
 	}
+	if state == "" {
+		state = DefaultStateDir
+	}
 	if within(base, home) || within(home, base) {
 		add("BaselineDir %q and Home %q overlap: keep the baseline outside the home it restores", base, home)
 	}
-	for _, dom := range slices.Sorted(maps.Keys(c.AppsToKill)) {
-		for _, name := range c.AppsToKill[dom] {
-			if err := checkProcessName(name); err != nil {
-				add("AppsToKill[%q]: %w", dom, err)
+	for _, l := range []struct {
+		name  string
+		paths []string
+	}{{"FastReset.Restore (--fast-reset-restore)", c.FastReset.Restore}, {"FastReset.Check (--fast-reset-check)", c.FastReset.Check}, {"FastReset.Skip", c.FastReset.Skip}} {
+		for _, p := range l.paths {
+			if !guestPath(p) {
+				add("%s: %q: want an absolute, clean guest path other than /", l.name, p)
+			}
+		}
+	}
+	for _, p := range c.FastReset.Restore {
+		for _, o := range []struct{ name, v string }{{"Home", home}, {"BaselineDir", base}, {"FastReset.StateDir", state}} {
+			if within(p, o.v) || within(o.v, p) {
+				add("FastReset.Restore (--fast-reset-restore): %q overlaps %s %q: restore directories apart from it", p, o.name, o.v)
 			}
 		}
 	}
@@ -497,6 +570,9 @@ func (r ReadyConfig) validate() []error {
 	if r.Stable < 0 {
 		errs = append(errs, fmt.Errorf("Ready.Stable %d: want ≥ 2 identical screenshots (0 means the default)", r.Stable))
 	}
+	if r.MaxDamage < 0 {
+		errs = append(errs, fmt.Errorf("Ready.MaxDamage %d: want ≥ 0 pixels (0 means the default)", r.MaxDamage))
+	}
 	if r.MaxLoad < 0 || r.MaxLoad > 1 {
 		errs = append(errs, fmt.Errorf("Ready.MaxLoad %g: want a share of the CPUs in (0, 1] (0 means the default)", r.MaxLoad))
 	}
@@ -508,30 +584,27 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// checkProcessName reports whether name can match a process's comm: the
-// kernel keeps at most 15 bytes of it, and the kill script splits names at
-// white space.
-func checkProcessName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty process name")
-	case len(name) > 15:
-		return fmt.Errorf("process name %q is longer than 15 bytes: the kernel shows it cut to %q", name, name[:15])
-	case strings.ContainsAny(name, " \t\n/"):
-		return fmt.Errorf("process name %q: no white space or '/'; give the program's name, not a path", name)
-	}
-	return nil
+// toolCacheDir is the guest directory where the guest keeps the compiled
+// guest tool: next to the clean-state record, /var/lib/legato/py by
+// default.
+func (c Config) toolCacheDir() string {
+	return path.Join(path.Dir(c.FastReset.StateDir), "py")
 }
 
-// killList returns every process name of every domain, sorted, once each.
-func (c Config) killList() []string {
-	set := map[string]bool{}
-	for _, names := range c.AppsToKill {
-		for _, n := range names {
-			set[n] = true
-		}
+// helperDir is the guest directory of the guest tool's helper, named after
+// the tool's version; "" on a guest that shares its machine, where no
+// helper is left running.
+func (c Config) helperDir() string {
+	if c.FastReset.Shared {
+		return ""
 	}
-	return slices.Sorted(maps.Keys(set))
+	return path.Join(path.Dir(c.FastReset.StateDir), "helper-"+strings.TrimPrefix(guestToolModule, "legato_guest_"))
+}
+
+// guestPath reports whether p is an absolute, clean guest path other than
+// /.
+func guestPath(p string) bool {
+	return path.IsAbs(p) && path.Clean(p) == p && p != "/"
 }
 
 // revertDomain reports whether tasks of domain always need a revert.

@@ -1,6 +1,7 @@
 package osworld
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -70,9 +71,14 @@ func TestValidate(t *testing.T) {
 		{name: "home relative", cfg: Config{Guests: guests, Home: "home/user"}, want: []string{"Home \"home/user\""}},
 		{name: "home root", cfg: Config{Guests: guests, Home: "/"}, want: []string{"Home \"/\"", "overlap"}},
 		{name: "baseline in home", cfg: Config{Guests: guests, BaselineDir: "/home/user/.baseline"}, want: []string{"overlap"}},
-		{name: "long process name", cfg: Config{Guests: guests, AppsToKill: map[string][]string{"os": {"gnome-terminal-server"}}}, want: []string{"longer than 15 bytes"}},
-		{name: "process path", cfg: Config{Guests: guests, AppsToKill: map[string][]string{"os": {"/usr/bin/gedit"}}}, want: []string{"not a path"}},
+		{name: "restore relative", cfg: Config{Guests: guests, FastReset: FastResetConfig{Restore: []string{"tmp"}}}, want: []string{`FastReset.Restore (--fast-reset-restore): "tmp"`}},
+		{name: "restore holds the home", cfg: Config{Guests: guests, FastReset: FastResetConfig{Restore: []string{"/home"}}}, want: []string{`"/home" overlaps Home`}},
+		{name: "restore in the state dir", cfg: Config{Guests: guests, FastReset: FastResetConfig{Restore: []string{"/var/lib/legato/clean/x"}}}, want: []string{"overlaps FastReset.StateDir"}},
+		{name: "check not clean", cfg: Config{Guests: guests, FastReset: FastResetConfig{Check: []string{"/etc/"}}}, want: []string{`FastReset.Check (--fast-reset-check): "/etc/"`}},
+		{name: "skip root", cfg: Config{Guests: guests, FastReset: FastResetConfig{Skip: []string{"/"}}}, want: []string{`FastReset.Skip: "/"`}},
+		{name: "state dir relative", cfg: Config{Guests: guests, FastReset: FastResetConfig{StateDir: "x"}}, want: []string{`FastReset.StateDir "x"`}},
 		{name: "bad load", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxLoad: 1.5}}, want: []string{"Ready.MaxLoad"}},
+		{name: "bad damage", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxDamage: -1}}, want: []string{"Ready.MaxDamage"}},
 		{name: "negative wait", cfg: Config{Guests: guests, Ready: ReadyConfig{BeforeEvalMax: -time.Second}}, want: []string{"Ready.BeforeEvalMax"}},
 		{name: "osworld dir", cfg: Config{Guests: guests, Grade: GradeConfig{OSWorldDir: "/nonexistent"}}, want: []string{"OSWorld checkout"}},
 		{name: "negative grader workers", cfg: Config{Guests: guests, Grade: GradeConfig{Workers: -1}}, want: []string{"Grade.Workers -1"}},
@@ -98,20 +104,14 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestDefaultAppsToKillAreValid(t *testing.T) {
-	cfg := Config{Guests: []GuestAddr{{URL: "http://127.0.0.1:5000"}}, AppsToKill: DefaultAppsToKill()}
+func TestDefaultFastResetIsValid(t *testing.T) {
+	cfg := Config{Guests: []GuestAddr{{URL: "http://127.0.0.1:5000"}}}.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	list := cfg.killList()
-	for _, want := range []string{"chrome", "soffice.bin", "gimp", "vlc", "thunderbird", "code"} {
-		if !strings.Contains(" "+strings.Join(list, " ")+" ", " "+want+" ") {
-			t.Errorf("kill list %v lacks %s", list, want)
-		}
-	}
-	for i := 1; i < len(list); i++ {
-		if list[i-1] >= list[i] {
-			t.Errorf("kill list %v is not sorted and unique", list)
+	for _, d := range cfg.FastReset.Check {
+		if slices.Contains(cfg.FastReset.Skip, d) || slices.Contains(cfg.FastReset.Restore, d) {
+			t.Errorf("checked directory %s is also skipped or restored", d)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package osworld
 
 import (
-	"bytes"
 	"context"
 	"sync/atomic"
 	"testing"
@@ -34,13 +33,16 @@ func TestConformance(t *testing.T) {
 	// their goroutines predate every check's snapshot.
 	// The Observe proxy lets the screenshot that attaching takes through.
 	var observeArmed atomic.Bool
+	// The guest tool's text comes with each of its calls, JSON-escaped: a
+	// command and its argument, unescaped, tell the calls apart.
+	quiet := executeContains(`"quiet","`) // the ready signal's probe
 	rules := map[desktoptest.Method]func(string, []byte) bool{
-		desktoptest.MethodReset:          executeContains("ps -eo"), // the fast reset
+		desktoptest.MethodReset:          executeContains(`"reset","{`), // the fast reset
 		desktoptest.MethodAct:            executeContains("import pyautogui"),
 		desktoptest.MethodEvaluate:       executeContains("legato-grade"),
 		desktoptest.MethodObserve:        func(path string, _ []byte) bool { return path == "/screenshot" && observeArmed.Load() },
-		desktoptest.MethodWaitAfterReset: func(path string, body []byte) bool { return bytes.Contains(body, []byte("/proc/stat")) },
-		desktoptest.MethodWaitBeforeEval: func(path string, body []byte) bool { return bytes.Contains(body, []byte("/proc/stat")) },
+		desktoptest.MethodWaitAfterReset: quiet,
+		desktoptest.MethodWaitBeforeEval: quiet,
 	}
 	proxies := map[desktoptest.Method]*hangProxy{}
 	for m, rule := range rules {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,30 +22,25 @@ var (
 	_ desktop.ReadyWaiter = (*Desktop)(nil)
 )
 
-// Reset kinds, as ResetReport.Kind names them.
-const (
-	// ResetNone: the desktop had just been made from its clean snapshot,
-	// so there was nothing to undo.
-	ResetNone = "none"
-	// ResetFast killed the task programs and restored /home/user.
-	ResetFast = "fast"
-	// ResetRevert restored the VM's clean snapshot.
-	ResetRevert = "revert"
-	// ResetFastThenRevert: the fast reset failed in the guest and the
-	// snapshot was reverted instead.
-	ResetFastThenRevert = "fast+revert"
-)
-
-// ResetReport says what the last Reset did and how long its parts took.
+// ResetReport says what the last Reset did, why, and how long its parts
+// took.
 type ResetReport struct {
 	TaskID string
-	// Kind is ResetNone, ResetFast, ResetRevert or ResetFastThenRevert.
+	// Kind is ResetNone, ResetFast, ResetLoadvm, ResetRevert,
+	// ResetFastThenLoadvm, ResetFastThenRevert or ResetFastIncomplete.
 	Kind string
-	// Restore is the time to the clean state (kill + restore, or revert
-	// until the guest answered and its clock was set).
+	// Why says why that reset: the rule or the measured costs that chose
+	// it, and for a fallback what the fast reset could not undo.
+	Why string
+	// Restore is the time to the clean state: the fast reset with its
+	// checks, or the revert until the guest answered and its clock was
+	// set (both for a fallback).
 	Restore time.Duration
 	// Setup is the time the task's setup steps took.
 	Setup time.Duration
+	// Ended and Closed name the processes and windows a fast reset ended
+	// ("comm(pid)") and closed; Left says what it could not undo.
+	Ended, Closed, Left []string
 }
 
 // Desktop is one OSWorld guest, driven through its guest server: a VM this
@@ -78,6 +74,14 @@ type Desktop struct {
 	fresh      bool            // nothing ran since the clean snapshot
 	warned     map[string]bool // domains warned about (guests without snapshots)
 	noLoad     bool            // the guest's load cannot be measured
+	noDamage   bool            // the guest cannot watch its screen
+	waits      waitCosts
+	chooser    resetChooser
+	prev       prevAttempt // the attempt since the last reset
+	// probe is the VM's readiness probe, which measures the guest clock's
+	// offset when the guest answers after a revert; nil for a guest given
+	// by URL.
+	probe *vmPrep
 
 	mu          sync.Mutex // guards lastReset and lastGrading
 	lastReset   ResetReport
@@ -99,7 +103,8 @@ func (d *VMDesktop) Revert(ctx context.Context) error {
 	defer done()
 	d.fresh = false
 	d.lastAction = desktop.Action{}
-	if err := d.revert(ctx); err != nil {
+	d.prev = prevAttempt{}
+	if _, err := d.revert(ctx); err != nil {
 		return d.fail("revert", err)
 	}
 	return nil
@@ -157,9 +162,14 @@ func (d *Desktop) fail(op string, err error) error {
 	return &desktop.Error{Op: op, Desktop: d.name, Err: err}
 }
 
-// Reset brings the desktop to the task's initial state: a snapshot revert
-// for the domains that need one (and for all with NoFastReset) on VMs,
-// otherwise a fast reset; then the task's setup steps.
+// Reset brings the desktop to the task's initial state, then runs the
+// task's setup steps. On a VM it chooses between a fast reset and loading
+// the clean snapshot (see resetChooser): the snapshot for NoFastReset, for
+// tasks of RevertDomains and the attempt after one, and after a task whose
+// attempt a fast reset could not undo before; otherwise whichever measured
+// cheaper on this desktop. A fast reset that cannot bring the guest back
+// falls back to the snapshot. A guest given by URL can only fast-reset.
+// LastReset says which reset ran and why.
 func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
@@ -173,53 +183,78 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	if err := d.checkTask(task); err != nil {
 		return d.fail("reset", err)
 	}
-	kind := d.resetKind(task)
+	prev, cur := d.prev, prevAttempt{id: task.ID, domain: task.Domain}
+	c := d.choose(cur, prev)
 	d.fresh = false
+	// From here on the desktop holds this task's attempt (or a reset that
+	// failed on the way to it): the next reset undoes that.
+	d.prev = cur
+	rep := ResetReport{TaskID: task.ID, Kind: c.kind, Why: c.why}
 	t0 := time.Now()
-	switch kind {
-	case ResetRevert:
-		err = d.revert(ctx)
+	switch c.kind {
+	case ResetLoadvm:
+		rep.Kind, err = d.revert(ctx)
 	case ResetFast:
-		err = d.fastReset(ctx)
-		if err != nil && errors.Is(err, ErrFastReset) && d.vm != nil {
-			d.log.Warn("fast reset failed; reverting the snapshot instead", "task", task.ID, "err", err)
-			kind = ResetFastThenRevert
-			err = d.revert(ctx)
+		var r cleanResult
+		r, err = d.fastReset(ctx)
+		rep.Ended, rep.Closed, rep.Left = r.Ended, r.Windows.Closed, append(r.Broken, r.Problems...)
+		d.log.Debug("fast reset in the guest", "seconds", r.Seconds, "restored", r.Restored)
+		if err != nil && errors.Is(err, ErrFastReset) {
+			left := strings.Join(rep.Left, "; ")
+			if left == "" {
+				left = err.Error()
+			}
+			if d.vm == nil && errors.Is(err, errLeft) {
+				d.log.Warn("the fast reset could not undo all of the last attempt, and a guest given by URL has no snapshot to fall back to: this attempt starts from what is left",
+					"task", task.ID, "left", left)
+				rep.Kind, rep.Why, err = ResetFastIncomplete, c.why+"; left of the earlier attempt: "+left, nil
+				break
+			}
+			if d.vm == nil {
+				break
+			}
+			d.log.Info("fast reset could not undo the last attempt; restoring the snapshot", "task", task.ID, "after_task", prev.id, "left", left)
+			var how string
+			how, err = d.revert(ctx)
+			rep.Kind = ResetFast + "+" + how
+			rep.Why = c.why + "; fell back to the snapshot: " + left
+			d.chooser.done(rep.Kind, time.Since(t0), prev, left)
 		}
 	}
 	if err != nil {
-		return d.fail("reset ("+kind+")", err)
+		return d.fail("reset ("+rep.Kind+")", err)
+	}
+	rep.Restore = time.Since(t0)
+	if d.vm != nil && c.kind != ResetNone && rep.Kind != ResetFastThenLoadvm && rep.Kind != ResetFastThenRevert {
+		d.chooser.done(rep.Kind, rep.Restore, prev, "")
 	}
 	t1 := time.Now()
 	if err := d.setup.Run(ctx, task, task.Setup); err != nil {
 		return d.fail("setup", err)
 	}
-	rep := ResetReport{TaskID: task.ID, Kind: kind, Restore: t1.Sub(t0), Setup: time.Since(t1)}
+	rep.Setup = time.Since(t1)
 	d.mu.Lock()
 	d.lastReset = rep
 	d.mu.Unlock()
-	d.log.Debug("reset", "task", task.ID, "kind", kind, "restore", rep.Restore, "setup", rep.Setup)
+	d.log.Debug("reset", "task", task.ID, "kind", rep.Kind, "why", rep.Why, "restore", rep.Restore, "setup", rep.Setup, "ended", rep.Ended, "closed", rep.Closed)
 	return nil
 }
 
-// resetKind chooses how to reset for task.
-func (d *Desktop) resetKind(task desktop.Task) string {
-	revert := d.cfg.NoFastReset || d.cfg.revertDomain(task.Domain)
+// choose picks the reset before task; prev is the attempt since the last
+// reset.
+func (d *Desktop) choose(task, prev prevAttempt) choice {
 	if d.vm == nil {
-		if revert && !d.warned[task.Domain] {
-			d.warned[task.Domain] = true
-			d.log.Warn("this task needs a snapshot revert, which a guest given by URL cannot do: fast-resetting it, so state outside the home directory may carry over between attempts",
-				"domain", task.Domain, "task", task.ID, "guest", d.name)
+		if (d.cfg.NoFastReset || d.cfg.revertDomain(task.domain)) && !d.warned[task.domain] {
+			d.warned[task.domain] = true
+			d.log.Warn("this task needs a snapshot revert, which a guest given by URL cannot do: fast-resetting it, so state the fast reset does not restore may carry over between attempts",
+				"domain", task.domain, "task", task.id, "guest", d.name)
 		}
-		return ResetFast
+		return choice{ResetFast, "a guest given by URL has no snapshot"}
 	}
 	if d.fresh {
-		return ResetNone
+		return choice{ResetNone, "the VM was just made from its clean snapshot"}
 	}
-	if revert {
-		return ResetRevert
-	}
-	return ResetFast
+	return d.chooser.choose(d.cfg, task, prev)
 }
 
 // checkTask refuses what this desktop cannot set up, before touching it.
@@ -243,26 +278,53 @@ func checkBrowser(task desktop.Task, haveBrowser bool) error {
 	return nil
 }
 
-// fastReset kills the task programs and restores the home directory.
-func (d *Desktop) fastReset(ctx context.Context) error {
-	return d.sh.fastReset(ctx, d.cfg.Home, d.cfg.BaselineDir, d.cfg.killList())
+// fastReset brings the guest back to its recorded clean state.
+func (d *Desktop) fastReset(ctx context.Context) (cleanResult, error) {
+	cfg, err := d.cfg.cleanConfig()
+	if err != nil {
+		return cleanResult{}, err
+	}
+	return d.sh.resetClean(ctx, cfg)
 }
 
 // revert restores the VM's snapshot and sets the guest clock, which the
-// snapshot turned back to when it was taken.
-func (d *Desktop) revert(ctx context.Context) error {
+// snapshot turned back to when it was taken. It returns the kind of reset
+// that ran: ResetLoadvm, or ResetRevert when loadvm failed.
+func (d *Desktop) revert(ctx context.Context) (string, error) {
 	if d.vm == nil {
-		return fmt.Errorf("revert: a guest given by URL has no snapshot: %w", desktop.ErrUnsupported)
+		return "", fmt.Errorf("revert: a guest given by URL has no snapshot: %w", desktop.ErrUnsupported)
 	}
 	// Connections kept alive across the restore lead to a guest that no
 	// longer knows them.
 	d.guest.CloseIdleConnections()
+	d.probe.forgetOffset()
 	err := d.vm.Revert(ctx)
 	d.guest.CloseIdleConnections()
-	if err != nil {
-		return err
+	how := ResetLoadvm
+	if d.vm.Timings().LastResetHow == vm.ResetLibvirt {
+		how = ResetRevert
 	}
-	return d.sh.setClock(ctx)
+	if err != nil {
+		return how, err
+	}
+	// The probe that found the guest answering read its clock: when that
+	// reading was quick enough to trust, one call sets it.
+	t0 := time.Now()
+	off, rtt, ok := d.probe.offset()
+	reread := !ok || rtt > maxClockRTT
+	if reread {
+		again, rtt2, err := clockOffset(ctx, d.guest)
+		if err != nil {
+			return how, fmt.Errorf("set the guest clock: %w", err)
+		}
+		if !ok || rtt2 < rtt {
+			off, rtt = again, rtt2
+		}
+	}
+	err = d.sh.shiftClock(ctx, off)
+	d.log.Debug("revert", "how", how, "restore", d.vm.Timings().LastReset, "clock_offset", off, "clock_rtt", rtt,
+		"clock_reread", reread, "clock_set", time.Since(t0), "helper", d.sh.helper != "" && !d.sh.noHelper)
+	return how, err
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after
@@ -289,9 +351,9 @@ func (d *Desktop) wait(ctx context.Context, op string, max time.Duration) error 
 	return nil
 }
 
-// WaitReady waits after an action until Ready.Stable screenshots in a row
-// are identical and the guest was idle between them, at most max, and
-// returns the last of them as the observation to continue from.
+// WaitReady waits after an action until the screen settled and the guest
+// is idle (see readySignal), at most max, and returns the screen it ended
+// on as the observation to continue from.
 func (d *Desktop) WaitReady(ctx context.Context, max time.Duration) (desktop.Ready, error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {

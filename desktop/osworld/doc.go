@@ -7,10 +7,10 @@
 // desktop.Factory. In VM mode the pool first readies each of its libvirt
 // hosts (the image files uploaded where missing, the VMs a crashed run left
 // behind removed by name prefix), then boots each VM on its own overlay on
-// the host with the most free slots, copies the guest's /home/user to a
-// baseline inside the guest, waits for a settled screen, and takes the
-// clean snapshot. A guest given by URL is attached as it is; it gets a
-// baseline if it has none.
+// the host with the most free slots, waits for a settled screen, sets the
+// guest clock, records the clean state (below) and takes the clean
+// snapshot. A guest given by URL is attached as it is, and its clean state
+// recorded then (kept when an earlier run recorded it in the same boot).
 //
 // # Hosts
 //
@@ -21,30 +21,53 @@
 // ones; it is tried again with backoff, and when it answers, what the batch
 // left there is swept and it takes desktops again.
 //
-// # Reset
+// # The clean state and the fast reset
 //
-// A fast reset kills the programs tasks start (Config.AppsToKill, every
-// domain's, since the last task may have been of any domain), checks that
-// none survived, restores /home/user from the baseline (rsync -a --delete,
-// or rm + cp -a without rsync) and checks that nothing differs, all in one
-// command in the guest. A snapshot revert restores the VM's clean snapshot
-// (QEMU's in-place loadvm, libvirt's revert if that fails) and then sets
-// the guest clock, which the snapshot turned back. Tasks of the
-// Config.RevertDomains (os, multi_apps: their state is not only in
-// /home/user) and every task with Config.NoFastReset get the revert; the
-// others the fast reset, which falls back to a revert when it fails in the
-// guest. Guests given by URL have no snapshot: they are always fast-reset,
-// with a warning for the tasks that would need a revert. Then the task's
-// setup steps run (package setup).
+// legato's guest tool (guestpy/, Python standard library only, sent with
+// each call and kept compiled in the guest) records, as root, what the
+// clean guest holds: its processes by pid and start time (not by name), the
+// X windows with their titles and places, the pointer and the active
+// window, /home/user (copied to a baseline) and the directories of
+// Config.FastReset.Restore (/tmp, /var/tmp, /dev/shm) with their listings,
+// every entry outside them that the guest user owns or may write, and a
+// time stamp. It then starts its helper, a root process of the clean state
+// that serves later calls without sudo or Python's start.
+//
+// A fast reset ends every process that was not there (SIGSTOP, then
+// SIGKILL, until none is left), closes the windows that were not there,
+// releases held keys and buttons, puts the pointer back, restores the home
+// and the restored directories entry by entry (content, kind, mode, owner,
+// times; a change time that moved counts as a change), then verifies all of
+// it and looks for changes it does not undo: an entry the user could change
+// outside the restored directories, anything under Config.FastReset.Check
+// (/etc, /opt, the package database, ...) changed since the stamp, a
+// process or window of the clean state that is gone. Anything left makes a
+// VM desktop load the snapshot instead; ResetReport says which reset ran
+// and why.
+//
+// Before each task a VM desktop chooses: the snapshot for
+// Config.NoFastReset, for tasks of Config.RevertDomains (os, multi_apps)
+// and for the attempt after one (their changes live in the memory of the
+// session's programs, which a fast reset keeps), and after a task whose
+// attempt a fast reset could not undo before; otherwise whichever of the
+// fast reset and QEMU's in-place loadvm measured cheaper on this desktop
+// (each kind is measured again now and then). After a snapshot restore the
+// readiness probe measures the guest clock, so one call sets it. Guests
+// given by URL have no snapshot: they are always fast-reset, with a warning
+// when something is left. Then the task's setup steps run (package setup).
 //
 // # Ready signal
 //
 // WaitAfterReset, WaitReady (after each action, desktop.ReadyWaiter) and
-// WaitBeforeEval wait until consecutive screenshots are identical and the
-// guest's CPUs were idle in between, bounded by a maximum. WaitReady
-// returns the screenshot it ended on, which the scheduler uses as the next
-// observation. (desktop.WithFixedWaits replaces the waits by fixed sleeps,
-// for baselines.)
+// WaitBeforeEval wait until, over one interval, the guest's CPUs were idle
+// and its X server redrew (almost) nothing, watched in the guest through
+// the X DAMAGE extension; one screenshot then shows the settled screen.
+// Where the guest cannot watch its screen, consecutive screenshots must be
+// identical instead, with the guest idle in between. A wait plans its last
+// screenshot to end by its bound. WaitReady returns the screenshot it ended
+// on, which the scheduler uses as the next observation.
+// (desktop.WithFixedWaits replaces the waits by fixed sleeps, for
+// baselines.)
 //
 // # Errors
 //

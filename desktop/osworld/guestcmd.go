@@ -16,91 +16,19 @@ import (
 // process name can change what they do; and each one is a single /execute
 // round trip, which matters under software emulation.
 
-// fastResetScript kills the task programs, checks that none survived,
-// restores the home directory from its baseline and checks the result.
-//
-//	$1 home, $2 baseline, $3… process names
-//
-// Exit status: 0 done, 3 a program survived SIGKILL, 4 no baseline, 5 the
-// copy failed, 6 the home still differs from the baseline.
-const fastResetScript = `set -u
-home=$1 base=$2
-shift 2
-# Processes whose name is one of "$@", zombies left out: a killed child its
-# parent has not reaped yet holds nothing.
-list() {
-  ps -eo pid=,stat=,comm= | awk -v names=" $* " '$2 !~ /^Z/ && index(names, " " $3 " ") > 0 { print $1 " " $3 }'
-}
-if [ $# -gt 0 ]; then
-  pids=$(list "$@" | cut -d' ' -f1)
-  [ -z "$pids" ] || kill -KILL $pids 2>/dev/null
-  i=0
-  while left=$(list "$@"); [ -n "$left" ]; do
-    i=$((i + 1))
-    if [ $i -ge 50 ]; then
-      echo "still running 5s after SIGKILL:" $left >&2
-      exit 3
-    fi
-    sleep 0.1
-  done
-fi
-[ -d "$base" ] || { echo "no baseline at $base" >&2; exit 4; }
-restore() {
-  if command -v rsync >/dev/null 2>&1; then
-    rsync -a --delete "$base/" "$home/"
-  else
-    find "$home" -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -a "$base/." "$home/"
-  fi
-}
-differences() {
-  if command -v rsync >/dev/null 2>&1; then
-    rsync -a --delete --dry-run --itemize-changes "$base/" "$home/"
-  else
-    diff -rq --no-dereference "$base" "$home"
-  fi
-}
-# Twice at most: a program outside the kill list may write to the home
-# while it is being restored.
-for try in 1 2; do
-  if ! out=$(restore 2>&1 >/dev/null); then
-    echo "$out" >&2
-    exit 5
-  fi
-  changes=$(differences 2>&1)
-  [ -n "$changes" ] || exit 0
-done
-echo "home differs from the baseline after the restore:" >&2
-echo "$changes" | head -n 20 >&2
-exit 6
-`
-
-// baselineScript copies the home directory to the baseline, unless there
-// is one already. The copy is made under a temporary name and renamed, so a
-// baseline that exists is complete.
-//
-//	$1 home, $2 baseline
-const baselineScript = `set -eu
-home=$1 base=$2
-if [ -d "$base" ]; then echo kept; exit 0; fi
-mkdir -p "$(dirname "$base")"
-rm -rf "$base.tmp"
-cp -a "$home" "$base.tmp"
-mv "$base.tmp" "$base"
-echo created
-`
-
 // clockScript sets the guest clock: $1 is a Unix time.
 const clockScript = `date -u -s "@$1" >/dev/null`
 
-// shiftClockScript moves the guest clock back by $1 seconds (its offset
-// from the host's). Python reads and sets the clock within microseconds;
-// the shell fallback loses the time it takes to start date (0.1-0.2 s under
-// software emulation).
-const shiftClockScript = `if command -v python3 >/dev/null 2>&1; then
-  exec python3 -c 'import sys, time; time.clock_settime(time.CLOCK_REALTIME, time.clock_gettime(time.CLOCK_REALTIME) - float(sys.argv[1]))' "$1"
-fi
-now=$(date +%s.%N)
-date -u -s "@$(awk -v n="$now" -v o="$1" 'BEGIN { printf "%.6f", n - o }')" >/dev/null`
+// shiftClockScript moves the guest clock back by $1 nanoseconds (its
+// offset from the host's), with the shell and date alone: starting Python
+// takes a second under software emulation. It reads the clock twice to
+// learn how long starting date takes, and counts that time in for the
+// date that sets it.
+const shiftClockScript = `off=$1
+t1=$(date +%s%N)
+t2=$(date +%s%N)
+t=$((t2 + (t2 - t1) - off))
+date -u -s "@$((t / 1000000000)).$(printf %09d $((t % 1000000000)))" >/dev/null`
 
 // loadScript prints the aggregate cpu line of /proc/stat before and after
 // sleeping $1 seconds: the guest's load during the wait, measured by the
@@ -110,16 +38,24 @@ const loadScript = `head -n 1 /proc/stat; sleep "$1"; head -n 1 /proc/stat`
 // sudoWrapper runs $0 (a script) as root with sudo, feeding it the
 // password on stdin when sudo asks: $1 is the password, the rest the
 // script's arguments. The password is an argument, so it is in no command
-// text that could be logged.
+// text that could be logged. sudo clears the environment; the X display
+// and its cookie are passed on, so that root's programs reach the user's
+// screen.
 const sudoWrapper = `pw=$1
 shift
-printf '%s\n' "$pw" | sudo -S -p '' -- sh -c "$0" legato "$@"`
+printf '%s\n' "$pw" | sudo -S -p '' -- env "DISPLAY=${DISPLAY-}" "XAUTHORITY=${XAUTHORITY:-$HOME/.Xauthority}" sh -c "$0" legato "$@"`
 
 // guestShell runs shell scripts in the guest, as root when asked.
 type guestShell struct {
 	client   *guest.Client
 	asRoot   bool // the guest server already runs as root
 	password string
+	// toolCache is the guest directory of the compiled guest tool
+	// (toolCacheDir), helper that of its helper ("" for none), and
+	// noHelper says the helper did not answer.
+	toolCache string
+	helper    string
+	noHelper  bool
 }
 
 // run runs script with args through /execute as the guest server's user.
@@ -171,44 +107,11 @@ func (s *guestShell) detectRoot(ctx context.Context) error {
 	return nil
 }
 
-// ensureBaseline makes the home baseline if the guest has none, and
-// reports whether it made it.
-func (s *guestShell) ensureBaseline(ctx context.Context, home, base string) (bool, error) {
-	res, err := s.runRoot(ctx, baselineScript, home, base)
-	if err != nil {
-		return false, fmt.Errorf("make the home baseline: %w", err)
-	}
-	if res.ReturnCode != 0 {
-		return false, fmt.Errorf("make the home baseline %s from %s: exit %d: %s", base, home, res.ReturnCode, clip(res.Error+res.Output))
-	}
-	return strings.TrimSpace(res.Output) == "created", nil
-}
-
 // ErrFastReset is wrapped by the error of a fast reset that ran in the
-// guest and failed there: a program survived SIGKILL, the baseline is
-// missing, or the home could not be restored. A VM desktop then reverts
-// its snapshot instead.
+// guest and could not bring it back to its clean state: a process that
+// survived SIGKILL, a change outside what it restores, a baseline that is
+// missing. A VM desktop then reverts its snapshot instead.
 var ErrFastReset = errors.New("fast reset failed in the guest")
-
-// fastReset kills names, then restores home from base.
-func (s *guestShell) fastReset(ctx context.Context, home, base string, names []string) error {
-	args := append([]string{home, base}, names...)
-	res, err := s.runRoot(ctx, fastResetScript, args...)
-	if err != nil {
-		return fmt.Errorf("fast reset: %w", err)
-	}
-	switch res.ReturnCode {
-	case 0:
-		return nil
-	case 3:
-		return fmt.Errorf("%w: kill the task programs: %s", ErrFastReset, clip(res.Error))
-	case 4:
-		return fmt.Errorf("%w: %s (the desktop makes it when it starts)", ErrFastReset, clip(res.Error))
-	case 6:
-		return fmt.Errorf("%w: %s", ErrFastReset, clip(res.Error))
-	}
-	return fmt.Errorf("%w: restore %s from %s: exit %d: %s", ErrFastReset, home, base, res.ReturnCode, clip(res.Error+res.Output))
-}
 
 // setClock sets the guest clock to the host's. It measures the offset
 // first and then shifts the guest clock by it, reading the guest's own time
@@ -219,10 +122,27 @@ func (s *guestShell) setClock(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("set the guest clock: %w", err)
 	}
+	return s.shiftClock(ctx, off)
+}
+
+// shiftClock moves the guest clock back by off, its measured offset from
+// the host's; an offset within clockTolerance is left alone.
+func (s *guestShell) shiftClock(ctx context.Context, off time.Duration) error {
 	if off.Abs() < clockTolerance {
 		return nil
 	}
-	res, err := s.runRoot(ctx, shiftClockScript, strconv.FormatFloat(off.Seconds(), 'f', 6, 64))
+	ns := strconv.FormatInt(off.Nanoseconds(), 10)
+	if s.helper != "" && !s.noHelper {
+		res, err := s.tool(ctx, true, "shift", ns, "")
+		if err != nil {
+			return fmt.Errorf("set the guest clock: %w", err)
+		}
+		if res.ReturnCode != 0 {
+			return fmt.Errorf("set the guest clock (%v off): exit %d: %s", off, res.ReturnCode, clip(lastLines(res.Error, 4)))
+		}
+		return nil
+	}
+	res, err := s.runRoot(ctx, shiftClockScript, ns)
 	if err != nil {
 		return fmt.Errorf("set the guest clock: %w", err)
 	}
@@ -252,19 +172,36 @@ func (s *guestShell) setClockTo(ctx context.Context, t time.Time) error {
 // clockOffset returns the guest clock minus the host's, measured at the
 // middle of the call.
 func (s *guestShell) clockOffset(ctx context.Context) (time.Duration, error) {
+	off, _, err := clockOffset(ctx, s.client)
+	return off, err
+}
+
+// clockOffset asks the guest c for its time and returns its offset from
+// the host's, taken at the middle of the call, and the call's round trip:
+// the offset is right to within half of it. It is also the readiness probe
+// after a revert: the guest answering it runs commands again.
+func clockOffset(ctx context.Context, c *guest.Client) (off, rtt time.Duration, err error) {
 	before := time.Now()
-	res, err := s.run(ctx, `date +%s.%N`)
+	res, err := c.Execute(ctx, guest.Argv("date", "+%s.%N"))
 	after := time.Now()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	if res.ReturnCode != 0 {
+		return 0, 0, fmt.Errorf("guest date: exit %d: %s", res.ReturnCode, clip(res.Error))
 	}
 	secs, err := strconv.ParseFloat(strings.TrimSpace(res.Output), 64)
 	if err != nil {
-		return 0, fmt.Errorf("guest date %q: %w", res.Output, err)
+		return 0, 0, fmt.Errorf("guest date %q: %w", res.Output, err)
 	}
 	mid := before.Add(after.Sub(before) / 2)
-	return time.Duration(secs*1e9) - time.Duration(mid.UnixNano()), nil
+	return time.Duration(secs*1e9) - time.Duration(mid.UnixNano()), after.Sub(before), nil
 }
+
+// maxClockRTT is the round trip of a clock reading good enough to set the
+// clock by (to within half of it); the readiness probe's reading, taken
+// while a restored guest catches up, often is not.
+const maxClockRTT = 300 * time.Millisecond
 
 // errNoLoad means the guest has no /proc/stat to measure its load from.
 var errNoLoad = errors.New("guest load unavailable")

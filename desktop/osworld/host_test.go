@@ -64,12 +64,21 @@ func startHostGuest(t *testing.T) *hostGuest {
 // own, or a proxy's).
 func (g *hostGuest) config(t *testing.T, url string) Config {
 	t.Helper()
+	if err := os.MkdirAll(g.Tmp(), 0o1777); err != nil {
+		t.Fatal(err)
+	}
 	return Config{
 		Guests:      []GuestAddr{{URL: url}},
 		Home:        g.Home,
 		BaselineDir: filepath.Join(filepath.Dir(g.Home), "baseline"),
-		AppsToKill:  map[string][]string{"legato_test": {g.App}},
-		CacheDir:    filepath.Join(filepath.Dir(g.Home), "cache"),
+		// The guest is the host: a fast reset ends only the processes of
+		// the guest's X display, and restores a /tmp of its own.
+		FastReset: FastResetConfig{
+			Shared:   true,
+			Restore:  []string{g.Tmp()},
+			StateDir: filepath.Join(filepath.Dir(g.Home), "clean"),
+		},
+		CacheDir: filepath.Join(filepath.Dir(g.Home), "cache"),
 		Ready: ReadyConfig{
 			Interval: 100 * time.Millisecond,
 			// The host is the guest here: its load is the other tests'.
@@ -82,6 +91,10 @@ func (g *hostGuest) config(t *testing.T, url string) Config {
 		Logger:      testLogger(t),
 	}
 }
+
+// Tmp is the directory the host guest's fast reset restores, as a VM's
+// restores /tmp.
+func (g *hostGuest) Tmp() string { return filepath.Join(filepath.Dir(g.Home), "tmp") }
 
 // desktop attaches a desktop to the host guest through a pool of its own.
 func (g *hostGuest) desktop(t *testing.T, cfg Config) *Desktop {

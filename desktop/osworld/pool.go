@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -295,17 +296,31 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 	if err := c.WaitReady(ctx, min(attachTry, p.cfg.BootTimeout), p.cfg.BootTimeout); err != nil {
 		return nil, fail("attach", err)
 	}
-	sh := &guestShell{client: c, password: p.cfg.ClientPassword}
+	sh := &guestShell{client: c, password: p.cfg.ClientPassword, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 	if err := sh.detectRoot(ctx); err != nil {
 		return nil, fail("attach", err)
 	}
-	made, err := sh.ensureBaseline(ctx, p.cfg.Home, p.cfg.BaselineDir)
+	cc, err := p.cfg.cleanConfig()
 	if err != nil {
 		return nil, fail("attach", err)
 	}
-	if made {
+	// A guest given by URL has no snapshot: its clean state is what it is
+	// now, unless an earlier run recorded it in this boot.
+	cc.KeepSameBoot = true
+	rec, err := sh.recordClean(ctx, cc)
+	if err != nil {
+		return nil, fail("attach", err)
+	}
+	if rec.HomeBaseline == "created" {
 		p.log.Warn("the guest had no home baseline: made one from its home as it is now; fast resets restore that state",
 			"guest", addr.URL, "home", p.cfg.Home, "baseline", p.cfg.BaselineDir)
+	}
+	if !rec.Kept {
+		p.log.Warn("recorded the guest's clean state as it is now (processes, windows, "+strings.Join(p.cfg.FastReset.Restore, ", ")+"): fast resets bring it back to that",
+			"guest", addr.URL, "processes", rec.Processes, "record_s", rec.Seconds)
+	}
+	if rec.Windows == nil && !rec.Kept {
+		p.log.Warn("fast resets cannot check the guest's windows", "guest", addr.URL, "why", rec.WindowsWhy)
 	}
 	d, err := p.newDesktop(ctx, addr.URL, addr, c, sh, nil, nil)
 	if err != nil {
@@ -332,6 +347,7 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	vcfg.BootTimeout = p.cfg.BootTimeout
 	v, err := vm.StartOn(sctx, ph.h, vcfg, slot)
 	prep.done.Store(true)
+	prep.forgetOffset()
 	if err != nil {
 		return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot) + " on " + ph.name(), Err: err}
 	}
@@ -343,10 +359,10 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	}
 	c, err := guest.New(addr.URL, opts)
 	if err == nil {
-		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot}
+		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 		var d *Desktop
-		// A fresh guest's clock comes from the emulated RTC, seconds off
-		// under software emulation.
+		// The clock was set before the snapshot, but the snapshot took
+		// time.
 		err = sh.setClock(ctx)
 		if err == nil {
 			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v, dial)
@@ -354,6 +370,7 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 		if err == nil {
 			d.fresh = true
 			d.host = ph.name()
+			d.probe = prep
 			return d, nil
 		}
 	}
@@ -364,9 +381,11 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 }
 
 // vmPrep is the readiness probe of a booting VM. The first time the guest
-// answers, it prepares the clean state (the home baseline, a settled
-// screen) before vm.Start takes the snapshot; afterwards, for reverts, it
-// only probes. vm.Start calls it from its own goroutine, one call at a time.
+// answers, it prepares the clean state (a settled screen, the clock, the
+// clean-state record with the home baseline) before vm.Start takes the
+// snapshot. Afterwards, for reverts, its probe asks the guest for its time,
+// so that the revert that waits for it learns the clock's offset without a
+// call of its own. vm.Start and the reverts call it one call at a time.
 type vmPrep struct {
 	pool *Pool
 	// startCtx is the ctx of the boot. The probe's own ctx is bounded by
@@ -380,6 +399,33 @@ type vmPrep struct {
 	client   *guest.Client
 	// dial reaches the VM's host (nil: this machine).
 	dial dialFunc
+
+	mu     sync.Mutex
+	off    time.Duration // the guest clock's offset the last probe measured
+	rtt    time.Duration // the round trip of that reading
+	offSet bool
+}
+
+// offset returns the guest clock's offset that the probe measured when the
+// guest answered after the last revert, and the reading's round trip. It
+// is safe on a nil vmPrep.
+func (v *vmPrep) offset() (off, rtt time.Duration, ok bool) {
+	if v == nil {
+		return 0, 0, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.off, v.rtt, v.offSet
+}
+
+// forgetOffset drops the measured offset before the guest changes.
+func (v *vmPrep) forgetOffset() {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	v.offSet = false
+	v.mu.Unlock()
 }
 
 func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
@@ -396,15 +442,29 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 		}
 		v.client = c
 	}
+	if v.prepared || v.done.Load() {
+		off, rtt, err := clockOffset(ctx, v.client)
+		if err != nil {
+			return err
+		}
+		v.mu.Lock()
+		v.off, v.rtt, v.offSet = off, rtt, true
+		v.mu.Unlock()
+		return nil
+	}
 	if _, _, err := v.client.ScreenSize(ctx); err != nil {
 		return err
 	}
-	if v.prepared || v.done.Load() {
-		return nil
-	}
 	pctx, cancel := context.WithTimeout(v.startCtx, v.pool.cfg.PrepareTimeout)
 	defer cancel()
-	if err := v.prepare(pctx); err != nil {
+	err := v.prepare(pctx)
+	if guest.IsNotReady(err) && pctx.Err() == nil {
+		// A guest that just booted under software emulation may drop a
+		// connection; every step of the preparation can run again.
+		v.pool.log.Warn("preparing the clean state: the guest dropped a call; preparing again", "err", err)
+		err = v.prepare(pctx)
+	}
+	if err != nil {
 		err = fmt.Errorf("prepare the clean state before the snapshot: %w", err)
 		v.abort(err)
 		return err
@@ -413,10 +473,11 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 	return nil
 }
 
-// prepare waits for a settled screen, then makes the home baseline.
+// prepare waits for a settled screen, sets the clock, then records the
+// clean state (and makes the home baseline).
 func (v *vmPrep) prepare(ctx context.Context) error {
 	p := v.pool
-	sh := &guestShell{client: v.client, password: p.cfg.ClientPassword}
+	sh := &guestShell{client: v.client, password: p.cfg.ClientPassword, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 	if err := sh.detectRoot(ctx); err != nil {
 		return err
 	}
@@ -428,8 +489,30 @@ func (v *vmPrep) prepare(ctx context.Context) error {
 	if _, err := d.readySignal(ctx, p.cfg.Ready.AfterResetMax); err != nil {
 		return err
 	}
-	_, err := sh.ensureBaseline(ctx, p.cfg.Home, p.cfg.BaselineDir)
-	return err
+	// The record's time stamp, and every later change's time, must come
+	// from a clock that is right: the emulated RTC is seconds off under
+	// software emulation.
+	if err := sh.setClock(ctx); err != nil {
+		return err
+	}
+	cc, err := p.cfg.cleanConfig()
+	if err != nil {
+		return err
+	}
+	rec, err := sh.recordClean(ctx, cc)
+	if err != nil {
+		return err
+	}
+	windows := -1
+	if rec.Windows != nil {
+		windows = *rec.Windows
+	}
+	p.log.Info("recorded the clean state", "processes", rec.Processes, "windows", windows,
+		"writable_entries", rec.Writable, "seconds", rec.Seconds)
+	if rec.Windows == nil {
+		p.log.Warn("fast resets cannot check the guest's windows", "why", rec.WindowsWhy)
+	}
+	return nil
 }
 
 // newDesktop assembles a desktop around a guest that answers.
@@ -513,6 +596,12 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		warned: map[string]bool{},
 	}
 	d.closeCtx, d.closeNow = context.WithCancel(context.Background())
+	// The ready signal plans its last screenshot to end by its bound: it
+	// needs to know what one costs from its first wait on.
+	if _, err := d.timedShot(ctx); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("screenshot: %w", err)
+	}
 	log.Info("desktop ready", "guest", addr.URL, "screen", fmt.Sprintf("%dx%d", w, h), "as_root", sh.asRoot)
 	return d, nil
 }

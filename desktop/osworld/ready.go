@@ -9,66 +9,195 @@ import (
 	"legato/rl/desktop"
 )
 
-// readySignal waits until the desktop is ready: Ready.Stable screenshots
-// in a row are identical and, in each interval between them, the guest's
-// CPUs were at most Ready.MaxLoad busy. It returns the last screenshot and
-// the time from its start to the first screenshot of that quiet run, or the
-// whole wait when max passed first (which is not an error: the screen is
-// then taken as it is).
+// minProbe is the shortest quiet probe worth a round trip.
+const minProbe = 50 * time.Millisecond
+
+// waitCosts are a desktop's running estimates of what the ready signal's
+// calls cost, so that a wait can plan its last screenshot to end by its
+// bound.
+type waitCosts struct {
+	// shot is a screenshot's round trip.
+	shot time.Duration
+	// probe is a quiet probe's round trip beyond the interval it watches.
+	probe time.Duration
+}
+
+func ewma(old, d time.Duration) time.Duration {
+	if old == 0 {
+		return d
+	}
+	return time.Duration(0.3*float64(d) + 0.7*float64(old))
+}
+
+// readySignal waits until the desktop is ready and returns the screen it
+// ended on, at most max after it started (its last screenshot is planned to
+// end by then, and every call before it is cut off there).
 //
-// The load is measured in the guest, over the interval itself (one
-// /execute that samples /proc/stat, sleeps, samples again), so each look
-// costs one round trip for the load and one for the screenshot, and the
-// screenshot's own work in the guest is not counted as load.
+// Where the guest can watch its own screen (the X DAMAGE extension, through
+// the quiet probe), the desktop is ready once, over one Ready.Interval, the
+// guest's CPUs were at most Ready.MaxLoad busy and at most Ready.MaxDamage
+// pixels were redrawn; one screenshot then shows the settled screen.
+// Elsewhere (or with Ready.NoDamage) Ready.Stable screenshots in a row must
+// be identical, with the guest idle in between; no screenshot is taken
+// while the guest is busy. When max passes first the screen is taken as it
+// is (not an error), from the last screenshot if nothing happened after it.
 func (d *Desktop) readySignal(ctx context.Context, max time.Duration) (desktop.Ready, error) {
-	r := d.cfg.Ready
 	start := time.Now()
 	deadline := start.Add(max)
-	prev, err := d.screenshot(ctx)
+	if !d.cfg.Ready.NoDamage && !d.noDamage {
+		r, err, done := d.waitDamage(ctx, start, deadline)
+		if done {
+			return r, err
+		}
+	}
+	return d.waitScreens(ctx, start, deadline)
+}
+
+// waitDamage is the ready signal with the guest watching its screen. It
+// reports done=false when the guest cannot watch it; the caller then
+// compares screenshots for the rest of the wait.
+func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time) (r desktop.Ready, err error, done bool) {
+	cfg := d.cfg.Ready
+	for {
+		interval := d.probeInterval(deadline)
+		if interval < minProbe {
+			break
+		}
+		t0 := time.Now()
+		p, err := d.watch(ctx, deadline, interval, true)
+		if errors.Is(err, errPastDeadline) {
+			break
+		}
+		if err != nil {
+			return desktop.Ready{}, err, true
+		}
+		if p.Damage == nil {
+			d.log.Warn("the guest cannot watch its screen; the ready signal compares screenshots instead", "why", p.Why)
+			d.noDamage = true
+			return desktop.Ready{}, nil, false
+		}
+		if p.Load <= cfg.MaxLoad && *p.Damage <= cfg.MaxDamage {
+			obs, err := d.timedShot(ctx)
+			if err != nil {
+				return desktop.Ready{}, err, true
+			}
+			return desktop.Ready{Observation: obs, After: t0.Sub(start), Settled: true}, nil, true
+		}
+	}
+	obs, err := d.timedShot(ctx)
+	if err != nil {
+		return desktop.Ready{}, err, true
+	}
+	return desktop.Ready{Observation: obs, After: time.Since(start)}, nil, true
+}
+
+// waitScreens is the ready signal that compares screenshots.
+func (d *Desktop) waitScreens(ctx context.Context, start, deadline time.Time) (desktop.Ready, error) {
+	cfg := d.cfg.Ready
+	prev, err := d.timedShot(ctx)
 	if err != nil {
 		return desktop.Ready{}, err
 	}
-	since, quiet := start, 0
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return desktop.Ready{Observation: prev, After: time.Since(start)}, nil
+	since, same := prev.At, 1
+	// clean: nothing happened since prev was taken.
+	clean := true
+	for same < cfg.Stable {
+		interval := d.probeInterval(deadline)
+		if interval < minProbe {
+			break
 		}
-		interval := min(r.Interval, left)
-		idle := true
-		if !d.noLoad {
-			load, err := d.sh.load(ctx, interval)
-			switch {
-			case errors.Is(err, errNoLoad):
-				// A guest without /proc/stat: the screen alone decides.
-				d.log.Warn("cannot measure the guest's load; the ready signal uses the screen only", "err", err)
-				d.noLoad = true
-			case err != nil:
-				return desktop.Ready{Observation: prev}, err
-			default:
-				idle = load <= r.MaxLoad
-			}
+		p, err := d.watch(ctx, deadline, interval, false)
+		if errors.Is(err, errPastDeadline) {
+			break
 		}
-		if d.noLoad {
-			if err := desktop.Sleep(ctx, interval); err != nil {
-				return desktop.Ready{Observation: prev}, err
-			}
-		}
-		if !time.Now().Before(deadline) {
-			return desktop.Ready{Observation: prev, After: time.Since(start)}, nil
-		}
-		cur, err := d.screenshot(ctx)
 		if err != nil {
 			return desktop.Ready{Observation: prev}, err
 		}
-		if idle && bytes.Equal(cur.Screenshot, prev.Screenshot) {
-			quiet++
-		} else {
-			quiet, since = 0, cur.At
+		idle := p.Load <= cfg.MaxLoad
+		if !idle {
+			// Screenshots cost the guest work too: none while it is busy.
+			clean = false
+			same = 0
+			continue
 		}
-		prev = cur
-		if quiet >= r.Stable-1 {
-			return desktop.Ready{Observation: cur, After: since.Sub(start), Settled: true}, nil
+		if time.Until(deadline) < d.waits.shot {
+			break
+		}
+		cur, err := d.timedShot(ctx)
+		if err != nil {
+			return desktop.Ready{Observation: prev}, err
+		}
+		if clean && bytes.Equal(cur.Screenshot, prev.Screenshot) {
+			same++
+		} else {
+			same, since = 1, cur.At
+		}
+		prev, clean = cur, true
+	}
+	if same >= cfg.Stable {
+		return desktop.Ready{Observation: prev, After: since.Sub(start), Settled: true}, nil
+	}
+	if !clean {
+		// Something happened after the last screenshot: one more, planned
+		// to end by the bound.
+		if prev, err = d.timedShot(ctx); err != nil {
+			return desktop.Ready{}, err
 		}
 	}
+	return desktop.Ready{Observation: prev, After: time.Since(start)}, nil
+}
+
+// probeInterval is how long the next quiet probe may watch so that it and
+// the last screenshot after it end by deadline.
+func (d *Desktop) probeInterval(deadline time.Time) time.Duration {
+	return min(d.cfg.Ready.Interval, time.Until(deadline)-d.waits.shot-d.waits.probe)
+}
+
+// errPastDeadline means a call of the wait was cut off at its bound.
+var errPastDeadline = errors.New("ready wait bound reached")
+
+// watch watches the guest for interval with a call that ends in time for
+// the last screenshot to end by deadline. Without damage it measures the
+// load only (a shell, cheaper than Python).
+func (d *Desktop) watch(ctx context.Context, deadline time.Time, interval time.Duration, damage bool) (quietProbe, error) {
+	pctx, cancel := context.WithDeadline(ctx, deadline.Add(-d.waits.shot))
+	defer cancel()
+	t0 := time.Now()
+	var (
+		p   quietProbe
+		err error
+	)
+	switch {
+	case damage:
+		p, err = d.sh.quiet(pctx, interval)
+		if errors.Is(err, errNoPython) {
+			p, err = quietProbe{Why: err.Error()}, nil
+		}
+	case d.noLoad:
+		err = desktop.Sleep(pctx, interval)
+	default:
+		p.Load, err = d.sh.load(pctx, interval)
+		if errors.Is(err, errNoLoad) {
+			// A guest without /proc/stat: the screen alone decides.
+			d.log.Warn("cannot measure the guest's load; the ready signal uses the screen only", "err", err)
+			d.noLoad, p.Load, err = true, 0, nil
+		}
+	}
+	if err != nil && ctx.Err() == nil && pctx.Err() != nil {
+		return p, errPastDeadline
+	}
+	if err == nil {
+		d.waits.probe = ewma(d.waits.probe, max(0, time.Since(t0)-interval))
+	}
+	return p, err
+}
+
+// timedShot takes a screenshot and learns what one costs.
+func (d *Desktop) timedShot(ctx context.Context) (desktop.Observation, error) {
+	t0 := time.Now()
+	obs, err := d.screenshot(ctx)
+	if err == nil {
+		d.waits.shot = ewma(d.waits.shot, time.Since(t0))
+	}
+	return obs, err
 }

@@ -89,14 +89,18 @@ func TestReadySignal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.After < short || r.Settled {
-		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled at its bound %v", r.After, r.Settled, short)
+	// The wait ends by its bound, planning its last screenshot to: it
+	// looked for most of it.
+	if r.After < short/2 || r.Settled {
+		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled near its bound %v", r.After, r.Settled, short)
 	}
 }
 
 // TestWaitReadyHandsOverItsScreenshot: a wait that found the screen
 // settled returns its last screenshot, so the step that follows needs no
-// second one; Observe always takes a new one.
+// second one; Observe always takes a new one. Where the guest watches its
+// screen a settled wait takes one screenshot; comparing screenshots takes
+// Stable.
 func TestWaitReadyHandsOverItsScreenshot(t *testing.T) {
 	g := startHostGuest(t)
 	var shots atomic.Int64
@@ -106,24 +110,88 @@ func TestWaitReadyHandsOverItsScreenshot(t *testing.T) {
 		}
 		return false
 	})
-	d := g.desktop(t, g.config(t, proxy.srv.URL))
-	ctx := t.Context()
-	before := shots.Load()
-	r, err := d.WaitReady(ctx, time.Minute)
-	if err != nil || !r.Settled {
-		t.Fatalf("WaitReady: settled %v, %v", r.Settled, err)
+	for _, noDamage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoDamage=%v", noDamage), func(t *testing.T) {
+			cfg := g.config(t, proxy.srv.URL)
+			cfg.Ready.NoDamage = noDamage
+			d := g.desktop(t, cfg)
+			ctx := t.Context()
+			want := int64(1)
+			if noDamage {
+				want = int64(d.cfg.Ready.Stable)
+			}
+			for i := range 3 {
+				before := shots.Load()
+				r, err := d.WaitReady(ctx, time.Minute)
+				if err != nil || !r.Settled {
+					t.Fatalf("WaitReady: settled %v, %v", r.Settled, err)
+				}
+				if n := shots.Load() - before; n != want {
+					t.Errorf("wait %d: a settled wait took %d screenshots, want %d", i, n, want)
+				}
+				if d.noDamage {
+					t.Errorf("the host guest cannot watch its screen")
+				}
+				obs, err := d.Observe(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(obs.Screenshot, r.Observation.Screenshot) || r.Observation.At.IsZero() {
+					t.Errorf("WaitReady's observation (%d bytes at %v) is not the still screen (%d bytes)", len(r.Observation.Screenshot), r.Observation.At, len(obs.Screenshot))
+				}
+				if !r.Observation.At.Before(obs.At) {
+					t.Errorf("WaitReady's screenshot at %v, not before the later Observe at %v", r.Observation.At, obs.At)
+				}
+			}
+		})
 	}
-	if n := shots.Load() - before; n != int64(d.cfg.Ready.Stable) {
-		t.Errorf("a settled wait took %d screenshots, want %d", n, d.cfg.Ready.Stable)
+}
+
+// TestWaitReadyHonoursItsBound: with screenshots that take a second and a
+// screen that never settles, a wait plans its last screenshot to end by its
+// bound, and cuts off what would run past it. Before it did, a probe and a
+// screenshot started just before the bound ran a few seconds past it. The
+// margin is one screenshot: the estimate of its cost may lag the truth.
+func TestWaitReadyHonoursItsBound(t *testing.T) {
+	g := startHostGuest(t)
+	const shot = time.Second
+	proxy := newHangProxy(t, g.URL, nil)
+	proxy.hang = func(path string, _ []byte) bool {
+		if path == "/screenshot" {
+			time.Sleep(shot)
+		}
+		return false
 	}
-	obs, err := d.Observe(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(obs.Screenshot, r.Observation.Screenshot) || r.Observation.At.IsZero() {
-		t.Errorf("WaitReady's observation (%d bytes at %v) is not the still screen (%d bytes)", len(r.Observation.Screenshot), r.Observation.At, len(obs.Screenshot))
-	}
-	if !r.Observation.At.Before(obs.At) {
-		t.Errorf("WaitReady's screenshot at %v, not before the later Observe at %v", r.Observation.At, obs.At)
+	for _, noDamage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoDamage=%v", noDamage), func(t *testing.T) {
+			cfg := g.config(t, proxy.srv.URL)
+			cfg.Ready.NoDamage = noDamage
+			cfg.Ready.Interval = 700 * time.Millisecond
+			d := g.desktop(t, cfg)
+			ctx := t.Context()
+			clock := task(t, "clock", "legato_test", fmt.Sprintf(`{
+			  "instruction": "Watch.",
+			  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.05; do date +%%s.%%N; done"]}}],
+			  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+			if err := d.Reset(ctx, clock); err != nil {
+				t.Fatal(err)
+			}
+			g.WaitWindow(t, "legato-clock")
+			for _, max := range []time.Duration{3 * time.Second, 2500 * time.Millisecond, 4 * time.Second} {
+				t0 := time.Now()
+				r, err := d.WaitReady(ctx, max)
+				took := time.Since(t0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Settled || len(r.Observation.Screenshot) == 0 {
+					t.Errorf("max %v: settled %v with %d bytes; want the unsettled screen as it is", max, r.Settled, len(r.Observation.Screenshot))
+				}
+				t.Logf("max %v: took %v", max, took)
+				if took > max+shot {
+					t.Errorf("max %v: the wait took %v, more than its bound and one screenshot", max, took)
+				}
+			}
+		})
 	}
 }

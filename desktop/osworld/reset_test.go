@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -39,10 +42,12 @@ func homeState(t *testing.T, home string) map[string]string {
 	return st
 }
 
-// TestFastResetRestoresHomeAndKillsApps dirties a guest the way a task
-// does (files changed, added, removed; a program left running) and checks
-// that the next Reset undoes all of it.
-func TestFastResetRestoresHomeAndKillsApps(t *testing.T) {
+// TestFastResetUndoesTheAttempt dirties a guest the way an attempt does
+// (files changed, added, removed in the home and in /tmp; a task program,
+// a program started from a terminal with setsid, an unrelated window, a
+// terminal frozen with ctrl+s, all left running) and checks that the next
+// Reset undoes all of it, and nothing else.
+func TestFastResetUndoesTheAttempt(t *testing.T) {
 	g := startHostGuest(t)
 	for p, content := range map[string]string{"keep.txt": "clean\n", "docs/a.txt": "a\n", "gone.txt": "x\n"} {
 		full := filepath.Join(g.Home, p)
@@ -53,8 +58,18 @@ func TestFastResetRestoresHomeAndKillsApps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	cfg := g.config(t, g.URL)
+	if err := os.WriteFile(filepath.Join(g.Tmp(), "clean.txt"), []byte("clean\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	clean := homeState(t, g.Home)
-	d := g.desktop(t, g.config(t, g.URL)) // attaching makes the baseline
+	cleanTmp := homeState(t, g.Tmp())
+	// A program of the clean state, started the way an image's own
+	// programs are: it must survive every reset.
+	g.sh(t, `setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > `+filepath.Join(filepath.Dir(g.Home), "keeper.pid"))
+	keeper := strings.TrimSpace(readFile(t, filepath.Join(filepath.Dir(g.Home), "keeper.pid")))
+	d := g.desktop(t, cfg) // attaching records the clean state
+	cleanWindows := g.sh(t, `wmctrl -l | wc -l`)
 
 	launch := task(t, "launch-app", "legato_test", fmt.Sprintf(`{
 	  "instruction": "Type in the window.",
@@ -65,6 +80,15 @@ func TestFastResetRestoresHomeAndKillsApps(t *testing.T) {
 	}
 	g.WaitWindow(t, "legato-app")
 	g.sh(t, `echo dirty > ~/keep.txt; echo new > ~/new.txt; rm ~/gone.txt; mkdir -p ~/docs/deep && echo b > ~/docs/deep/b.txt`)
+	g.sh(t, fmt.Sprintf(`echo dirty > %[1]s/clean.txt; echo new > %[1]s/new.txt; mkdir -p %[1]s/d && echo x > %[1]s/d/x`, g.Tmp()))
+	// Programs no list names: a sleep detached from everything, another
+	// X program's window, and a terminal frozen by ctrl+s.
+	g.sh(t, `setsid sleep 999 </dev/null >/dev/null 2>&1 &`)
+	g.sh(t, `setsid xterm -T legato-other </dev/null >/dev/null 2>&1 &`)
+	g.WaitWindow(t, "legato-other")
+	g.sh(t, `setsid xterm -T legato-frozen </dev/null >/dev/null 2>&1 &`)
+	g.WaitWindow(t, "legato-frozen")
+	g.sh(t, `xdotool search --name legato-frozen windowactivate --sync key ctrl+s`)
 	if diff := cmp.Diff(clean, homeState(t, g.Home)); diff == "" {
 		t.Fatal("the home did not change; the test cannot tell a restore")
 	}
@@ -73,15 +97,76 @@ func TestFastResetRestoresHomeAndKillsApps(t *testing.T) {
 	if err := d.Reset(t.Context(), plain); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.LastReset().Kind; got != ResetFast {
-		t.Errorf("reset kind %q, want %q", got, ResetFast)
+	rep := d.LastReset()
+	if rep.Kind != ResetFast || len(rep.Left) > 0 {
+		t.Errorf("reset %q (%s), left %q; want %q with nothing left", rep.Kind, rep.Why, rep.Left, ResetFast)
 	}
 	if diff := cmp.Diff(clean, homeState(t, g.Home)); diff != "" {
 		t.Errorf("home after the fast reset (-want +got):\n%s", diff)
 	}
-	if out := g.sh(t, fmt.Sprintf(`ps -eo stat=,comm= | awk '$1 !~ /^Z/ && $2 == %q' | wc -l`, g.App)); out != "0" {
-		t.Errorf("%s processes of %s still running after the fast reset", out, g.App)
+	if diff := cmp.Diff(cleanTmp, homeState(t, g.Tmp())); diff != "" {
+		t.Errorf("tmp after the fast reset (-want +got):\n%s", diff)
 	}
+	if out := g.sh(t, fmt.Sprintf(`ps -eo stat=,comm=,args= | awk '$1 !~ /^Z/ && ($2 == %q || $0 ~ /sleep 999$/ || $0 ~ /legato-(other|frozen)/)' | wc -l`, g.App)); out != "0" {
+		t.Errorf("%s processes of the attempt still running after the fast reset", out)
+	}
+	if got := g.sh(t, `wmctrl -l | wc -l`); got != cleanWindows {
+		t.Errorf("%s windows after the fast reset, %s at the clean state:\n%s", got, cleanWindows, g.sh(t, "wmctrl -l"))
+	}
+	if err := syscall.Kill(atoi(t, keeper), 0); err != nil {
+		t.Errorf("the clean state's own program (pid %s) did not survive the reset: %v", keeper, err)
+	}
+	for _, want := range []string{"sleep", "xterm", g.App} {
+		if !strings.Contains(strings.Join(rep.Ended, " "), want+"(") {
+			t.Errorf("ended %q; want %s among them", rep.Ended, want)
+		}
+	}
+}
+
+// TestFastResetFindsWhatItCannotUndo: a process of the clean state that
+// the attempt ended is reported as left, on a guest given by URL as an
+// incomplete fast reset (no snapshot to fall back to), not as an error.
+func TestFastResetFindsWhatItCannotUndo(t *testing.T) {
+	g := startHostGuest(t)
+	g.sh(t, `setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > `+filepath.Join(filepath.Dir(g.Home), "keeper.pid"))
+	keeper := strings.TrimSpace(readFile(t, filepath.Join(filepath.Dir(g.Home), "keeper.pid")))
+	d := g.desktop(t, g.config(t, g.URL))
+	plain := task(t, "plain", "legato_test", `{"instruction": "Nothing.", "evaluator": {"func": "infeasible"}}`)
+	if err := d.Reset(t.Context(), plain); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetFast {
+		t.Fatalf("first reset %q (%s, left %q); want %q", rep.Kind, rep.Why, rep.Left, ResetFast)
+	}
+	if err := syscall.Kill(atoi(t, keeper), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reset(t.Context(), plain); err != nil {
+		t.Fatalf("Reset: %v; want an incomplete fast reset, not an error", err)
+	}
+	rep := d.LastReset()
+	if rep.Kind != ResetFastIncomplete || !strings.Contains(strings.Join(rep.Left, " "), "sleep (pid "+keeper+")") ||
+		!strings.Contains(rep.Why, "processes of the clean state are gone") {
+		t.Errorf("reset %+v; want %q naming the sleep that is gone", rep, ResetFastIncomplete)
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestFastResetWithoutBaselineFails: a guest whose baseline vanished is a
@@ -104,7 +189,79 @@ func TestFastResetWithoutBaselineFails(t *testing.T) {
 	}
 }
 
-func TestResetKind(t *testing.T) {
+// TestChooseReset checks the rules before the costs, then the costs: a
+// VM desktop measures both kinds, then runs the cheaper one, and measures
+// the other again now and then.
+func TestChooseReset(t *testing.T) {
+	tk := func(id, domain string) prevAttempt { return prevAttempt{id: id, domain: domain} }
+	cfg := Config{}.withDefaults()
+	ms := time.Millisecond
+	tests := []struct {
+		name       string
+		cfg        Config
+		costs      resetChooser
+		task, prev prevAttempt
+		want       string
+		why        string
+	}{
+		{name: "no fast reset", cfg: Config{NoFastReset: true}.withDefaults(), task: tk("a", "chrome"), want: ResetLoadvm, why: "NoFastReset"},
+		{name: "os task", cfg: cfg, task: tk("a", "os"), prev: tk("b", "chrome"), want: ResetLoadvm, why: "domain os"},
+		{name: "after an os task", cfg: cfg, task: tk("a", "chrome"), prev: tk("b", "multi_apps"), want: ResetLoadvm, why: "task b of domain multi_apps"},
+		{name: "unmeasured", cfg: cfg, task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetFast, why: "not measured"},
+		{name: "loadvm unmeasured", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 1}, resets: 1},
+			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "loadvm not measured"},
+		{name: "fast cheaper", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 3, at: 5}, loadvm: resetCost{mean: 1100 * ms, n: 1, at: 2}, resets: 5},
+			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetFast, why: "fast 0.40s vs loadvm 1.10s"},
+		{name: "loadvm cheaper", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 1300 * ms, n: 3, at: 3}, loadvm: resetCost{mean: 1100 * ms, n: 2, at: 5}, resets: 5},
+			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "loadvm 1.10s vs fast 1.30s"},
+		{name: "refresh", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 30, at: 25}, loadvm: resetCost{mean: 1100 * ms, n: 1, at: 2}, resets: 25},
+			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "measuring loadvm again"},
+		{name: "fell back after this task before", cfg: cfg,
+			costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 3, at: 5}, loadvm: resetCost{mean: 1100 * ms, n: 1, at: 4}, resets: 5,
+				fellBack: map[string]string{"b": "changed outside what a fast reset restores: /etc/hosts"}},
+			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "after task b fell back"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.costs.choose(tt.cfg, tt.task, tt.prev)
+			if got.kind != tt.want || !strings.Contains(got.why, tt.why) {
+				t.Errorf("choose = %+v; want %s because of %q", got, tt.want, tt.why)
+			}
+		})
+	}
+}
+
+// TestResetCostsLearn: measured costs steer the choice, a fast reset that
+// fell back after a task sends the next reset after that task straight to
+// the snapshot and counts against the fast reset.
+func TestResetCostsLearn(t *testing.T) {
+	cfg := Config{}.withDefaults()
+	var c resetChooser
+	prev := prevAttempt{id: "b", domain: "gimp"}
+	next := prevAttempt{id: "c", domain: "gimp"}
+	c.done(ResetFast, 300*time.Millisecond, prev, "")
+	c.done(ResetLoadvm, time.Second, prev, "")
+	if got := c.choose(cfg, next, prev); got.kind != ResetFast {
+		t.Fatalf("after fast 0.3s and loadvm 1s: %+v; want fast", got)
+	}
+	c.done(ResetFastThenLoadvm, 4*time.Second, prev, "processes still running after SIGKILL: x")
+	if got := c.choose(cfg, next, prev); got.kind != ResetLoadvm || !strings.Contains(got.why, "processes still running") {
+		t.Errorf("after a fallback after task b: %+v; want loadvm naming the reason", got)
+	}
+	c.done(ResetRevert, 20*time.Second, prev, "")
+	if c.loadvm.n != 2 {
+		t.Errorf("a loadvm that failed over to libvirt's revert was not counted as loadvm: %+v", c.loadvm)
+	}
+	c.loadvm = resetCost{mean: time.Second, n: 2, at: c.resets}
+	other := prevAttempt{id: "d", domain: "gimp"}
+	if got := c.choose(cfg, next, other); got.kind != ResetLoadvm || !strings.Contains(got.why, "cheaper here: loadvm") {
+		t.Errorf("after task d, with fast now %v on average: %+v; want loadvm, the cheaper", c.fast.mean, got)
+	}
+}
+
+// TestDesktopChoose: a guest given by URL always fast-resets (and warns
+// once per domain that needs a revert); a fresh VM needs no reset.
+func TestDesktopChoose(t *testing.T) {
 	tests := []struct {
 		name        string
 		vm, fresh   bool
@@ -113,12 +270,8 @@ func TestResetKind(t *testing.T) {
 		want        string
 		wantWarn    bool
 	}{
-		{name: "vm chrome", vm: true, domain: "chrome", want: ResetFast},
-		{name: "vm os", vm: true, domain: "os", want: ResetRevert},
-		{name: "vm multi_apps", vm: true, domain: "multi_apps", want: ResetRevert},
-		{name: "vm no fast reset", vm: true, noFastReset: true, domain: "chrome", want: ResetRevert},
 		{name: "vm fresh os", vm: true, fresh: true, domain: "os", want: ResetNone},
-		{name: "vm fresh chrome", vm: true, fresh: true, domain: "chrome", want: ResetNone},
+		{name: "vm os", vm: true, domain: "os", want: ResetLoadvm},
 		{name: "guest chrome", domain: "chrome", want: ResetFast},
 		{name: "guest os warns", domain: "os", want: ResetFast, wantWarn: true},
 		{name: "guest no fast reset warns", noFastReset: true, domain: "gimp", want: ResetFast, wantWarn: true},
@@ -132,16 +285,16 @@ func TestResetKind(t *testing.T) {
 			if tt.vm {
 				d.vm = &vm.VM{} // only compared with nil
 			}
-			got := d.resetKind(desktop.Task{ID: "t", Domain: tt.domain})
-			if got != tt.want {
-				t.Errorf("resetKind = %q, want %q", got, tt.want)
+			got := d.choose(prevAttempt{id: "t", domain: tt.domain}, prevAttempt{})
+			if got.kind != tt.want {
+				t.Errorf("choose = %+v, want %q", got, tt.want)
 			}
 			if warned := strings.Contains(logged.String(), "level=WARN"); warned != tt.wantWarn {
 				t.Errorf("warned = %v, want %v; log:\n%s", warned, tt.wantWarn, logged.String())
 			}
 			// A second task of the domain is not warned about again.
 			logged.Reset()
-			d.resetKind(desktop.Task{ID: "t2", Domain: tt.domain})
+			d.choose(prevAttempt{id: "t2", domain: tt.domain}, prevAttempt{})
 			if strings.Contains(logged.String(), "level=WARN") {
 				t.Errorf("warned twice about domain %s", tt.domain)
 			}
@@ -165,7 +318,7 @@ func TestChromeStepWithoutDevTools(t *testing.T) {
 	if !errors.Is(err, desktop.ErrUnsupported) || desktop.IsFailure(ctx, err) {
 		t.Errorf("Reset: %v; want ErrUnsupported, not a desktop failure", err)
 	}
-	if got := d.LastReset(); got != (ResetReport{}) {
+	if got := d.LastReset(); got.Kind != "" {
 		t.Errorf("the refused task reset the desktop: %+v", got)
 	}
 	p, err := NewPool(ctx, cfg)

@@ -44,7 +44,20 @@ type Timings struct {
 	// LastReset is the last Revert/RevertLibvirt/RevertLoadvm/ColdBoot,
 	// until the guest answered again.
 	LastReset time.Duration
+	// LastResetHow says which one it was: ResetLoadvm, ResetLibvirt or
+	// ResetColdBoot.
+	LastResetHow string
 }
+
+// How a reset restored the VM, as Timings.LastResetHow says.
+const (
+	// ResetLoadvm loaded the snapshot into the running QEMU.
+	ResetLoadvm = "loadvm"
+	// ResetLibvirt reverted through libvirt, which started a new QEMU.
+	ResetLibvirt = "revert"
+	// ResetColdBoot booted a fresh overlay.
+	ResetColdBoot = "cold boot"
+)
 
 // VM is one running libvirt domain on its own overlay, with its guest
 // server forwarded to 127.0.0.1. Its methods other than Close must not be
@@ -373,10 +386,15 @@ func (v *VM) waitReady(ctx context.Context) error {
 		}
 		if err := desktop.Sleep(ctx, pause); err != nil {
 			cause := context.Cause(ctx)
-			if errors.Is(cause, ErrNotReady) {
+			switch {
+			case errors.Is(cause, ErrNotReady):
 				return v.fail("wait for guest", fmt.Errorf("%w (last probe: %v); console: %s", cause, lastErr, v.consoleTail()))
+			case errors.Is(cause, context.Canceled), errors.Is(cause, context.DeadlineExceeded), errors.Is(cause, ErrClosed):
+				return v.fail("wait for guest", cause)
 			}
-			return v.fail("wait for guest", cause)
+			// The probe gave up with an error of its own: what the guest
+			// said may explain it.
+			return v.fail("wait for guest", fmt.Errorf("%w; console: %s", cause, v.consoleTail()))
 		}
 	}
 }
@@ -495,7 +513,7 @@ func (v *VM) Revert(ctx context.Context) error {
 // libvirt 9 does this by killing QEMU and starting a new one that loads the
 // snapshot and binds the forwarded ports again.
 func (v *VM) RevertLibvirt(ctx context.Context) error {
-	return v.reset(ctx, "revert snapshot (libvirt)", func(ctx context.Context) error {
+	return v.reset(ctx, ResetLibvirt, "revert snapshot (libvirt)", func(ctx context.Context) error {
 		dom, err := v.domain(ctx)
 		if err != nil {
 			return err
@@ -517,7 +535,7 @@ func (v *VM) RevertLibvirt(ctx context.Context) error {
 // harmless here: the snapshot was taken by this same QEMU with the same
 // devices, and libvirt's own snapshot metadata stays valid.
 func (v *VM) RevertLoadvm(ctx context.Context) error {
-	return v.reset(ctx, "revert snapshot (loadvm)", func(ctx context.Context) error {
+	return v.reset(ctx, ResetLoadvm, "revert snapshot (loadvm)", func(ctx context.Context) error {
 		dom, err := v.domain(ctx)
 		if err != nil {
 			return err
@@ -583,7 +601,7 @@ func (v *VM) ColdBoot(ctx context.Context) error {
 	}
 	d := time.Since(t0)
 	v.mu.Lock()
-	v.timings.LastReset = d
+	v.timings.LastReset, v.timings.LastResetHow = d, ResetColdBoot
 	v.mu.Unlock()
 	v.log.Info("cold boot done", "took", d)
 	return v.snapshot(ctx)
@@ -595,7 +613,7 @@ func isNoSnapshot(err error) bool {
 }
 
 // reset runs a restore, then waits for the guest, and records the time.
-func (v *VM) reset(ctx context.Context, op string, restore func(context.Context) error) error {
+func (v *VM) reset(ctx context.Context, how, op string, restore func(context.Context) error) error {
 	ctx, cancel, err := v.opCtx(ctx)
 	if err != nil {
 		return err
@@ -610,7 +628,7 @@ func (v *VM) reset(ctx context.Context, op string, restore func(context.Context)
 	}
 	d := time.Since(t0)
 	v.mu.Lock()
-	v.timings.LastReset = d
+	v.timings.LastReset, v.timings.LastResetHow = d, how
 	v.mu.Unlock()
 	v.log.Debug("reset done", "how", op, "took", d)
 	return nil

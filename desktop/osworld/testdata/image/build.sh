@@ -48,7 +48,7 @@ CACHE=${CACHE:-$OUT/debcache}
 ROOT=$OUT/rootfs
 # Guest packages. openbox: a small EWMH window manager, so wmctrl and `xdotool windowactivate`
 # work; x11-apps brings xedit (a real X editor) and xwd; python-is-python3 because OSWorld's
-# actions run `python -c ...`; rsync to restore /home/user quickly.
+# actions run `python -c ...`; rsync for tests that restore a home the way legato did before.
 PKGS=linux-image-amd64,busybox-static,tini,python3,python-is-python3,xvfb,xfonts-base,xdotool
 PKGS=$PKGS,xterm,x11-utils,x11-apps,wmctrl,xdg-utils,openbox,procps,iproute2,rsync,sudo
 CMDLINE="root=/dev/vda rw console=ttyS0 init=/sbin/legato-init quiet loglevel=3 mitigations=off cryptomgr.notests"

@@ -1,0 +1,737 @@
+"""legato's in-guest clean-state tool (Python 3 standard library only; x11.py comes first).
+
+The desktop sends this file's text with every call (python3 -c TEXT CMD CONFIG), so a guest
+needs nothing installed beyond python3. It prints one JSON object on stdout.
+
+  record  CONFIG   remember the clean state: the processes that run, the X windows, the
+                   pointer, a copy of each restored directory with its listing, the entries the
+                   guest user could change outside them, and a time stamp; then the home
+                   baseline (kept when there is one). Run at the clean state, as root.
+  reset   CONFIG   bring the guest back to the recorded state: end every process that was not
+                   there, close the windows that were not there, restore the home and the
+                   restored directories, then verify all of it and look for changes outside
+                   what it restores. As root. "problems" lists what it could not undo; the
+                   desktop then reverts the snapshot.
+
+CONFIG is a JSON object; see the Go side (desktop/osworld/cleanstate.go) for its fields.
+Processes are told apart by (pid, start time), never by name; the calling request's own
+processes carry CONFIG's nonce in their arguments and are left alone.
+"""
+import json
+import os
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import time
+
+PF_KTHREAD = 0x00200000
+# Filesystems that hold no state a task leaves behind.
+PSEUDO_FS = {
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "securityfs", "debugfs",
+    "tracefs", "pstore", "bpf", "mqueue", "hugetlbfs", "configfs", "fusectl", "binfmt_misc",
+    "autofs", "efivarfs", "rpc_pipefs", "nsfs", "squashfs", "iso9660", "overlay-ro",
+    "fuse.gvfsd-fuse", "fuse.portal", "ramfs",
+}
+MAX_LISTED = 20
+
+
+class Problems(list):
+    """What the reset could not undo or verify, as sentences; broken lists what keeps it
+    from working at all (no record, no baseline, a tool that fails)."""
+
+    def __init__(self):
+        super().__init__()
+        self.broken = []
+
+    def fail(self, what):
+        self.broken.append(what)
+
+    def add(self, what, items=None):
+        if items:
+            items = sorted(items)
+            more = "" if len(items) <= MAX_LISTED else " (+%d more)" % (len(items) - MAX_LISTED)
+            what = "%s: %s%s" % (what, ", ".join(items[:MAX_LISTED]), more)
+        self.append(what)
+
+
+# ---- processes ----------------------------------------------------------------------------
+
+def read_procs():
+    """Returns {pid: (start, ppid, state, uid, comm, flags)} of every process."""
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                raw = f.read().decode("utf-8", "replace")
+            uid = os.stat("/proc/%s" % name).st_uid
+        except OSError:
+            continue  # it ended
+        # comm may hold spaces and parentheses: it ends at the last ")".
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        f = raw[raw.rindex(")") + 2:].split()
+        # f[0] is field 3 (state): field n is f[n-3].
+        procs[int(name)] = (int(f[19]), int(f[1]), f[0], uid, comm, int(f[6]))
+    return procs
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def environ_has(pid, entry):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def own_processes(procs, nonce, ancestors=True):
+    """This call's processes: itself, its descendants, anything that carries the nonce (the
+    request's shells and sudo), and, with ancestors, every process it descends from (the
+    guest server, its supervisor: to be left alone, though a record keeps them)."""
+    me = os.getpid()
+    own = {me}
+    p = procs.get(me, (0, 0))[1]
+    while ancestors and p in procs and p not in own:
+        own.add(p)
+        p = procs[p][1]
+    children = {}
+    for pid, info in procs.items():
+        children.setdefault(info[1], []).append(pid)
+    stack = [me]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            if c not in own:
+                own.add(c)
+                stack.append(c)
+    token = nonce.encode()
+    for pid in procs:
+        if pid not in own and any(token in a for a in cmdline(pid)):
+            own.add(pid)
+    return own
+
+
+def kernel_thread(pid, info):
+    return pid == 2 or info[1] == 2 or info[5] & PF_KTHREAD
+
+
+def key(pid, info):
+    return "%d:%d" % (pid, info[0])
+
+
+def clean_processes(cfg):
+    procs = read_procs()
+    own = own_processes(procs, cfg["nonce"], ancestors=False)
+    out = {}
+    for pid, info in procs.items():
+        if pid in own or kernel_thread(pid, info) or info[2] == "Z" or not in_scope(cfg, pid):
+            continue
+        out[key(pid, info)] = {"comm": info[4], "uid": info[3]}
+    return out
+
+
+def display(cfg):
+    return cfg.get("display") or os.environ.get("DISPLAY", "")
+
+
+def in_scope(cfg, pid):
+    """Whether a process belongs to the guest: all of them, unless the guest shares its
+    machine (then only those of the guest's X display)."""
+    if not cfg.get("scope_display"):
+        return True
+    return environ_has(pid, b"DISPLAY=" + display(cfg).encode())
+
+
+def newcomers(cfg, base):
+    procs = read_procs()
+    own = own_processes(procs, cfg["nonce"])
+    new, alive = {}, set()
+    for pid, info in procs.items():
+        k = key(pid, info)
+        if k in base:
+            if info[2] != "Z":  # a zombie is gone, whatever its parent did not reap
+                alive.add(k)
+            continue
+        if pid in own or kernel_thread(pid, info) or info[2] == "Z" or not in_scope(cfg, pid):
+            continue
+        new[pid] = info
+    return new, alive
+
+
+def end_newcomers(cfg, base, problems, deadline):
+    """Stops, then kills every process that was not there at the clean state, until none is
+    left. Returns the names of those it ended."""
+    ended = []
+    while True:
+        new, alive = newcomers(cfg, base)
+        if not new:
+            break
+        if time.monotonic() > deadline:
+            problems.add("processes still running after SIGKILL",
+                         ["%s (pid %d, state %s)" % (i[4], p, i[2]) for p, i in new.items()])
+            break
+        # Stop them all first, so none can start another in between.
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        for pid, info in new.items():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append("%s(%d)" % (info[4], pid))
+            except OSError:
+                pass
+        time.sleep(0.02)
+    gone = [k for k in base if k not in alive]
+    if gone:
+        problems.add("processes of the clean state are gone",
+                     ["%s (pid %s)" % (base[k]["comm"], k.split(":")[0]) for k in gone])
+    return ended
+
+
+# ---- X windows ----------------------------------------------------------------------------
+
+def x_open(cfg):
+    """A connection to the guest's display (x11.py), or (None, why)."""
+    try:
+        return X(display(cfg)), None
+    except (OSError, ValueError, struct.error, IndexError) as e:
+        return None, str(e)
+
+
+def x_state(cfg):
+    """The windows, the pointer and the active window, or windows None with why."""
+    x, why = x_open(cfg)
+    if x is None:
+        return {"windows": None, "windows_why": why}
+    with x:
+        try:
+            px, py, _ = x.pointer()
+            out = {"pointer": [px, py], "windows_why": None}
+            out["windows"] = x.windows()
+            out["active"] = x.active_window()
+        except (OSError, struct.error) as e:
+            out.update(windows=None, windows_why=str(e))
+        return out
+
+
+def restore_windows(cfg, clean, problems, deadline):
+    """Closes the windows that were not there, releases held keys and buttons, puts the
+    pointer back, activates the window that was active, and compares the windows with the
+    clean ones."""
+    base = clean.get("windows")
+    if base is None:
+        return {"checked": False, "why": clean.get("windows_why") or ""}
+    x, why = x_open(cfg)
+    if x is None:
+        problems.fail("cannot reach the display: " + why)
+        return {"checked": False, "why": why}
+    closed = []
+    with x:
+        try:
+            asked = set()
+            while True:
+                wins = x.windows()
+                extra = [w for w in wins if w not in base]
+                if not extra:
+                    break
+                if time.monotonic() > deadline:
+                    problems.add("windows still open",
+                                 ["%s %r (%s, pid %d)" % (w, wins[w]["title"], wins[w]["class"], wins[w]["pid"])
+                                  for w in extra])
+                    break
+                # The windows of ended processes go once the window manager notices; the
+                # others are asked to close, once.
+                for w in extra:
+                    if w not in asked:
+                        asked.add(w)
+                        x.close_window(w)
+                        closed.append("%s %r" % (w, wins[w]["title"]))
+                time.sleep(0.02)
+            # Keys and buttons the attempt left pressed (a keyDown without keyUp) would change
+            # what the next attempt's input does.
+            px, py, buttons = x.pointer()
+            keys = x.keys_held()
+            if (keys or buttons) and not x.release(keys, buttons):
+                problems.add("keys or buttons held, and no XTEST to release them")
+            want = clean.get("pointer")
+            if want and [px, py] != want:
+                x.warp(want[0], want[1])
+            active = clean.get("active")
+            if active and x.active_window() != active:
+                x.activate(active)
+                for _ in range(50):
+                    if x.active_window() == active:
+                        break
+                    time.sleep(0.02)
+            wins = x.windows()
+            missing = [w for w in base if w not in wins]
+            if missing:
+                problems.add("windows of the clean state are gone",
+                             ["%s %r" % (w, base[w]["title"]) for w in missing])
+            changed = [w for w in base if w in wins and wins[w] != base[w]]
+            if changed:
+                problems.add("windows of the clean state changed",
+                             ["%s %r -> %r %s" % (w, base[w]["title"], wins[w]["title"], wins[w]["geometry"])
+                              for w in changed])
+            px, py, buttons = x.pointer()
+            if want and [px, py] != want:
+                problems.add("the pointer is at %s, not at %s" % ([px, py], want))
+            if buttons or x.keys_held():
+                problems.add("keys or buttons are still held")
+            if active and x.active_window() != active:
+                problems.add("the active window is %s, not %s" % (x.active_window(), active))
+        except (OSError, struct.error) as e:
+            problems.fail("the display: %s" % e)
+    return {"checked": True, "closed": closed}
+
+
+# ---- files --------------------------------------------------------------------------------
+
+def kind_of(mode):
+    return {stat.S_IFREG: "f", stat.S_IFDIR: "d", stat.S_IFLNK: "l", stat.S_IFIFO: "p",
+            stat.S_IFSOCK: "s", stat.S_IFCHR: "c", stat.S_IFBLK: "b"}.get(stat.S_IFMT(mode), "?")
+
+
+def entry(path, st):
+    e = {"k": kind_of(st.st_mode), "m": stat.S_IMODE(st.st_mode), "u": st.st_uid,
+         "g": st.st_gid, "t": st.st_mtime_ns, "c": st.st_ctime_ns}
+    if e["k"] == "f":
+        e["s"] = st.st_size
+    elif e["k"] == "l":
+        e["l"] = os.readlink(path)
+    elif e["k"] in "cb":
+        e["r"] = st.st_rdev
+    return e
+
+
+def scan(root, skip=()):
+    """Lists the tree under root (root itself as "."), without following symbolic links or
+    entering other filesystems (a mount point is listed, not entered)."""
+    out = {}
+    st = os.lstat(root)
+    out["."] = entry(root, st)
+    dev = st.st_dev
+    stack = [(root, "")]
+    while stack:
+        d, rel = stack.pop()
+        try:
+            it = list(os.scandir(d))
+        except OSError:
+            continue
+        for de in it:
+            r = rel + de.name
+            if de.path in skip:
+                continue
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue  # it went away while listed
+            out[r] = entry(de.path, st)
+            if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
+                stack.append((de.path, r + "/"))
+            elif stat.S_ISDIR(st.st_mode):
+                out[r]["k"] = "mount"
+    return out
+
+
+SAME = ("k", "m", "u", "g", "t", "s", "l", "r")
+
+
+def differs(want, cur, ctime):
+    """Whether cur is not what want lists; with ctime, a change time that differs counts
+    too (a file rewritten with its size and time kept), where want knows it."""
+    if any(want.get(f) != cur.get(f) for f in SAME):
+        return True
+    return ctime and want.get("c") is not None and want.get("c") != cur.get("c")
+
+
+def remove(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def copy_content(src, dst):
+    """Writes src's bytes into dst in place, so the inode (and whoever holds it open) stays."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        shutil.copyfileobj(fi, fo, 1 << 20)
+
+
+def restore_tree(root, want, copy, ctime, problems, label):
+    """Makes the tree under root what want lists, taking file contents from copy (a tree with
+    the same layout). Returns the number of entries it changed."""
+    cur = scan(root)
+    changed = 0
+    gone = None
+    # Remove what is new, or of another kind, parents before children.
+    for rel in sorted(cur):
+        if gone is not None and (rel + "/").startswith(gone):
+            continue
+        gone = None
+        w = want.get(rel)
+        if rel != "." and (w is None or w["k"] != cur[rel]["k"]):
+            remove(os.path.join(root, rel))
+            changed += 1
+            gone = rel + "/"
+            cur.pop(rel)
+    if changed:
+        cur = scan(root)
+    # Create what is missing and rewrite what differs, parents first.
+    for rel in sorted(want):
+        w, c = want[rel], cur.get(rel)
+        path = os.path.normpath(os.path.join(root, rel))
+        if c is not None and not differs(w, c, ctime):
+            continue
+        if w["k"] == "mount":
+            continue
+        changed += 1
+        try:
+            if w["k"] == "d":
+                if c is None:
+                    os.mkdir(path)
+            elif w["k"] == "f":
+                if c is None or w.get("s") != c.get("s") or w.get("t") != c.get("t") or \
+                        (w.get("c") is not None and w.get("c") != c.get("c")):
+                    copy_content(os.path.join(copy, rel), path)
+            elif w["k"] == "l":
+                if c is None or c.get("l") != w["l"]:
+                    remove(path)
+                    os.symlink(w["l"], path)
+            elif w["k"] == "p":
+                if c is None:
+                    os.mkfifo(path)
+            elif w["k"] in "cb":
+                if c is None:
+                    os.mknod(path, w["m"] | (stat.S_IFCHR if w["k"] == "c" else stat.S_IFBLK), w["r"])
+            elif c is None:
+                problems.add("%s: cannot bring back %s (a socket or an unknown kind)" % (label, path))
+                continue
+            os.lchown(path, w["u"], w["g"])
+            if w["k"] != "l":
+                os.chmod(path, w["m"])
+                if w["k"] != "d":
+                    os.utime(path, ns=(w["t"], w["t"]))
+            else:
+                os.utime(path, ns=(w["t"], w["t"]), follow_symlinks=False)
+        except OSError as e:
+            problems.add("%s: restore %s: %s" % (label, path, e))
+    # Directory times last, children before parents: every change inside moved them.
+    for rel in sorted(want, reverse=True):
+        w = want[rel]
+        if w["k"] == "d":
+            path = os.path.normpath(os.path.join(root, rel))
+            try:
+                if os.lstat(path).st_mtime_ns != w["t"]:
+                    os.utime(path, ns=(w["t"], w["t"]))
+            except OSError as e:
+                problems.add("%s: restore %s: %s" % (label, path, e))
+    return changed
+
+
+def verify_tree(root, want, ctime, problems, label):
+    cur = scan(root)
+    bad = [r for r in set(cur) | set(want)
+           if r not in cur or r not in want or (want[r]["k"] != "mount" and differs(want[r], cur[r], False))]
+    if bad:
+        problems.add("%s still differs from the clean state" % label,
+                     [os.path.normpath(os.path.join(root, r)) for r in bad])
+    return cur
+
+
+# ---- home ---------------------------------------------------------------------------------
+
+def restore_home(cfg, clean, problems):
+    """Brings the home back to its baseline copy, by the listing the record made."""
+    home, base = cfg["home"], cfg["home_baseline"]
+    want = clean.get("home")
+    if not os.path.isdir(base) or want is None:
+        problems.fail("no home baseline at %s" % base)
+        return 0
+    n = restore_tree(home, want, base, True, problems, "the home")
+    cur = verify_tree(home, want, True, problems, "the home")
+    for rel, e in cur.items():
+        if rel in want:
+            want[rel]["c"] = e["c"]
+    return n
+
+
+def make_home_baseline(cfg):
+    home, base = cfg["home"], cfg["home_baseline"]
+    if os.path.isdir(base):
+        return "kept"
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    tmp = base + ".tmp"
+    if os.path.lexists(tmp):
+        remove(tmp)
+    r = subprocess.run(["cp", "-ax", home, tmp], stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        raise SystemExit("copy %s to %s: %s" % (home, tmp, r.stderr.decode("utf-8", "replace")))
+    os.rename(tmp, base)
+    return "created"
+
+
+# ---- what the user can change -------------------------------------------------------------
+
+def user_groups(uid):
+    """The groups of the user with uid, from /etc/passwd and /etc/group."""
+    name, gids = None, set()
+    try:
+        with open("/etc/passwd") as f:
+            for line in f:
+                p = line.rstrip("\n").split(":")
+                if len(p) > 3 and p[2] == str(uid):
+                    name = p[0]
+                    gids.add(int(p[3]))
+                    break
+        with open("/etc/group") as f:
+            for line in f:
+                p = line.rstrip("\n").split(":")
+                if len(p) > 3 and name and name in p[3].split(","):
+                    gids.add(int(p[2]))
+    except (OSError, ValueError):
+        pass
+    return gids
+
+
+def mounts():
+    """(mount point, fstype) of every mounted filesystem."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            mp = pre.split()[4].replace("\\040", " ")
+            out.append((mp, post.split()[0]))
+    return out
+
+
+def own_dirs(cfg):
+    """legato's own directories in the guest, which change with every call."""
+    return {p for p in (cfg["home"], cfg["home_baseline"], cfg["state_dir"], cfg.get("helper"), cfg.get("cache")) if p}
+
+
+def writable_entries(cfg, uid):
+    """Every entry outside the skipped and restored paths that the user owns or may write:
+    all a task that runs as the user can change there (a deletion or creation changes the
+    directory it is in). Returns {path: ctime_ns}."""
+    gids = user_groups(uid)
+    prune = set(cfg["skip"]) | set(cfg["restore"]) | own_dirs(cfg)
+    out = {}
+
+    def mine(st):
+        if stat.S_ISLNK(st.st_mode):
+            return False
+        if st.st_uid == uid:
+            return True
+        m = st.st_mode
+        return bool(m & stat.S_IWOTH or (st.st_gid in gids and m & stat.S_IWGRP))
+
+    for mp, fstype in mounts():
+        if fstype in PSEUDO_FS or any(mp == p or mp.startswith(p.rstrip("/") + "/") for p in prune):
+            continue
+        try:
+            st = os.lstat(mp)
+        except OSError:
+            continue
+        dev = st.st_dev
+        if mine(st):
+            out[mp] = st.st_ctime_ns
+        stack = [mp]
+        while stack:
+            d = stack.pop()
+            try:
+                it = list(os.scandir(d))
+            except OSError:
+                continue
+            for de in it:
+                if de.path in prune:
+                    continue
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if mine(st):
+                    out[de.path] = st.st_ctime_ns
+                if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
+                    stack.append(de.path)
+    return out
+
+
+def changed_outside(cfg, clean, problems):
+    """Entries the user could change that did change, and anything changed under the checked
+    directories since the clean state."""
+    changed = []
+    for p, c in clean.get("writable", {}).items():
+        try:
+            if os.lstat(p).st_ctime_ns != c:
+                changed.append(p)
+        except OSError:
+            changed.append(p + " (gone)")
+    stamp = clean["stamp_ns"]
+    skip = set(cfg["skip"]) | own_dirs(cfg)
+    for d in clean.get("check", []):
+        if not os.path.lexists(d):
+            continue
+        for rel, e in scan(d, skip).items():
+            if e["c"] > stamp:
+                changed.append(os.path.normpath(os.path.join(d, rel)))
+            if len(changed) > 200:
+                break
+    if changed:
+        problems.add("changed outside what a fast reset restores", changed)
+    return changed
+
+
+# ---- commands -----------------------------------------------------------------------------
+
+def boot_id():
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def state_file(cfg):
+    return os.path.join(cfg["state_dir"], "clean.json")
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.rename(tmp, path)
+
+
+def record(cfg):
+    t0 = time.monotonic()
+    os.makedirs(cfg["state_dir"], mode=0o700, exist_ok=True)
+    res = {"home_baseline": make_home_baseline(cfg)}
+    path = state_file(cfg)
+    if cfg.get("keep_same_boot") and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("boot_id") == boot_id():
+            res.update(kept=True, seconds=time.monotonic() - t0)
+            return res
+    uid = os.lstat(cfg["home"]).st_uid
+    clean = {"boot_id": boot_id(), "uid": uid, "stamp_ns": time.time_ns()}
+    # The home's listing: from the home itself when its baseline was made from it just now
+    # (the times of change are then right); else from the baseline, without them (a reset
+    # rewrites what differs, and learns them).
+    if res["home_baseline"] == "created":
+        clean["home"] = scan(cfg["home"])
+    else:
+        clean["home"] = scan(cfg["home_baseline"])
+        for e in clean["home"].values():
+            e["c"] = None
+    clean["processes"] = clean_processes(cfg)
+    clean.update(x_state(cfg))
+    wins, why = clean["windows"], clean["windows_why"]
+    trees = os.path.join(cfg["state_dir"], "trees")
+    if os.path.lexists(trees):
+        remove(trees)
+    os.mkdir(trees, 0o700)
+    clean["restore"] = []
+    for i, d in enumerate(cfg["restore"]):
+        if not os.path.isdir(d):
+            continue
+        copy = os.path.join(trees, str(i))
+        want = scan(d)
+        os.mkdir(copy, 0o700)
+        for rel in sorted(want):
+            e = want[rel]
+            if rel == ".":
+                continue
+            src, dst = os.path.join(d, rel), os.path.join(copy, rel)
+            if e["k"] in ("d", "mount"):
+                os.makedirs(dst, exist_ok=True)
+            elif e["k"] == "f":
+                try:
+                    shutil.copyfile(src, dst, follow_symlinks=False)
+                except OSError:
+                    want.pop(rel)  # it went away, or cannot be read: not part of the state
+        clean["restore"].append({"dir": d, "copy": copy, "want": want})
+    if cfg.get("check_outside"):
+        clean["writable"] = writable_entries(cfg, uid)
+        clean["check"] = [d for d in cfg["check"] if os.path.lexists(d)]
+    write_json(path, clean)
+    res.update(kept=False, processes=len(clean["processes"]),
+               windows=None if wins is None else len(wins), windows_why=why,
+               writable=len(clean.get("writable", {})), seconds=time.monotonic() - t0)
+    return res
+
+
+def adopt(cfg, pid):
+    """Adds a process started after the clean state was recorded (the helper) to it."""
+    path = state_file(cfg)
+    with open(path) as f:
+        clean = json.load(f)
+    procs = read_procs()
+    if pid in procs:
+        clean["processes"][key(pid, procs[pid])] = {"comm": procs[pid][4], "uid": procs[pid][3]}
+        write_json(path, clean)
+
+
+def reset(cfg):
+    t = {"start": time.monotonic()}
+    problems = Problems()
+    path = state_file(cfg)
+    try:
+        with open(path) as f:
+            clean = json.load(f)
+    except OSError as e:
+        problems.fail("no clean-state record (%s): the desktop makes it when it starts" % e)
+        return {"problems": problems, "broken": problems.broken}
+    if clean.get("boot_id") != boot_id():
+        problems.fail("the guest rebooted since its clean state was recorded")
+        return {"problems": problems, "broken": problems.broken}
+    res = {}
+    res["ended"] = end_newcomers(cfg, clean["processes"], problems, time.monotonic() + 5)
+    t["processes"] = time.monotonic()
+    res["windows"] = restore_windows(cfg, clean, problems, time.monotonic() + 3)
+    t["windows"] = time.monotonic()
+    res["home"] = restore_home(cfg, clean, problems)
+    t["home"] = time.monotonic()
+    restored = {}
+    for r in clean.get("restore", []):
+        label = r["dir"]
+        if not os.path.isdir(r["dir"]):
+            problems.add("%s is gone" % r["dir"])
+            continue
+        restored[label] = restore_tree(r["dir"], r["want"], r["copy"], True, problems, label)
+        # What it rewrote has a new ctime: that is the clean state from now on.
+        cur = verify_tree(r["dir"], r["want"], True, problems, label)
+        for rel, e in cur.items():
+            if rel in r["want"]:
+                r["want"][rel]["c"] = e["c"]
+    res["restored"] = restored
+    t["dirs"] = time.monotonic()
+    res["changed"] = changed_outside(cfg, clean, problems)[:MAX_LISTED]
+    t["checks"] = time.monotonic()
+    # Anything the steps above started is gone again, and nothing new came meanwhile.
+    new, _ = newcomers(cfg, clean["processes"])
+    if new:
+        problems.add("processes started during the reset",
+                     ["%s (pid %d)" % (i[4], p) for p, i in new.items()])
+    if res["home"] or any(restored.values()):
+        write_json(path, clean)
+    res["problems"] = problems
+    res["broken"] = problems.broken
+    res["guest_time_ns"] = time.time_ns()
+    names = ["start", "processes", "windows", "home", "dirs", "checks"]
+    res["seconds"] = {n: round(t[n] - t[p], 4) for p, n in zip(names, names[1:])}
+    return res
