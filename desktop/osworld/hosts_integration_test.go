@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,7 +81,10 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 		cfg.VM.Hosts = append(cfg.VM.Hosts, vm.HostSpec{URI: h.URI(), Desktops: 1, Name: h.Name})
 	}
 	cfg.VM.Accel = vm.AccelTCG // the hosts are this machine: no usable KVM
-	cfg.VM.SSH.KeepAlive, cfg.VM.SSH.KeepAliveCount = 2*time.Second, 3
+	// The kill is seen at once (the connection ends); keep-alives are for
+	// a silent host, and three VMs on a small machine can keep an sshd
+	// from answering for seconds.
+	cfg.VM.SSH.KeepAlive, cfg.VM.SSH.KeepAliveCount = 5*time.Second, 3
 	cfg.HostRetryMax = 5 * time.Second
 	ctx := t.Context()
 	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
@@ -122,9 +126,15 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 	// has marked it down, its daemons start again.
 	victim := fleet.Hosts[1]
 	var killOnce sync.Once
+	var killed atomic.Bool
+	// backDesktops counts the desktops the pool gave the victim after the
+	// kill: it gets desktops again once it answers, even when the batch
+	// has no work left for them by then.
+	var backDesktops atomic.Int32
 	hostBack := make(chan error, 1)
 	kill := func() {
 		t.Logf("killing host %s mid-attempt", victim.Name)
+		killed.Store(true)
 		if err := victim.Kill(); err != nil {
 			hostBack <- err
 			return
@@ -155,6 +165,9 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 		ports = append(ports, ps.Guest, ps.DevTools, ps.VLC)
 		portsMu.Unlock()
 		if vd.VM().Host().Name() == victim.Name {
+			if killed.Load() {
+				backDesktops.Add(1)
+			}
 			return killingDesktop{vd, &killOnce, kill}, nil
 		}
 		return vd, nil
@@ -226,6 +239,12 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 				msg = r.Error.Kind + ": " + r.Error.Message
 			}
 			t.Errorf("%s (%s) on %s: status %s, reward %v %s; want ok with reward 1", k, r.TaskID, r.Env.Host, r.Status, fmtReward(r.Reward), msg)
+			for i, st := range r.Steps {
+				for _, a := range st.Actions {
+					t.Logf("  step %d: %q act %.2fs ready %.2fs wait %.2fs unsettled %v", i, a.Action, a.ActS, a.ReadyS, a.WaitS, a.Unsettled)
+				}
+			}
+			t.Logf("  env %+v, timing %+v", r.Env, r.Timing)
 		}
 	}
 	if retriedOn[victim.Name] == 0 {
@@ -237,7 +256,7 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 	t.Logf("steps by replica: %v; retried by host: %v", served, retriedOn)
 
 	// summary.json breaks the batch down per host: the killed host failed
-	// an attempt and, back again, ran a second desktop.
+	// an attempt; back again, it got a desktop.
 	written, err := schema.ReadSummary(out)
 	if err != nil {
 		t.Fatal(err)
@@ -250,8 +269,11 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 		t.Logf("host %s: %d desktops, %d tries, %d finished, %d failures, reset %.1fs model %.1fs act %.1fs eval %.1fs",
 			h.Name, hs.Desktops, hs.Attempts, hs.Finished, hs.Failures, hs.PhaseS["reset_s"], hs.PhaseS["model_s"], hs.PhaseS["act_s"], hs.PhaseS["eval_s"])
 	}
-	if hs := written.Hosts[victim.Name]; hs.Failures == 0 || hs.Desktops < 2 {
-		t.Errorf("killed host %s: %+v; want a failure, and a second desktop once it was back", victim.Name, hs)
+	if hs := written.Hosts[victim.Name]; hs.Failures == 0 {
+		t.Errorf("killed host %s: %+v; want a failure", victim.Name, hs)
+	}
+	if backDesktops.Load() == 0 {
+		t.Errorf("killed host %s got no desktop once it was back", victim.Name)
 	}
 	rep, err := profile.Build(out)
 	if err != nil {
