@@ -90,6 +90,10 @@ type Summary struct {
 	Grading map[string]map[string]int `json:"grading,omitempty"`
 	Resets  map[string]int            `json:"resets,omitempty"`
 
+	// UnsettledWaits counts the post-action waits that reached their bound
+	// before the screen settled (ActionRecord.Unsettled).
+	UnsettledWaits int `json:"unsettled_waits"`
+
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`
 }
