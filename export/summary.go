@@ -65,7 +65,7 @@ type SummaryBuilder struct {
 	// unsettled counts the post-action waits that ran out before the
 	// screen settled.
 	unsettled int
-	sources       map[schema.TokenIDSource]int
+	sources   map[schema.TokenIDSource]int
 
 	busy    intervalSet // model calls in flight
 	inPhase [numPhases]intervalSet
