@@ -36,8 +36,8 @@ var ownEntries = []string{RecordsFile, SummaryFile, BatchFile, MessagesDir, Imag
 
 // CheckOutput returns an error wrapping ErrRunFile when writing the file
 // path would replace one of the files the run directory dir is made of:
-// rollouts.jsonl, summary.json, batch.json or anything under messages/ or
-// images/. Any other path is fine, including a new file inside dir (a
+// rollouts.jsonl, summary.json, batch.json or anything under messages/,
+// images/ or tokens/. Any other path is fine, including a new file inside dir (a
 // report next to the run). Symbolic links are followed, so a second name
 // for dir is caught; path need not exist.
 func CheckOutput(dir, path string) error {
