@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -222,8 +223,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // less the umask. It is for the files of a run other than its records,
 // summary and content store, such as BatchFile; name is a plain file name.
 func (r *Run) WriteFile(name string, data []byte) error {
+	// Of the run's own entries only the batch manifest is written whole.
 	if name == "" || name != filepath.Base(name) || strings.HasPrefix(name, tempPrefix) ||
-		name == RecordsFile || name == SummaryFile || name == MessagesDir || name == ImagesDir || name == TokensDir {
+		(slices.Contains(ownEntries, name) && name != BatchFile) {
 		return fmt.Errorf("write run file %q: want a plain file name other than the run's records, summary and store", name)
 	}
 	r.life.RLock()
