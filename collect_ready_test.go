@@ -2,6 +2,7 @@ package rl
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -30,6 +31,9 @@ func TestCollectReady(t *testing.T) {
 		wantAfterReset, wantBeforeEval float64
 		// wantReadies is the number of WaitReady calls per attempt.
 		wantReadies int
+		// wantUnsettled: each click's wait ran out before the screen
+		// settled, and the record and the summary say so.
+		wantUnsettled bool
 	}{
 		{
 			name:  "generic signal",
@@ -55,7 +59,7 @@ func TestCollectReady(t *testing.T) {
 			},
 			// The desktop's own wait before grading sees the rest of the
 			// last click's settling.
-			wantAfterReset: 1, wantBeforeEval: 0.55,
+			wantAfterReset: 1, wantBeforeEval: 0.55, wantUnsettled: true,
 		},
 		{
 			name:        "backend signal",
@@ -67,6 +71,17 @@ func TestCollectReady(t *testing.T) {
 				}
 			},
 			wantAfterReset: 1, wantReadies: 2,
+		},
+		{
+			name:        "backend signal bounded by max",
+			readyWaiter: true,
+			ready:       desktop.ReadyOptions{Max: 400 * time.Millisecond},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				if !near(ar.ReadyS, 0.4) || !near(ar.WaitS, 0.4) {
+					t.Errorf("ready_s %v, wait_s %v: want both the 0.4 s bound", ar.ReadyS, ar.WaitS)
+				}
+			},
+			wantAfterReset: 1, wantBeforeEval: 0.6, wantReadies: 2, wantUnsettled: true,
 		},
 		{
 			name:        "fixed waits",
@@ -116,6 +131,17 @@ func TestCollectReady(t *testing.T) {
 						t.Fatalf("step %d actions %+v, want one click", i, s.Actions)
 					}
 					tt.check(t, s.Actions[0])
+					if s.Actions[0].Unsettled != tt.wantUnsettled {
+						t.Errorf("step %d: unsettled %v, want %v", i, s.Actions[0].Unsettled, tt.wantUnsettled)
+					}
+				}
+				wantUnsettled := 0
+				if tt.wantUnsettled {
+					wantUnsettled = 2
+				}
+				warned := slices.ContainsFunc(sum.Warnings, func(w string) bool { return strings.Contains(w, "before the screen settled") })
+				if sum.UnsettledWaits != wantUnsettled || warned != tt.wantUnsettled {
+					t.Errorf("summary: %d unsettled waits, warnings %q; want %d, a warning %v", sum.UnsettledWaits, sum.Warnings, wantUnsettled, tt.wantUnsettled)
 				}
 				if done := r.Steps[2].Actions; len(done) != 1 || done[0].Action != desktop.DoneCode || done[0].WaitS != 0 {
 					t.Errorf("last step's actions %+v: want DONE, with no wait", done)

@@ -2,6 +2,7 @@ package rl
 
 import (
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,8 +21,21 @@ import (
 func replicaBatch(t *testing.T, routing policy.Routing, killAfter int) (*Summary, []schema.Record, [2]*policytest.Server) {
 	t.Helper()
 	var srvs [2]*policytest.Server
+	// The first replica's killAfter-th request starts its Close (from
+	// outside the handler: Close waits for handlers).
+	kill := make(chan struct{})
+	var killOnce sync.Once
 	for i := range srvs {
-		srvs[i] = policytest.NewServer(policytest.Options{Model: "m", NoLatency: true, Script: clicksThenDone(5)})
+		o := policytest.Options{Model: "m", NoLatency: true, Script: clicksThenDone(5)}
+		if i == 0 && killAfter > 0 {
+			o.Faults = func(n int, _ policytest.Request) policytest.Fault {
+				if n+1 >= killAfter {
+					killOnce.Do(func() { close(kill) })
+				}
+				return policytest.NoFault
+			}
+		}
+		srvs[i] = policytest.NewServer(o)
 		t.Cleanup(srvs[i].Close)
 	}
 	if killAfter > 0 {
@@ -29,10 +43,11 @@ func replicaBatch(t *testing.T, routing policy.Routing, killAfter int) (*Summary
 		t.Cleanup(func() { <-done })
 		go func() {
 			defer close(done)
-			for srvs[0].Stats().Requests < killAfter {
-				time.Sleep(5 * time.Millisecond)
+			select {
+			case <-kill:
+				srvs[0].Close()
+			case <-t.Context().Done():
 			}
-			srvs[0].Close()
 		}()
 	}
 	fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, DefaultReward: fake.Reward{P: 0.5}})

@@ -58,6 +58,9 @@ const (
 	queued attemptPhase = iota
 	stepping
 	grading
+	// skipping: taken from the queue of a closed group, its skipped
+	// record being written; the group does not end before it is.
+	skipping
 	done
 )
 
@@ -166,8 +169,9 @@ type writeFunc func(*attempt, verdict, ending) (*Record, error)
 
 // next takes the next attempt to run, or returns nil when there is none
 // left or ctx is done. Attempts of closed groups are recorded skipped on the
-// way, with write (under the lock: skips are rare and cheap); its error
-// stops the batch and is returned.
+// way, with write; its error stops the batch and is returned. The lock is
+// let go while a skip is written: with oversampling every group has some,
+// and a record's write waits for a sync other workers must not wait on.
 func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -179,9 +183,22 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 			a := s.queue[0]
 			s.queue = s.queue[1:]
 			if a.g.closed {
-				if err := s.writeLocked(a, ending{}, write); err != nil {
+				v := s.settleLocked(a, ending{})
+				a.phase = skipping
+				s.running++ // the batch is not over while it is written
+				s.mu.Unlock()
+				rec, err := write(a, v, ending{})
+				s.mu.Lock()
+				s.running--
+				if err != nil {
+					s.stopped = true
+					s.wake.Broadcast()
 					return nil, err
 				}
+				s.addLocked(rec)
+				a.tries++
+				a.phase = done
+				s.endAttemptLocked(a)
 				continue
 			}
 			a.phase = stepping
@@ -316,7 +333,7 @@ func (s *scheduler) endAttemptLocked(a *attempt) {
 
 func anyActive(g *group) bool {
 	for _, a := range g.attempts {
-		if a.phase == stepping || a.phase == grading {
+		if a.phase == stepping || a.phase == grading || a.phase == skipping {
 			return true
 		}
 	}

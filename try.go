@@ -364,6 +364,9 @@ func (t *try) waitReady(ctx context.Context, ar *schema.ActionRecord) (desktop.O
 		at = end
 	}
 	ar.ReadyS = r.After.Seconds()
+	// A fixed sleep neither looks nor knows (After is 0): only a wait that
+	// looked and ran out is unsettled.
+	ar.Unsettled = !r.Settled && r.After > 0
 	ar.WaitS = at.Sub(start).Seconds()
 	ar.ObsS = end.Sub(at).Seconds()
 	return r.Observation, nil

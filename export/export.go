@@ -139,6 +139,7 @@ type Sample struct {
 // sampleHead and sampleTail are the fields of Sample before and after its
 // messages. A line is written in three pieces so that a prompt with inline
 // screenshots (tens of MB) is never encoded as one buffer.
+// TestSampleWriterLayout keeps the pieces in step with Sample.
 type sampleHead struct {
 	RolloutID     string        `json:"rollout_id"`
 	TaskID        string        `json:"task_id"`

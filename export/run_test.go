@@ -237,6 +237,7 @@ func buildRecord(run *schema.Run, a attemptSpec, start time.Time) (*schema.Recor
 		}
 		rec.Steps[len(rec.Steps)-1].Actions = []schema.ActionRecord{{
 			Action: action, ActS: actS, WaitS: waitS, ReadyS: readyS, ObsS: obsS,
+			Unsettled: a.id == "r-a0" && k == 1, // a wait that ran out
 		}}
 		spend(&tm.ActS, actS)
 		spend(&tm.WaitS, waitS)

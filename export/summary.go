@@ -64,7 +64,10 @@ type SummaryBuilder struct {
 	withTokenIDs  int
 	withExactIDs  int
 	withPromptIDs int
-	sources       map[schema.TokenIDSource]int
+	// unsettled counts the post-action waits that ran out before the
+	// screen settled.
+	unsettled int
+	sources   map[schema.TokenIDSource]int
 
 	busy    intervalSet // model calls in flight
 	inPhase [numPhases]intervalSet
@@ -199,6 +202,11 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 		}
 		if len(st.PromptTokenChunks) > 0 {
 			b.withPromptIDs++
+		}
+		for _, a := range st.Actions {
+			if a.Unsettled {
+				b.unsettled++
+			}
 		}
 	}
 	if env := rec.Env; env != nil {
@@ -367,6 +375,7 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 		s.StepsWithExactTokenIDs = float64(b.withExactIDs) / float64(b.steps)
 		s.StepsWithPromptTokenIDs = float64(b.withPromptIDs) / float64(b.steps)
 	}
+	s.UnsettledWaits = b.unsettled
 	s.TokenIDSources = maps.Clone(b.sources)
 	s.TokenIDSource = mostSteps(b.sources)
 	s.Warnings = b.warnings()
@@ -399,6 +408,9 @@ func (b *SummaryBuilder) warnings() []string {
 		w = append(w, fmt.Sprintf("%d of %d steps have no generated token ids although others have: the server returned them only sometimes", n, b.steps))
 	} else if n > 0 {
 		w = append(w, fmt.Sprintf("no step has generated token ids (%d steps): a trainer must re-tokenize the text, which is not exact; run legato rl probe against the server", b.steps))
+	}
+	if b.unsettled > 0 {
+		w = append(w, fmt.Sprintf("%d post-action waits reached their bound before the screen settled: the screenshots after them may show the screen mid-change (those actions say unsettled in rollouts.jsonl)", b.unsettled))
 	}
 	if b.tornLines > 0 {
 		w = append(w, fmt.Sprintf("%d unreadable lines skipped in rollouts.jsonl", b.tornLines))

@@ -33,15 +33,15 @@ func IsOutage(err error) bool {
 	return false
 }
 
-// PingTimeout bounds one Ping.
-const PingTimeout = 5 * time.Second
+// pingTimeout bounds one Ping.
+const pingTimeout = 5 * time.Second
 
 // Ping asks the server whether it is up, with GET BaseURL/models (served by
 // vLLM, SGLang and OpenAI-compatible providers). Any HTTP answer but 502,
 // 503 and 504 counts as up, a 404 or a 401 included: Ping tells whether
 // the server is there, Complete's errors tell what is wrong with a call.
 func (c *Client) Ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, min(PingTimeout, c.cfg.StepTimeout))
+	ctx, cancel := context.WithTimeout(ctx, min(pingTimeout, c.cfg.StepTimeout))
 	defer cancel()
 	url := strings.TrimSuffix(c.cfg.BaseURL, "/") + "/models"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -182,12 +182,7 @@ func (c *Client) learn(from idMode, src schema.TokenIDSource, logprobs bool) (as
 // refuse stops asking for the fields a server refused, and moves on from a
 // mode that has nothing left to ask.
 func (c *Client) refuse(f idFields) {
-	for {
-		old := c.refused.Load()
-		if c.refused.CompareAndSwap(old, old|int32(f)) {
-			break
-		}
-	}
+	c.refused.Or(int32(f))
 	for {
 		m := idMode(c.mode.Load())
 		if m.fields() == 0 || m.fields()&^c.refusedFields() != 0 {

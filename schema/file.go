@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -36,8 +37,8 @@ var ownEntries = []string{RecordsFile, SummaryFile, BatchFile, MessagesDir, Imag
 
 // CheckOutput returns an error wrapping ErrRunFile when writing the file
 // path would replace one of the files the run directory dir is made of:
-// rollouts.jsonl, summary.json, batch.json or anything under messages/ or
-// images/. Any other path is fine, including a new file inside dir (a
+// rollouts.jsonl, summary.json, batch.json or anything under messages/,
+// images/ or tokens/. Any other path is fine, including a new file inside dir (a
 // report next to the run). Symbolic links are followed, so a second name
 // for dir is caught; path need not exist.
 func CheckOutput(dir, path string) error {
@@ -222,8 +223,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // less the umask. It is for the files of a run other than its records,
 // summary and content store, such as BatchFile; name is a plain file name.
 func (r *Run) WriteFile(name string, data []byte) error {
+	// Of the run's own entries only the batch manifest is written whole.
 	if name == "" || name != filepath.Base(name) || strings.HasPrefix(name, tempPrefix) ||
-		name == RecordsFile || name == SummaryFile || name == MessagesDir || name == ImagesDir || name == TokensDir {
+		(slices.Contains(ownEntries, name) && name != BatchFile) {
 		return fmt.Errorf("write run file %q: want a plain file name other than the run's records, summary and store", name)
 	}
 	r.life.RLock()

@@ -84,7 +84,7 @@ func TestRunWriteFile(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dir, BatchFile)); err != nil || string(b) != "two\n" {
 		t.Errorf("batch.json = %q, %v; want %q", b, err, "two\n")
 	}
-	for _, name := range []string{"", RecordsFile, SummaryFile, MessagesDir, TokensDir, "sub/x.json", "../x.json", tempPrefix + "x"} {
+	for _, name := range []string{"", RecordsFile, SummaryFile, MessagesDir, ImagesDir, TokensDir, "sub/x.json", "../x.json", tempPrefix + "x"} {
 		if err := r.WriteFile(name, []byte("x")); err == nil {
 			t.Errorf("WriteFile(%q) = nil, want an error", name)
 		}

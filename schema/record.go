@@ -219,6 +219,10 @@ type ActionRecord struct {
 	WaitS  float64         `json:"wait_s"`
 	ReadyS float64         `json:"ready_s"`
 	ObsS   float64         `json:"obs_s"`
+	// Unsettled is set when the wait after the action reached its bound
+	// while the screen was still changing: the next observation may show
+	// it mid-change (an animation, a progress bar, a blinking element).
+	Unsettled bool `json:"unsettled,omitempty"`
 }
 
 // TimeLayout is RFC 3339 with milliseconds, the layout of every time field.

@@ -93,6 +93,10 @@ type Summary struct {
 	// backends that spread desktops over several (the records' env.host).
 	Hosts map[string]HostSummary `json:"hosts,omitempty"`
 
+	// UnsettledWaits counts the post-action waits that reached their bound
+	// before the screen settled (ActionRecord.Unsettled).
+	UnsettledWaits int `json:"unsettled_waits"`
+
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`
 }

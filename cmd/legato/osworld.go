@@ -65,6 +65,7 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 	choiceVar(fs, &f.grader, "grader", "auto", []string{"auto", grade.PreferBridge.String(), grade.PreferNative.String(), grade.NativeOnly.String()},
 		"grader `mode`, where metrics run (auto: OSWorld's Python with --osworld, else native-only; native: Go where implemented, Python for the rest)")
 	fs.StringVar(&c.Grade.Python, "python", grade.DefaultPython, "Python with the packages OSWorld's evaluators import")
+	intVar(fs, &c.Grade.Workers, "grade-workers", 0, 0, 64, "Python processes running OSWorld's evaluators, shared by all desktops (0: one per CPU, at least 2 and at most 8)")
 	fs.BoolVar(&c.NoFastReset, "no-fast-reset", false, "load the VM snapshot before every attempt (the baseline); otherwise each desktop chooses per task between it and a fast reset, by measured cost, where the domain allows")
 	fs.Func("fast-reset-restore", "a guest `dir`ectory a fast reset brings back to its clean contents, besides /home/user and "+
 		strings.Join(osworld.DefaultRestoreDirs(), ", ")+"; repeat the flag", func(s string) error {

@@ -77,13 +77,13 @@ func TestOSWorldFlags(t *testing.T) {
 		},
 		{
 			name: "guests with osworld",
-			args: []string{"--guest-url", "http://127.0.0.1:5000,devtools=9222", "--guest-url", "http://127.0.0.1:5001", "--osworld", osw, "--grader", "native", "--boot-timeout", "10s"},
+			args: []string{"--guest-url", "http://127.0.0.1:5000,devtools=9222", "--guest-url", "http://127.0.0.1:5001", "--osworld", osw, "--grader", "native", "--boot-timeout", "10s", "--grade-workers", "3"},
 			env:  "hunter2",
 			want: osworld.Config{
 				VM:             vmDefaults,
 				Guests:         []osworld.GuestAddr{{URL: "http://127.0.0.1:5000", DevToolsPort: 9222}, {URL: "http://127.0.0.1:5001"}},
 				BootTimeout:    10 * time.Second,
-				Grade:          osworld.GradeConfig{OSWorldDir: osw, Python: grade.DefaultPython, Mode: grade.PreferNative},
+				Grade:          osworld.GradeConfig{OSWorldDir: osw, Python: grade.DefaultPython, Mode: grade.PreferNative, Workers: 3},
 				ClientPassword: "hunter2",
 			},
 		},
@@ -146,6 +146,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"memory not a number", append(guest, "--memory", "4G"), "-memory"},
 		{"boot timeout zero", append(guest, "--boot-timeout", "0"), `invalid value "0" for flag -boot-timeout: want from 1s to 24h, as seconds (60) or a duration with units (1m30s)`},
 		{"boot timeout negative", append(guest, "--boot-timeout", "-10s"), "-boot-timeout"},
+		{"grade workers", append(guest, "--grade-workers", "-1"), `invalid value "-1" for flag -grade-workers: want an integer from 0 to 64`},
 		{"bad vm prefix", []string{"--image", img, "--vm-prefix", "../x"}, "name prefix"},
 		{"bad host", []string{"--image", img, "--host", "qemu+ssh://h/system?no_verify=1"}, `invalid value "qemu+ssh://h/system?no_verify=1" for flag -host`},
 		{"host desktops", []string{"--image", img, "--host", "qemu:///system,desktops=0"}, "desktops=0"},

@@ -1,0 +1,100 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"testing"
+
+	"legato/rl/schema"
+)
+
+// TestSampleWriterLayout checks that a line written in three pieces
+// (sampleHead, the messages, sampleTail) is byte for byte what encoding the
+// public Sample gives: the pieces repeat Sample's fields, and a field added
+// to one and not the other, renamed or moved, fails here.
+func TestSampleWriterLayout(t *testing.T) {
+	var head sampleHead
+	var tail sampleTail
+	fill(t, reflect.ValueOf(&head).Elem(), "h")
+	fill(t, reflect.ValueOf(&tail).Elem(), "t")
+	msgs := []schema.Message{
+		{Role: "system", Content: []schema.Part{schema.TextPart("<tool_call> & co")}},
+		{Role: "user", Content: []schema.Part{schema.TextPart("click")}},
+	}
+
+	var want Sample
+	sv := reflect.ValueOf(&want).Elem()
+	covered := map[string]bool{"Messages": true}
+	for _, piece := range []reflect.Value{reflect.ValueOf(head), reflect.ValueOf(tail)} {
+		for i := range piece.NumField() {
+			f := piece.Type().Field(i)
+			sf, ok := sv.Type().FieldByName(f.Name)
+			if !ok {
+				t.Fatalf("%s.%s is not a field of Sample", piece.Type().Name(), f.Name)
+			}
+			if sf.Tag.Get("json") != f.Tag.Get("json") {
+				t.Errorf("%s: Sample's json tag %q, %s's %q", f.Name, sf.Tag.Get("json"), piece.Type().Name(), f.Tag.Get("json"))
+			}
+			sv.FieldByName(f.Name).Set(piece.Field(i))
+			covered[f.Name] = true
+		}
+	}
+	for i := range sv.NumField() {
+		if name := sv.Type().Field(i).Name; !covered[name] {
+			t.Errorf("Sample.%s is in neither sampleHead nor sampleTail: the export never writes it", name)
+		}
+	}
+	want.Messages = msgs
+
+	var wantLine bytes.Buffer
+	enc := json.NewEncoder(&wantLine)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&want); err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	if err := newSampleWriter(&got).write(&head, msgs, &tail); err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != wantLine.String() {
+		t.Errorf("written line\n%s\nwant (Sample encoded)\n%s", got.String(), wantLine.String())
+	}
+}
+
+// fill sets every field of the struct v to a value that is not zero and
+// differs per field, so that a field written in the wrong place shows.
+func fill(t *testing.T, v reflect.Value, prefix string) {
+	t.Helper()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		s := fmt.Sprintf("%s%d", prefix, i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(s)
+		case reflect.Int, reflect.Int64:
+			f.SetInt(int64(i + 1))
+		case reflect.Float64:
+			f.SetFloat(float64(i) + 0.5)
+		case reflect.Slice:
+			sl := reflect.MakeSlice(f.Type(), 2, 2)
+			for j := range 2 {
+				e := sl.Index(j)
+				switch e.Kind() {
+				case reflect.String:
+					e.SetString(fmt.Sprintf("%s-%d", s, j))
+				case reflect.Int64:
+					e.SetInt(int64(100*i + j))
+				case reflect.Float64:
+					e.SetFloat(-float64(i) - float64(j)/4)
+				default:
+					t.Fatalf("field %s: no filler for slices of %s", v.Type().Field(i).Name, e.Kind())
+				}
+			}
+			f.Set(sl)
+		default:
+			t.Fatalf("field %s: no filler for %s", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+}
