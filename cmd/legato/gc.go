@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 
@@ -21,21 +20,16 @@ type gcCommand struct {
 }
 
 func (c *gcCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl gc", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl gc", stderr)
 	registerVMPlace(fs, &c.vm)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl gc [--host URI]... [--vm-prefix PREFIX] [--storage-pool POOL]
+	setUsage(fs, `Usage: legato rl gc [--host URI]... [--vm-prefix PREFIX] [--storage-pool POOL]
 
 Removes the VMs (domains, overlay and console log volumes) whose names start
 with the prefix, which a crashed batch left behind, from every host, and
 lists what it removed. It removes running VMs too: run it when no batch of
 that prefix is going on.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs
 }
 

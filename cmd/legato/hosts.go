@@ -25,16 +25,14 @@ type hostsCommand struct {
 }
 
 func (c *hostsCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl hosts", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl hosts", stderr)
 	registerVMPlace(fs, &c.vm)
 	fs.StringVar(&c.image, "image", "", "VM base image, as collect takes it: a qcow2 file, or a directory built by desktop/osworld/testdata/image/build.sh (with vmlinux, initrd.img)")
 	fs.StringVar(&c.vm.Kernel, "kernel", "", "kernel booted directly (set by --image DIR)")
 	fs.StringVar(&c.vm.Initrd, "initrd", "", "initrd for --kernel")
 	fs.BoolVar(&c.asJSON, "json", false, "write the list as JSON")
 	fs.BoolVar(&c.prune, "prune", false, "with sync: also delete the volumes of other images (an image rebuilt, an older one) that no domain and no overlay on the host uses")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl hosts [sync] --image IMAGE [--host URI[,desktops=N]]... [flags]
+	setUsage(fs, `Usage: legato rl hosts [sync] --image IMAGE [--host URI[,desktops=N]]... [flags]
 
 Lists the libvirt hosts a batch would spread its desktops over: whether each
 answers, its cap and size, whether it holds the image files (a volume of the
@@ -45,10 +43,7 @@ upload (creating the storage pool where missing); --prune then deletes the
 volumes of other images that nothing on a host uses. Exit status: 0 when every
 host answers and holds the image, 1 otherwise, 2 for a bad command line.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs
 }
 
