@@ -91,10 +91,10 @@ func (b *batch) runTry(batchCtx context.Context, d desktop.Desktop, a *attempt, 
 }
 
 func envReport(r desktop.AttemptReport) *schema.EnvReport {
-	if r.Reset == "" && r.ResetWhy == "" && len(r.Grading) == 0 {
+	if r.Reset == "" && r.ResetWhy == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" {
 		return nil
 	}
-	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy}
+	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Host: r.Host, VM: r.VM}
 	for _, m := range r.Grading {
 		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via})
 	}

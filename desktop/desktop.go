@@ -244,6 +244,12 @@ type AttemptReport struct {
 	ResetWhy string
 	// Grading lists the metrics the evaluator ran, in order, with how.
 	Grading []MetricRun
+	// Host names the machine the desktop runs on, when a backend spreads
+	// desktops over several (osworld: the libvirt host's label), and VM
+	// the desktop there (the domain's name), so a batch's desktops,
+	// attempts, failures and phase times can be told apart per host.
+	Host string
+	VM   string
 }
 
 // MetricRun is one metric of a grade.

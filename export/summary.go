@@ -50,8 +50,10 @@ type SummaryBuilder struct {
 	lastError   map[attemptKey]string
 	errorsRerun int
 	// grading and resets count the env blocks' metric runs and resets.
-	grading      map[string]map[string]int
-	resets       map[string]int
+	grading map[string]map[string]int
+	resets  map[string]int
+	// hosts accumulates the per-host breakdown (records' env.host).
+	hosts        map[string]*hostTally
 	promptTokens int64
 	cachedTokens int64
 	// cacheReported: some step's answer gave a cached-token count, so the
@@ -71,6 +73,14 @@ type SummaryBuilder struct {
 	inPhase [numPhases]intervalSet
 
 	tornLines int
+}
+
+// hostTally is one host's running part of the summary.
+type hostTally struct {
+	vms                          map[string]struct{}
+	attempts, finished, failures int
+	phaseS                       [numPhases]float64
+	attemptS                     float64
 }
 
 type attemptKey struct {
@@ -162,6 +172,9 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 		}
 	}
 	b.attemptTimeS += max(t.TotalS, sum)
+	if rec.Env != nil && rec.Env.Host != "" {
+		b.addHost(rec, durations, max(t.TotalS, sum))
+	}
 
 	for i := range rec.Steps {
 		st := &rec.Steps[i]
@@ -219,6 +232,34 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 		}
 		b.inPhase[p].add(start, end)
 	})
+}
+
+// addHost counts a record in its host's breakdown.
+func (b *SummaryBuilder) addHost(rec *schema.Record, durations [numPhases]float64, total float64) {
+	if b.hosts == nil {
+		b.hosts = make(map[string]*hostTally)
+	}
+	h := b.hosts[rec.Env.Host]
+	if h == nil {
+		h = &hostTally{vms: make(map[string]struct{})}
+		b.hosts[rec.Env.Host] = h
+	}
+	if rec.Env.VM != "" {
+		h.vms[rec.Env.VM] = struct{}{}
+	}
+	h.attempts++
+	if rec.Status.Finished() {
+		h.finished++
+	}
+	if rec.Status == schema.StatusRetried || (rec.Status == schema.StatusError && rec.Error != nil && rec.Error.Kind == schema.ErrorEnv) {
+		h.failures++
+	}
+	for p, d := range durations {
+		if d > 0 {
+			h.phaseS[p] += d
+		}
+	}
+	h.attemptS += total
 }
 
 func (b *SummaryBuilder) countError(kind string, n int) {
@@ -307,6 +348,17 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 	s.EnvErrors = b.envErrors
 	s.ErrorsRerun = b.errorsRerun
 	s.Resets = maps.Clone(b.resets)
+	for name, h := range b.hosts {
+		if s.Hosts == nil {
+			s.Hosts = make(map[string]schema.HostSummary, len(b.hosts))
+		}
+		hs := schema.HostSummary{Desktops: len(h.vms), Attempts: h.attempts, Finished: h.finished,
+			Failures: h.failures, PhaseS: make(map[string]float64), AttemptS: h.attemptS}
+		for p := range numPhases {
+			hs.PhaseS[p.String()] = h.phaseS[p]
+		}
+		s.Hosts[name] = hs
+	}
 	for metric, via := range b.grading {
 		if s.Grading == nil {
 			s.Grading = make(map[string]map[string]int, len(b.grading))

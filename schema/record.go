@@ -72,6 +72,10 @@ type EnvReport struct {
 	Reset    string      `json:"reset,omitempty"`
 	ResetWhy string      `json:"reset_why,omitempty"`
 	Grading  []MetricRun `json:"grading,omitempty"`
+	// Host names the machine the desktop ran on when the backend spreads
+	// desktops over several, and VM the desktop there.
+	Host string `json:"host,omitempty"`
+	VM   string `json:"vm,omitempty"`
 }
 
 // MetricRun is one metric of a grade and how it ran: "native" or "python".

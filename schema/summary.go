@@ -89,6 +89,9 @@ type Summary struct {
 	// kind. Both come from the records' env blocks (desktops that say).
 	Grading map[string]map[string]int `json:"grading,omitempty"`
 	Resets  map[string]int            `json:"resets,omitempty"`
+	// Hosts breaks the batch down by the host its desktops ran on, for
+	// backends that spread desktops over several (the records' env.host).
+	Hosts map[string]HostSummary `json:"hosts,omitempty"`
 
 	// UnsettledWaits counts the post-action waits that reached their bound
 	// before the screen settled (ActionRecord.Unsettled).
@@ -96,6 +99,22 @@ type Summary struct {
 
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`
+}
+
+// HostSummary is one host's part of a batch.
+type HostSummary struct {
+	// Desktops counts the desktops (VMs) that ran tries on the host.
+	Desktops int `json:"desktops"`
+	// Attempts counts the tries (records) that ran on the host; Finished
+	// those that ended ok or truncated; Failures those that ended in a
+	// desktop failure (retried elsewhere, or an env error).
+	Attempts int `json:"attempts"`
+	Finished int `json:"finished"`
+	Failures int `json:"failures"`
+	// PhaseS sums the tries' seconds per timing phase ("reset_s", ...),
+	// and AttemptS their whole time.
+	PhaseS   map[string]float64 `json:"phase_s"`
+	AttemptS float64            `json:"attempt_s"`
 }
 
 // Percentiles are latency percentiles in seconds.

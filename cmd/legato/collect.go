@@ -55,8 +55,7 @@ type fakeFlags struct {
 func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	f := &collectFlags{}
 	const day, week = 24 * time.Hour, 7 * 24 * time.Hour
-	fs := flag.NewFlagSet("legato rl collect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl collect", stderr)
 	fs.StringVar(&f.tasks, "tasks", "", "tasks file: [{\"task_id\",\"domain\"}], [{\"task_id\",\"config\"}] or an OSWorld index (default with --backend fake: built-in demo tasks)")
 	fs.Var(&f.policyURLs, "policy-url", "model server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (default: a built-in scripted server on loopback); repeat it for replicas of the same weights: a group's calls go to one replica while it answers")
 	fs.StringVar(&f.pol.Model, "model", "", "model name sent to the server (default with the built-in server: scripted)")
@@ -90,8 +89,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Float64Var(&f.fake.success, "fake-success", 0.5, "fake backend: probability that an attempt of a feasible task scores 1")
 	fs.StringVar(&f.fake.speed, "fake-speed", "demo", "fake backend latencies: none, demo (fractions of a second) or real (VM-like seconds)")
 	fs.BoolVar(&f.verbose, "v", false, "log every retry and desktop failure")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl collect --out DIR [flags]
+	setUsage(fs, `Usage: legato rl collect --out DIR [flags]
 
 Runs a batch: every task's group of attempts on a pool of desktops, each
 attempt graded by the task's evaluator, written to DIR in the
@@ -99,10 +97,7 @@ legato.rollout/v0 format. With no --policy-url and the fake backend it runs
 end to end on this machine: no VM, no GPU. The model server's key is read
 from LEGATO_POLICY_KEY.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs, f
 }
 
@@ -178,7 +173,11 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}()
 		if n := pool.Config().Slots(); n > 0 && f.opts.Desktops > n {
-			fmt.Fprintf(stderr, "--desktops %d: only %d --guest-url given; using %d desktops\n", f.opts.Desktops, n, n)
+			what := "--guest-url given"
+			if len(pool.Config().Guests) == 0 {
+				what = "desktop slots on the --host hosts (desktops=N)"
+			}
+			fmt.Fprintf(stderr, "--desktops %d: only %d %s; using %d desktops\n", f.opts.Desktops, n, what, n)
 			f.opts.Desktops = n
 		}
 		f.opts.NewDesktop = pool.New

@@ -146,7 +146,7 @@ func TestCollectInterrupt(t *testing.T) {
 // ask for a base image or guests the way collect does; with an unusable
 // libvirt URI it fails on that URI.
 func TestGCNeedsNoImage(t *testing.T) {
-	err := new(gcCommand).Run(t.Context(), []string{"--libvirt-uri", "qemu:///nowhere"}, &bytes.Buffer{}, &bytes.Buffer{})
+	err := new(gcCommand).Run(t.Context(), []string{"--host", "qemu:///nowhere"}, &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil {
 		t.Fatal("gc against qemu:///nowhere succeeded")
 	}

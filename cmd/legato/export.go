@@ -20,14 +20,12 @@ type exportCommand struct {
 }
 
 func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl export", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl export", stderr)
 	fs.StringVar(&c.out, "out", "", "write the samples to `FILE`, one JSON line per model call (required)")
 	fs.BoolVar(&c.opts.InlineImages, "inline-images", false, "write images as PNG data URLs instead of references to DIR/images/")
 	fs.BoolVar(&c.opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
 	fs.BoolVar(&c.opts.AllowMissingLogprobs, "allow-missing-logprobs", false, "write samples whose response has no logprobs (the model server returned none) instead of failing")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups] [--allow-missing-logprobs]
+	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups] [--allow-missing-logprobs]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
@@ -40,10 +38,7 @@ It fails, writing nothing, when samples have no logprobs (unless
 last cannot be read (a lost record would change its group's advantages). A
 torn last line, left by a crash mid-append, is skipped with a warning.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs
 }
 

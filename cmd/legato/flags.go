@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -205,4 +206,20 @@ func orList(words []string) string {
 		return strings.Join(words, "")
 	}
 	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}
+
+// newFlagSet returns a subcommand's flag set: parse errors are returned,
+// not exits, and they and the usage go to stderr.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// setUsage makes fs's usage text: text, then every flag under "Flags:".
+func setUsage(fs *flag.FlagSet, text string) {
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), text+"Flags:\n")
+		fs.PrintDefaults()
+	}
 }

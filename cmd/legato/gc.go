@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 
@@ -11,9 +10,9 @@ import (
 	"legato/rl/desktop/osworld/vm"
 )
 
-// gcCommand is `legato rl gc`: it lists the VMs, overlays and ports a
-// crashed batch left behind, and removes them. collect sweeps them at its
-// start too; gc is for a host where no batch will run soon.
+// gcCommand is `legato rl gc`: it lists the VMs and their volumes a
+// crashed batch left behind on each host, and removes them. collect sweeps
+// them at its start too; gc is for hosts where no batch will run soon.
 type gcCommand struct {
 	// vm holds only where the VMs live and what they are called: gc needs
 	// no image or guests to run tasks on.
@@ -21,20 +20,16 @@ type gcCommand struct {
 }
 
 func (c *gcCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl gc", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl gc", stderr)
 	registerVMPlace(fs, &c.vm)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl gc [--libvirt-uri URI] [--vm-prefix PREFIX] [--overlay-dir DIR]
+	setUsage(fs, `Usage: legato rl gc [--host URI]... [--vm-prefix PREFIX] [--storage-pool POOL]
 
-Removes the VMs (domains, overlays, console logs) whose names start with the
-prefix, which a crashed batch left behind, and lists what it removed. It
-removes running VMs too: run it when no batch of that prefix is going on.
+Removes the VMs (domains, overlay and console log volumes) whose names start
+with the prefix, which a crashed batch left behind, from every host, and
+lists what it removed. It removes running VMs too: run it when no batch of
+that prefix is going on.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,8 +17,7 @@ import (
 // Python would run OSWorld's evaluators, which metrics and getters import
 // (and why not), which run natively, and which tasks would be refused.
 func runGrader(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("legato rl grader", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl grader", stderr)
 	var (
 		cfg      grade.CheckConfig
 		mode     string
@@ -33,8 +31,7 @@ func runGrader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&tasks, "tasks", "", "tasks file to check, as collect takes it: its tasks that would be refused make the exit status 1")
 	fs.StringVar(&cacheDir, "cache-dir", "", "collect's cache directory, where the checkout's compiled evaluators are kept (default: legato/osworld in the user cache directory)")
 	fs.BoolVar(&asJSON, "json", false, "write the report as JSON")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl grader [--osworld DIR] [--python PY] [--tasks FILE] [flags]
+	setUsage(fs, `Usage: legato rl grader [--osworld DIR] [--python PY] [--tasks FILE] [flags]
 
 Says what will grade where, before any VM starts: which Python runs
 OSWorld's evaluators, which metrics and getters import with it (and the
@@ -43,10 +40,7 @@ batch would refuse. It starts one Python process, which imports every
 evaluator module as a batch's grader workers do. Exit status: 0 when every
 task can be graded, 1 when some would be refused, 2 for a bad command line.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -28,9 +28,16 @@ type osworldFlags struct {
 // registerVMPlace binds where a run's VMs live and what they are called:
 // the flags gc shares with collect.
 func registerVMPlace(fs *flag.FlagSet, c *vm.Config) {
-	fs.StringVar(&c.URI, "libvirt-uri", vm.DefaultURI, "libvirt connection of the VMs (a local unix socket)")
+	fs.Func("host", "a libvirt host of the VMs, `URI[,desktops=N]`; repeat the flag for several (URI: qemu:///system, the default; qemu+ssh://USER@HOST/system; qemu+tls://HOST/system,ssh=USER@HOST). Desktops spread over the hosts by free slots", func(s string) error {
+		h, err := vm.ParseHostSpec(s)
+		if err != nil {
+			return err
+		}
+		c.Hosts = append(c.Hosts, h)
+		return nil
+	})
 	fs.StringVar(&c.NamePrefix, "vm-prefix", vm.DefaultNamePrefix, "name prefix of this run's VMs; a run removes every VM with its prefix left by a crashed one, so concurrent runs need different prefixes")
-	fs.StringVar(&c.OverlayDir, "overlay-dir", vm.DefaultOverlayDir, "directory of the VMs' overlays and console logs (readable by QEMU's user)")
+	fs.StringVar(&c.StoragePool, "storage-pool", vm.DefaultStoragePool, "libvirt storage pool (`name`) on every host of the image files and the VMs' overlays and console logs; created as a directory pool where missing")
 }
 
 // Register defines the backend's flags on fs.

@@ -53,8 +53,8 @@ func parseOSWorld(args []string) (osworld.Config, error) {
 func TestOSWorldFlags(t *testing.T) {
 	img := testImageDir(t)
 	osw := t.TempDir()
-	vmDefaults := vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, VCPUs: vm.DefaultVCPUs,
-		MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, OverlayDir: vm.DefaultOverlayDir}
+	vmDefaults := vm.Config{NamePrefix: vm.DefaultNamePrefix, VCPUs: vm.DefaultVCPUs,
+		MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool}
 	tests := []struct {
 		name string
 		args []string
@@ -63,11 +63,13 @@ func TestOSWorldFlags(t *testing.T) {
 	}{
 		{
 			name: "test guest directory",
-			args: []string{"--image", img, "--vcpus", "2", "--memory", "1536", "--accel", "tcg", "--no-fast-reset", "--boot-timeout", "90"},
+			args: []string{"--image", img, "--vcpus", "2", "--memory", "1536", "--accel", "tcg", "--no-fast-reset", "--boot-timeout", "90",
+				"--host", "qemu:///system,desktops=2", "--host", "qemu+ssh://root@10.0.0.7/system,desktops=16", "--storage-pool", "images"},
 			want: osworld.Config{
-				VM: vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+				VM: vm.Config{Hosts: []vm.HostSpec{{URI: "qemu:///system", Desktops: 2}, {URI: "qemu+ssh://root@10.0.0.7/system", Desktops: 16}},
+					NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
 					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
-					VCPUs: 2, MemoryMiB: 1536, Accel: vm.AccelTCG, OverlayDir: vm.DefaultOverlayDir},
+					VCPUs: 2, MemoryMiB: 1536, Accel: vm.AccelTCG, StoragePool: "images"},
 				BootTimeout: 90 * time.Second,
 				NoFastReset: true,
 				Grade:       osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
@@ -90,9 +92,9 @@ func TestOSWorldFlags(t *testing.T) {
 			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
 				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots"},
 			want: osworld.Config{
-				VM: vm.Config{URI: vm.DefaultURI, NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
 					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
-					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, OverlayDir: vm.DefaultOverlayDir},
+					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool},
 				BootTimeout: osworld.DefaultBootTimeout,
 				FastReset: osworld.FastResetConfig{
 					Restore: append(osworld.DefaultRestoreDirs(), "/srv/data", "/var/games"),
@@ -146,6 +148,9 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"boot timeout negative", append(guest, "--boot-timeout", "-10s"), "-boot-timeout"},
 		{"grade workers", append(guest, "--grade-workers", "-1"), `invalid value "-1" for flag -grade-workers: want an integer from 0 to 64`},
 		{"bad vm prefix", []string{"--image", img, "--vm-prefix", "../x"}, "name prefix"},
+		{"bad host", []string{"--image", img, "--host", "qemu+ssh://h/system?no_verify=1"}, `invalid value "qemu+ssh://h/system?no_verify=1" for flag -host`},
+		{"host desktops", []string{"--image", img, "--host", "qemu:///system,desktops=0"}, "desktops=0"},
+		{"same host twice", []string{"--image", img, "--host", "qemu+ssh://h/system", "--host", "qemu+ssh://h/system"}, "give each its own name"},
 		{"restore relative", append(guest, "--fast-reset-restore", "tmp"), `FastReset.Restore (--fast-reset-restore): "tmp"`},
 		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
 		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
@@ -178,7 +183,7 @@ func TestGCFlags(t *testing.T) {
 			listed = append(listed, strings.Fields(line)[0])
 		}
 	}
-	if diff := cmp.Diff([]string{"-libvirt-uri", "-overlay-dir", "-vm-prefix"}, listed); diff != "" {
+	if diff := cmp.Diff([]string{"-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
 		t.Errorf("gc -h flags (-want +got):\n%s", diff)
 	}
 	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})

@@ -23,14 +23,12 @@ type probeCommand struct {
 }
 
 func (c *probeCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl probe", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl probe", stderr)
 	fs.StringVar(&c.cfg.BaseURL, "policy-url", "", "the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (required)")
 	fs.StringVar(&c.cfg.Model, "model", "", "the model `name` the server serves the policy under (required)")
 	durationVar(fs, &c.cfg.StepTimeout, "step-timeout", policy.DefaultStepTimeout, time.Second, 24*time.Hour, "bound on each request")
 	intVar(fs, &c.opts.ImageMax, "image-max", probe.DefaultImageMax, 1, rl.MaxImageMax, "screenshots to send in one prompt: the --image-max collect will use")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: legato rl probe --policy-url URL --model M [--step-timeout D] [--image-max N]
+	setUsage(fs, fmt.Sprintf(`Usage: legato rl probe --policy-url URL --model M [--step-timeout D] [--image-max N]
 
 Sends the model server a text request, an image request, a request with
 --image-max screenshots and the text request again, and reports whether it
@@ -38,10 +36,7 @@ returns what training needs: logprobs, exact token ids, cached-token
 reporting, image input. Exits 1 when it cannot serve trainable data. The
 key, if any, is read from $%s.
 
-Flags:
-`, policy.KeyEnv)
-		fs.PrintDefaults()
-	}
+`, policy.KeyEnv))
 	return fs
 }
 

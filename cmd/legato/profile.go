@@ -18,21 +18,16 @@ type profileCommand struct {
 }
 
 func (c *profileCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl profile", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl profile", stderr)
 	fs.StringVar(&c.html, "html", "", "also write a self-contained HTML page (timeline, phases, latency histogram) to `FILE`")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl profile DIR [--html FILE]
+	setUsage(fs, `Usage: legato rl profile DIR [--html FILE]
 
 Reports where the batch in the run directory DIR spent its time: attempts by
 status, success rate, time by phase and how long the model server sat idle
 in each, model-call latency, prefix-cache hit rate, and per-desktop use.
 Flags may come before or after DIR.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs
 }
 

@@ -31,7 +31,8 @@ func commands() []command {
 		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
 		{"export", "write a run's training samples, with GRPO group advantages", new(exportCommand).Run},
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", new(profileCommand).Run},
-		{"gc", "remove the VMs and disk overlays a crashed batch left behind", new(gcCommand).Run},
+		{"hosts", "list the libvirt hosts (answers? cap, image held?); hosts sync uploads the image to them", new(hostsCommand).Run},
+		{"gc", "remove the VMs and their volumes a crashed batch left behind on each host", new(gcCommand).Run},
 		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", new(servePolicyCommand).Run},
 		{"help", "show this help, or the help of one subcommand", runHelp},
 	}

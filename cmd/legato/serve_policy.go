@@ -26,8 +26,7 @@ type servePolicyCommand struct {
 }
 
 func (c *servePolicyCommand) flagSet(stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("legato rl serve-policy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("legato rl serve-policy", stderr)
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8000", "loopback `address` to listen on (port 0: any free port)")
 	choiceVar(fs, &c.dialect, "dialect", string(policytest.VLLM), []string{string(policytest.VLLM), string(policytest.SGLang), string(policytest.OpenAI)}, "wire `dialect`")
 	fs.StringVar(&c.version, "version", string(policytest.Latest), "the dialect's `release` to answer as: vllm 0.10.1, 0.10.2 or latest; sglang 0.4, 0.5.13 or latest")
@@ -41,18 +40,14 @@ func (c *servePolicyCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.TextVar(&c.fault, "fault", policytest.NoFault, "`fault` to inject: none, hang, 500, 429, refuse-field, ignore-field, flat-error, 401-string, malformed-json, truncated-body, slow-first-byte, no-logprobs, logprobs-mismatch, validation-400")
 	intVar(fs, &c.every, "fault-every", 1, 1, math.MaxInt, "inject the fault on every n-th request")
 	fs.BoolVar(&c.requireKey, "require-key", false, "require the bearer key from $"+policy.KeyEnv)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: legato rl serve-policy [--addr 127.0.0.1:8000] [flags]
+	setUsage(fs, `Usage: legato rl serve-policy [--addr 127.0.0.1:8000] [flags]
 
 Serves a scripted model over the OpenAI chat-completions API on a loopback
 port until interrupted: replies with token ids and logprobs, a prefix cache
 that reports cached tokens, a latency model and injectable faults, in the
 dialect of vLLM, SGLang or OpenAI. No GPU, no weights.
 
-Flags:
 `)
-		fs.PrintDefaults()
-	}
 	return fs
 }
 

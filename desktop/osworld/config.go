@@ -175,6 +175,19 @@ type Config struct {
 	// PrepareTimeout bounds the preparation of a freshly booted VM before
 	// its snapshot (default 3m).
 	PrepareTimeout time.Duration
+
+	// NoImageUpload makes a host that lacks the image files (VM.BaseImage,
+	// Kernel, Initrd) an error instead of uploading them to it when the
+	// pool starts (`legato rl hosts sync` uploads them ahead).
+	NoImageUpload bool
+	// HostWait bounds how long a new desktop waits for a host with a free
+	// slot while every host is full or down (default 10m); then its
+	// creation fails.
+	HostWait time.Duration
+	// HostRetryMax caps the backoff between tries of a host that stopped
+	// answering (default 1m; the first try is after 1s, each failed one
+	// doubles the wait).
+	HostRetryMax time.Duration
 	// Logger receives the desktops' lifecycle and warnings (default:
 	// discard).
 	Logger *slog.Logger
@@ -357,8 +370,21 @@ func DefaultCacheDir() string {
 func (c Config) vmMode() bool { return len(c.Guests) == 0 }
 
 // Slots returns how many desktops the configuration can run at once: the
-// number of guests given by URL, or 0 for no limit (VMs).
-func (c Config) Slots() int { return len(c.Guests) }
+// number of guests given by URL, or the sum of the hosts' caps, or 0 for no
+// limit (a host without a cap).
+func (c Config) Slots() int {
+	if !c.vmMode() {
+		return len(c.Guests)
+	}
+	n := 0
+	for _, h := range c.VM.Hosts {
+		if h.Desktops == 0 {
+			return 0
+		}
+		n += h.Desktops
+	}
+	return n
+}
 
 // withDefaults returns c with its zero fields set to their defaults.
 func (c Config) withDefaults() Config {
@@ -394,6 +420,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PrepareTimeout <= 0 {
 		c.PrepareTimeout = DefaultPrepareTimeout
+	}
+	if c.HostWait <= 0 {
+		c.HostWait = DefaultHostWait
+	}
+	if c.HostRetryMax <= 0 {
+		c.HostRetryMax = DefaultHostRetryMax
+	}
+	if c.vmMode() && len(c.VM.Hosts) == 0 {
+		c.VM.Hosts = []vm.HostSpec{{URI: vm.DefaultURI}}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -511,7 +546,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"BootTimeout", c.BootTimeout}, {"PrepareTimeout", c.PrepareTimeout}} {
+	}{{"BootTimeout", c.BootTimeout}, {"PrepareTimeout", c.PrepareTimeout}, {"HostWait", c.HostWait}, {"HostRetryMax", c.HostRetryMax}} {
 		if d.v < 0 {
 			add("%s %v: want ≥ 0 (0 means the default)", d.name, d.v)
 		}

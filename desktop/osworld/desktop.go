@@ -57,6 +57,10 @@ type Desktop struct {
 	grader *grade.Grader
 	log    *slog.Logger
 	tmpDir string
+	// host names the VM's host ("" for a guest given by URL); fwd are the
+	// grader's forwards to a remote host's guest ports.
+	host string
+	fwd  forwards
 	// release tells the pool the desktop is gone.
 	release func()
 
@@ -459,12 +463,16 @@ func (d *Desktop) Close() error {
 				errs = append(errs, fmt.Errorf("close grader: %w", err))
 			}
 		}
+		d.fwd.close()
 		if d.vm != nil {
 			if err := d.vm.Close(); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		d.guest.CloseIdleConnections()
+		if d.setup != nil && d.setup.Browser != nil {
+			d.setup.Browser.CloseIdleConnections()
+		}
 		if d.tmpDir != "" {
 			if err := os.RemoveAll(d.tmpDir); err != nil {
 				errs = append(errs, err)

@@ -4,12 +4,22 @@
 // already running elsewhere (under Docker, on another host).
 //
 // A Pool makes one Desktop per worker slot; Pool.New is the batch's
-// desktop.Factory. In VM mode the pool first removes the VMs a crashed run
-// left behind (by name prefix), then boots each VM on its own overlay,
-// waits for a settled screen, sets the guest clock, records the clean state
-// (below) and takes the clean snapshot. A guest given by URL is attached as
-// it is, and its clean state recorded then (kept when an earlier run
-// recorded it in the same boot).
+// desktop.Factory. In VM mode the pool first readies each of its libvirt
+// hosts (the image files uploaded where missing, the VMs a crashed run left
+// behind removed by name prefix), then boots each VM on its own overlay on
+// the host with the most free slots, waits for a settled screen, sets the
+// guest clock, records the clean state (below) and takes the clean
+// snapshot. A guest given by URL is attached as it is, and its clean state
+// recorded then (kept when an earlier run recorded it in the same boot).
+//
+// # Hosts
+//
+// A remote host's guest ports stay on its 127.0.0.1: the guest client, the
+// setup's Chrome DevTools client and the grader reach them through the
+// host's SSH connection (OSWorld's Python getters through local forwards).
+// A host that stops answering fails its desktops at once and takes no new
+// ones; it is tried again with backoff, and when it answers, what the batch
+// left there is swept and it takes desktops again.
 //
 // # The clean state and the fast reset
 //

@@ -9,8 +9,9 @@ import (
 )
 
 // GC removes the VMs of cfg.VM's name prefix that a crashed run left
-// behind (domains, overlays, console logs), and writes one line per VM to
-// w. It only needs cfg.VM's URI, NamePrefix and OverlayDir. Run it when no
+// behind on each of cfg.VM.Hosts (domains, overlay and console log
+// volumes), and writes one line per VM to w. It only needs cfg.VM's Hosts,
+// NamePrefix and StoragePool. Run it when no
 // run of that prefix is going on: it removes running VMs too.
 func GC(ctx context.Context, cfg Config, w io.Writer) error {
 	if len(cfg.Guests) > 0 {
@@ -18,7 +19,7 @@ func GC(ctx context.Context, cfg Config, w io.Writer) error {
 		return err
 	}
 	left, err := vm.List(ctx, cfg.VM)
-	if err != nil {
+	if err != nil && len(left) == 0 {
 		return fmt.Errorf("list leftover VMs: %w", err)
 	}
 	if len(left) == 0 {
@@ -31,7 +32,7 @@ func GC(ctx context.Context, cfg Config, w io.Writer) error {
 		done[n] = true
 	}
 	for _, l := range left {
-		what := "files only"
+		what := "volumes only"
 		switch {
 		case l.Running:
 			what = "running domain"
@@ -42,7 +43,7 @@ func GC(ctx context.Context, cfg Config, w io.Writer) error {
 		if !done[l.Name] {
 			verb = "NOT removed"
 		}
-		if _, werr := fmt.Fprintf(w, "%s %s (%s; %d files)\n", verb, l.Name, what, len(l.Files)); werr != nil {
+		if _, werr := fmt.Fprintf(w, "%s %s on %s (%s; %d volumes)\n", verb, l.Name, l.Host, what, len(l.Volumes)); werr != nil {
 			return werr
 		}
 	}

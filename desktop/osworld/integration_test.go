@@ -103,7 +103,6 @@ func itConfig(t *testing.T, prefix string) Config {
 			Cmdline:    strings.TrimSpace(string(cmdline)),
 			VCPUs:      2,
 			MemoryMiB:  1536,
-			OverlayDir: "/var/tmp/legato-osworld-it",
 		},
 		BootTimeout: 4 * time.Minute,
 		CacheDir:    t.TempDir(),
@@ -727,20 +726,17 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 		t.Errorf("the crashed VM's port %d still listens", port)
 	}
 
-	// legato rl gc: an orphan overlay of the prefix (its domain already
-	// gone) is listed and removed.
-	if err := os.MkdirAll(cfg.VM.OverlayDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	// legato rl gc: an orphan overlay volume of the prefix (its domain
+	// already gone) is listed and removed.
 	orphan := cfg.VM.NamePrefix + "9-deadbeef"
-	if err := os.WriteFile(filepath.Join(cfg.VM.OverlayDir, orphan+".qcow2"), nil, 0o644); err != nil {
-		t.Fatal(err)
+	if out, err := exec.Command("virsh", "-q", "-c", "qemu:///system", "vol-create-as", vm.DefaultStoragePool, orphan+".qcow2", "1M", "--format", "qcow2").CombinedOutput(); err != nil {
+		t.Fatalf("make an orphan overlay: %v: %s", err, out)
 	}
 	var gcOut strings.Builder
 	if err := GC(ctx, cfg, &gcOut); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff("removed "+orphan+" (files only; 1 files)\n", gcOut.String()); diff != "" {
+	if diff := cmp.Diff("removed "+orphan+" on local (volumes only; 1 volumes)\n", gcOut.String()); diff != "" {
 		t.Errorf("gc output (-want +got):\n%s", diff)
 	}
 	gcOut.Reset()

@@ -34,15 +34,29 @@ type Pool struct {
 	catalog   *grade.Catalog
 	graders   *grade.Pool // nil when grading natively only
 
+	// hosts are the libvirt hosts of VM mode. stopProbes, stopCtx and
+	// probes run the probes of hosts that are down.
+	hosts      []*poolHost
+	stopProbes chan struct{}
+	stopCtx    context.Context
+	stopNow    context.CancelFunc
+	probes     sync.WaitGroup
+
 	mu     sync.Mutex
 	closed bool
 	open   map[*Desktop]int // open desktop → slot
+	// changed is closed (and replaced) whenever a host's state or load
+	// changes, waking desktops that wait for a slot.
+	changed chan struct{}
 }
 
-// NewPool checks cfg and prepares the shared parts. In VM mode it first
-// removes what a crashed run left behind: every domain and overlay with
-// cfg.VM.NamePrefix (so runs sharing a host at the same time need
-// different prefixes). With an OSWorld checkout it starts the grader
+// NewPool checks cfg and prepares the shared parts. In VM mode it
+// connects to each of cfg.VM.Hosts, uploads the image files to the hosts
+// that lack them (unless NoImageUpload), and removes what a crashed run
+// left behind: every domain and volume of VMs with cfg.VM.NamePrefix (so
+// runs sharing a host at the same time need different prefixes). A host
+// that does not answer is tried again in the background; only when none
+// does is it an error. With an OSWorld checkout it starts the grader
 // processes every desktop shares (cfg.Grade.Workers of them) and waits for
 // the first, which lists the evaluators the checkout provides; the others
 // get ready while the desktops boot.
@@ -51,19 +65,18 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("osworld config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	p := &Pool{cfg: cfg, log: cfg.Logger, open: map[*Desktop]int{}}
+	p := &Pool{cfg: cfg, log: cfg.Logger, open: map[*Desktop]int{}, changed: make(chan struct{})}
+	p.stopCtx, p.stopNow = context.WithCancel(context.Background())
 	if cfg.vmMode() {
-		removed, err := vm.Sweep(ctx, cfg.VM)
-		if err != nil {
-			return nil, fmt.Errorf("remove the VMs of an earlier run: %w", err)
-		}
-		if len(removed) > 0 {
-			p.log.Warn("removed VMs left behind by an earlier run", "vms", removed)
+		if err := p.openHosts(ctx); err != nil {
+			p.stopNow()
+			return nil, err
 		}
 	}
 	var err error
 	p.downloads, err = setup.NewCache(filepath.Join(cfg.CacheDir, "downloads"), setup.CacheOptions{Logger: cfg.Logger})
 	if err != nil {
+		p.closeHosts()
 		return nil, fmt.Errorf("download cache: %w", err)
 	}
 	if cfg.Grade.OSWorldDir != "" && cfg.Grade.Mode != grade.NativeOnly {
@@ -75,11 +88,13 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 			Logger:      cfg.Logger,
 		})
 		if err != nil {
+			p.closeHosts()
 			return nil, err
 		}
 		p.catalog, err = grade.LoadCatalog(ctx, p.graderConfig())
 		if err != nil {
 			p.graders.Close()
+			p.closeHosts()
 			return nil, fmt.Errorf("list the OSWorld checkout's evaluators: %w", err)
 		}
 	} else {
@@ -182,10 +197,20 @@ func (p *Pool) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 
 	var (
 		d   *Desktop
+		ph  *poolHost
 		err error
 	)
 	if p.cfg.vmMode() {
-		d, err = p.startVM(ctx, slot)
+		if ph, err = p.acquire(ctx); err != nil {
+			return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot), Err: err}
+		}
+		d, err = p.startVM(ctx, slot, ph)
+		if err != nil {
+			p.release(ph, "")
+			if hostFailure(err) && ctx.Err() == nil {
+				p.hostDown(ph, err)
+			}
+		}
 	} else {
 		d, err = p.attach(ctx, p.cfg.Guests[slot])
 	}
@@ -196,14 +221,23 @@ func (p *Pool) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 	if p.closed {
 		p.mu.Unlock()
 		d.Close()
+		if ph != nil {
+			p.release(ph, d.name)
+		}
 		return nil, errors.New("desktop pool closed")
 	}
 	p.open[d] = slot
+	if ph != nil {
+		ph.vms[d.name] = true
+	}
 	p.mu.Unlock()
 	d.release = func() {
 		p.mu.Lock()
 		delete(p.open, d)
 		p.mu.Unlock()
+		if ph != nil {
+			p.release(ph, d.name)
+		}
 	}
 	if d.vm != nil {
 		return &VMDesktop{d}, nil
@@ -216,6 +250,7 @@ func (p *Pool) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	p.closed = true
+	p.notifyLocked()
 	ds := make([]*Desktop, 0, len(p.open))
 	for d := range p.open {
 		ds = append(ds, d)
@@ -231,6 +266,9 @@ func (p *Pool) Close() error {
 		if err := p.graders.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close grader pool: %w", err))
 		}
+	}
+	if err := p.closeHosts(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -284,7 +322,7 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 	if rec.Windows == nil && !rec.Kept {
 		p.log.Warn("fast resets cannot check the guest's windows", "guest", addr.URL, "why", rec.WindowsWhy)
 	}
-	d, err := p.newDesktop(ctx, addr.URL, addr, c, sh, nil)
+	d, err := p.newDesktop(ctx, addr.URL, addr, c, sh, nil, nil)
 	if err != nil {
 		return nil, fail("attach", err)
 	}
@@ -294,24 +332,32 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 // startVM boots the VM of a slot. The VM takes its clean snapshot once the
 // guest answers; the probe it calls first makes the home baseline and waits
 // for a settled screen, so that the snapshot holds both.
-func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
+func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, error) {
 	// A failed preparation cancels the boot with its error: the probe
 	// would otherwise be retried until the boot timeout.
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel}
+	var dial dialFunc
+	if ph.h.Remote() {
+		dial = ph.h.DialContext
+	}
+	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel, dial: dial}
 	vcfg := p.cfg.VM
 	vcfg.Ready = prep.ready
 	vcfg.BootTimeout = p.cfg.BootTimeout
-	v, err := vm.Start(sctx, vcfg, slot)
+	v, err := vm.StartOn(sctx, ph.h, vcfg, slot)
 	prep.done.Store(true)
 	prep.forgetOffset()
 	if err != nil {
-		return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot), Err: err}
+		return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot) + " on " + ph.name(), Err: err}
 	}
 	ports := v.Ports()
 	addr := GuestAddr{URL: ports.GuestURL(), DevToolsPort: ports.DevTools, VLCPort: ports.VLC}
-	c, err := guest.New(addr.URL, guest.Options{Timeouts: p.cfg.GuestTimeouts, Logger: p.cfg.Logger})
+	opts := guest.Options{Timeouts: p.cfg.GuestTimeouts, Logger: p.cfg.Logger}
+	if dial != nil {
+		opts.HTTPClient = hostHTTP(dial, true)
+	}
+	c, err := guest.New(addr.URL, opts)
 	if err == nil {
 		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 		var d *Desktop
@@ -319,10 +365,11 @@ func (p *Pool) startVM(ctx context.Context, slot int) (*Desktop, error) {
 		// time.
 		err = sh.setClock(ctx)
 		if err == nil {
-			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v)
+			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v, dial)
 		}
 		if err == nil {
 			d.fresh = true
+			d.host = ph.name()
 			d.probe = prep
 			return d, nil
 		}
@@ -350,6 +397,8 @@ type vmPrep struct {
 	prepared bool
 	asRoot   bool
 	client   *guest.Client
+	// dial reaches the VM's host (nil: this machine).
+	dial dialFunc
 
 	mu     sync.Mutex
 	off    time.Duration // the guest clock's offset the last probe measured
@@ -381,12 +430,13 @@ func (v *vmPrep) forgetOffset() {
 
 func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 	if v.client == nil {
-		c, err := guest.New(ports.GuestURL(), guest.Options{
-			// No keep-alive: a probe's connection must not outlive a
-			// revert of the guest behind it.
-			HTTPClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
-			Timeouts:   v.pool.cfg.GuestTimeouts,
-		})
+		// No keep-alive: a probe's connection must not outlive a revert
+		// of the guest behind it.
+		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		if v.dial != nil {
+			hc = hostHTTP(v.dial, false)
+		}
+		c, err := guest.New(ports.GuestURL(), guest.Options{HTTPClient: hc, Timeouts: v.pool.cfg.GuestTimeouts})
 		if err != nil {
 			return err
 		}
@@ -466,7 +516,10 @@ func (v *vmPrep) prepare(ctx context.Context) error {
 }
 
 // newDesktop assembles a desktop around a guest that answers.
-func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *guest.Client, sh *guestShell, v *vm.VM) (*Desktop, error) {
+// dial, when not nil, reaches the guest's ports on a remote host: the
+// setup's Chrome DevTools client uses it, and the grader's Python getters
+// get local forwards through it.
+func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *guest.Client, sh *guestShell, v *vm.VM, dial dialFunc) (*Desktop, error) {
 	w, h, err := c.ScreenSize(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("screen size: %w", err)
@@ -486,16 +539,38 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		ClientPassword: p.cfg.ClientPassword,
 		Logger:         log,
 	}
+	var fwd forwards
+	fail := func(err error) (*Desktop, error) {
+		fwd.close()
+		os.RemoveAll(tmp)
+		return nil, err
+	}
 	if ep := addr.devToolsEndpoint(); ep != "" {
-		ctrl.Browser, err = cdp.New(ep, nil)
+		var hc *http.Client
+		if dial != nil {
+			hc = hostHTTP(dial, true)
+		}
+		ctrl.Browser, err = cdp.New(ep, hc)
 		if err != nil {
-			os.RemoveAll(tmp)
-			return nil, fmt.Errorf("devtools endpoint: %w", err)
+			return fail(fmt.Errorf("devtools endpoint: %w", err))
 		}
 	}
 	gcfg := p.graderConfig()
 	gcfg.CacheDir = filepath.Join(tmp, "grade")
 	gcfg.Env = grade.Env{Host: addr.host(), ServerPort: addr.serverPort(), ChromiumPort: addr.DevToolsPort, VLCPort: addr.VLCPort}
+	if dial != nil && p.graders != nil {
+		// OSWorld's getters connect to the ports themselves.
+		env := grade.Env{Host: "127.0.0.1"}
+		for _, f := range []struct {
+			port int
+			to   *int
+		}{{addr.serverPort(), &env.ServerPort}, {addr.DevToolsPort, &env.ChromiumPort}, {addr.VLCPort, &env.VLCPort}} {
+			if *f.to, err = fwd.add(dial, addr.host(), f.port); err != nil {
+				return fail(fmt.Errorf("forward a guest port for the grader: %w", err))
+			}
+		}
+		gcfg.Env = env
+	}
 	gcfg.Guest = grade.GuestClient(c)
 	gcfg.Logger = log
 	gcfg.PostConfig = func(ctx context.Context, task desktop.Task, steps []desktop.SetupStep, cacheDir string) error {
@@ -505,8 +580,7 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 	}
 	g, err := grade.New(gcfg)
 	if err != nil {
-		os.RemoveAll(tmp)
-		return nil, fmt.Errorf("grader: %w", err)
+		return fail(fmt.Errorf("grader: %w", err))
 	}
 	d := &Desktop{
 		name:   name,
@@ -518,6 +592,7 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		grader: g,
 		log:    log,
 		tmpDir: tmp,
+		fwd:    fwd,
 		warned: map[string]bool{},
 	}
 	d.closeCtx, d.closeNow = context.WithCancel(context.Background())

@@ -9,14 +9,20 @@ import (
 var _ desktop.Reporter = (*Desktop)(nil)
 
 // AttemptReport says what the desktop did for the attempt since its last
-// Reset: which reset ran and why (LastReset's kind and reason) and how each
-// metric of the last Evaluate ran, natively or through OSWorld's Python.
+// Reset: which reset ran and why (LastReset's kind and reason) and how
+// each metric of the last Evaluate ran, natively or through OSWorld's
+// Python; and where: the VM's host and name.
 func (d *Desktop) AttemptReport() desktop.AttemptReport {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return desktop.AttemptReport{
+	r := desktop.AttemptReport{
 		Reset:    d.lastReset.Kind,
 		ResetWhy: d.lastReset.Why,
 		Grading:  slices.Clone(d.lastGrading),
+		Host:     d.host,
 	}
+	if d.vm != nil {
+		r.VM = d.name
+	}
+	return r
 }

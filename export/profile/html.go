@@ -87,6 +87,9 @@ type (
 		Phases                           phasesView
 		Latency                          histView
 		Warnings                         []string
+		// HostPhases and Hosts are the per-host breakdown.
+		HostPhases []string
+		Hosts      []hostRow
 	}
 	countView struct {
 		Status schema.Status
@@ -158,6 +161,11 @@ func newView(r *Report) *view {
 	if s.Final {
 		v.State = "final"
 	}
+	phases, hosts := hostTable(s)
+	for _, ph := range phases {
+		v.HostPhases = append(v.HostPhases, shortPhase(ph))
+	}
+	v.Hosts = hosts
 	for _, st := range statusOrder() {
 		v.Counts = append(v.Counts, countView{st, statusColor(st), s.Counts[st]})
 		v.StatusLegend = append(v.StatusLegend, legendView{string(st), statusColor(st)})
@@ -434,6 +442,18 @@ svg .tick { stroke: #ddd; }
 <tr><td>prefix-cache hit rate</td><td>{{.CacheHit}} <svg width="244" height="12"><rect x="0" y="1" width="240" height="10" fill="#e0e0e0"/><rect x="0" y="1" width="{{.CacheHitW}}" height="10" fill="#4e79a7"/></svg></td></tr>
 </table>
 </div>
+{{- if .Hosts}}
+<div>
+<h2>Hosts</h2>
+<div class="meta">time: mean seconds per try</div>
+<table class="numbers" id="hosts">
+<tr><th>host</th><th>desktops</th><th>tries</th><th>finished</th><th>failures</th>{{range .HostPhases}}<th>{{.}}</th>{{end}}</tr>
+{{- range .Hosts}}
+<tr><td>{{.Name}}</td><td>{{.Desktops}}</td><td>{{.Attempts}}</td><td>{{.Finished}}</td><td>{{.Failures}}</td>{{range .Mean}}<td>{{.}}</td>{{end}}</tr>
+{{- end}}
+</table>
+</div>
+{{- end}}
 </div>
 </body>
 </html>

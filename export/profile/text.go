@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,6 +100,22 @@ func WriteText(w io.Writer, r *Report) error {
 		percent(s.StepsWithLogprobs), percent(s.StepsWithTokenIDs), percent(s.StepsWithExactTokenIDs),
 		orDash(string(s.TokenIDSource)), percent(s.StepsWithPromptTokenIDs))
 
+	if phases, rows := hostTable(s); len(rows) > 0 {
+		p("Hosts (time: mean seconds per try)\n")
+		p("  %-16s %8s %6s %8s %8s", "host", "desktops", "tries", "finished", "failures")
+		for _, ph := range phases {
+			p(" %9s", shortPhase(ph))
+		}
+		p("\n")
+		for _, r := range rows {
+			p("  %-16s %8d %6d %8d %8d", r.Name, r.Desktops, r.Attempts, r.Finished, r.Failures)
+			for _, m := range r.Mean {
+				p(" %9s", m)
+			}
+			p("\n")
+		}
+		p("\n")
+	}
 	if len(r.Desktops) > 0 {
 		p("Desktops (busy: share of the wall time spent in attempts)\n")
 		for _, d := range r.Desktops {
@@ -113,6 +131,57 @@ func WriteText(w io.Writer, r *Report) error {
 		p("warning: %d unreadable line(s) of rollouts.jsonl were skipped; first: %v\n", r.Read.TornLines, r.Read.FirstTorn)
 	}
 	return bw.Flush()
+}
+
+// hostRow is one host's line of the per-host breakdown.
+type hostRow struct {
+	Name                                   string
+	Desktops, Attempts, Finished, Failures int
+	// Mean is the mean seconds per try of each phase the table shows.
+	Mean []string
+}
+
+// hostTable returns the phases any host spent time in, in attempt order,
+// and a row per host, sorted by name.
+func hostTable(s *schema.Summary) ([]string, []hostRow) {
+	var phases []string
+	for _, ph := range export.Phases() {
+		for _, h := range s.Hosts {
+			if h.PhaseS[ph] > 0 {
+				phases = append(phases, ph)
+				break
+			}
+		}
+	}
+	var rows []hostRow
+	for _, name := range slices.Sorted(maps.Keys(s.Hosts)) {
+		h := s.Hosts[name]
+		r := hostRow{Name: name, Desktops: h.Desktops, Attempts: h.Attempts, Finished: h.Finished, Failures: h.Failures}
+		for _, ph := range phases {
+			mean := 0.0
+			if h.Attempts > 0 {
+				mean = h.PhaseS[ph] / float64(h.Attempts)
+			}
+			r.Mean = append(r.Mean, duration(mean))
+		}
+		rows = append(rows, r)
+	}
+	return phases, rows
+}
+
+// shortPhase names a phase in a table heading.
+func shortPhase(phase string) string {
+	switch phase {
+	case export.PhaseWaitAfterReset:
+		return "settle"
+	case export.PhaseQueue:
+		return "queue"
+	case export.PhaseWait:
+		return "wait"
+	case export.PhaseWaitBeforeEval:
+		return "pre-grade"
+	}
+	return phaseLabel(phase)
 }
 
 func orDash(s string) string {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,7 +17,8 @@ const (
 	DefaultNamePrefix   = "legato-"
 	DefaultVCPUs        = 4
 	DefaultMemoryMiB    = 4096
-	DefaultOverlayDir   = "/var/tmp/legato"
+	DefaultStoragePool  = "legato"
+	DefaultPoolDir      = "/var/lib/libvirt/images/legato"
 	DefaultCallTimeout  = 60 * time.Second
 	DefaultBootTimeout  = 5 * time.Minute
 	DefaultReadyTry     = 2 * time.Second
@@ -71,32 +70,42 @@ type ReadyFunc func(ctx context.Context, ports Ports) error
 // Config says how to run the VMs. The zero value of each field means its
 // default; BaseImage is the only required field.
 type Config struct {
-	// URI is the libvirt connection URI (default qemu:///system). Only
-	// local unix-socket URIs are accepted: overlays and forwarded ports
-	// live on this host. "qemu+unix:///system?socket=PATH" names another
-	// socket.
-	URI string
+	// Hosts are the libvirt hosts the VMs run on (default: this machine's
+	// qemu:///system, with no cap). Start uses the first; a pool of
+	// desktops spreads its VMs over all of them.
+	Hosts []HostSpec
+	// SSH says how to log in to qemu+ssh hosts.
+	SSH SSHConfig
 	// NamePrefix starts the name of every domain, overlay and console log
 	// (default "legato-"). Sweep removes everything with the prefix, so
 	// runs that share a host at the same time need different prefixes.
 	NamePrefix string
-	// BaseImage is the qcow2 image every VM's overlay is backed by. It is
-	// only ever read.
+	// BaseImage is the local qcow2 image every VM's overlay is backed by.
+	// Each host holds it as a volume of its storage pool (SyncImages
+	// uploads it); it is only ever read.
 	BaseImage string
 	// Kernel, Initrd and Cmdline boot a kernel directly (legato's test
 	// guest) instead of from the disk with the BIOS (OSWorld's images).
-	// Initrd and Cmdline need Kernel.
+	// Initrd and Cmdline need Kernel. The kernel and initrd are local
+	// files held by each host as volumes, like the base image.
 	Kernel, Initrd, Cmdline string
 	// VCPUs (default 4) and MemoryMiB (default 4096) size each VM.
 	VCPUs     int
 	MemoryMiB int
-	// Accel chooses KVM or software emulation (default auto).
+	// Accel chooses KVM or software emulation (default auto: on this
+	// machine, KVM where it really works; on a remote host, KVM).
 	Accel Accel
-	// OverlayDir holds the overlays and console logs (default
-	// /var/tmp/legato). QEMU runs as libvirt-qemu, so it must be reachable
-	// by other users (not under /root).
-	OverlayDir string
-	// CallTimeout bounds every libvirt call and every qemu-img run
+	// StoragePool is the libvirt storage pool, on every host, of the image
+	// files, overlays and console logs (default "legato"). SyncImages
+	// creates it as a directory pool at PoolDir (default
+	// /var/lib/libvirt/images/legato) on a host that has none.
+	StoragePool string
+	PoolDir     string
+	// HashCache keeps the image files' hashes between runs, keyed by path,
+	// size and modification time (default legato/image-sums.json in the
+	// user's cache directory; "-" keeps none).
+	HashCache string
+	// CallTimeout bounds every libvirt call other than an image upload
 	// (default 60s).
 	CallTimeout time.Duration
 	// BootTimeout bounds the wait for the guest server after a boot or a
@@ -114,8 +123,6 @@ type Config struct {
 	// Ready probes the guest server. Nil means: any HTTP answer on the
 	// forwarded guest port.
 	Ready ReadyFunc
-	// QemuImg is the qemu-img program (default "qemu-img" on PATH).
-	QemuImg string
 	// Logger receives the lifecycle events (default: discard).
 	Logger *slog.Logger
 }
@@ -124,8 +131,8 @@ var namePrefixRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
-	if c.URI == "" {
-		c.URI = DefaultURI
+	if len(c.Hosts) == 0 {
+		c.Hosts = []HostSpec{{URI: DefaultURI}}
 	}
 	if c.NamePrefix == "" {
 		c.NamePrefix = DefaultNamePrefix
@@ -139,8 +146,19 @@ func (c Config) withDefaults() Config {
 	if c.Accel == "" {
 		c.Accel = AccelAuto
 	}
-	if c.OverlayDir == "" {
-		c.OverlayDir = DefaultOverlayDir
+	if c.StoragePool == "" {
+		c.StoragePool = DefaultStoragePool
+	}
+	if c.PoolDir == "" {
+		c.PoolDir = DefaultPoolDir
+	}
+	switch c.HashCache {
+	case "":
+		if dir, err := os.UserCacheDir(); err == nil {
+			c.HashCache = filepath.Join(dir, "legato", "image-sums.json")
+		}
+	case "-":
+		c.HashCache = ""
 	}
 	if c.CallTimeout == 0 {
 		c.CallTimeout = DefaultCallTimeout
@@ -160,9 +178,6 @@ func (c Config) withDefaults() Config {
 	if c.VLCPort == 0 {
 		c.VLCPort = DefaultVLCPort
 	}
-	if c.QemuImg == "" {
-		c.QemuImg = "qemu-img"
-	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -171,14 +186,13 @@ func (c Config) withDefaults() Config {
 
 // Validate reports what is wrong with the configuration, with its zero
 // fields taken as their defaults: each error names the field and what to
-// do. It also checks that the files exist and that QEMU, which runs as
-// another user, can reach them.
+// do. It also checks that the image files exist.
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
-	if _, err := socketPath(c.URI); err != nil {
+	if err := checkHostSpecs(c.Hosts); err != nil {
 		errs = append(errs, err)
 	}
 	if !namePrefixRE.MatchString(c.NamePrefix) {
@@ -186,7 +200,7 @@ func (c Config) Validate() error {
 	}
 	if c.BaseImage == "" {
 		bad("base image: not set; give the qcow2 image the VMs start from")
-	} else if err := checkReadable("base image", c.BaseImage); err != nil {
+	} else if err := checkFile("base image", c.BaseImage); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Kernel == "" {
@@ -194,11 +208,11 @@ func (c Config) Validate() error {
 			bad("initrd and kernel command line need a kernel: set the kernel too, or neither to boot from the disk")
 		}
 	} else {
-		if err := checkReadable("kernel", c.Kernel); err != nil {
+		if err := checkFile("kernel", c.Kernel); err != nil {
 			errs = append(errs, err)
 		}
 		if c.Initrd != "" {
-			if err := checkReadable("initrd", c.Initrd); err != nil {
+			if err := checkFile("initrd", c.Initrd); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -214,10 +228,11 @@ func (c Config) Validate() error {
 	default:
 		bad("accel %q: want auto, kvm or tcg", c.Accel)
 	}
-	if !filepath.IsAbs(c.OverlayDir) {
-		bad("overlay dir %q: want an absolute path", c.OverlayDir)
-	} else if err := checkTraversable("overlay dir", c.OverlayDir); err != nil {
-		errs = append(errs, err)
+	if !poolNameRE.MatchString(c.StoragePool) {
+		bad("storage pool %q: use letters, digits, '-', '_' or '.'", c.StoragePool)
+	}
+	if !filepath.IsAbs(c.PoolDir) {
+		bad("pool dir %q: want an absolute path (on the hosts)", c.PoolDir)
 	}
 	if c.CallTimeout < 0 || c.BootTimeout < 0 || c.ReadyTry < 0 {
 		bad("timeouts must not be negative")
@@ -239,31 +254,11 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// socketPath returns the unix socket a URI is reached through. Remote
-// transports are refused: overlays are created and ports forwarded on this
-// host, so the domains must run here too.
-func socketPath(uri string) (string, error) {
-	u, err := url.Parse(uri)
-	if err != nil {
-		return "", fmt.Errorf("libvirt uri %q: %w", uri, err)
-	}
-	if (u.Scheme != "qemu" && u.Scheme != "qemu+unix") || u.Host != "" || u.Opaque != "" {
-		return "", fmt.Errorf("libvirt uri %q: want a local qemu URI such as qemu:///system (the VMs' disks and ports must be on this host)", uri)
-	}
-	if s := u.Query().Get("socket"); s != "" {
-		return s, nil
-	}
-	if u.Path != "/system" {
-		return "", fmt.Errorf("libvirt uri %q: only qemu:///system has a known socket; add ?socket=PATH", uri)
-	}
-	return DefaultSocket, nil
-}
+var poolNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 
-// checkReadable reports a missing file, and a path QEMU (running as
-// libvirt-qemu) cannot reach because a parent directory is closed to
-// other users. libvirt itself gives the files to libvirt-qemu, but it does
-// not open up their directories.
-func checkReadable(what, path string) error {
+// checkFile reports a missing image file, or one that is not a regular
+// file. The hosts hold copies (volumes): QEMU never reads it here.
+func checkFile(what, path string) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("%s %q: want an absolute path", what, path)
 	}
@@ -274,23 +269,5 @@ func checkReadable(what, path string) error {
 	if !st.Mode().IsRegular() {
 		return fmt.Errorf("%s %q: not a regular file", what, path)
 	}
-	return checkTraversable(what, filepath.Dir(path))
-}
-
-// checkTraversable reports the first existing directory on path that other
-// users cannot enter. Directories that do not exist yet are created later
-// with mode 0755.
-func checkTraversable(what, path string) error {
-	for dir := filepath.Clean(path); ; dir = filepath.Dir(dir) {
-		st, err := os.Stat(dir)
-		if err == nil && st.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("%s: directory %q is closed to other users (mode %v); QEMU runs as another user (libvirt-qemu): move the file, e.g. under /var/tmp", what, dir, st.Mode().Perm())
-		}
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		if dir == "/" || dir == "." {
-			return nil
-		}
-	}
+	return nil
 }

@@ -5,21 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"sync"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/digitalocean/go-libvirt/socket/dialers"
 )
 
 // conn is one libvirt connection whose every call is bounded (see the
 // package documentation). It redials after a call had to be cut off. Safe
 // for concurrent use.
 type conn struct {
-	uri     string
-	name    libvirt.ConnectURI // what libvirtd is asked to open
-	socket  string
+	host    *Host
 	timeout time.Duration
 
 	mu sync.Mutex
@@ -27,23 +23,14 @@ type conn struct {
 	nc net.Conn         // lv's socket, closed to cut a stuck call off
 }
 
-func newConn(uri string, timeout time.Duration) (*conn, error) {
-	sock, err := socketPath(uri)
-	if err != nil {
-		return nil, err
-	}
-	u, err := url.Parse(uri)
-	if err != nil {
-		return nil, err
-	}
-	// The transport (+unix) and its query are for us, not for the daemon.
-	return &conn{uri: uri, name: libvirt.RemoteURI(u), socket: sock, timeout: timeout}, nil
+func newConn(h *Host, timeout time.Duration) *conn {
+	return &conn{host: h, timeout: timeout}
 }
 
-// capturingDialer hands go-libvirt the connection from its local dialer and
-// keeps it, so that a stuck call can be cut off by closing it.
+// capturingDialer hands go-libvirt the connection it dials and keeps it,
+// so that a stuck call can be cut off by closing it.
 type capturingDialer struct {
-	inner *dialers.Local
+	dial func() (net.Conn, error)
 
 	mu   sync.Mutex
 	conn net.Conn
@@ -51,7 +38,7 @@ type capturingDialer struct {
 }
 
 func (d *capturingDialer) Dial() (net.Conn, error) {
-	c, err := d.inner.Dial()
+	c, err := d.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -85,11 +72,13 @@ func (c *conn) client(ctx context.Context) (*libvirt.Libvirt, net.Conn, error) {
 		return c.lv, c.nc, nil
 	}
 	c.dropLocked()
-	d := &capturingDialer{inner: dialers.NewLocal(dialers.WithSocket(c.socket), dialers.WithLocalTimeout(c.timeout))}
+	// The dial may outlive ctx's call (the connection is kept), but not
+	// ctx itself while it dials.
+	d := &capturingDialer{dial: func() (net.Conn, error) { return c.host.dialLibvirt(ctx) }}
 	lv := libvirt.NewWithDialer(d)
-	err := bounded(ctx, c.timeout, func() error { return lv.ConnectToURI(c.name) }, d.cutOff)
+	err := bounded(ctx, c.timeout, func() error { return lv.ConnectToURI(c.host.ep.name) }, d.cutOff)
 	if err != nil {
-		return nil, nil, &Error{Op: "connect to libvirt", Err: fmt.Errorf("%w: %s (socket %s; is libvirtd running? .ci/libvirt-up.sh starts it): %w", ErrLibvirtUnavailable, c.uri, c.socket, err)}
+		return nil, nil, &Error{Op: "connect to libvirt", Err: fmt.Errorf("%w: host %s (%s): %w", ErrLibvirtUnavailable, c.host.ep.label, c.host.where(), err)}
 	}
 	c.lv, c.nc = lv, d.conn
 	return lv, d.conn, nil
@@ -97,11 +86,21 @@ func (c *conn) client(ctx context.Context) (*libvirt.Libvirt, net.Conn, error) {
 
 // do runs one libvirt call, bounded by ctx and the call timeout.
 func (c *conn) do(ctx context.Context, op string, fn func(lv *libvirt.Libvirt) error) error {
+	return c.run(ctx, op, c.timeout, fn)
+}
+
+// doLong runs one libvirt call that takes as long as it takes (a volume
+// upload), bounded by ctx only.
+func (c *conn) doLong(ctx context.Context, op string, fn func(lv *libvirt.Libvirt) error) error {
+	return c.run(ctx, op, 0, fn)
+}
+
+func (c *conn) run(ctx context.Context, op string, timeout time.Duration, fn func(lv *libvirt.Libvirt) error) error {
 	lv, nc, err := c.client(ctx)
 	if err != nil {
 		return err
 	}
-	err = bounded(ctx, c.timeout, func() error { return fn(lv) }, func() {
+	err = bounded(ctx, timeout, func() error { return fn(lv) }, func() {
 		// Closing the socket fails the pending call (go-libvirt's
 		// ErrInterrupted), so the goroutine returns and the next call
 		// dials again.
@@ -113,21 +112,25 @@ func (c *conn) do(ctx context.Context, op string, fn func(lv *libvirt.Libvirt) e
 	return nil
 }
 
-// bounded runs fn and waits for it; if ctx is done or timeout passes
-// first, it calls cut, which must make fn return soon, and waits for that.
-// The error then wraps ctx's error or ErrTimeout.
+// bounded runs fn and waits for it; if ctx is done or timeout (0: none)
+// passes first, it calls cut, which must make fn return soon, and waits for
+// that. The error then wraps ctx's error or ErrTimeout.
 func bounded(ctx context.Context, timeout time.Duration, fn func() error, cut func()) error {
 	done := make(chan error, 1)
 	go func() { done <- fn() }()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	var expired <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	var why error
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
 		why = context.Cause(ctx)
-	case <-timer.C:
+	case <-expired:
 		why = fmt.Errorf("%w after %v", ErrTimeout, timeout)
 	}
 	cut()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,6 +14,16 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/google/go-cmp/cmp"
 )
+
+// testConn is a conn to the libvirtd at uri.
+func testConn(t *testing.T, uri string, timeout time.Duration) *conn {
+	t.Helper()
+	h, err := OpenHost(HostSpec{URI: uri}, Config{CallTimeout: timeout}, HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.connect()
+}
 
 func lookup(ctx context.Context, c *conn, name string) (string, error) {
 	var dom libvirt.Domain
@@ -27,12 +39,9 @@ func TestConnAnswersAndClassifiesErrors(t *testing.T) {
 	f := newFakeLibvirtd(t, false, func(_, proc int) fakeReply {
 		return fakeReply{errCode: libvirtErrNoDomain, errMsg: "Domain not found: no domain with matching name 'gone'"}
 	})
-	c, err := newConn(f.uri(), 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testConn(t, f.uri(), 10*time.Second)
 	defer c.close()
-	_, err = lookup(t.Context(), c, "gone")
+	_, err := lookup(t.Context(), c, "gone")
 	if !isNoDomain(err) {
 		t.Fatalf("lookup of a missing domain: got %v, want libvirt's no-domain error", err)
 	}
@@ -54,12 +63,9 @@ func TestConnHungCallIsCutOffAndRedials(t *testing.T) {
 		}
 		return fakeReply{payload: xdrDomain("legato-0-abc")}
 	})
-	c, err := newConn(f.uri(), 300*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testConn(t, f.uri(), 300*time.Millisecond)
 	defer c.close()
-	_, err = lookup(t.Context(), c, "legato-0-abc")
+	_, err := lookup(t.Context(), c, "legato-0-abc")
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("hung call: got %v, want ErrTimeout", err)
 	}
@@ -81,17 +87,14 @@ func TestConnCallStopsWhenCtxIsCancelled(t *testing.T) {
 		called <- struct{}{}
 		return fakeReply{hang: true}
 	})
-	c, err := newConn(f.uri(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testConn(t, f.uri(), time.Hour)
 	defer c.close()
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		<-called // the call reached the daemon
 		cancel()
 	}()
-	_, err = lookup(ctx, c, "x")
+	_, err := lookup(ctx, c, "x")
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want context.Canceled", err)
 	}
@@ -99,24 +102,18 @@ func TestConnCallStopsWhenCtxIsCancelled(t *testing.T) {
 
 func TestConnHandshakeHangIsBounded(t *testing.T) {
 	f := newFakeLibvirtd(t, true, nil)
-	c, err := newConn(f.uri(), 300*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testConn(t, f.uri(), 300*time.Millisecond)
 	defer c.close()
-	_, err = lookup(t.Context(), c, "x")
+	_, err := lookup(t.Context(), c, "x")
 	if !errors.Is(err, ErrLibvirtUnavailable) || !errors.Is(err, ErrTimeout) {
 		t.Fatalf("got %v, want ErrLibvirtUnavailable and ErrTimeout", err)
 	}
 }
 
 func TestConnNoDaemon(t *testing.T) {
-	c, err := newConn("qemu+unix:///system?socket="+filepath.Join(t.TempDir(), "none"), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testConn(t, "qemu+unix:///system?socket="+filepath.Join(t.TempDir(), "none"), time.Second)
 	defer c.close()
-	_, err = lookup(t.Context(), c, "x")
+	_, err := lookup(t.Context(), c, "x")
 	if !errors.Is(err, ErrLibvirtUnavailable) || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("got %v, want ErrLibvirtUnavailable wrapping a missing socket", err)
 	}
@@ -165,82 +162,114 @@ func domainsReply(names ...string) []byte {
 	return append(b, xdrUint32(uint32(len(names)))...)
 }
 
-func TestSweepRemovesPrefixedDomainsAndFiles(t *testing.T) {
+func TestSweepRemovesPrefixedDomainsAndVolumes(t *testing.T) {
 	const (
-		procGetState    = 212
-		procUndefine    = 231
-		procDestroy     = 234
-		procListDomains = 273
-		domainRunning   = 1
-		domainShutoff   = 5
-		prefix          = "legato-t-"
-		otherPrefixed   = "other-0-11"
-		runningLeftover = prefix + "0-aa"
-		secondLeftover  = prefix + "1-bb"
-		orphanOverlayVM = prefix + "2-cc"
-		unrelatedFile   = "unrelated.qcow2"
+		procGetState     = 212
+		procUndefine     = 231
+		procDestroy      = 234
+		procListDomains  = 273
+		procPoolLookup   = 84
+		procPoolRefresh  = 83
+		procPoolIsActive = 154
+		procPoolListVols = 282
+		procVolLookup    = 95
+		procVolDelete    = 94
+		domainRunning    = 1
+		libvirtErrNoVol  = 50
+		pool             = "legato"
+		prefix           = "legato-t-"
+		otherPrefixed    = "other-0-0000ab11"
+		longerPrefix     = prefix + "x-0-0000ab12" // another run's prefix that starts with this one
+		runningLeftover  = prefix + "0-000000aa"
+		secondLeftover   = prefix + "1-000000bb"
+		orphanOverlayVM  = prefix + "2-000000cc"
+		kept             = prefix + "3-000000dd"
+		imageVolume      = "legato-base-0123456789abcdef.qcow2"
+		imageMarker      = imageVolume + ".sha256"
+		unrelatedVolume  = "unrelated.qcow2"
+		notesVolume      = prefix + "notes.txt"
 	)
-	f := newFakeLibvirtd(t, false, func(_, proc int) fakeReply {
+	var mu sync.Mutex
+	vols := []string{runningLeftover + ".qcow2", orphanOverlayVM + ".qcow2",
+		kept + ".qcow2", imageVolume, imageMarker, unrelatedVolume, notesVolume, longerPrefix + ".qcow2"}
+	f := newFakeLibvirtd(t, false, nil)
+	f.scriptArgs = func(_, proc int, args []byte) fakeReply {
+		mu.Lock()
+		defer mu.Unlock()
 		switch proc {
 		case procListDomains:
-			return fakeReply{payload: domainsReply(runningLeftover, otherPrefixed, secondLeftover)}
+			return fakeReply{payload: domainsReply(runningLeftover, otherPrefixed, secondLeftover, longerPrefix, kept)}
 		case procDomainLookup:
 			return fakeReply{payload: xdrDomain("looked-up")}
 		case procGetState:
 			return fakeReply{payload: append(xdrUint32(domainRunning), xdrUint32(1)...)}
 		case procDestroy:
 			return fakeReply{errCode: libvirtErrOpInvalid, errMsg: "domain is not running"}
-		case procUndefine:
+		case procUndefine, procPoolRefresh:
+			return fakeReply{}
+		case procPoolLookup:
+			return fakeReply{payload: xdrPool(pool)}
+		case procPoolIsActive:
+			return fakeReply{payload: xdrUint32(1)}
+		case procPoolListVols:
+			b := xdrUint32(uint32(len(vols)))
+			for _, v := range vols {
+				b = append(b, xdrVol(pool, v)...)
+			}
+			return fakeReply{payload: append(b, xdrUint32(uint32(len(vols)))...)}
+		case procVolLookup:
+			_, rest := xdrReadString(args) // the pool's name
+			name, _ := xdrReadString(rest[16:])
+			if !slices.Contains(vols, name) {
+				return fakeReply{errCode: libvirtErrNoVol, errMsg: "Storage volume not found: " + name}
+			}
+			return fakeReply{payload: xdrVol(pool, name)}
+		case procVolDelete:
+			_, rest := xdrReadString(args)
+			name, _ := xdrReadString(rest)
+			vols = slices.DeleteFunc(vols, func(v string) bool { return v == name })
 			return fakeReply{}
 		}
 		return fakeReply{errCode: 1, errMsg: "unexpected call"}
-	})
-	dir := t.TempDir()
-	for _, n := range []string{runningLeftover + ".qcow2", runningLeftover + ".console.log",
-		orphanOverlayVM + ".qcow2", unrelatedFile, prefix + "notes.txt"} {
-		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
-	cfg := Config{URI: f.uri(), NamePrefix: prefix, OverlayDir: dir, CallTimeout: 10 * time.Second}
+	h, err := OpenHost(HostSpec{URI: f.uri(), Name: "fake"}, Config{CallTimeout: 10 * time.Second}, HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
 
-	left, err := List(t.Context(), cfg)
+	left, err := h.Leftovers(t.Context(), prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantLeft := []Leftover{
-		{Name: runningLeftover, Domain: true, Running: true, Files: []string{
-			filepath.Join(dir, runningLeftover+".console.log"), filepath.Join(dir, runningLeftover+".qcow2")}},
-		{Name: secondLeftover, Domain: true, Running: true},
-		{Name: orphanOverlayVM, Files: []string{filepath.Join(dir, orphanOverlayVM+".qcow2")}},
+		{Host: "fake", Name: runningLeftover, Domain: true, Running: true, Volumes: []string{runningLeftover + ".qcow2"}},
+		{Host: "fake", Name: secondLeftover, Domain: true, Running: true},
+		{Host: "fake", Name: orphanOverlayVM, Volumes: []string{orphanOverlayVM + ".qcow2"}},
+		{Host: "fake", Name: kept, Domain: true, Running: true, Volumes: []string{kept + ".qcow2"}},
 	}
 	if diff := cmp.Diff(wantLeft, left); diff != "" {
-		t.Errorf("List (-want +got):\n%s", diff)
+		t.Errorf("Leftovers (-want +got):\n%s", diff)
 	}
 
-	removed, err := Sweep(t.Context(), cfg)
+	removed, err := h.Sweep(t.Context(), prefix, func(name string) bool { return name == kept })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{runningLeftover, secondLeftover, orphanOverlayVM}, removed); diff != "" {
 		t.Errorf("Sweep removed (-want +got):\n%s", diff)
 	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kept []string
-	for _, e := range ents {
-		kept = append(kept, e.Name())
-	}
-	if diff := cmp.Diff([]string{prefix + "notes.txt", unrelatedFile}, kept); diff != "" {
-		t.Errorf("files kept (-want +got):\n%s", diff)
+	mu.Lock()
+	defer mu.Unlock()
+	wantVols := []string{kept + ".qcow2", imageVolume, imageMarker, unrelatedVolume, notesVolume, longerPrefix + ".qcow2"}
+	if diff := cmp.Diff(wantVols, vols); diff != "" {
+		t.Errorf("volumes kept (-want +got):\n%s", diff)
 	}
 	f.mu.Lock()
 	destroys, undefines := f.calls[procDestroy], f.calls[procUndefine]
 	f.mu.Unlock()
 	if destroys != 2 || undefines != 2 {
-		t.Errorf("destroy calls %d, undefine calls %d; want 2 each (the two prefixed domains)", destroys, undefines)
+		t.Errorf("destroy calls %d, undefine calls %d; want 2 each (the two swept domains)", destroys, undefines)
 	}
 }
 

@@ -14,7 +14,6 @@ type domainSpec struct {
 	VCPUs     int
 	MemoryMiB int
 	Overlay   string
-	Console   string
 	Kernel    string
 	Initrd    string
 	Cmdline   string
@@ -23,6 +22,17 @@ type domainSpec struct {
 }
 
 type forward struct{ Host, Guest int }
+
+// The serial console's ring buffer in QEMU: its chardev id and size.
+const (
+	consoleID   = "legatocon"
+	consoleSize = 256 << 10
+)
+
+// ConsoleID and ConsoleSize are the console ring buffer's, for the
+// template.
+func (domainSpec) ConsoleID() string { return consoleID }
+func (domainSpec) ConsoleSize() int  { return consoleSize }
 
 // NetdevArg is QEMU's -netdev value: user-mode networking that lets the
 // guest reach nothing (restrict=on) with each forward bound to 127.0.0.1.
@@ -44,8 +54,11 @@ func (s domainSpec) NetdevArg() string {
 //     is QEMU user-net, given in <qemu:commandline> (libvirt 9.0 has no
 //     other way to set restrict=on and hostfwd). It sits at a fixed PCI
 //     slot on the 'pc' machine's bus.
-//   - a console log on the serial port, for the error when a guest does not
-//     come up.
+//   - the serial port writes into a ring buffer in QEMU (a chardev libvirt
+//     9.0 cannot express, hence <qemu:commandline>), read through libvirt's
+//     monitor passthrough for the error when a guest does not come up: a
+//     console file on the host could only be read with a volume download,
+//     a libvirt stream, which go-libvirt can deadlock on (its issue 241).
 //   - disk boot (OSWorld's images) gets a VGA adapter for the guest's X
 //     server; the direct-boot test guest draws with Xvfb and needs none.
 var domainTemplate = template.Must(template.New("domain").Funcs(template.FuncMap{"x": xmlText}).Parse(
@@ -81,14 +94,6 @@ var domainTemplate = template.Must(template.New("domain").Funcs(template.FuncMap
       <source file='{{x .Overlay}}'/>
       <target dev='vda' bus='virtio'/>
     </disk>
-    <serial type='file'>
-      <source path='{{x .Console}}'/>
-      <target port='0'/>
-    </serial>
-    <console type='file'>
-      <source path='{{x .Console}}'/>
-      <target type='serial' port='0'/>
-    </console>
 {{- if not .Kernel}}
     <video><model type='vga'/></video>
 {{- end}}
@@ -101,6 +106,10 @@ var domainTemplate = template.Must(template.New("domain").Funcs(template.FuncMap
     <qemu:arg value='{{x .NetdevArg}}'/>
     <qemu:arg value='-device'/>
     <qemu:arg value='virtio-net-pci,netdev=legatonet,bus=pci.0,addr=0x10'/>
+    <qemu:arg value='-chardev'/>
+    <qemu:arg value='ringbuf,id={{.ConsoleID}},size={{.ConsoleSize}}'/>
+    <qemu:arg value='-serial'/>
+    <qemu:arg value='chardev:{{.ConsoleID}}'/>
   </qemu:commandline>
 </domain>
 `))

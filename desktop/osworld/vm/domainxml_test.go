@@ -21,20 +21,20 @@ func TestDomainXMLGolden(t *testing.T) {
 	}{
 		{"direct-boot-tcg.xml", domainSpec{
 			Name: "legato-0-0a1b2c3d", Accel: AccelTCG, VCPUs: 2, MemoryMiB: 1536,
-			Overlay: "/var/tmp/legato/legato-0-0a1b2c3d.qcow2", Console: "/var/tmp/legato/legato-0-0a1b2c3d.console.log",
-			Kernel: "/var/tmp/legato-guest/vmlinux", Initrd: "/var/tmp/legato-guest/initrd.img",
+			Overlay: "/var/tmp/legato/legato-0-0a1b2c3d.qcow2",
+			Kernel:  "/var/tmp/legato-guest/vmlinux", Initrd: "/var/tmp/legato-guest/initrd.img",
 			Cmdline: "root=/dev/vda rw console=ttyS0 init=/sbin/legato-init", Forwards: fwd,
 		}},
 		{"disk-boot-kvm.xml", domainSpec{
 			Name: "legato-3-ffffffff", Accel: AccelKVM, VCPUs: 4, MemoryMiB: 4096,
-			Overlay: "/var/tmp/legato/legato-3-ffffffff.qcow2", Console: "/var/tmp/legato/legato-3-ffffffff.console.log",
+			Overlay:  "/var/tmp/legato/legato-3-ffffffff.qcow2",
 			Forwards: fwd,
 		}},
 		// Paths are data: XML metacharacters in them must not change the document.
 		{"escaped-paths.xml", domainSpec{
 			Name: "legato-1-00000000", Accel: AccelTCG, VCPUs: 1, MemoryMiB: 512,
-			Overlay: "/var/tmp/a&b/<x>'.qcow2", Console: "/var/tmp/a&b/c.log",
-			Kernel: "/k", Cmdline: "quiet a='1' b=\"2\"", Forwards: fwd,
+			Overlay: "/var/tmp/a&b/<x>'.qcow2",
+			Kernel:  "/k", Cmdline: "quiet a='1' b=\"2\"", Forwards: fwd,
 		}},
 	}
 	for _, tt := range tests {
@@ -67,8 +67,11 @@ func TestDomainXMLGolden(t *testing.T) {
 				doc.Cmdline != tt.spec.Cmdline || doc.Disk.Source.File != tt.spec.Overlay {
 				t.Errorf("parsed back %+v, want type %q and the spec's name, kernel, cmdline, overlay", doc, wantType)
 			}
-			if len(doc.Args) != 4 || doc.Args[1].Value != "user,id=legatonet,restrict=on,hostfwd=tcp:127.0.0.1:40001-:5000,hostfwd=tcp:127.0.0.1:40002-:9222,hostfwd=tcp:127.0.0.1:40003-:8080" {
+			if len(doc.Args) != 8 || doc.Args[1].Value != "user,id=legatonet,restrict=on,hostfwd=tcp:127.0.0.1:40001-:5000,hostfwd=tcp:127.0.0.1:40002-:9222,hostfwd=tcp:127.0.0.1:40003-:8080" {
 				t.Errorf("qemu args %+v: want restricted user-net with the three forwards on 127.0.0.1", doc.Args)
+			}
+			if len(doc.Args) == 8 && (doc.Args[5].Value != "ringbuf,id=legatocon,size=262144" || doc.Args[7].Value != "chardev:legatocon") {
+				t.Errorf("qemu args %+v: want the serial console in a ring buffer", doc.Args)
 			}
 			if strings.Contains(got, "<interface") {
 				t.Error("domain xml has an <interface>: libvirt networks and bridges are never used")

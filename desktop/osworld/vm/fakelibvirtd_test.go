@@ -41,6 +41,9 @@ type fakeLibvirtd struct {
 	path   string
 	ln     net.Listener
 	script func(conn, proc int) fakeReply
+	// scriptArgs, when set, answers instead of script and also sees the
+	// call's XDR arguments.
+	scriptArgs func(conn, proc int, args []byte) fakeReply
 	// hangHandshake leaves the connection handshake unanswered.
 	hangHandshake bool
 
@@ -93,7 +96,8 @@ func (f *fakeLibvirtd) serve(c net.Conn, n int) {
 			return
 		}
 		size := binary.BigEndian.Uint32(hdr[0:4])
-		if _, err := io.CopyN(io.Discard, c, int64(size)-28); err != nil {
+		args := make([]byte, int(size)-28)
+		if _, err := io.ReadFull(c, args); err != nil {
 			return
 		}
 		proc := int(binary.BigEndian.Uint32(hdr[12:16]))
@@ -108,7 +112,11 @@ func (f *fakeLibvirtd) serve(c net.Conn, n int) {
 		case procConnectOpen, procConnectClose:
 			r = fakeReply{hang: f.hangHandshake}
 		default:
-			r = f.script(n, proc)
+			if f.scriptArgs != nil {
+				r = f.scriptArgs(n, proc, args)
+			} else {
+				r = f.script(n, proc)
+			}
 		}
 		if r.hang {
 			continue
@@ -177,4 +185,29 @@ func xdrDomain(name string) []byte {
 	b := xdrString(name)
 	b = append(b, make([]byte, fakeDomainUUIDPayload)...)
 	return append(b, xdrUint32(1)...)
+}
+
+// xdrPool is a remote_nonnull_storage_pool: name, uuid[16].
+func xdrPool(name string) []byte {
+	return append(xdrString(name), make([]byte, 16)...)
+}
+
+// xdrVol is a remote_nonnull_storage_vol: pool, name, key.
+func xdrVol(pool, name string) []byte {
+	b := append(xdrString(pool), xdrString(name)...)
+	return append(b, xdrString("/pool/"+name)...)
+}
+
+// xdrReadString reads an XDR string at the start of b and returns it with
+// the rest of b.
+func xdrReadString(b []byte) (string, []byte) {
+	if len(b) < 4 {
+		return "", nil
+	}
+	n := int(binary.BigEndian.Uint32(b))
+	padded := (n + 3) &^ 3
+	if len(b) < 4+padded {
+		return "", nil
+	}
+	return string(b[4 : 4+n]), b[4+padded:]
 }

@@ -72,7 +72,6 @@ func testConfig(t *testing.T, prefix string) Config {
 		Cmdline:     strings.TrimSpace(string(cmdline)),
 		VCPUs:       2,
 		MemoryMiB:   1536,
-		OverlayDir:  "/var/tmp/legato-it",
 		BootTimeout: 4 * time.Minute,
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
@@ -231,14 +230,35 @@ func assertGone(t *testing.T, cfg Config, ports []int) {
 	}
 }
 
+// sweepFirst removes what an earlier run of the prefix left, and uploads
+// the test guest's files to the host's storage pool if it lacks them.
 func sweepFirst(t *testing.T, cfg Config) {
 	t.Helper()
+	syncImages(t, cfg)
 	removed, err := Sweep(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(removed) > 0 {
 		t.Logf("swept leftovers of an earlier run: %v", removed)
+	}
+}
+
+// syncImages uploads the image files to each of cfg's hosts that lacks
+// them.
+func syncImages(t *testing.T, cfg Config) {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	for _, spec := range cfg.Hosts {
+		h, err := OpenHost(spec, cfg, HostOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = h.SyncImages(t.Context(), nil)
+		h.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -447,8 +467,7 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Leftover{{Name: name, Domain: true, Running: true, Files: []string{
-		filepath.Join(cfg.OverlayDir, name+".console.log"), filepath.Join(cfg.OverlayDir, name+".qcow2")}}}
+	want := []Leftover{{Host: "local", Name: name, Domain: true, Running: true, Volumes: []string{name + ".qcow2"}}}
 	if diff := cmp.Diff(want, left); diff != "" {
 		t.Errorf("after the crash (-want +got):\n%s", diff)
 	}

@@ -4,50 +4,69 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/digitalocean/go-libvirt"
 )
 
-// Leftover is a VM of this configuration's name prefix that exists on the
-// host: a libvirt domain, files in the overlay directory, or both.
+// Leftover is a VM of a name prefix that exists on a host: a libvirt
+// domain, volumes in the storage pool, or both.
 type Leftover struct {
-	// Name is the domain name (or the name the files were made for).
+	// Host names the host (Host.Name).
+	Host string
+	// Name is the domain name (or the name the volumes were made for).
 	Name string
 	// Domain reports whether libvirt has a domain of that name.
 	Domain bool
 	// Running reports whether that domain is running.
 	Running bool
-	// Files are the VM's overlay and console log, if they exist.
-	Files []string
+	// Volumes are the VM's volumes that exist (its overlay).
+	Volumes []string
 }
 
-// List returns every VM with cfg's name prefix: its domains, and files in
-// cfg.OverlayDir named after a VM (an orphan overlay has no domain). It
-// serves `legato rl gc`.
-func List(ctx context.Context, cfg Config) ([]Leftover, error) {
-	cfg = cfg.withDefaults()
-	if !namePrefixRE.MatchString(cfg.NamePrefix) {
-		return nil, fmt.Errorf("name prefix %q: use letters, digits, '-', '_' or '.'", cfg.NamePrefix)
+// vmNames matches the names Start gives VMs of prefix: the prefix, the
+// slot and 8 hex digits. Nothing else is ever swept, so image volumes, or
+// another prefix that starts with this one, are safe.
+func vmNames(prefix string) *regexp.Regexp {
+	return regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `[0-9]+-[0-9a-f]{8}$`)
+}
+
+// vmOfVolume returns the VM a volume belongs to.
+func vmOfVolume(vol string, names *regexp.Regexp) (string, bool) {
+	if name, ok := strings.CutSuffix(vol, ".qcow2"); ok && names.MatchString(name) {
+		return name, true
 	}
-	c, err := newConn(cfg.URI, cfg.CallTimeout)
-	if err != nil {
+	return "", false
+}
+
+func checkPrefix(prefix string) error {
+	if !namePrefixRE.MatchString(prefix) {
+		return fmt.Errorf("name prefix %q: use letters, digits, '-', '_' or '.'", prefix)
+	}
+	return nil
+}
+
+// Leftovers returns every VM of the name prefix on the host: its domains,
+// and the volumes named after a VM (an orphan overlay has no domain).
+func (h *Host) Leftovers(ctx context.Context, prefix string) ([]Leftover, error) {
+	if err := checkPrefix(prefix); err != nil {
 		return nil, err
 	}
+	c := h.connect()
 	defer c.close()
-	return list(ctx, c, cfg)
+	return h.leftovers(ctx, c, prefix)
 }
 
-func list(ctx context.Context, c *conn, cfg Config) ([]Leftover, error) {
+func (h *Host) leftovers(ctx context.Context, c *conn, prefix string) ([]Leftover, error) {
+	names := vmNames(prefix)
 	byName := map[string]*Leftover{}
 	get := func(name string) *Leftover {
 		if l, ok := byName[name]; ok {
 			return l
 		}
-		l := &Leftover{Name: name}
+		l := &Leftover{Host: h.Name(), Name: name}
 		byName[name] = l
 		return l
 	}
@@ -61,7 +80,7 @@ func list(ctx context.Context, c *conn, cfg Config) ([]Leftover, error) {
 		return nil, err
 	}
 	for _, d := range doms {
-		if !strings.HasPrefix(d.Name, cfg.NamePrefix) {
+		if !names.MatchString(d.Name) {
 			continue
 		}
 		l := get(d.Name)
@@ -75,62 +94,57 @@ func list(ctx context.Context, c *conn, cfg Config) ([]Leftover, error) {
 			return nil, err
 		}
 	}
-	entries, err := os.ReadDir(cfg.OverlayDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("list overlay dir: %w", err)
-	}
-	for _, e := range entries {
-		name, ok := vmFileName(e.Name(), cfg.NamePrefix)
-		if !ok {
-			continue
+	s := h.storage(c)
+	p, err := s.pool(ctx)
+	switch {
+	case errors.Is(err, ErrNoPool):
+	case err != nil:
+		return nil, err
+	default:
+		vols, err := s.names(ctx, p)
+		if err != nil {
+			return nil, err
 		}
-		l := get(name)
-		l.Files = append(l.Files, filepath.Join(cfg.OverlayDir, e.Name()))
+		for _, v := range vols {
+			if name, ok := vmOfVolume(v, names); ok {
+				l := get(name)
+				l.Volumes = append(l.Volumes, v)
+			}
+		}
 	}
 	out := make([]Leftover, 0, len(byName))
 	for _, l := range byName {
-		slices.Sort(l.Files)
+		slices.Sort(l.Volumes)
 		out = append(out, *l)
 	}
 	slices.SortFunc(out, func(a, b Leftover) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
-// vmFileName returns the VM a file in the overlay directory belongs to.
-func vmFileName(file, prefix string) (string, bool) {
-	if !strings.HasPrefix(file, prefix) {
-		return "", false
-	}
-	for _, ext := range []string{".qcow2", ".console.log"} {
-		if name, ok := strings.CutSuffix(file, ext); ok && len(name) > len(prefix) {
-			return name, true
-		}
-	}
-	return "", false
-}
-
-// Sweep removes every VM with cfg's name prefix: it destroys and undefines
-// the domains (with their snapshot metadata) and deletes their overlays and
-// console logs, orphan files included. It returns the names of the VMs it
-// removed. Run it when no VM of this prefix is in use: at the start of a
-// collect run, it clears what a crashed run left behind.
-func Sweep(ctx context.Context, cfg Config) ([]string, error) {
-	cfg = cfg.withDefaults()
-	if !namePrefixRE.MatchString(cfg.NamePrefix) {
-		return nil, fmt.Errorf("name prefix %q: use letters, digits, '-', '_' or '.'", cfg.NamePrefix)
-	}
-	c, err := newConn(cfg.URI, cfg.CallTimeout)
-	if err != nil {
+// Sweep removes every VM of the name prefix from the host, except those
+// keep names (nil keeps none): it destroys and undefines the domains (with
+// their snapshot metadata) and deletes their volumes, orphans included. It
+// returns the names of the VMs it removed. Run it when no other VM of this
+// prefix is in use: at the start of a batch, it clears what a crashed run
+// left behind; when a host that went down comes back, what the batch lost
+// there.
+func (h *Host) Sweep(ctx context.Context, prefix string, keep func(name string) bool) ([]string, error) {
+	if err := checkPrefix(prefix); err != nil {
 		return nil, err
 	}
+	c := h.connect()
 	defer c.close()
-	left, err := list(ctx, c, cfg)
+	left, err := h.leftovers(ctx, c, prefix)
 	if err != nil {
 		return nil, err
 	}
+	s := h.storage(c)
 	var removed []string
 	var errs []error
 	for _, l := range left {
+		if keep != nil && keep(l.Name) {
+			continue
+		}
 		ok := true
 		if l.Domain {
 			if err := removeDomain(ctx, c, l.Name); err != nil {
@@ -138,16 +152,65 @@ func Sweep(ctx context.Context, cfg Config) ([]string, error) {
 				ok = false
 			}
 		}
-		for _, f := range l.Files {
-			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if len(l.Volumes) > 0 {
+			if err := removeVolumes(ctx, s, l.Name); err != nil {
 				errs = append(errs, &Error{Op: "sweep", VM: l.Name, Err: err})
 				ok = false
 			}
 		}
 		if ok {
 			removed = append(removed, l.Name)
-			cfg.Logger.Info("swept leftover vm", "vm", l.Name, "domain", l.Domain, "was_running", l.Running, "files", l.Files)
+			h.log.Info("swept leftover vm", "vm", l.Name, "domain", l.Domain, "was_running", l.Running, "volumes", l.Volumes)
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// List returns every VM of cfg's name prefix on each of cfg.Hosts. A host
+// that cannot be reached is an error naming it; the others are still
+// listed. It serves `legato rl gc`.
+func List(ctx context.Context, cfg Config) ([]Leftover, error) {
+	var out []Leftover
+	err := eachHost(cfg, func(h *Host) error {
+		left, err := h.Leftovers(ctx, cfg.withDefaults().NamePrefix)
+		out = append(out, left...)
+		return err
+	})
+	return out, err
+}
+
+// Sweep removes every VM of cfg's name prefix from each of cfg.Hosts (see
+// Host.Sweep) and returns the names it removed.
+func Sweep(ctx context.Context, cfg Config) ([]string, error) {
+	var out []string
+	err := eachHost(cfg, func(h *Host) error {
+		removed, err := h.Sweep(ctx, cfg.withDefaults().NamePrefix, nil)
+		out = append(out, removed...)
+		return err
+	})
+	return out, err
+}
+
+// eachHost opens each of cfg's hosts in turn and runs fn on it; errors
+// name their host.
+func eachHost(cfg Config, fn func(h *Host) error) error {
+	cfg = cfg.withDefaults()
+	if err := checkPrefix(cfg.NamePrefix); err != nil {
+		return err
+	}
+	if err := checkHostSpecs(cfg.Hosts); err != nil {
+		return err
+	}
+	var errs []error
+	for _, spec := range cfg.Hosts {
+		h, err := OpenHost(spec, cfg, HostOptions{})
+		if err == nil {
+			err = fn(h)
+			h.Close()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("host %s: %w", spec.Label(), err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,16 +1,17 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -65,8 +66,10 @@ const (
 type VM struct {
 	cfg     Config
 	name    string
-	overlay string
-	console string
+	host    *Host
+	ownHost bool   // Start opened the host for this VM alone
+	overlay string // the overlay's path on the host
+	images  map[string]string
 	ports   Ports
 	accel   Accel
 	conn    *conn
@@ -79,8 +82,11 @@ type VM struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	mu      sync.Mutex // guards timings
+	mu      sync.Mutex // guards timings and console
 	timings Timings
+	// console is the end of the serial console read so far: reading
+	// QEMU's ring buffer empties it.
+	console []byte
 }
 
 // Name is the libvirt domain name.
@@ -92,8 +98,18 @@ func (v *VM) Ports() Ports { return v.ports }
 // Accel is how the domain runs (never AccelAuto).
 func (v *VM) Accel() Accel { return v.accel }
 
-// Overlay is the path of the VM's qcow2 overlay.
+// Overlay is the path of the VM's qcow2 overlay on its host (a volume of
+// the storage pool).
 func (v *VM) Overlay() string { return v.overlay }
+
+// Host is the host the VM runs on.
+func (v *VM) Host() *Host { return v.host }
+
+// DialContext connects to addr as the VM's host sees it: the Ports are on
+// its 127.0.0.1 (see Host.DialContext).
+func (v *VM) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return v.host.DialContext(ctx, network, addr)
+}
 
 // Timings reports how long Start's phases and the last reset took.
 func (v *VM) Timings() Timings {
@@ -102,16 +118,40 @@ func (v *VM) Timings() Timings {
 	return v.timings
 }
 
-// Start creates a VM for a worker slot: a fresh overlay on cfg.BaseImage,
-// a domain named cfg.NamePrefix + slot + a random suffix, booted with its
-// ports forwarded to free ports on 127.0.0.1; it waits until the guest
-// answers, then takes the clean snapshot. On any error, including a
-// cancelled ctx, everything created so far is removed again.
+// Start creates a VM for a worker slot on the first of cfg.Hosts (see
+// StartOn); the VM closes its connection to the host when it is closed.
 func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("vm config: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	h, err := OpenHost(cfg.Hosts[0], cfg, HostOptions{})
+	if err != nil {
+		return nil, err
+	}
+	v, err := start(ctx, h, cfg, slot, true)
+	if err != nil {
+		h.Close()
+	}
+	return v, err
+}
+
+// StartOn creates a VM for a worker slot on host h: a fresh overlay volume
+// on the host's base image volume, a domain named cfg.NamePrefix + slot +
+// a random suffix, booted with its ports forwarded to free ports on the
+// host's 127.0.0.1; it waits until the guest answers, then takes the clean
+// snapshot. The host must hold the image files (Host.SyncImages). On any
+// error, including a cancelled ctx, everything created so far is removed
+// again. cfg's Hosts are ignored.
+func StartOn(ctx context.Context, h *Host, cfg Config, slot int) (*VM, error) {
+	cfg.Hosts = []HostSpec{h.spec}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("vm config: %w", err)
+	}
+	return start(ctx, h, cfg.withDefaults(), slot, false)
+}
+
+func start(ctx context.Context, h *Host, cfg Config, slot int, ownHost bool) (*VM, error) {
 	if slot < 0 {
 		return nil, fmt.Errorf("vm slot %d: want 0 or more", slot)
 	}
@@ -120,21 +160,21 @@ func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
 		return nil, fmt.Errorf("vm name: %w", err)
 	}
 	name := fmt.Sprintf("%s%d-%s", cfg.NamePrefix, slot, hex.EncodeToString(suffix[:]))
-	c, err := newConn(cfg.URI, cfg.CallTimeout)
-	if err != nil {
-		return nil, err
-	}
 	accel, why := resolveAccel(cfg.Accel, DetectAccel)
+	if h.Remote() && cfg.Accel == AccelAuto {
+		// This machine's CPU says nothing about the host's.
+		accel, why = AccelKVM, "remote host: set Accel (--accel tcg) if it has no working KVM"
+	}
 	v := &VM{
 		cfg:     cfg,
 		name:    name,
-		overlay: filepath.Join(cfg.OverlayDir, name+".qcow2"),
-		console: filepath.Join(cfg.OverlayDir, name+".console.log"),
+		host:    h,
+		ownHost: ownHost,
 		accel:   accel,
-		conn:    c,
-		log:     cfg.Logger.With("vm", name),
+		conn:    h.connect(),
+		log:     cfg.Logger.With("vm", name, "host", h.Name()),
 		// No keep-alive: a probe leaves no connection (or goroutine) behind.
-		http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil, DialContext: h.DialContext}},
 	}
 	v.closeCtx, v.closeNow = context.WithCancel(context.Background())
 	v.log.Info("starting vm", "slot", slot, "accel", accel, "accel_reason", why,
@@ -152,9 +192,11 @@ func Start(ctx context.Context, cfg Config, slot int) (*VM, error) {
 
 func (v *VM) start(ctx context.Context) error {
 	t0 := time.Now()
-	if err := os.MkdirAll(v.cfg.OverlayDir, 0o755); err != nil {
-		return v.fail("create overlay dir", err)
+	images, err := v.host.imagePaths(ctx)
+	if err != nil {
+		return v.fail("find the image files", err)
 	}
+	v.images = images
 	if err := v.createOverlay(ctx); err != nil {
 		return err
 	}
@@ -209,21 +251,23 @@ func (v *VM) opCtx(ctx context.Context) (context.Context, context.CancelFunc, er
 	return ctx, func() { stop(); cancel(context.Canceled) }, nil
 }
 
-// createOverlay makes a fresh qcow2 overlay backed by the base image.
+// createOverlay makes a fresh qcow2 overlay volume backed by the base
+// image's volume, replacing an old one.
 func (v *VM) createOverlay(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, v.cfg.CallTimeout)
-	defer cancel()
-	_ = os.Remove(v.overlay)
-	cmd := exec.CommandContext(ctx, v.cfg.QemuImg, "create", "-q", "-f", "qcow2",
-		"-b", v.cfg.BaseImage, "-F", "qcow2", v.overlay)
-	out, err := cmd.CombinedOutput()
+	s := v.host.storage(v.conn)
+	p, err := s.pool(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
-		}
-		return v.fail("create overlay", fmt.Errorf("qemu-img: %w: %s", err, strings.TrimSpace(string(out))))
+		return v.fail("create overlay", err)
 	}
-	return nil
+	if err := s.remove(ctx, p, overlayVolume(v.name)); err != nil {
+		return v.fail("create overlay", err)
+	}
+	ov, err := s.create(ctx, p, volumeSpec{Name: overlayVolume(v.name), Capacity: v.host.baseCapacity(),
+		Format: "qcow2", Mode: "0600", Backing: v.images[RoleBase]})
+	if err == nil {
+		v.overlay, err = s.path(ctx, ov)
+	}
+	return v.fail("create overlay", err)
 }
 
 // defineAndBoot defines the domain and starts it, picking new ports when
@@ -231,7 +275,7 @@ func (v *VM) createOverlay(ctx context.Context) error {
 func (v *VM) defineAndBoot(ctx context.Context) error {
 	var lastErr error
 	for attempt := 1; attempt <= startAttempts; attempt++ {
-		ps, err := freePorts(3)
+		ps, err := v.host.freePorts(ctx, 3)
 		if err != nil {
 			return v.fail("pick ports", err)
 		}
@@ -240,7 +284,6 @@ func (v *VM) defineAndBoot(ctx context.Context) error {
 		if err != nil {
 			return v.fail("define domain", err)
 		}
-		_ = os.Remove(v.console)
 		var dom libvirt.Domain
 		err = v.conn.do(ctx, "define domain", func(lv *libvirt.Libvirt) error {
 			var err error
@@ -277,9 +320,8 @@ func (v *VM) spec() domainSpec {
 		VCPUs:     v.cfg.VCPUs,
 		MemoryMiB: v.cfg.MemoryMiB,
 		Overlay:   v.overlay,
-		Console:   v.console,
-		Kernel:    v.cfg.Kernel,
-		Initrd:    v.cfg.Initrd,
+		Kernel:    v.images[RoleKernel],
+		Initrd:    v.images[RoleInitrd],
 		Cmdline:   v.cfg.Cmdline,
 		Forwards: []forward{
 			{Host: v.ports.Guest, Guest: v.cfg.GuestPort},
@@ -373,21 +415,57 @@ func (v *VM) httpReady(ctx context.Context, p Ports) error {
 	return nil
 }
 
-// consoleTail returns the end of the serial console log, for errors.
+// consoleTail returns the end of the serial console log, read through
+// libvirt, for errors. It is bounded by its own short time: the error it
+// decorates must not wait for a host that stopped answering.
 func (v *VM) consoleTail() string {
-	b, err := os.ReadFile(v.console)
+	ctx, cancel := context.WithTimeout(context.Background(), min(v.cfg.CallTimeout, 10*time.Second))
+	defer cancel()
+	b, err := v.Console(ctx, 4096)
+	return consoleText(b, err)
+}
+
+// Console returns up to max bytes of the end of the VM's serial console,
+// read through libvirt (QEMU's console ring buffer, through the monitor).
+// The VM keeps the last 64 KiB it read; what the guest wrote before QEMU
+// last started (a libvirt revert, a cold boot) is gone.
+func (v *VM) Console(ctx context.Context, max int) ([]byte, error) {
+	dom, err := v.domain(ctx)
 	if err != nil {
-		return "(no console log: " + err.Error() + ")"
+		return nil, err
 	}
-	const max = 600
-	s := strings.TrimSpace(string(b))
-	if len(s) > max {
-		s = "…" + s[len(s)-max:]
+	var out string
+	cmd := fmt.Sprintf(`{"execute":"ringbuf-read","arguments":{"device":%q,"size":%d,"format":"base64"}}`, consoleID, consoleSize)
+	err = v.conn.do(ctx, "read console", func(lv *libvirt.Libvirt) error {
+		var err error
+		out, err = lv.QEMUDomainMonitorCommand(dom, cmd, 0)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	if s == "" {
-		return "(empty)"
+	var reply struct {
+		Return string `json:"return"`
 	}
-	return s
+	if err := json.Unmarshal([]byte(out), &reply); err != nil {
+		return nil, fmt.Errorf("console: qemu answered %q: %w", out, err)
+	}
+	b, err := base64.StdEncoding.DecodeString(reply.Return)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	const keep = 64 << 10
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.console = append(v.console, b...)
+	if len(v.console) > keep {
+		v.console = v.console[len(v.console)-keep:]
+	}
+	tail := v.console
+	if len(tail) > max {
+		tail = tail[len(tail)-max:]
+	}
+	return bytes.Clone(tail), nil
 }
 
 // snapshot takes the clean internal snapshot (disk and memory) of the
@@ -566,33 +644,49 @@ func (v *VM) Close() error {
 		v.conn.close()
 		v.closeErr = v.teardown()
 		v.http.CloseIdleConnections()
-		if v.closeErr != nil {
+		if v.ownHost {
+			v.host.Close()
+		}
+		switch {
+		case errors.Is(v.closeErr, ErrLibvirtUnavailable):
+			v.log.Warn("the VM's host does not answer: the VM stays there until swept (a pool of desktops does when the host answers again; else legato rl gc)", "err", v.closeErr)
+		case v.closeErr != nil:
 			v.log.Error("vm close", "err", v.closeErr)
-		} else {
+		default:
 			v.log.Info("vm closed")
 		}
 	})
 	return v.closeErr
 }
 
-// teardown removes the domain and its files on a connection of its own, so
-// that a call being cut off on the VM's connection cannot fail it.
+// teardown removes the domain and its volumes on a connection of its own,
+// so that a call being cut off on the VM's connection cannot fail it.
 func (v *VM) teardown() error {
-	var errs []error
-	c, err := newConn(v.cfg.URI, v.cfg.CallTimeout)
-	if err == nil {
-		err = removeDomain(context.Background(), c, v.name)
-		c.close()
+	// Not v.fail: these errors are not caused by the Close they are part
+	// of.
+	c := v.host.connect()
+	defer c.close()
+	ctx := context.Background()
+	if err := removeDomain(ctx, c, v.name); err != nil {
+		return &Error{Op: "remove domain", VM: v.name, Err: err}
+	}
+	if err := removeVolumes(ctx, v.host.storage(c), v.name); err != nil {
+		return &Error{Op: "remove volumes", VM: v.name, Err: err}
+	}
+	return nil
+}
+
+// removeVolumes deletes a VM's overlay volume; a missing one (and a
+// missing pool) is fine.
+func removeVolumes(ctx context.Context, s *storage, name string) error {
+	p, err := s.pool(ctx)
+	if errors.Is(err, ErrNoPool) {
+		return nil
 	}
 	if err != nil {
-		errs = append(errs, v.fail("remove domain", err))
+		return err
 	}
-	for _, p := range []string{v.overlay, v.console} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, v.fail("remove file", err))
-		}
-	}
-	return errors.Join(errs...)
+	return s.remove(ctx, p, overlayVolume(name))
 }
 
 // removeDomain destroys and undefines a domain with its snapshot metadata.

@@ -1,0 +1,387 @@
+package osworld
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"legato/rl/desktop/osworld/vm"
+)
+
+// Defaults of the host fleet's knobs in Config.
+const (
+	// DefaultHostWait bounds how long a new desktop waits for a host with
+	// a free slot.
+	DefaultHostWait = 10 * time.Minute
+	// DefaultHostRetryMax caps the backoff between tries of a host that
+	// stopped answering.
+	DefaultHostRetryMax = time.Minute
+)
+
+// hostRetryMin is the first wait before a host that went down is tried
+// again; each failed try doubles it, up to Config.HostRetryMax.
+const hostRetryMin = time.Second
+
+// poolHost is one libvirt host of a pool: its transport, its cap, the
+// desktops on it and whether it answers. Every field but h and cap is
+// guarded by Pool.mu.
+type poolHost struct {
+	h   *vm.Host
+	cap int // 0: no cap
+
+	// inUse counts the desktops open or starting on the host.
+	inUse int
+	// vms are the VMs of the desktops open on the host, which a sweep of
+	// the host must keep.
+	vms map[string]bool
+	// down: the host stopped answering (or was never reached); it gets no
+	// desktop until a probe at retryAt succeeds.
+	down    bool
+	err     error
+	retryAt time.Time
+	backoff time.Duration
+	probing bool
+	// unclean: desktops were lost on the host while it was down; the
+	// probe that brings it back sweeps them.
+	unclean bool
+}
+
+func (ph *poolHost) name() string { return ph.h.Name() }
+
+// free returns the host's free slots (math.MaxInt without a cap).
+func (ph *poolHost) free() int {
+	if ph.cap == 0 {
+		return math.MaxInt
+	}
+	return ph.cap - ph.inUse
+}
+
+// hostLoad is what placement knows of a host.
+type hostLoad struct {
+	up         bool
+	cap, inUse int
+}
+
+// pickHost returns the host a new desktop goes to: among the hosts that
+// answer and have a free slot, the one with the most free slots (a host
+// without a cap has more than any), then the one with the fewest desktops,
+// then the first. It returns -1 when no host can take one.
+func pickHost(hosts []hostLoad) int {
+	best := -1
+	var bestFree, bestUsed int
+	for i, h := range hosts {
+		free := math.MaxInt
+		if h.cap > 0 {
+			free = h.cap - h.inUse
+		}
+		if !h.up || free <= 0 {
+			continue
+		}
+		if best < 0 || free > bestFree || (free == bestFree && h.inUse < bestUsed) {
+			best, bestFree, bestUsed = i, free, h.inUse
+		}
+	}
+	return best
+}
+
+// openHosts opens cfg's hosts and prepares each (see prepareHost), all at
+// once. A host that cannot be prepared is marked down and tried again
+// later; only when none can be is it an error.
+func (p *Pool) openHosts(ctx context.Context) error {
+	files, err := vm.ImageFiles(ctx, p.cfg.VM)
+	if err != nil {
+		return err
+	}
+	for _, spec := range p.cfg.VM.Hosts {
+		ph := &poolHost{cap: spec.Desktops, vms: map[string]bool{}}
+		h, err := vm.OpenHost(spec, p.cfg.VM, vm.HostOptions{Images: files, Lost: func(_ *vm.Host, err error) { p.hostDown(ph, err) }})
+		if err != nil {
+			p.closeHosts()
+			return err
+		}
+		ph.h = h
+		p.hosts = append(p.hosts, ph)
+	}
+	errs := make([]error, len(p.hosts))
+	var wg sync.WaitGroup
+	for i, ph := range p.hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.prepareHost(ctx, ph, "an earlier run")
+		}()
+	}
+	wg.Wait()
+	up := 0
+	for i, ph := range p.hosts {
+		if errs[i] == nil {
+			up++
+			continue
+		}
+		if ctx.Err() != nil {
+			p.closeHosts()
+			return context.Cause(ctx)
+		}
+		p.hostDown(ph, errs[i])
+	}
+	if up == 0 {
+		p.closeHosts()
+		return fmt.Errorf("no host could be used: %w", errors.Join(errs...))
+	}
+	p.stopProbes = make(chan struct{})
+	p.probes.Add(1)
+	go p.probeLoop()
+	return nil
+}
+
+// prepareHost readies a host for desktops: it must answer, hold the image
+// files (they are uploaded where missing, unless NoImageUpload), and keep
+// no VM of the run's prefix other than the pool's open ones (what a
+// crashed run, or this batch while the host was down, left there).
+func (p *Pool) prepareHost(ctx context.Context, ph *poolHost, leftBy string) error {
+	h := ph.h
+	if err := h.Ping(ctx); err != nil {
+		return err
+	}
+	states, err := h.CheckImages(ctx)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, s := range states {
+		if !s.Matches {
+			missing = append(missing, fmt.Sprintf("%s (%s)", s.Volume, s.Why))
+		}
+	}
+	if len(missing) > 0 {
+		if p.cfg.NoImageUpload {
+			return fmt.Errorf("%w: host %s lacks %s; run `legato rl hosts sync`", vm.ErrImageMissing, h.Name(), strings.Join(missing, ", "))
+		}
+		p.log.Info("uploading the image files the host lacks", "host", h.Name(), "files", missing)
+		t0 := time.Now()
+		if _, err := h.SyncImages(ctx, nil); err != nil {
+			return err
+		}
+		p.log.Info("uploaded the image files", "host", h.Name(), "took", time.Since(t0).Round(time.Millisecond))
+	}
+	removed, err := h.Sweep(ctx, p.cfg.VM.NamePrefix, func(name string) bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return ph.vms[name]
+	})
+	if len(removed) > 0 {
+		p.log.Warn("removed VMs left behind by "+leftBy, "host", h.Name(), "vms", removed)
+	}
+	return err
+}
+
+// acquire reserves a slot on the host a new desktop goes to (pickHost),
+// waiting while no host can take one, at most Config.HostWait.
+func (p *Pool) acquire(ctx context.Context) (*poolHost, error) {
+	timer := time.NewTimer(p.cfg.HostWait)
+	defer timer.Stop()
+	waited := false
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errors.New("desktop pool closed")
+		}
+		loads := make([]hostLoad, len(p.hosts))
+		for i, ph := range p.hosts {
+			loads[i] = hostLoad{up: !ph.down, cap: ph.cap, inUse: ph.inUse}
+		}
+		if i := pickHost(loads); i >= 0 {
+			ph := p.hosts[i]
+			ph.inUse++
+			p.mu.Unlock()
+			if waited {
+				p.log.Info("a host has a free slot again", "host", ph.name())
+			}
+			return ph, nil
+		}
+		why := p.noSlotLocked()
+		changed := p.changed
+		p.mu.Unlock()
+		if !waited {
+			p.log.Warn("no host can take a new desktop; waiting for one", "hosts", why, "max", p.cfg.HostWait)
+			waited = true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		case <-timer.C:
+			return nil, fmt.Errorf("no host could take a desktop for %v: %s", p.cfg.HostWait, why)
+		}
+	}
+}
+
+// noSlotLocked says, per host, why it takes no desktop now.
+func (p *Pool) noSlotLocked() string {
+	var parts []string
+	for _, ph := range p.hosts {
+		switch {
+		case ph.down:
+			parts = append(parts, fmt.Sprintf("%s down (%v; next try in %v)", ph.name(), ph.err, time.Until(ph.retryAt).Round(time.Second)))
+		default:
+			parts = append(parts, fmt.Sprintf("%s full (%d of %d)", ph.name(), ph.inUse, ph.cap))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// release gives a desktop's slot back.
+func (p *Pool) release(ph *poolHost, vmName string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ph.inUse--
+	delete(ph.vms, vmName)
+	p.notifyLocked()
+}
+
+// hostDown marks a host down: it gets no new desktop until a probe finds
+// it answering again. Its SSH connection is dropped, which fails every call
+// still going through it, so its desktops fail at once rather than each
+// waiting for a timeout.
+func (p *Pool) hostDown(ph *poolHost, err error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	first := !ph.down
+	ph.down, ph.err = true, err
+	ph.backoff = min(max(2*ph.backoff, hostRetryMin), p.cfg.HostRetryMax)
+	ph.retryAt = time.Now().Add(ph.backoff)
+	if ph.inUse > 0 {
+		ph.unclean = true
+	}
+	inUse, backoff := ph.inUse, ph.backoff
+	p.notifyLocked()
+	p.mu.Unlock()
+	if first {
+		p.log.Warn("host down: its desktops fail and it gets no new ones until it answers again",
+			"host", ph.name(), "desktops", inUse, "err", err, "retry_in", backoff)
+	}
+	ph.h.Drop()
+}
+
+// notifyLocked wakes those waiting for a host.
+func (p *Pool) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// probeLoop tries the hosts that are down, each when its backoff passed,
+// until the pool closes.
+func (p *Pool) probeLoop() {
+	defer p.probes.Done()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stopProbes:
+			return
+		case <-tick.C:
+		}
+		p.mu.Lock()
+		var due []*poolHost
+		for _, ph := range p.hosts {
+			if ph.down && !ph.probing && !time.Now().Before(ph.retryAt) {
+				ph.probing = true
+				due = append(due, ph)
+			}
+		}
+		p.mu.Unlock()
+		for _, ph := range due {
+			p.probes.Add(1)
+			go p.probe(ph)
+		}
+	}
+}
+
+// probe tries a host that is down: prepared again (it answers, holds the
+// image, and the VMs the batch lost there are swept), it takes desktops
+// again.
+func (p *Pool) probe(ph *poolHost) {
+	defer p.probes.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := context.AfterFunc(p.stopCtx, cancel)
+	defer stop()
+	err := p.prepareHost(ctx, ph, "this batch while the host was down")
+	p.mu.Lock()
+	ph.probing = false
+	if err != nil || p.closed {
+		p.mu.Unlock()
+		if err != nil && p.stopCtx.Err() == nil {
+			p.log.Debug("host still down", "host", ph.name(), "err", err)
+			p.hostDown(ph, err)
+		}
+		return
+	}
+	ph.down, ph.err, ph.backoff, ph.unclean = false, nil, 0, false
+	p.notifyLocked()
+	p.mu.Unlock()
+	p.log.Warn("host answers again: it takes desktops again", "host", ph.name())
+}
+
+// closeHosts stops the probes and closes the hosts' connections. Hosts
+// that are down with desktops lost on them are reported: their VMs may
+// still be there.
+func (p *Pool) closeHosts() error {
+	if p.stopProbes != nil {
+		close(p.stopProbes)
+		p.stopNow()
+		p.probes.Wait()
+		p.stopProbes = nil
+	}
+	var errs []error
+	p.mu.Lock()
+	for _, ph := range p.hosts {
+		if ph.down && ph.unclean {
+			errs = append(errs, fmt.Errorf("host %s is down (%v): VMs of this batch may be left there; run `legato rl gc --host %s --vm-prefix %s` once it answers",
+				ph.name(), ph.err, ph.h.Spec().URI, p.cfg.VM.NamePrefix))
+		}
+	}
+	hosts := p.hosts
+	p.mu.Unlock()
+	for _, ph := range hosts {
+		if ph.h != nil {
+			ph.h.Close()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// HostStatus is how one host of a pool stands.
+type HostStatus struct {
+	Name string
+	// Desktops is the host's cap (0: none), InUse its desktops now.
+	Desktops, InUse int
+	// Down: the host does not answer; Err says why.
+	Down bool
+	Err  error
+}
+
+// Hosts reports the pool's hosts (VM mode; nil for guests given by URL).
+func (p *Pool) Hosts() []HostStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []HostStatus
+	for _, ph := range p.hosts {
+		out = append(out, HostStatus{Name: ph.name(), Desktops: ph.cap, InUse: ph.inUse, Down: ph.down, Err: ph.err})
+	}
+	return out
+}
+
+// hostFailure reports whether a desktop's start failed because its host
+// did not answer (as opposed to the guest or the task).
+func hostFailure(err error) bool {
+	return errors.Is(err, vm.ErrLibvirtUnavailable)
+}
