@@ -57,6 +57,15 @@ type replica struct {
 	down  bool
 	tries int
 	keys  int // keys stuck to it
+	// pinged is when a ping of it last failed, by the prober or by Ping
+	// (the batch's outage breaker, when every replica is down): the
+	// prober lets a replica rest its backoff after either.
+	pinged time.Time
+}
+
+// backoff is the rest between two pings of a replica that is down.
+func (rep *replica) backoff() time.Duration {
+	return min(250*time.Millisecond<<min(rep.tries, 8), 10*time.Second)
 }
 
 // NewReplicas returns the replicas of cfg: one Client per URL of BaseURL and
@@ -216,13 +225,21 @@ func (r *Replicas) probe(ctx context.Context) {
 		r.mu.Unlock()
 		wait := time.Duration(1<<62 - 1)
 		for _, rep := range down {
+			r.mu.Lock()
+			rest := rep.backoff() - time.Since(rep.pinged)
+			r.mu.Unlock()
+			if rest > 0 {
+				wait = min(wait, rest) // pinged lately, by Ping
+				continue
+			}
 			if rep.c.Ping(ctx) == nil {
 				r.up(rep)
 				continue
 			}
 			r.mu.Lock()
 			rep.tries++
-			wait = min(wait, min(250*time.Millisecond<<min(rep.tries, 8), 10*time.Second))
+			rep.pinged = time.Now()
+			wait = min(wait, rep.backoff())
 			r.mu.Unlock()
 		}
 		t := time.NewTimer(wait)
@@ -262,6 +279,9 @@ func (r *Replicas) Ping(ctx context.Context) error {
 			r.up(rep)
 			return nil
 		}
+		r.mu.Lock()
+		rep.pinged = time.Now()
+		r.mu.Unlock()
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
