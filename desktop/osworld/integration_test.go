@@ -107,6 +107,9 @@ func itConfig(t *testing.T, prefix string) Config {
 		BootTimeout: 4 * time.Minute,
 		CacheDir:    t.TempDir(),
 		Grade:       GradeConfig{Mode: grade.NativeOnly},
+		// The tests of the resets without golden states; the golden
+		// tests turn them on.
+		Golden: GoldenConfig{Off: true},
 		Logger:      slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }
