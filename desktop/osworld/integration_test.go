@@ -110,7 +110,7 @@ func itConfig(t *testing.T, prefix string) Config {
 		// The tests of the resets without golden states; the golden
 		// tests turn them on.
 		Golden: GoldenConfig{Off: true},
-		Logger:      slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }
 
