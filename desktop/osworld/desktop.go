@@ -205,6 +205,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		if rep != nil {
 			d.fresh = false
 			d.prev = cur
+			d.startedSettled = gp.state.settled
 			d.setLastReset(*rep)
 			return nil
 		}

@@ -140,7 +140,9 @@ func (d *Desktop) goldenPlan(ctx context.Context, task desktop.Task) goldenPlan 
 	if why, ok := d.golden.broken[task.ID]; ok {
 		return goldenPlan{why: "no golden state on this desktop: " + clip(why)}
 	}
+	t0 := time.Now()
 	id, err := d.vm.Identity(ctx)
+	d.log.Debug("vm identity", "took", time.Since(t0), "identity", id)
 	if err == nil {
 		var key string
 		key, err = goldenKey(task, d.cfg, id)
@@ -344,10 +346,12 @@ func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) er
 	if g.key != key {
 		return fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
 	}
+	t0 := time.Now()
 	desc, err := d.vm.SnapshotDescription(ctx, g.name)
 	if err != nil {
 		return err
 	}
+	d.log.Debug("golden snapshot description", "took", time.Since(t0))
 	if got := goldenKeyOf(desc); got != key {
 		return fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
 	}
