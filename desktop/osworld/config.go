@@ -568,7 +568,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.Golden.Max < 0 {
-		add("Golden.Max %d: want the number of golden states a desktop keeps, 1 or more (0 means %d)", c.Golden.Max, DefaultGoldenMax)
+		add("Golden.Max (--golden-max) %d: want the number of golden states a desktop keeps, 1 or more (0 means %d)", c.Golden.Max, DefaultGoldenMax)
 	}
 	for _, id := range c.Golden.Refuse {
 		if strings.TrimSpace(id) == "" {

@@ -117,6 +117,9 @@ func TestIntegrationGolden(t *testing.T) {
 		if rep.Kind != want {
 			t.Fatalf("attempt %d: reset %s; want %s", i, rep.Kind, want)
 		}
+		if !d.startedSettled {
+			t.Errorf("attempt %d: the state was not taken on a settled screen: the attempt waits after its reset", i)
+		}
 		if ar := d.AttemptReport(); ar.Reset != want || ar.ResetWhy == "" {
 			t.Errorf("attempt %d: attempt report says reset %q (%q); want %s with a reason", i, ar.Reset, ar.ResetWhy, want)
 		}

@@ -151,7 +151,7 @@ func TestGoldenConfigValidate(t *testing.T) {
 		g    GoldenConfig
 		want string
 	}{
-		{GoldenConfig{Max: -1}, "Golden.Max -1"},
+		{GoldenConfig{Max: -1}, "Golden.Max (--golden-max) -1"},
 		{GoldenConfig{Refuse: []string{"a", " "}}, "Golden.Refuse: an empty task ID"},
 	} {
 		c := base
