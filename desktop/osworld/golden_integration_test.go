@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -71,7 +70,6 @@ func TestIntegrationGolden(t *testing.T) {
 	}
 	cfg := itConfig(t, "legato-itosw-golden-")
 	cfg.Golden = GoldenConfig{Max: 1}
-	cfg.Logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx := t.Context()
 	tk := goldenTask(t)
 	p, err := NewPool(ctx, cfg)
