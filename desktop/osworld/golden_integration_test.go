@@ -93,6 +93,16 @@ func TestIntegrationGolden(t *testing.T) {
 		return strings.TrimSpace(res.Output)
 	}
 
+	overlaySize := func() int64 {
+		t.Helper()
+		st, err := os.Stat(v.Overlay())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	clean := overlaySize()
+
 	const group = 8
 	var first []byte
 	var randoms []string
@@ -127,6 +137,9 @@ func TestIntegrationGolden(t *testing.T) {
 		}
 		if i == 0 {
 			first = obs.Screenshot
+			// What a golden state costs on disk (its memory and the
+			// setup's writes), after the guest's page cache was dropped.
+			t.Logf("overlay: %d MiB with the clean snapshot, %d MiB with the golden state", clean>>20, overlaySize()>>20)
 		} else if !bytes.Equal(obs.Screenshot, first) {
 			out := filepath.Join(os.TempDir(), fmt.Sprintf("legato-golden-attempt-%d.png", i))
 			os.WriteFile(out, obs.Screenshot, 0o644)
