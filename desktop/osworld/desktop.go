@@ -178,8 +178,9 @@ func (d *Desktop) fail(op string, err error) error {
 // tasks of RevertDomains and the attempt after one, and after a task whose
 // attempt a fast reset could not undo before; otherwise whichever measured
 // cheaper on this desktop. A golden state that does not load falls back to
-// that choice, a fast reset that cannot bring the guest back to the
-// snapshot, and a loadvm that fails to libvirt's revert. A guest given by
+// the clean snapshot (one taken for another key is taken again after a
+// reset of that choice), a fast reset that cannot bring the guest back to
+// the snapshot, and a loadvm that fails to libvirt's revert. A guest given by
 // URL can only fast-reset. LastReset says which reset ran and why.
 func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	ctx, done, err := d.begin(ctx)
@@ -259,7 +260,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	if d.vm != nil && c.kind != ResetNone && rep.Kind != ResetFastThenLoadvm && rep.Kind != ResetFastThenRevert {
 		d.chooser.done(rep.Kind, rep.Restore, prev, "")
 	}
-	if gp.why != "" {
+	if gp.why != "" && !gp.build {
 		rep.Why = gp.why + "; " + rep.Why
 	}
 	t1 := time.Now()
@@ -283,7 +284,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 			// resets as without golden states on this desktop.
 			d.log.Warn("could not take the task's golden state; its attempts reset and run its setup instead", "task", task.ID, "err", err)
 			d.golden.markBroken(task.ID, "taking its golden state failed: "+err.Error())
-			rep.Why += "; taking the golden state failed: " + clip(err.Error())
+			rep.Why = fmt.Sprintf("%s; %s; taking the golden state failed: %s", gp.why, rep.Why, clip(err.Error()))
 		}
 	}
 	d.setLastReset(rep)
