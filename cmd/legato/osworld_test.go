@@ -64,7 +64,7 @@ func TestOSWorldFlags(t *testing.T) {
 		{
 			name: "test guest directory",
 			args: []string{"--image", img, "--vcpus", "2", "--memory", "1536", "--accel", "tcg", "--no-fast-reset", "--boot-timeout", "90",
-				"--host", "qemu:///system,desktops=2", "--host", "qemu+ssh://root@10.0.0.7/system,desktops=16", "--storage-pool", "images"},
+				"--host", "qemu:///system,desktops=2", "--host", "qemu+ssh://root@10.0.0.7/system,desktops=16", "--storage-pool", "images", "--no-golden", "--golden-max", "2"},
 			want: osworld.Config{
 				VM: vm.Config{Hosts: []vm.HostSpec{{URI: "qemu:///system", Desktops: 2}, {URI: "qemu+ssh://root@10.0.0.7/system", Desktops: 16}},
 					NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
@@ -72,6 +72,7 @@ func TestOSWorldFlags(t *testing.T) {
 					VCPUs: 2, MemoryMiB: 1536, Accel: vm.AccelTCG, StoragePool: "images"},
 				BootTimeout: 90 * time.Second,
 				NoFastReset: true,
+				Golden:      osworld.GoldenConfig{Off: true, Max: 2},
 				Grade:       osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
 			},
 		},
@@ -83,6 +84,7 @@ func TestOSWorldFlags(t *testing.T) {
 				VM:             vmDefaults,
 				Guests:         []osworld.GuestAddr{{URL: "http://127.0.0.1:5000", DevToolsPort: 9222}, {URL: "http://127.0.0.1:5001"}},
 				BootTimeout:    10 * time.Second,
+				Golden:         osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
 				Grade:          osworld.GradeConfig{OSWorldDir: osw, Python: grade.DefaultPython, Mode: grade.PreferNative, Workers: 3},
 				ClientPassword: "hunter2",
 			},
@@ -100,8 +102,9 @@ func TestOSWorldFlags(t *testing.T) {
 					Restore: append(osworld.DefaultRestoreDirs(), "/srv/data", "/var/games"),
 					Check:   append(osworld.DefaultCheckDirs(), "/var/lib/flatpak"),
 				},
-				Ready: osworld.ReadyConfig{NoDamage: true},
-				Grade: osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
+				Ready:  osworld.ReadyConfig{NoDamage: true},
+				Golden: osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
+				Grade:  osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
 			},
 		},
 	}
@@ -153,6 +156,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"same host twice", []string{"--image", img, "--host", "qemu+ssh://h/system", "--host", "qemu+ssh://h/system"}, "give each its own name"},
 		{"restore relative", append(guest, "--fast-reset-restore", "tmp"), `FastReset.Restore (--fast-reset-restore): "tmp"`},
 		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
+		{"golden max zero", append(guest, "--golden-max", "0"), `invalid value "0" for flag -golden-max: want an integer from 1 to 1000`},
 		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
 	}
 	for _, tt := range tests {

@@ -301,3 +301,54 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// thaw readies a guest just restored from a snapshot: it moves the clock
+// back by off (its measured offset from the host's) and credits seed to
+// the kernel's random pool, reseeding its generator, so that guests
+// restored from one snapshot neither keep its time nor draw the same
+// random numbers. One call, through the helper where one runs.
+func (s *guestShell) thaw(ctx context.Context, off time.Duration, seed []byte) error {
+	if s.helper == "" || s.noHelper {
+		// Without the helper, Python's start would cost a second under
+		// software emulation: the shell shifts the clock and mixes the
+		// seed into the pool (uncredited: the kernel reseeds from it on
+		// its own schedule).
+		res, err := s.runRoot(ctx, thawScript, strconv.FormatInt(off.Nanoseconds(), 10), hex.EncodeToString(seed))
+		if err != nil {
+			return fmt.Errorf("thaw the restored guest: %w", err)
+		}
+		if res.ReturnCode != 0 {
+			return fmt.Errorf("thaw the restored guest (clock %v off): exit %d: %s", off, res.ReturnCode, clip(res.Error))
+		}
+		return nil
+	}
+	arg := map[string]any{"seed": hex.EncodeToString(seed)}
+	if off.Abs() >= clockTolerance {
+		arg["shift_ns"] = off.Nanoseconds()
+	}
+	raw, err := json.Marshal(arg)
+	if err != nil {
+		return err
+	}
+	res, err := s.tool(ctx, true, "thaw", string(raw), "")
+	if err != nil {
+		return fmt.Errorf("thaw the restored guest: %w", err)
+	}
+	if res.ReturnCode != 0 {
+		return fmt.Errorf("thaw the restored guest (clock %v off): exit %d: %s", off, res.ReturnCode, clip(lastLines(res.Error, 4)))
+	}
+	return nil
+}
+
+// dropCaches writes the guest's dirty pages out and drops its page cache,
+// before a snapshot.
+func (s *guestShell) dropCaches(ctx context.Context) error {
+	res, err := s.tool(ctx, true, "dropcaches", "-", "")
+	if err != nil {
+		return fmt.Errorf("drop the guest's page cache: %w", err)
+	}
+	if res.ReturnCode != 0 {
+		return fmt.Errorf("drop the guest's page cache: exit %d: %s", res.ReturnCode, clip(lastLines(res.Error, 4)))
+	}
+	return nil
+}

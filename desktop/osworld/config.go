@@ -115,6 +115,30 @@ type FastResetConfig struct {
 	StateDir string
 }
 
+// DefaultGoldenMax is GoldenConfig.Max's default.
+const DefaultGoldenMax = 4
+
+// GoldenConfig says how VM desktops use golden task states: the first time
+// a desktop runs a task, it sets the task up once from the clean state,
+// waits until the screen settled and takes a snapshot of that state (RAM,
+// devices, disk); every later attempt of the task on that desktop loads
+// it in place instead of resetting and running the setup again, so all of
+// them start from the same state. Tasks without setup steps, and tasks
+// whose setup depends on the wall clock or the network, reset as without
+// golden states.
+type GoldenConfig struct {
+	// Off resets and sets up every attempt as without golden states.
+	Off bool
+	// Max is the number of golden states a desktop keeps (each holds the
+	// guest's memory in the VM's overlay); the least recently used one is
+	// deleted when another is taken (default DefaultGoldenMax).
+	Max int
+	// Refuse lists task IDs that never get a golden state: their setup
+	// depends on the wall clock or the network in ways legato cannot see
+	// in its steps.
+	Refuse []string
+}
+
 // Config says how to run OSWorld desktops: libvirt VMs started here (VM),
 // or guests that already run elsewhere (Guests). The zero value of each
 // field means its documented default; one of VM.BaseImage and Guests is
@@ -140,6 +164,9 @@ type Config struct {
 	RevertDomains []string
 	// FastReset says what a fast reset restores and checks.
 	FastReset FastResetConfig
+	// Golden says how VM desktops keep each task's set-up state (see
+	// GoldenConfig).
+	Golden GoldenConfig
 	// Home is the guest user's home directory, restored by a fast reset
 	// (default /home/user).
 	Home string
@@ -430,6 +457,9 @@ func (c Config) withDefaults() Config {
 	if c.vmMode() && len(c.VM.Hosts) == 0 {
 		c.VM.Hosts = []vm.HostSpec{{URI: vm.DefaultURI}}
 	}
+	if c.Golden.Max <= 0 {
+		c.Golden.Max = DefaultGoldenMax
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -535,6 +565,14 @@ func (c Config) Validate() error {
 	if c.Grade.OSWorldDir != "" {
 		if st, err := os.Stat(c.Grade.OSWorldDir); err != nil || !st.IsDir() {
 			add("Grade.OSWorldDir %q: not a directory: give the root of an OSWorld checkout", c.Grade.OSWorldDir)
+		}
+	}
+	if c.Golden.Max < 0 {
+		add("Golden.Max (--golden-max) %d: want the number of golden states a desktop keeps, 1 or more (0 means %d)", c.Golden.Max, DefaultGoldenMax)
+	}
+	for _, id := range c.Golden.Refuse {
+		if strings.TrimSpace(id) == "" {
+			add("Golden.Refuse: an empty task ID: name the tasks that never get a golden state")
 		}
 	}
 	if c.Grade.Timeout < 0 {

@@ -27,7 +27,8 @@ var (
 type ResetReport struct {
 	TaskID string
 	// Kind is ResetNone, ResetFast, ResetLoadvm, ResetRevert,
-	// ResetFastThenLoadvm, ResetFastThenRevert or ResetFastIncomplete.
+	// ResetFastThenLoadvm, ResetFastThenRevert, ResetFastIncomplete,
+	// ResetGolden or ResetGoldenBuild.
 	Kind string
 	// Why says why that reset: the rule or the measured costs that chose
 	// it, and for a fallback what the fast reset could not undo.
@@ -38,6 +39,9 @@ type ResetReport struct {
 	Restore time.Duration
 	// Setup is the time the task's setup steps took.
 	Setup time.Duration
+	// Golden is the time taking the task's golden state took (for
+	// ResetGoldenBuild): the wait for a settled screen and the snapshot.
+	Golden time.Duration
 	// Ended and Closed name the processes and windows a fast reset ended
 	// ("comm(pid)") and closed; Left says what it could not undo.
 	Ended, Closed, Left []string
@@ -78,6 +82,10 @@ type Desktop struct {
 	waits      waitCosts
 	chooser    resetChooser
 	prev       prevAttempt // the attempt since the last reset
+	golden     goldenSet
+	// startedSettled says the attempt started from a golden state taken
+	// on a settled screen: WaitAfterReset has nothing to wait for.
+	startedSettled bool
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.
@@ -163,13 +171,17 @@ func (d *Desktop) fail(op string, err error) error {
 }
 
 // Reset brings the desktop to the task's initial state, then runs the
-// task's setup steps. On a VM it chooses between a fast reset and loading
-// the clean snapshot (see resetChooser): the snapshot for NoFastReset, for
+// task's setup steps. On a VM, a task's golden state (see GoldenConfig)
+// comes first: loaded when this desktop has one, else taken after this
+// reset's setup. Otherwise it chooses between a fast reset and loading the
+// clean snapshot (see resetChooser): the snapshot for NoFastReset, for
 // tasks of RevertDomains and the attempt after one, and after a task whose
 // attempt a fast reset could not undo before; otherwise whichever measured
-// cheaper on this desktop. A fast reset that cannot bring the guest back
-// falls back to the snapshot. A guest given by URL can only fast-reset.
-// LastReset says which reset ran and why.
+// cheaper on this desktop. A golden state that does not load falls back to
+// the clean snapshot (one taken for another key is taken again after a
+// reset of that choice), a fast reset that cannot bring the guest back to
+// the snapshot, and a loadvm that fails to libvirt's revert. A guest given by
+// URL can only fast-reset. LastReset says which reset ran and why.
 func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
@@ -177,6 +189,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	}
 	defer done()
 	d.lastAction = desktop.Action{}
+	d.startedSettled = false
 	d.mu.Lock()
 	d.lastGrading = nil
 	d.mu.Unlock()
@@ -184,7 +197,26 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		return d.fail("reset", err)
 	}
 	prev, cur := d.prev, prevAttempt{id: task.ID, domain: task.Domain}
+	gp := d.goldenPlan(ctx, task)
+	if gp.state != nil {
+		rep, err := d.resetGolden(ctx, task, &gp)
+		if err != nil {
+			return d.fail("reset ("+ResetGolden+")", err)
+		}
+		if rep != nil {
+			d.fresh = false
+			d.prev = cur
+			d.startedSettled = gp.state.settled
+			d.setLastReset(*rep)
+			return nil
+		}
+	}
 	c := d.choose(cur, prev)
+	if gp.loadFailed {
+		// The failed load may have left the guest anywhere: only the
+		// clean snapshot brings it back.
+		c = choice{ResetLoadvm, "a failed load leaves the guest anywhere: the clean snapshot brings it back"}
+	}
 	d.fresh = false
 	// From here on the desktop holds this task's attempt (or a reset that
 	// failed on the way to it): the next reset undoes that.
@@ -228,16 +260,42 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	if d.vm != nil && c.kind != ResetNone && rep.Kind != ResetFastThenLoadvm && rep.Kind != ResetFastThenRevert {
 		d.chooser.done(rep.Kind, rep.Restore, prev, "")
 	}
+	if gp.why != "" && !gp.build {
+		rep.Why = gp.why + "; " + rep.Why
+	}
 	t1 := time.Now()
 	if err := d.setup.Run(ctx, task, task.Setup); err != nil {
 		return d.fail("setup", err)
 	}
 	rep.Setup = time.Since(t1)
+	if gp.build {
+		t2 := time.Now()
+		g, err := d.buildGolden(ctx, task, gp.key, gp.id, rep.Setup)
+		switch {
+		case err == nil:
+			rep.Why = fmt.Sprintf("%s (reset: %s, %s)", gp.why, rep.Kind, rep.Why)
+			rep.Kind = ResetGoldenBuild
+			rep.Golden = time.Since(t2)
+			d.startedSettled = g.settled
+		case ctx.Err() != nil:
+			return d.fail("reset ("+ResetGoldenBuild+")", err)
+		default:
+			// The attempt goes on from the state the setup left; the task
+			// resets as without golden states on this desktop.
+			d.log.Warn("could not take the task's golden state; its attempts reset and run its setup instead", "task", task.ID, "err", err)
+			d.golden.markBroken(task.ID, "taking its golden state failed: "+err.Error())
+			rep.Why = fmt.Sprintf("%s; %s; taking the golden state failed: %s", gp.why, rep.Why, clip(err.Error()))
+		}
+	}
+	d.setLastReset(rep)
+	d.log.Debug("reset", "task", task.ID, "kind", rep.Kind, "why", rep.Why, "restore", rep.Restore, "setup", rep.Setup, "golden", rep.Golden, "ended", rep.Ended, "closed", rep.Closed)
+	return nil
+}
+
+func (d *Desktop) setLastReset(rep ResetReport) {
 	d.mu.Lock()
 	d.lastReset = rep
 	d.mu.Unlock()
-	d.log.Debug("reset", "task", task.ID, "kind", rep.Kind, "why", rep.Why, "restore", rep.Restore, "setup", rep.Setup, "ended", rep.Ended, "closed", rep.Closed)
-	return nil
 }
 
 // choose picks the reset before task; prev is the attempt since the last
@@ -287,23 +345,34 @@ func (d *Desktop) fastReset(ctx context.Context) (cleanResult, error) {
 	return d.sh.resetClean(ctx, cfg)
 }
 
-// revert restores the VM's snapshot and sets the guest clock, which the
-// snapshot turned back to when it was taken. It returns the kind of reset
-// that ran: ResetLoadvm, or ResetRevert when loadvm failed.
+// revert restores the VM's clean snapshot and thaws the guest (see
+// restore). It returns the kind of reset that ran: ResetLoadvm, or
+// ResetRevert when loadvm failed.
 func (d *Desktop) revert(ctx context.Context) (string, error) {
 	if d.vm == nil {
 		return "", fmt.Errorf("revert: a guest given by URL has no snapshot: %w", desktop.ErrUnsupported)
 	}
+	return d.restore(ctx, func(ctx context.Context) (string, error) {
+		err := d.vm.Revert(ctx)
+		if d.vm.Timings().LastResetHow == vm.ResetLibvirt {
+			return ResetRevert, err
+		}
+		return ResetLoadvm, err
+	}, newSeed())
+}
+
+// restore runs load, which restores a snapshot of the VM and returns the
+// kind of reset it was, then thaws the guest: it sets the guest clock,
+// which the snapshot turned back to when it was taken, and reseeds the
+// guest kernel's random generator with seed, which the snapshot turned
+// back too.
+func (d *Desktop) restore(ctx context.Context, load func(context.Context) (string, error), seed []byte) (string, error) {
 	// Connections kept alive across the restore lead to a guest that no
 	// longer knows them.
 	d.guest.CloseIdleConnections()
 	d.probe.forgetOffset()
-	err := d.vm.Revert(ctx)
+	how, err := load(ctx)
 	d.guest.CloseIdleConnections()
-	how := ResetLoadvm
-	if d.vm.Timings().LastResetHow == vm.ResetLibvirt {
-		how = ResetRevert
-	}
 	if err != nil {
 		return how, err
 	}
@@ -321,15 +390,25 @@ func (d *Desktop) revert(ctx context.Context) (string, error) {
 			off, rtt = again, rtt2
 		}
 	}
-	err = d.sh.shiftClock(ctx, off)
-	d.log.Debug("revert", "how", how, "restore", d.vm.Timings().LastReset, "clock_offset", off, "clock_rtt", rtt,
-		"clock_reread", reread, "clock_set", time.Since(t0), "helper", d.sh.helper != "" && !d.sh.noHelper)
+	err = d.sh.thaw(ctx, off, seed)
+	d.log.Debug("restore", "how", how, "restore", d.vm.Timings().LastReset, "clock_offset", off, "clock_rtt", rtt,
+		"clock_reread", reread, "thaw", time.Since(t0), "helper", d.sh.helper != "" && !d.sh.noHelper)
 	return how, err
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after
 // a reset, at most Ready.AfterResetMax.
+//
+// After a golden state taken on a settled screen (loaded, or just taken)
+// it returns at once: the screen is the settled one the state holds.
 func (d *Desktop) WaitAfterReset(ctx context.Context) error {
+	if d.startedSettled {
+		_, done, err := d.begin(ctx)
+		if err == nil {
+			done()
+		}
+		return err
+	}
 	return d.wait(ctx, "wait after reset", d.cfg.Ready.AfterResetMax)
 }
 

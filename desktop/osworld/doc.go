@@ -56,6 +56,32 @@
 // given by URL have no snapshot: they are always fast-reset, with a warning
 // when something is left. Then the task's setup steps run (package setup).
 //
+// # Golden task states
+//
+// Every attempt of a group should start from the same state, and a setup
+// that opens an application costs seconds per attempt. So the first time
+// a VM desktop runs a task (Config.Golden), it resets as above, runs the
+// setup, waits until the screen settled, drops the guest's page cache and
+// takes an internal snapshot of that state (RAM, devices, disk, in the
+// VM's overlay); the task's later attempts on that desktop load it in
+// place (HMP loadvm) instead, then get the host's clock and fresh entropy
+// for the guest kernel's random generator (the snapshot turned both
+// back), and skip the wait after the reset. A snapshot is keyed by the
+// task's setup, legato's guest tool, QEMU's version as the running
+// process reports it, the machine (the domain definition without names,
+// ports and files of its own) and the boot files: a state taken under
+// another key is deleted and taken again, never loaded. Tasks without
+// setup steps, tasks Golden.Refuse names, and tasks whose setup depends
+// on the wall clock or the network (a browsing history dated from the
+// clock, web pages, commands that name a URL or run a network or clock
+// tool) reset as without. A desktop keeps Golden.Max states, deleting the
+// least recently used. A state that does not load is deleted and the
+// clean snapshot loaded before the setup runs (libvirt's revert if loadvm
+// fails too); the task resets as without on that desktop from then on.
+// The snapshots live in the overlay, so Close, the pool's sweep and
+// legato rl gc remove them with it. ResetReport says "golden" or
+// "golden-build" (the attempt that took it) and why.
+//
 // # Ready signal
 //
 // WaitAfterReset, WaitReady (after each action, desktop.ReadyWaiter) and

@@ -30,6 +30,19 @@ t2=$(date +%s%N)
 t=$((t2 + (t2 - t1) - off))
 date -u -s "@$((t / 1000000000)).$(printf %09d $((t % 1000000000)))" >/dev/null`
 
+// thawScript readies a guest restored from a snapshot when no helper
+// runs: it shifts the clock as shiftClockScript does (unless $1, the
+// offset in nanoseconds, is within 20 ms) and writes $2, the host's seed,
+// into the kernel's random pool.
+const thawScript = `off=$1
+if [ "$off" -gt 20000000 ] || [ "$off" -lt -20000000 ]; then
+t1=$(date +%s%N)
+t2=$(date +%s%N)
+t=$((t2 + (t2 - t1) - off))
+date -u -s "@$((t / 1000000000)).$(printf %09d $((t % 1000000000)))" >/dev/null || exit
+fi
+printf '%s' "$2" >/dev/urandom`
+
 // loadScript prints the aggregate cpu line of /proc/stat before and after
 // sleeping $1 seconds: the guest's load during the wait, measured by the
 // guest's own clock.

@@ -107,7 +107,10 @@ func itConfig(t *testing.T, prefix string) Config {
 		BootTimeout: 4 * time.Minute,
 		CacheDir:    t.TempDir(),
 		Grade:       GradeConfig{Mode: grade.NativeOnly},
-		Logger:      slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		// The tests of the resets without golden states; the golden
+		// tests turn them on.
+		Golden: GoldenConfig{Off: true},
+		Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 }
 
@@ -684,10 +687,15 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 	}
 	var name string
 	var port, steps int
+	var resets []string
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		line := sc.Text()
 		if n, _ := fmt.Sscanf(line, "STARTED %s %d", &name, &port); n == 2 {
+			continue
+		}
+		if k, ok := strings.CutPrefix(line, "RESET "); ok {
+			resets = append(resets, k)
 			continue
 		}
 		if strings.HasPrefix(line, "STEP") {
@@ -701,6 +709,10 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 	cmd.Wait()
 	if name == "" || steps < 2 {
 		t.Fatalf("the child did not get into its batch (vm %q, %d steps)", name, steps)
+	}
+	// The killed VM's overlay holds a golden state too.
+	if !slices.Equal(resets, []string{ResetGoldenBuild}) {
+		t.Errorf("the child's resets: %q; want it to have taken a golden state", resets)
 	}
 
 	left, err := vm.List(ctx, cfg.VM)
@@ -750,6 +762,7 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 // call.
 func crashChild(t *testing.T, cfg Config) {
 	ctx := t.Context()
+	cfg.Golden.Off = false
 	p, err := NewPool(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -760,17 +773,32 @@ func crashChild(t *testing.T, cfg Config) {
 	}})
 	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
 		d, err := p.New(ctx, slot)
-		if err == nil {
-			vd := d.(*VMDesktop)
-			fmt.Printf("STARTED %s %d\n", vd.VM().Name(), vd.VM().Ports().Guest)
+		if err != nil {
+			return nil, err
 		}
-		return d, err
+		vd := d.(*VMDesktop)
+		fmt.Printf("STARTED %s %d\n", vd.VM().Name(), vd.VM().Ports().Guest)
+		return printingResets{vd}, nil
 	}
-	tasks := []desktop.Task{{ID: "forever", Domain: "legato_term", Instruction: "Wait.", Evaluator: json.RawMessage(`{"func":"infeasible"}`)}}
+	// A setup step: the attempt starts from a golden state, a snapshot in
+	// the overlay the sweep must remove with the rest.
+	tasks := []desktop.Task{{ID: "forever", Domain: "legato_term", Instruction: "Wait.", Evaluator: json.RawMessage(`{"func":"infeasible"}`),
+		Setup: []desktop.SetupStep{{Type: "execute", Parameters: json.RawMessage(`{"command":["sh","-c","echo set > /home/user/set.txt"]}`)}}}}
 	_, err = rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "crash"}, rl.CollectOptions{
 		Out: t.TempDir(), NewDesktop: factory, Desktops: 1, Group: 1, MaxSteps: 1000, // the most Collect allows; it is killed long before
 	})
 	t.Fatalf("the batch ended (%v); it should have been killed", err)
+}
+
+// printingResets prints the kind of each reset of its desktop.
+type printingResets struct{ *VMDesktop }
+
+func (p printingResets) Reset(ctx context.Context, task desktop.Task) error {
+	err := p.VMDesktop.Reset(ctx, task)
+	if err == nil {
+		fmt.Printf("RESET %s\n", p.LastReset().Kind)
+	}
+	return err
 }
 
 // countingTransport counts the screenshots asked through it.

@@ -24,9 +24,12 @@ def main(argv, src="", cache="", module=""):
       reset CONFIG    bring the guest back to it (as root)
       quiet SECONDS   watch the guest's load and screen
       shift NS        move the clock back by NS nanoseconds (as root)
+      thaw JSON       after a snapshot restore: shift the clock, reseed the kernel's random
+                      generator (as root)
+      dropcaches -    drop the page cache before a snapshot (as root)
     """
-    if len(argv) != 2 or argv[0] not in ("record", "reset", "quiet", "shift"):
-        sys.stderr.write("usage: (record|reset CONFIG_JSON) | (quiet SECONDS) | (shift NS)\n")
+    if len(argv) != 2 or argv[0] not in ("record", "reset", "quiet", "shift", "thaw", "dropcaches"):
+        sys.stderr.write("usage: (record|reset CONFIG_JSON) | (quiet SECONDS) | (shift NS) | (thaw JSON) | (dropcaches -)\n")
         return 2
     cmd, arg = argv
     if cmd == "record":

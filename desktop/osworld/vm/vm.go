@@ -573,17 +573,23 @@ func (v *VM) ColdBoot(ctx context.Context) error {
 	if err != nil {
 		return v.fail("cold boot", err)
 	}
-	// The snapshot lives in the overlay about to be replaced: drop
-	// libvirt's record of it first.
-	err = v.conn.do(ctx, "delete snapshot metadata", func(lv *libvirt.Libvirt) error {
-		snap, err := lv.DomainSnapshotLookupByName(dom, SnapshotName, 0)
-		if err != nil {
-			return err
-		}
-		return lv.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly)
-	})
-	if err != nil && !isNoSnapshot(err) {
+	// The snapshots live in the overlay about to be replaced: drop
+	// libvirt's record of them first.
+	names, err := snapshotNames(ctx, v.conn, dom)
+	if err != nil {
 		return v.fail("cold boot", err)
+	}
+	for _, name := range names {
+		err = v.conn.do(ctx, "delete snapshot metadata", func(lv *libvirt.Libvirt) error {
+			snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
+			if err != nil {
+				return err
+			}
+			return lv.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly)
+		})
+		if err != nil && !isNoSnapshot(err) {
+			return v.fail("cold boot", err)
+		}
 	}
 	err = v.conn.do(ctx, "destroy domain", func(lv *libvirt.Libvirt) error { return lv.DomainDestroyFlags(dom, 0) })
 	if err != nil && !isNotRunning(err) {

@@ -1,0 +1,319 @@
+//go:build integration
+
+package osworld
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/vm"
+)
+
+// goldenTask is the test-guest task whose setup takes real time: it opens
+// a terminal and waits for its window.
+func goldenTask(t *testing.T) desktop.Task {
+	t.Helper()
+	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range tasks {
+		if x.ID == "legato-term-echo" {
+			return x
+		}
+	}
+	t.Fatal("no task legato-term-echo in testdata/tasks")
+	return desktop.Task{}
+}
+
+// goldenSnapshots lists the VM's golden snapshots.
+func goldenSnapshots(t *testing.T, ctx context.Context, v *vm.VM) []string {
+	t.Helper()
+	names, err := v.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g []string
+	for _, n := range names {
+		if strings.HasPrefix(n, goldenPrefix) {
+			g = append(g, n)
+		}
+	}
+	return g
+}
+
+// TestIntegrationGolden is the golden state's promise on a real guest: a
+// group of 8 attempts of one task starts from one golden state (the first
+// takes it, the others load it), every attempt's first screenshot is the
+// same bytes, a file one attempt writes is in no other attempt nor in the
+// golden state, every attempt draws its own random numbers and reads the
+// host's time. A task whose setup changed takes its state again (never
+// loads the old one); Golden.Max evicts; Close leaves nothing. With
+// -osworld.measure it then times, on the same VM, a reset to a ready task
+// each way: golden loadvm, clean loadvm + setup, fast reset + setup,
+// libvirt revert + setup.
+func TestIntegrationGolden(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := itConfig(t, "legato-itosw-golden-")
+	cfg.Golden = GoldenConfig{Max: 1}
+	ctx := t.Context()
+	tk := goldenTask(t)
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dd, err := p.New(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vd := dd.(*VMDesktop)
+	d, v := vd.Desktop, vd.VM()
+	c := d.Guest()
+	sh := func(cmd string) string {
+		t.Helper()
+		res, err := c.Execute(ctx, guest.ShellLine(cmd))
+		if err != nil || res.ReturnCode != 0 {
+			t.Fatalf("guest %q: %v %+v", cmd, err, res)
+		}
+		return strings.TrimSpace(res.Output)
+	}
+
+	overlaySize := func() int64 {
+		t.Helper()
+		st, err := os.Stat(v.Overlay())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	clean := overlaySize()
+
+	const group = 8
+	var first []byte
+	var randoms []string
+	for i := range group {
+		t0 := time.Now()
+		if err := d.Reset(ctx, tk); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.WaitAfterReset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(t0)
+		rep := d.LastReset()
+		t.Logf("attempt %d: reset %s in %v to ready (restore %v, setup %v, golden %v): %s", i, rep.Kind, took.Round(time.Millisecond),
+			rep.Restore.Round(time.Millisecond), rep.Setup.Round(time.Millisecond), rep.Golden.Round(time.Millisecond), rep.Why)
+		want := ResetGolden
+		if i == 0 {
+			want = ResetGoldenBuild
+		}
+		if rep.Kind != want {
+			t.Fatalf("attempt %d: reset %s; want %s", i, rep.Kind, want)
+		}
+		if !d.startedSettled {
+			t.Errorf("attempt %d: the state was not taken on a settled screen: the attempt waits after its reset", i)
+		}
+		if ar := d.AttemptReport(); ar.Reset != want || ar.ResetWhy == "" {
+			t.Errorf("attempt %d: attempt report says reset %q (%q); want %s with a reason", i, ar.Reset, ar.ResetWhy, want)
+		}
+		obs, err := d.Observe(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = obs.Screenshot
+			// What a golden state costs on disk (its memory and the
+			// setup's writes), after the guest's page cache was dropped.
+			t.Logf("overlay: %d MiB with the clean snapshot, %d MiB with the golden state", clean>>20, overlaySize()>>20)
+		} else if !bytes.Equal(obs.Screenshot, first) {
+			out := filepath.Join(os.TempDir(), fmt.Sprintf("legato-golden-attempt-%d.png", i))
+			os.WriteFile(out, obs.Screenshot, 0o644)
+			os.WriteFile(filepath.Join(os.TempDir(), "legato-golden-attempt-0.png"), first, 0o644)
+			t.Errorf("attempt %d: first screenshot (%d bytes) differs from attempt 0's (%d bytes); both in %s", i, len(obs.Screenshot), len(first), os.TempDir())
+		}
+		// Nothing any other attempt wrote is here; the setup's terminal is.
+		if got := sh(`ls /home/user /tmp | grep -c legato-golden-; wmctrl -l | grep -c legato-term; true`); got != "0\n1" {
+			t.Errorf("attempt %d: %q at its start; want no file of another attempt and the setup's one terminal", i, got)
+		}
+		randoms = append(randoms, sh(`head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'`))
+		if i > 0 {
+			off, err := d.sh.clockOffset(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if off.Abs() > time.Second {
+				t.Errorf("attempt %d: guest clock %v off the host's after the golden load", i, off)
+			}
+		}
+		// The attempt: a file in the home and in /tmp, and typing.
+		sh(fmt.Sprintf(`echo %d > /home/user/legato-golden-%d.txt && echo %d > /tmp/legato-golden-%d.txt`, i, i, i, i))
+		if r, err := d.Act(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.typewrite('echo attempt > ~/out.txt\n')`}); err != nil || r.ExitCode != 0 {
+			t.Fatalf("attempt %d: act: %v %+v", i, err, r)
+		}
+	}
+	slices.Sort(randoms)
+	if n := len(slices.Compact(slices.Clone(randoms))); n != group {
+		t.Errorf("the %d attempts drew %d distinct random numbers: %q", group, n, randoms)
+	}
+	snaps := goldenSnapshots(t, ctx, v)
+	if len(snaps) != 1 {
+		t.Errorf("golden snapshots after the group: %q; want one", snaps)
+	}
+
+	// The golden state itself holds no attempt's file: loaded once more,
+	// before anything runs in it.
+	if err := d.Reset(ctx, tk); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(`ls /home/user /tmp | grep -c legato-golden-; true`); got != "0" {
+		t.Errorf("the golden state holds %s files the attempts wrote", got)
+	}
+
+	// The task's setup changed: the old state is out of date, taken again.
+	changed := tk
+	changed.Setup = append(slices.Clone(tk.Setup), desktop.SetupStep{Type: "execute", Parameters: json.RawMessage(`{"command":["sh","-c","echo changed > /home/user/changed.txt"]}`)})
+	if err := d.Reset(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetGoldenBuild || !strings.Contains(rep.Why, "out of date") {
+		t.Errorf("after the task's setup changed: reset %s (%s); want %s, out of date", rep.Kind, rep.Why, ResetGoldenBuild)
+	}
+	if got := goldenSnapshots(t, ctx, v); len(got) != 1 || slices.Contains(got, snaps[0]) {
+		t.Errorf("golden snapshots after the setup changed: %q; want one, not the old %q", got, snaps)
+	}
+	if err := d.Reset(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetGolden {
+		t.Errorf("second attempt of the changed task: reset %s (%s)", rep.Kind, rep.Why)
+	}
+	if got := sh(`cat /home/user/changed.txt`); got != "changed" {
+		t.Errorf("changed task's golden state: changed.txt %q", got)
+	}
+
+	// Another task with Golden.Max 1: the first one's state is evicted.
+	other := tk
+	other.ID = "legato-term-echo-2"
+	if err := d.Reset(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetGoldenBuild {
+		t.Errorf("another task: reset %s (%s)", rep.Kind, rep.Why)
+	}
+	if got := goldenSnapshots(t, ctx, v); len(got) != 1 {
+		t.Errorf("golden snapshots with Golden.Max 1 after another task: %q; want one", got)
+	}
+	if d.golden.get(changed.ID) != nil {
+		t.Errorf("task %s's state kept beyond Golden.Max", changed.ID)
+	}
+
+	if *itMeasure {
+		measureGolden(t, ctx, d, tk)
+	}
+
+	name, overlay := v.Name(), v.Overlay()
+	if err := vd.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	left, err := vm.List(ctx, cfg.VM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("%s left behind after Close: %+v", name, left)
+	}
+	if _, err := os.Stat(overlay); !os.IsNotExist(err) {
+		t.Errorf("overlay %s (the golden snapshots' home) after Close: %v", overlay, err)
+	}
+}
+
+// measureGolden times, on one VM and one task, a reset to a ready first
+// screen each way, with an attempt's dirt between: golden loadvm, clean
+// loadvm + setup, fast reset + setup, libvirt revert + setup (each then
+// waiting until the screen settled, which a golden state taken settled
+// does not need).
+func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task) {
+	n := *itReps
+	res := map[string]*measurement{}
+	m := func(k string) *measurement {
+		if res[k] == nil {
+			res[k] = &measurement{}
+		}
+		return res[k]
+	}
+	ready := func(kind string, t0 time.Time) {
+		t.Helper()
+		if err := d.WaitAfterReset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		m(kind + "_to_ready").add(time.Since(t0))
+		rep := d.LastReset()
+		m(kind + "_restore").add(rep.Restore)
+		if rep.Setup > 0 {
+			m(kind + "_setup").add(rep.Setup)
+		}
+	}
+	viaReset := func(kind string, golden, noFast bool) {
+		t.Helper()
+		d.cfg.Golden.Off, d.cfg.NoFastReset = !golden, noFast
+		d.chooser = resetChooser{} // an unmeasured fast reset runs
+		dirty(t, ctx, d)
+		t0 := time.Now()
+		if err := d.Reset(ctx, tk); err != nil {
+			t.Fatal(err)
+		}
+		if rep := d.LastReset(); rep.Kind != kind {
+			t.Fatalf("measuring %s: reset %s (%s)", kind, rep.Kind, rep.Why)
+		}
+		ready(kind, t0)
+	}
+	// The group above left another task's state (Golden.Max 1).
+	viaReset(ResetGoldenBuild, true, false)
+	for range n {
+		viaReset(ResetGolden, true, false)
+		viaReset(ResetLoadvm, false, true)
+		viaReset(ResetFast, false, false)
+		// libvirt's revert (a new QEMU), as Reset falls back to it.
+		d.cfg.Golden.Off = true
+		dirty(t, ctx, d)
+		t0 := time.Now()
+		if _, err := d.restore(ctx, func(ctx context.Context) (string, error) { return ResetRevert, d.vm.RevertLibvirt(ctx) }, newSeed()); err != nil {
+			t.Fatal(err)
+		}
+		restore := time.Since(t0)
+		if err := d.setup.Run(ctx, tk, tk.Setup); err != nil {
+			t.Fatal(err)
+		}
+		d.startedSettled = false
+		d.setLastReset(ResetReport{TaskID: tk.ID, Kind: ResetRevert, Restore: restore, Setup: time.Since(t0) - restore})
+		ready(ResetRevert, t0)
+	}
+	d.cfg.Golden.Off, d.cfg.NoFastReset = false, false
+	for _, k := range slices.Sorted(maps.Keys(res)) {
+		t.Logf("golden measure %-24s %s", k, res[k])
+	}
+	if *itMeasureOut != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(*itMeasureOut, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
