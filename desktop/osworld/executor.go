@@ -212,7 +212,7 @@ func (d *Desktop) callExecutor(ctx context.Context, req executorRequest, out any
 		// call failed. The guest server answering with an error means it
 		// stopped the call (its 120 s limit): the executor hangs.
 		var gerr *guest.Error
-		if errors.As(err, &gerr) && gerr.Status != 0 {
+		if errors.As(err, &gerr) && gerr.Status >= 400 {
 			d.executorDown(ctx, err.Error())
 		}
 		return true, err
@@ -287,11 +287,22 @@ type settleAnswer struct {
 	// Waited is how long the executor waited, in seconds.
 	Waited float64 `json:"waited"`
 	// Error says why it cannot watch the screen.
-	Error   string  `json:"error"`
-	Load    float64 `json:"load"`
-	Damage  int64   `json:"damage"`
-	Blinked int64   `json:"blinked"`
+	Error  string  `json:"error"`
+	Load   float64 `json:"load"`
+	Damage int64   `json:"damage"`
+	// Repeated is the area of regions redrawn with at most two
+	// contents (a blinking cursor), which do not count as damage.
+	Repeated int64 `json:"repeated"`
 }
+
+// firstSettleOverhead is the guess of a settle request's round trip
+// beyond the executor's wait before one was measured: an /execute with a
+// shell, mkfifo and cat under software emulation.
+const firstSettleOverhead = 300 * time.Millisecond
+
+// minSettleOverhead is the least time a settle request leaves for its
+// round trip: its cost varies with the guest's and the host's load.
+const minSettleOverhead = 100 * time.Millisecond
 
 // waitExecutor is the ready signal with the executor watching the screen:
 // one request that returns once the guest settled (or by the bound), then
@@ -304,7 +315,11 @@ func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time) (
 	cfg := d.cfg.Ready
 	// The request, its round trip and the last screenshot end by the
 	// bound.
-	wait := time.Until(deadline) - d.waits.shot - d.waits.settle
+	overhead := max(d.waits.settle, minSettleOverhead)
+	if d.waits.settle == 0 {
+		overhead = firstSettleOverhead
+	}
+	wait := time.Until(deadline) - d.waits.shot - overhead
 	if wait < 0 {
 		return desktop.Ready{}, nil, false
 	}
@@ -328,7 +343,7 @@ func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time) (
 		return desktop.Ready{}, nil, false
 	default:
 		d.waits.settle = ewma(d.waits.settle, max(0, answered.Sub(t0)-time.Duration(a.Waited*float64(time.Second))))
-		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "blinked", a.Blinked,
+		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "repeated", a.Repeated,
 			"round_trip", answered.Sub(t0))
 	}
 	obs, err := d.timedShot(ctx)

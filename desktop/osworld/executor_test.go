@@ -168,3 +168,58 @@ func TestExecutorFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestExecutorSettle: the executor's ready signal settles on a blinking
+// cursor, which holds the probes' signal to its bound (every Interval has
+// a toggle of more than MaxDamage pixels), and never on a one-character
+// spinner or a clock.
+func TestExecutorSettle(t *testing.T) {
+	g := startHostGuest(t)
+	cfg := g.config(t, g.URL)
+	// Longer than xterm's cursor phases (600 ms on, 300 ms off).
+	cfg.Ready.Interval = 700 * time.Millisecond
+	d := g.desktop(t, cfg)
+	ctx := t.Context()
+	const bound = 6 * time.Second
+	for _, tt := range []struct {
+		name    string
+		args    string
+		settles bool
+	}{
+		{"blinking cursor", `"-bc", "-e", "sh", "-c", "printf ready; exec sleep 1000"`, true},
+		{"spinner", `"-e", "sh", "-c", "while :; do for c in a b c d; do printf '\\b%s' $c; sleep 0.15; done; done"`, false},
+		{"clock", `"-e", "sh", "-c", "while sleep 0.02; do date +%s.%N; done"`, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			term := task(t, "term", "legato_test", fmt.Sprintf(`{
+			  "instruction": "Watch.",
+			  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", %s]}}],
+			  "evaluator": {"func": "infeasible"}}`, g.AppPath, tt.args))
+			if err := d.Reset(ctx, term); err != nil {
+				t.Fatal(err)
+			}
+			g.WaitWindow(t, "legato-term")
+			waitChanging(t, d)
+			r, err := d.WaitReady(ctx, bound)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Settled != tt.settles || !d.exec.usable() || d.exec.noWatch {
+				t.Errorf("executor: settled %v after %v, want settled %v (executor %+v)", r.Settled, r.After, tt.settles, d.exec)
+			}
+			if !tt.settles {
+				return
+			}
+			// The probes' signal, for comparison: held to its bound.
+			d.exec.noWatch = true
+			defer func() { d.exec.noWatch = false }()
+			r, err = d.WaitReady(ctx, bound)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Settled {
+				t.Errorf("the probes settled after %v: the cursor does not blink, or blinks less than MaxDamage", r.After)
+			}
+		})
+	}
+}

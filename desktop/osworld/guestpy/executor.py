@@ -39,10 +39,11 @@ import time
 import traceback
 import zlib
 
-# The damage of a small region that flips between at most two contents (a blinking caret or
-# block cursor) does not keep the screen from settling; anything else that changes does.
-BLINK_MAX_SIDE = 64
-BLINK_MEMORY = 2.5  # seconds a region's past contents are remembered
+# The damage of a region redrawn again and again with at most two contents (a blinking caret
+# or block cursor, a panel clock repainted unchanged) does not keep the screen from settling;
+# anything else that changes does. Regions up to REPEAT_MAX_AREA pixels are read back to tell.
+REPEAT_MAX_AREA = 256 * 256
+REPEAT_MEMORY = 2.5  # seconds a region's past contents are remembered
 TICK = 0.05  # how often a settle request looks at the CPUs
 ACT_LIMIT = 120  # seconds, as OSWorld's /execute
 
@@ -53,10 +54,11 @@ class ActionTimeout(BaseException):
 
 class Watcher(threading.Thread):
     """Watches the screen through the X DAMAGE extension from the executor's start on, and
-    keeps the damage of the last seconds: (time, area, blink). A small region is a blink when
-    it was damaged before, within BLINK_MEMORY, and its contents (read back with GetImage and
-    hashed: a few hundred bytes, never the whole screen) took at most two values since. A
-    spinner or a counter cycles through more, and counts from its third change on."""
+    keeps the damage of the last seconds: (time, area, repeat). The damage of a region is a
+    repeat when the same region was damaged before, within REPEAT_MEMORY, and its contents
+    (read back with GetImage and hashed: kilobytes, never the whole screen) took at most two
+    values since. A spinner or a counter cycles through more, and counts from its third
+    change on."""
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -106,21 +108,21 @@ class Watcher(threading.Thread):
                 continue
             rx, ry, w, h = struct.unpack("<hhHH", b[16:24])
             now = time.monotonic()
-            blink = False
-            if w <= BLINK_MAX_SIDE and h <= BLINK_MAX_SIDE:
-                blink = self.blinks(x, now, (rx, ry, w, h))
+            repeat = False
+            if w * h <= REPEAT_MAX_AREA:
+                repeat = self.repeats(x, now, (rx, ry, w, h))
             with self.lock:
-                self.events.append((now, w * h, blink))
+                self.events.append((now, w * h, repeat))
                 while self.events and self.events[0][0] < now - 30:
                     self.events.popleft()
 
-    def blinks(self, x, now, rect):
-        """Whether the damage of a small region is a blink. Its contents are read only from
-        its second damage on: typing damages a new small region with every character."""
+    def repeats(self, x, now, rect):
+        """Whether the damage of a region is a repeat. Its contents are read only from its
+        second damage on: typing damages a new region with every character."""
         past = self.regions.get(rect)
         if past is None:
             past = self.regions[rect] = collections.deque()
-        while past and past[0][0] < now - BLINK_MEMORY:
+        while past and past[0][0] < now - REPEAT_MEMORY:
             past.popleft()
         if not past:
             past.append((now, None))
@@ -137,22 +139,22 @@ class Watcher(threading.Thread):
 
     def prune(self, now):
         if len(self.regions) > 512:
-            for k in [k for k, v in self.regions.items() if not v or v[-1][0] < now - BLINK_MEMORY]:
+            for k in [k for k, v in self.regions.items() if not v or v[-1][0] < now - REPEAT_MEMORY]:
                 del self.regions[k]
 
     def damage(self, since, until):
-        """The area damaged in [since, until], and what of it blinked."""
-        area = blinked = 0
+        """The area damaged in [since, until] besides repeats, and that of the repeats."""
+        area = repeated = 0
         with self.lock:
-            for t, a, blink in reversed(self.events):
+            for t, a, repeat in reversed(self.events):
                 if t < since:
                     break
                 if t <= until:
-                    if blink:
-                        blinked += a
+                    if repeat:
+                        repeated += a
                     else:
                         area += a
-        return area, blinked
+        return area, repeated
 
 
 class Executor:
@@ -253,7 +255,7 @@ class Executor:
 
     def settle(self, req):
         """Waits until, over an interval, the CPUs were at most max_load busy and at most
-        max_damage pixels were redrawn besides blinks, the interval starting no earlier than
+        max_damage pixels were redrawn besides repeats, the interval starting no earlier than
         the last action's end (or this request); at most max seconds."""
         if self.watcher.error or not self.watcher.is_alive():
             return {"error": self.watcher.error or "the screen watcher stopped"}
@@ -278,13 +280,13 @@ class Executor:
             if base is not None:
                 cur = self.cpu[-1]
                 load = (cur[1] - base[1]) / (cur[2] - base[2]) if cur[2] > base[2] else 0.0
-                area, blinked = self.watcher.damage(base[0], now)
+                area, repeated = self.watcher.damage(base[0], now)
                 if load <= max_load and area <= max_damage:
                     return {"settled": True, "waited": now - start, "quiet_from": base[0] - start,
-                            "load": load, "damage": area, "blinked": blinked}
+                            "load": load, "damage": area, "repeated": repeated}
             if now >= end:
-                area, blinked = self.watcher.damage(now - interval, now)
-                return {"settled": False, "waited": now - start, "damage": area, "blinked": blinked}
+                area, repeated = self.watcher.damage(now - interval, now)
+                return {"settled": False, "waited": now - start, "damage": area, "repeated": repeated}
             time.sleep(min(TICK, max(0.0, end - now)))
 
     # ---- serving ------------------------------------------------------------------------
