@@ -120,10 +120,13 @@ func (e executor) usable() bool { return e.dir != "" && !e.down }
 
 // executorBase is the guest directory the executor's own goes in: one a
 // fast reset restores, so that the reset removes it with the executor;
-// /tmp where it can be.
+// /dev/shm where it can be (a task's files and its checks are in the home
+// and /tmp, hardly ever there), else /tmp.
 func (c Config) executorBase() string {
-	if len(c.FastReset.Restore) == 0 || slices.Contains(c.FastReset.Restore, "/tmp") {
-		return "/tmp"
+	for _, d := range []string{"/dev/shm", "/tmp"} {
+		if len(c.FastReset.Restore) == 0 || slices.Contains(c.FastReset.Restore, d) {
+			return d
+		}
 	}
 	return c.FastReset.Restore[0]
 }

@@ -223,3 +223,20 @@ func TestExecutorSettle(t *testing.T) {
 		})
 	}
 }
+
+func TestExecutorBase(t *testing.T) {
+	for _, tt := range []struct {
+		restore []string
+		want    string
+	}{
+		{nil, "/dev/shm"},
+		{DefaultRestoreDirs(), "/dev/shm"},
+		{[]string{"/tmp", "/srv/x"}, "/tmp"},
+		{[]string{"/srv/x", "/srv/y"}, "/srv/x"},
+	} {
+		c := Config{FastReset: FastResetConfig{Restore: tt.restore}}
+		if got := c.executorBase(); got != tt.want {
+			t.Errorf("Restore %q: executor directory in %q, want %q", tt.restore, got, tt.want)
+		}
+	}
+}
