@@ -114,6 +114,8 @@ type executor struct {
 	up, down bool
 	// noWatch says it cannot watch the screen: the ready signal probes.
 	noWatch bool
+	// window is the settle window the tests compare; "" is the default.
+	window string
 }
 
 func (e executor) usable() bool { return e.dir != "" && !e.down }
@@ -187,6 +189,9 @@ type executorRequest struct {
 	Interval  float64 `json:"interval,omitempty"`
 	MaxLoad   float64 `json:"max_load,omitempty"`
 	MaxDamage int64   `json:"max_damage,omitempty"`
+	// Window says from when the load and the damage count; "" is the
+	// executor's default (see guestpy/executor.py).
+	Window string `json:"window,omitempty"`
 }
 
 // errExecutorDied means the executor ended while it ran a request.
@@ -296,6 +301,10 @@ type settleAnswer struct {
 	// Repeated is the area of regions redrawn with at most two
 	// contents (a blinking cursor), which do not count as damage.
 	Repeated int64 `json:"repeated"`
+	// HeldLoad and HeldDamage count the looks (every 50 ms) that found
+	// the CPUs busy and the screen changing.
+	HeldLoad   int `json:"held_load"`
+	HeldDamage int `json:"held_damage"`
 }
 
 // firstSettleOverhead is the guess of a settle request's round trip
@@ -331,7 +340,7 @@ func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time) (
 	t0 := time.Now()
 	var a settleAnswer
 	delivered, err := d.callExecutor(pctx, executorRequest{Op: "settle", Max: wait.Seconds(), Interval: cfg.Interval.Seconds(),
-		MaxLoad: cfg.MaxLoad, MaxDamage: cfg.MaxDamage}, &a)
+		MaxLoad: cfg.MaxLoad, MaxDamage: cfg.MaxDamage, Window: d.exec.window}, &a)
 	answered := time.Now()
 	switch {
 	case err != nil && ctx.Err() == nil && pctx.Err() != nil:
@@ -346,7 +355,7 @@ func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time) (
 		return desktop.Ready{}, nil, false
 	default:
 		d.waits.settle = ewma(d.waits.settle, max(0, answered.Sub(t0)-time.Duration(a.Waited*float64(time.Second))))
-		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "repeated", a.Repeated,
+		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "repeated", a.Repeated, "held_load", a.HeldLoad, "held_damage", a.HeldDamage,
 			"round_trip", answered.Sub(t0))
 	}
 	obs, err := d.timedShot(ctx)

@@ -45,6 +45,7 @@ import zlib
 REPEAT_MAX_AREA = 256 * 256
 REPEAT_MEMORY = 2.5  # seconds a region's past contents are remembered
 TICK = 0.05  # how often a settle request looks at the CPUs
+LOAD_MIN = 0.2  # seconds, the least time the load of a settle is measured over
 ACT_LIMIT = 120  # seconds, as OSWorld's /execute
 
 
@@ -255,38 +256,52 @@ class Executor:
 
     def settle(self, req):
         """Waits until, over an interval, the CPUs were at most max_load busy and at most
-        max_damage pixels were redrawn besides repeats, the interval starting no earlier than
-        the last action's end (or this request); at most max seconds."""
+        max_damage pixels were redrawn besides repeats; at most max seconds. The screen counts
+        from the last action's end on. The CPUs count, with "window" "split" (the default),
+        from this request's arrival on, over LOAD_MIN at least: what ran before it includes
+        the request's own delivery (the guest server, a shell, mkfifo, cat), busy work under
+        software emulation. "act" counts both from the action's end, "request" both from the
+        request's arrival."""
         if self.watcher.error or not self.watcher.is_alive():
             return {"error": self.watcher.error or "the screen watcher stopped"}
         interval = float(req["interval"])
         max_load = float(req["max_load"])
         max_damage = int(req["max_damage"])
+        window = req.get("window") or "split"
         start = self.sample()
         end = start + max(0.0, float(req["max"]))
-        lo = start
-        if self.act_end is not None:
-            lo = min(self.act_end, start)
-            self.act_end = None
+        act_end = start if self.act_end is None else min(self.act_end, start)
+        self.act_end = None
+        lo_damage = start if window == "request" else act_end
+        lo_load = act_end if window == "act" else start
+        held_load = held_damage = 0  # looks that found the CPUs busy, the screen changing
         while True:
             now = self.sample()
-            # The interval starts at the last CPU sample that leaves it long enough.
-            base = None
-            for s in self.cpu:
-                if s[0] > now - interval:
-                    break
-                if s[0] >= lo:
-                    base = s
-            if base is not None:
+            since = now - interval
+            load_from = max(since, lo_load)
+            if since >= lo_damage - 1e-6 and now - load_from >= min(interval, LOAD_MIN) - 1e-6:
+                # The CPU sample the load counts from: the last one at or before load_from.
+                base = None
+                for s in self.cpu:
+                    if s[0] > load_from + 1e-6:
+                        break
+                    if s[0] >= lo_load - 1e-6:
+                        base = s
+                if base is None:
+                    base = self.cpu[-1]
                 cur = self.cpu[-1]
                 load = (cur[1] - base[1]) / (cur[2] - base[2]) if cur[2] > base[2] else 0.0
-                area, repeated = self.watcher.damage(base[0], now)
+                area, repeated = self.watcher.damage(since, now)
                 if load <= max_load and area <= max_damage:
-                    return {"settled": True, "waited": now - start, "quiet_from": base[0] - start,
-                            "load": load, "damage": area, "repeated": repeated}
+                    return {"settled": True, "waited": now - start, "quiet_from": since - start,
+                            "load": load, "damage": area, "repeated": repeated,
+                            "held_load": held_load, "held_damage": held_damage}
+                held_load += load > max_load
+                held_damage += area > max_damage
             if now >= end:
                 area, repeated = self.watcher.damage(now - interval, now)
-                return {"settled": False, "waited": now - start, "damage": area, "repeated": repeated}
+                return {"settled": False, "waited": now - start, "damage": area, "repeated": repeated,
+                        "held_load": held_load, "held_damage": held_damage}
             time.sleep(min(TICK, max(0.0, end - now)))
 
     # ---- serving ------------------------------------------------------------------------
