@@ -210,6 +210,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 			d.fresh = false
 			d.prev = cur
 			d.startedSettled = gp.state.settled
+			d.resumeExecutor(ctx, gp.state.execDir)
 			d.setLastReset(*rep)
 			return nil
 		}

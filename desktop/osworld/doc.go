@@ -90,8 +90,9 @@
 // each handed to it by a small /execute, the way `python -c "import
 // pyautogui; …"` runs them (output, exit status, tracebacks, pyautogui's
 // settings as imported, the 120 s limit), without an interpreter's start
-// per action. A fast reset ends it with the attempt's other processes;
-// snapshots never hold it. Where it is absent or stops answering, actions
+// per action. A fast reset ends it with the attempt's other processes; the
+// clean snapshot never holds it, a golden state holds the one that ran
+// when it was taken. Where it is absent or stops answering, actions
 // run through `python -c` until the next reset. Config.NoExecutor is the
 // baseline.
 //

@@ -25,9 +25,11 @@ import (
 // has settled after an action, in one round trip. It reaches the guest
 // only through its server's API, never through a port of its own.
 //
-// A fast reset ends it with every other process of the attempt, and a
-// snapshot never holds it (the clean one is taken before any reset), so
-// every reset starts a new one. Where it does not run or stops answering,
+// A fast reset ends it with every other process of the attempt, and the
+// clean snapshot never holds it (it is taken before any reset), so every
+// reset starts a new one, except the load of a golden state: that was
+// taken after the task's setup with the executor running, and brings it
+// back ready. Where it does not run or stops answering,
 // actions run through `python -c` and the ready signal probes the guest,
 // as without it, until the next reset.
 var (
@@ -153,6 +155,28 @@ func (d *Desktop) startExecutor(ctx context.Context) {
 		return
 	}
 	d.exec.dir = dir
+	d.mu.Lock()
+	d.execDir = dir
+	d.mu.Unlock()
+}
+
+// running returns the executor's directory, "" when none runs.
+func (e executor) running() string {
+	if e.down {
+		return ""
+	}
+	return e.dir
+}
+
+// resumeExecutor takes over the executor of dir after a golden state that
+// holds it was loaded (it imported pyautogui before the snapshot); with
+// none there, it starts one.
+func (d *Desktop) resumeExecutor(ctx context.Context, dir string) {
+	if dir == "" || d.cfg.NoExecutor {
+		d.startExecutor(ctx)
+		return
+	}
+	d.exec = executor{dir: dir}
 	d.mu.Lock()
 	d.execDir = dir
 	d.mu.Unlock()
