@@ -29,9 +29,9 @@ import (
 // clean snapshot never holds it (it is taken before any reset), so every
 // reset starts a new one, except the load of a golden state: that was
 // taken after the task's setup with the executor running, and brings it
-// back ready. Where it does not run or stops answering,
-// actions run through `python -c` and the ready signal probes the guest,
-// as without it, until the next reset.
+// back ready. Where it does not run or stops answering, actions run
+// through `python -c` and the ready signal probes the guest, as without
+// it, until the next reset.
 var (
 	//go:embed guestpy/executor.py
 	executorPySrc string
@@ -44,14 +44,14 @@ var (
 // the request's nonce, $3 the request, $4 how long to wait for the
 // executor to start (in 50 ms ticks; it has not answered yet). It waits
 // while the executor starts and imports pyautogui, then answers its JSON
-// reply through a FIFO of its own (the executor opens it before running
-// the request: a reply that ends empty means the executor died
-// meanwhile); until it does, a watchdog answers "gone" for an executor
-// that ended, whose request did not run. An executor that ended is a
-// zombie until the guest server reaps it: alive looks at its state. Shell built-ins besides mkfifo and
-// cat, which takes the shell's place: under software emulation every
-// program started costs.
-// Exit 91: no executor runs there; 93: it is still starting after 30 s.
+// reply through a FIFO of its own. The executor opens that FIFO before it
+// runs the request (a reply that ends empty means it died meanwhile); until
+// it does, a watchdog answers "gone" for an executor that ended, and the
+// request did not run. An executor that ended is a zombie until the guest
+// server reaps it: alive looks at its state. Shell built-ins besides
+// mkfifo, sleep and cat, which takes the shell's place: under software
+// emulation every program started costs. Exit 91: no executor runs there;
+// 93: it is still starting after 30 s.
 const executorCall = `d=$1
 alive() {
   kill -0 "$1" 2>/dev/null || return 1
