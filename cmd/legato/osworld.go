@@ -79,6 +79,7 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 		c.FastReset.Check = appendToDefault(c.FastReset.Check, osworld.DefaultCheckDirs, s)
 		return nil
 	})
+	fs.BoolVar(&c.NoExecutor, "no-executor", false, "run every action as its own python -c program in the guest, as OSWorld does (a baseline); otherwise each reset starts an executor in the guest that imports pyautogui once, runs the attempt's actions and tells when the screen settled after each")
 	fs.BoolVar(&c.Ready.NoDamage, "ready-compare-screenshots", false, "the ready signal compares screenshots even where the guest watches its own screen (a baseline: two screenshots per settled wait instead of one)")
 	fs.StringVar(&c.CacheDir, "cache-dir", "", "cache of task files and cloud files (default: legato/osworld in the user cache directory)")
 }

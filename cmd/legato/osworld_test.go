@@ -92,7 +92,7 @@ func TestOSWorldFlags(t *testing.T) {
 		{
 			name: "what a fast reset restores and checks",
 			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
-				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots"},
+				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor"},
 			want: osworld.Config{
 				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
 					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
@@ -102,9 +102,10 @@ func TestOSWorldFlags(t *testing.T) {
 					Restore: append(osworld.DefaultRestoreDirs(), "/srv/data", "/var/games"),
 					Check:   append(osworld.DefaultCheckDirs(), "/var/lib/flatpak"),
 				},
-				Ready:  osworld.ReadyConfig{NoDamage: true},
-				Golden: osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
-				Grade:  osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
+				NoExecutor: true,
+				Ready:      osworld.ReadyConfig{NoDamage: true},
+				Golden:     osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
+				Grade:      osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
 			},
 		},
 	}

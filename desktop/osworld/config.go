@@ -167,6 +167,13 @@ type Config struct {
 	// Golden says how VM desktops keep each task's set-up state (see
 	// GoldenConfig).
 	Golden GoldenConfig
+	// NoExecutor runs every action as a program of its own, `python -c
+	// "import pyautogui; …"` through the guest's /execute, as OSWorld
+	// does, and probes the guest for the ready signal (a baseline;
+	// --no-executor). By default each reset starts an executor in the
+	// guest that imports pyautogui once, runs the attempt's actions and
+	// tells when the screen settled after one (see executor.go).
+	NoExecutor bool
 	// Home is the guest user's home directory, restored by a fast reset
 	// (default /home/user).
 	Home string

@@ -79,6 +79,7 @@ type Desktop struct {
 	warned     map[string]bool // domains warned about (guests without snapshots)
 	noLoad     bool            // the guest's load cannot be measured
 	noDamage   bool            // the guest cannot watch its screen
+	exec       executor        // the attempt's action executor (executor.go)
 	waits      waitCosts
 	chooser    resetChooser
 	prev       prevAttempt // the attempt since the last reset
@@ -91,9 +92,10 @@ type Desktop struct {
 	// by URL.
 	probe *vmPrep
 
-	mu          sync.Mutex // guards lastReset and lastGrading
+	mu          sync.Mutex // guards lastReset, lastGrading and execDir
 	lastReset   ResetReport
 	lastGrading []desktop.MetricRun // how the last Evaluate's metrics ran
+	execDir     string              // the last executor's directory, for Close
 }
 
 // VMDesktop is a Desktop on a VM this process started. It adds Revert.
@@ -112,6 +114,7 @@ func (d *VMDesktop) Revert(ctx context.Context) error {
 	d.fresh = false
 	d.lastAction = desktop.Action{}
 	d.prev = prevAttempt{}
+	d.exec = executor{} // the snapshot has none
 	if _, err := d.revert(ctx); err != nil {
 		return d.fail("revert", err)
 	}
@@ -207,6 +210,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 			d.fresh = false
 			d.prev = cur
 			d.startedSettled = gp.state.settled
+			d.resumeExecutor(ctx, gp.state.execDir)
 			d.setLastReset(*rep)
 			return nil
 		}
@@ -222,6 +226,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	// failed on the way to it): the next reset undoes that.
 	d.prev = cur
 	rep := ResetReport{TaskID: task.ID, Kind: c.kind, Why: c.why}
+	d.exec = executor{} // the reset ends it
 	t0 := time.Now()
 	switch c.kind {
 	case ResetLoadvm:
@@ -264,6 +269,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		rep.Why = gp.why + "; " + rep.Why
 	}
 	t1 := time.Now()
+	d.startExecutor(ctx)
 	if err := d.setup.Run(ctx, task, task.Setup); err != nil {
 		return d.fail("setup", err)
 	}
@@ -485,7 +491,10 @@ func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActRe
 	if action.Kind != desktop.Code {
 		return desktop.ActResult{}, nil
 	}
-	res, err := d.guest.RunPyautogui(ctx, action.Code)
+	res, ran, err := d.actExecutor(ctx, action.Code)
+	if !ran && err == nil {
+		res, err = d.guest.RunPyautogui(ctx, action.Code)
+	}
 	var gerr *guest.Error
 	if err != nil && errors.As(err, &gerr) && gerr.Status != 0 && ctx.Err() == nil {
 		// The guest answered: it is up, the action is what failed.
@@ -535,6 +544,7 @@ func (d *Desktop) AccessibilityTree(ctx context.Context) (string, error) {
 // and safe to call from any goroutine.
 func (d *Desktop) Close() error {
 	d.closeOnce.Do(func() {
+		d.stopExecutor()
 		d.closeNow()
 		var errs []error
 		if d.grader != nil {

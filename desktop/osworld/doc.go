@@ -82,12 +82,31 @@
 // legato rl gc remove them with it. ResetReport says "golden" or
 // "golden-build" (the attempt that took it) and why.
 //
+// # The action executor
+//
+// Each reset starts legato's executor in the guest (guestpy/executor.py,
+// through the guest server's /setup/launch, so as the server's user with
+// its Python): it imports pyautogui once and runs the attempt's actions,
+// each handed to it by a small /execute, the way `python -c "import
+// pyautogui; …"` runs them (output, exit status, tracebacks, pyautogui's
+// settings as imported, the 120 s limit), without an interpreter's start
+// per action. A fast reset ends it with the attempt's other processes; the
+// clean snapshot never holds it, a golden state holds the one that ran
+// when it was taken. Where it is absent or stops answering, actions
+// run through `python -c` until the next reset. Config.NoExecutor is the
+// baseline.
+//
 // # Ready signal
 //
 // WaitAfterReset, WaitReady (after each action, desktop.ReadyWaiter) and
 // WaitBeforeEval wait until, over one interval, the guest's CPUs were idle
 // and its X server redrew (almost) nothing, watched in the guest through
 // the X DAMAGE extension; one screenshot then shows the settled screen.
+// With the executor running, it watches the screen from its start and
+// answers one request once an interval after the last action was still; a
+// region redrawn with at most two contents (a blinking cursor, a clock
+// repainted unchanged) does not count. Without it, probes watch one
+// interval per call.
 // Where the guest cannot watch its screen, consecutive screenshots must be
 // identical instead, with the guest idle in between. A wait plans its last
 // screenshot to end by its bound. WaitReady returns the screenshot it ended

@@ -48,6 +48,9 @@ type goldenState struct {
 	// each load saves besides the reset.
 	setup time.Duration
 	loads int
+	// execDir is the directory of the action executor that ran when it
+	// was taken ("" for none): loading the state brings it back.
+	execDir string
 	// used is the desktop's golden count when it was last built or
 	// loaded: the least recently used state goes first.
 	used int
@@ -397,7 +400,7 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	if err := d.vm.Snapshot(ctx, name, goldenDescription(task.ID, key, id)); err != nil {
 		return nil, err
 	}
-	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), settled: r.Settled, setup: setup}
+	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), settled: r.Settled, setup: setup, execDir: d.exec.running()}
 	d.golden.put(g)
 	d.log.Info("took the task's golden state", "task", task.ID, "snapshot", name, "settled", r.Settled,
 		"settle_wait", r.After, "snapshot_s", time.Since(t0).Seconds())

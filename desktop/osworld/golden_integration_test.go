@@ -106,6 +106,7 @@ func TestIntegrationGolden(t *testing.T) {
 	const group = 8
 	var first []byte
 	var randoms []string
+	var execDir string
 	for i := range group {
 		t0 := time.Now()
 		if err := d.Reset(ctx, tk); err != nil {
@@ -164,6 +165,14 @@ func TestIntegrationGolden(t *testing.T) {
 		sh(fmt.Sprintf(`echo %d > /home/user/legato-golden-%d.txt && echo %d > /tmp/legato-golden-%d.txt`, i, i, i, i))
 		if r, err := d.Act(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.typewrite('echo attempt > ~/out.txt\n')`}); err != nil || r.ExitCode != 0 {
 			t.Fatalf("attempt %d: act: %v %+v", i, err, r)
+		}
+		// The executor that ran when the state was taken comes back with
+		// it, and runs the attempt's actions.
+		if i == 0 {
+			execDir = d.exec.dir
+		}
+		if !d.exec.usable() || !d.exec.up || d.exec.dir != execDir {
+			t.Errorf("attempt %d: the action did not run through the golden state's executor %s: %+v", i, execDir, d.exec)
 		}
 	}
 	slices.Sort(randoms)

@@ -20,6 +20,8 @@ type waitCosts struct {
 	shot time.Duration
 	// probe is a quiet probe's round trip beyond the interval it watches.
 	probe time.Duration
+	// settle is a settle request's round trip beyond the executor's wait.
+	settle time.Duration
 }
 
 func ewma(old, d time.Duration) time.Duration {
@@ -45,6 +47,9 @@ func (d *Desktop) readySignal(ctx context.Context, max time.Duration) (desktop.R
 	start := time.Now()
 	deadline := start.Add(max)
 	if !d.cfg.Ready.NoDamage && !d.noDamage {
+		if r, err, done := d.waitExecutor(ctx, start, deadline); done {
+			return r, err
+		}
 		r, err, done := d.waitDamage(ctx, start, deadline)
 		if done {
 			return r, err

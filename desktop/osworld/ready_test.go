@@ -75,15 +75,20 @@ func TestReadySignal(t *testing.T) {
 		t.Errorf("still screen: WaitReady ready after %v, settled %v; want settled before its bound (%v)", r.After, r.Settled, long)
 	}
 
-	// A clock printing every 50 ms: the screen never settles.
+	// A clock printing every 20 ms: the screen never settles. The ready
+	// signal looks for any quiet Interval: a terminal on a saturated host
+	// pauses for 100 ms now and then (0.24 s measured), not for the
+	// default 500 ms.
 	clock := task(t, "clock", "legato_test", fmt.Sprintf(`{
 	  "instruction": "Watch.",
-	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.05; do date +%%s.%%N; done"]}}],
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.02; do date +%%s.%%N; done"]}}],
 	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
 	if err := d.Reset(ctx, clock); err != nil {
 		t.Fatal(err)
 	}
 	g.WaitWindow(t, "legato-clock")
+	waitChanging(t, d)
+	d.cfg.Ready.Interval = DefaultReadyInterval
 	const short = 1500 * time.Millisecond
 	r, err = d.WaitReady(ctx, short)
 	if err != nil {
@@ -94,6 +99,26 @@ func TestReadySignal(t *testing.T) {
 	if r.After < short/2 || r.Settled {
 		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled near its bound %v", r.After, r.Settled, short)
 	}
+}
+
+// waitChanging returns once the screen changes: a program whose window
+// is there may not draw yet.
+func waitChanging(t *testing.T, d *Desktop) {
+	t.Helper()
+	first, err := d.Observe(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		cur, err := d.Observe(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(cur.Screenshot, first.Screenshot) {
+			return
+		}
+	}
+	t.Fatal("the screen did not change in 30 s")
 }
 
 // TestWaitReadyHandsOverItsScreenshot: a wait that found the screen

@@ -1,0 +1,455 @@
+"""legato's in-guest action executor (x11.py and quiet.py come first).
+
+  python -c TEXT DIR CONFIG
+
+OSWorld runs every action as `python -c "import pyautogui; ..."` through its guest server's
+/execute: a new interpreter that imports pyautogui each time, most of a second under software
+emulation. The desktop starts this program once per reset through /setup/launch, so it runs
+as the guest server's user, with its interpreter, environment and working directory, as the
+per-action programs do. It imports pyautogui once, then serves requests, one at a time, that
+a small shell script run by /execute hands it through a FIFO (no port of its own, so it is
+reached wherever the guest API is):
+
+  act      run an action's code as `python -c PREFIX+CODE` would: a fresh __main__
+           namespace, the same stdout, stderr (file descriptors 1 and 2, so the programs it
+           starts are captured too), exit status and tracebacks, the same 120 s limit, and
+           pyautogui's settings as the import left them.
+  settle   answer once the screen and the CPUs have been still for an interval (see Watcher),
+           or when the request's bound passed: the wait after an action in one round trip.
+
+DIR is a new directory for its FIFOs (made here, mode 0700). CONFIG is a JSON object:
+"prefix", the code every action starts with. Files in DIR:
+
+  pid      written first; the caller waits for req while this process lives
+  req      the request FIFO, there once pyautogui is imported; one JSON object per line
+  r-NONCE  the answer FIFO of one request, made by the caller, removed here
+  failed   why it stopped, when it could not start
+"""
+import builtins
+import collections
+import io
+import locale
+import os
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import zlib
+
+# The damage of a region redrawn again and again with at most two contents (a blinking caret
+# or block cursor, a panel clock repainted unchanged) does not keep the screen from settling;
+# anything else that changes does. Regions up to REPEAT_MAX_AREA pixels are read back to tell.
+REPEAT_MAX_AREA = 256 * 256
+REPEAT_MEMORY = 2.5  # seconds a region's past contents are remembered
+TICK = 0.05  # how often a settle request looks at the CPUs
+LOAD_MIN = 0.2  # seconds, the least time the load of a settle is measured over
+ACT_LIMIT = 120  # seconds, as OSWorld's /execute
+
+
+class ActionTimeout(BaseException):
+    """Raised in an action that ran past its limit."""
+
+
+class Watcher(threading.Thread):
+    """Watches the screen through the X DAMAGE extension from the executor's start on, and
+    keeps the damage of the last seconds: (time, area, repeat). The damage of a region is a
+    repeat when the same region was damaged before, within REPEAT_MEMORY, and its contents
+    (read back with GetImage and hashed: kilobytes, never the whole screen) took at most two
+    values since. A spinner or a counter cycles through more, and counts from its third
+    change on."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.lock = threading.Lock()
+        self.events = collections.deque()
+        self.regions = {}
+        self.error = None
+        self.started = threading.Event()
+        self.parent = os.getppid()
+
+    def run(self):
+        try:
+            with X() as x:
+                self.watch(x)
+        except Exception as e:  # XError is an OSError
+            self.error = "cannot watch the screen: %s" % e
+        finally:
+            self.started.set()
+
+    def watch(self, x):
+        ext = x.extension("DAMAGE")
+        if not ext:
+            raise XError("the X server has no DAMAGE extension")
+        major, first_event = ext
+        pending = collections.deque()
+        x.on_event = pending.append
+        x.request(struct.pack("<BBHII", major, 0, 3, 1, 1))  # QueryVersion comes first
+        # RawRectangles: an event per drawn rectangle. A new damage object starts with the
+        # whole window damaged; the round trip in send() brings that event in first.
+        x.send(struct.pack("<BBHIIBxxx", major, 1, 4, x.new_id(), x.root, 0))
+        pending.clear()
+        self.started.set()
+        x.sock.settimeout(1)
+        while True:
+            if pending:
+                b = pending.popleft()
+            else:
+                try:
+                    b = x.packet()
+                except socket.timeout:
+                    if os.getppid() != self.parent:
+                        os._exit(0)  # the guest server is gone: so is the executor
+                    continue
+            if b[0] == 0:
+                raise XError("X error %d (request %d)" % (b[1], b[10]))
+            if b[0] & 0x7F != first_event:
+                continue
+            rx, ry, w, h = struct.unpack("<hhHH", b[16:24])
+            now = time.monotonic()
+            repeat = False
+            if w * h <= REPEAT_MAX_AREA:
+                repeat = self.repeats(x, now, (rx, ry, w, h))
+            with self.lock:
+                self.events.append((now, w * h, repeat))
+                while self.events and self.events[0][0] < now - 30:
+                    self.events.popleft()
+
+    def repeats(self, x, now, rect):
+        """Whether the damage of a region is a repeat. Its contents are read only from its
+        second damage on: typing damages a new region with every character."""
+        past = self.regions.get(rect)
+        if past is None:
+            past = self.regions[rect] = collections.deque()
+        while past and past[0][0] < now - REPEAT_MEMORY:
+            past.popleft()
+        if not past:
+            past.append((now, None))
+            self.prune(now)
+            return False
+        try:
+            r = x.request(struct.pack("<BBHIhhHHI", 73, 2, 5, x.root, rect[0], rect[1], rect[2], rect[3],
+                                      0xFFFFFFFF))  # GetImage, ZPixmap
+        except XError:
+            return False
+        h = zlib.crc32(r[32:])
+        past.append((now, h))
+        return len({p[1] for p in past if p[1] is not None}) <= 2
+
+    def prune(self, now):
+        if len(self.regions) > 512:
+            for k in [k for k, v in self.regions.items() if not v or v[-1][0] < now - REPEAT_MEMORY]:
+                del self.regions[k]
+
+    def damage(self, since, until):
+        """The area damaged in [since, until] besides repeats, and that of the repeats."""
+        area = repeated = 0
+        with self.lock:
+            for t, a, repeat in reversed(self.events):
+                if t < since:
+                    break
+                if t <= until:
+                    if repeat:
+                        repeated += a
+                    else:
+                        area += a
+        return area, repeated
+
+
+class Executor:
+    def __init__(self, d, prefix):
+        self.dir = d
+        self.prefix = prefix
+        self.watcher = None
+        self.defaults = {}
+        self.pyautogui = None
+        self.act_end = None  # when the last action ended, until a settle request used it
+        self.cpu = collections.deque()  # (time, busy, total) samples
+
+    def start(self):
+        g = {"__name__": "__main__", "__builtins__": builtins}
+        exec(compile(self.prefix, "<string>", "exec"), g)
+        self.pyautogui = sys.modules.get("pyautogui")
+        self.defaults = settings(self.pyautogui)
+        self.watcher = Watcher()
+        self.watcher.start()
+        self.watcher.started.wait(10)
+
+    def sample(self):
+        busy, total = cpu()
+        now = time.monotonic()
+        self.cpu.append((now, busy, total))
+        while len(self.cpu) > 1 and self.cpu[0][0] < now - 30:
+            self.cpu.popleft()
+        return now
+
+    # ---- act ----------------------------------------------------------------------------
+
+    def act(self, req):
+        code = req.get("code")
+        if not isinstance(code, str):
+            raise ValueError("act: no code")
+        limit = float(req.get("limit") or ACT_LIMIT)
+        out, err = tempfile.TemporaryFile(dir=self.dir), tempfile.TemporaryFile(dir=self.dir)
+        saved = os.dup(1), os.dup(2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        timed_out = False
+        try:
+            rc, timed_out = self.run(code, limit)
+        finally:
+            for f in (sys.stdout, sys.stderr):
+                try:
+                    f.flush()
+                except Exception:
+                    pass
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            restore(self.pyautogui, self.defaults)
+            self.act_end = self.sample()
+        if timed_out:
+            return {"timeout": limit}
+        return {"output": text(out), "error": text(err), "returncode": rc}
+
+    def run(self, code, limit):
+        """Runs code as `python -c` would; returns (exit status, timed out)."""
+        g = {"__name__": "__main__", "__builtins__": builtins}
+        argv = sys.argv
+        sys.argv = ["-c"]
+
+        def expire(signum, frame):
+            raise ActionTimeout()
+
+        old = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            try:
+                exec(compile(self.prefix + code, "<string>", "exec"), g)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            return 0, False
+        except ActionTimeout:
+            return -1, True
+        except SystemExit as e:
+            return exit_status(e.code), False
+        except SyntaxError as e:  # as the interpreter reports it: no traceback, no frame of ours
+            traceback.print_exception(type(e), e, None)
+            return 1, False
+        except BaseException as e:
+            tb = e.__traceback__
+            # Drop this frame: the traceback starts in the action, as the interpreter's.
+            if tb is not None and tb.tb_frame.f_code is Executor.run.__code__:
+                tb = tb.tb_next
+            traceback.print_exception(type(e), e, tb)
+            return 1, False
+        finally:
+            signal.signal(signal.SIGALRM, old)
+            sys.argv = argv
+
+    # ---- settle -------------------------------------------------------------------------
+
+    def settle(self, req):
+        """Waits until, over an interval, the CPUs were at most max_load busy and at most
+        max_damage pixels were redrawn besides repeats; at most max seconds. The screen counts
+        from the last action's end on. The CPUs count, with "window" "split" (the default),
+        from this request's arrival on, over LOAD_MIN at least: what ran before it includes
+        the request's own delivery (the guest server, a shell, mkfifo, cat), busy work under
+        software emulation. "act" counts both from the action's end, "request" both from the
+        request's arrival."""
+        if self.watcher.error or not self.watcher.is_alive():
+            return {"error": self.watcher.error or "the screen watcher stopped"}
+        interval = float(req["interval"])
+        max_load = float(req["max_load"])
+        max_damage = int(req["max_damage"])
+        window = req.get("window") or "split"
+        start = self.sample()
+        end = start + max(0.0, float(req["max"]))
+        act_end = start if self.act_end is None else min(self.act_end, start)
+        self.act_end = None
+        lo_damage = start if window == "request" else act_end
+        lo_load = act_end if window == "act" else start
+        held_load = held_damage = 0  # looks that found the CPUs busy, the screen changing
+        while True:
+            now = self.sample()
+            since = now - interval
+            load_from = max(since, lo_load)
+            if since >= lo_damage - 1e-6 and now - load_from >= min(interval, LOAD_MIN) - 1e-6:
+                # The CPU sample the load counts from: the last one at or before load_from.
+                base = None
+                for s in self.cpu:
+                    if s[0] > load_from + 1e-6:
+                        break
+                    if s[0] >= lo_load - 1e-6:
+                        base = s
+                if base is None:
+                    base = self.cpu[-1]
+                cur = self.cpu[-1]
+                load = (cur[1] - base[1]) / (cur[2] - base[2]) if cur[2] > base[2] else 0.0
+                area, repeated = self.watcher.damage(since, now)
+                if load <= max_load and area <= max_damage:
+                    return {"settled": True, "waited": now - start, "quiet_from": since - start,
+                            "load": load, "damage": area, "repeated": repeated,
+                            "held_load": held_load, "held_damage": held_damage}
+                held_load += load > max_load
+                held_damage += area > max_damage
+            if now >= end:
+                area, repeated = self.watcher.damage(now - interval, now)
+                return {"settled": False, "waited": now - start, "damage": area, "repeated": repeated,
+                        "held_load": held_load, "held_damage": held_damage}
+            time.sleep(min(TICK, max(0.0, end - now)))
+
+    # ---- serving ------------------------------------------------------------------------
+
+    def serve(self):
+        tmp = os.path.join(self.dir, "req.new")
+        os.mkfifo(tmp, 0o600)
+        # Held open for reading and writing: a caller's write never blocks or fails while
+        # this process lives, and the FIFO never reads as ended.
+        fd = os.open(tmp, os.O_RDWR)
+        os.rename(tmp, os.path.join(self.dir, "req"))
+        buf = b""
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self.answer(line)
+
+    def answer(self, line):
+        try:
+            req = json.loads(line)
+            nonce = str(req.get("nonce", ""))
+        except ValueError:
+            return
+        if not nonce or not all(c.isalnum() or c == "-" for c in nonce):
+            return
+        path = os.path.join(self.dir, "r-" + nonce)
+        fd = open_answer(path)
+        if fd is None:
+            return  # the caller is gone
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        try:
+            op = req.get("op")
+            if op == "act":
+                out = self.act(req)
+            elif op == "settle":
+                out = self.settle(req)
+            elif op == "ping":
+                out = {"pid": os.getpid()}
+            else:
+                raise ValueError("unknown request %r" % op)
+        except Exception as e:
+            out = {"failed": "".join(traceback.format_exception_only(type(e), e)).strip()}
+        data = json.dumps(out).encode() + b"\n"
+        try:
+            os.set_blocking(fd, True)
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            pass  # the caller gave up
+        finally:
+            os.close(fd)
+
+
+def open_answer(path):
+    """Opens the caller's answer FIFO for writing once the caller reads it (within 5 s);
+    never a file or link put there instead."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.002)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def settings(module):
+    """The module's plain settings (PAUSE, FAILSAFE, MINIMUM_DURATION, ...), to put back after
+    each action: a new interpreter would start from them."""
+    if module is None:
+        return {}
+    out = {}
+    for k, v in vars(module).items():
+        if k.startswith("__"):
+            continue
+        if isinstance(v, (bool, int, float, str, tuple, type(None))):
+            out[k] = v
+        elif isinstance(v, list) and all(isinstance(e, (bool, int, float, str, tuple)) for e in v):
+            out[k] = list(v)
+    return out
+
+
+def restore(module, defaults):
+    if module is None:
+        return
+    for k, v in defaults.items():
+        if isinstance(v, list):
+            v = list(v)
+        setattr(module, k, v)
+
+
+def exit_status(code):
+    """The exit status of an interpreter that raised SystemExit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+def text(f):
+    """What Python's subprocess (text=True) makes of the bytes: the locale's encoding,
+    universal newlines."""
+    f.seek(0)
+    data = f.read()
+    f.close()
+    return io.TextIOWrapper(io.BytesIO(data), encoding=locale.getpreferredencoding(False)).read()
+
+
+def main(argv):
+    d, conf = argv[0], json.loads(argv[1])
+    os.mkdir(d, 0o700)
+    tmp = os.path.join(d, "pid.new")
+    with open(tmp, "w") as f:
+        f.write("%d\n" % os.getpid())
+    os.rename(tmp, os.path.join(d, "pid"))
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    # As for `python -c` under /execute, whose output is a pipe.
+    sys.stdout.reconfigure(line_buffering=False)
+    sys.stderr.reconfigure(line_buffering=True)
+    ex = Executor(d, conf["prefix"])
+    try:
+        ex.start()
+    except BaseException as e:
+        with open(os.path.join(d, "failed"), "w") as f:
+            f.write("".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:])
+        return 1
+    ex.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
