@@ -47,11 +47,7 @@ torn last line, left by a crash mid-append, is skipped with a warning.
 // stderr.
 func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := c.flagSet(stderr)
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
-	}
-	dir, err := oneRunDir(pos)
+	dir, err := parseRunDir(fs, args)
 	if err != nil {
 		return err
 	}

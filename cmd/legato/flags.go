@@ -54,9 +54,13 @@ func noArgs(fs *flag.FlagSet) error {
 	return nil
 }
 
-// oneRunDir returns the single run directory among the positional
-// arguments.
-func oneRunDir(pos []string) (string, error) {
+// parseRunDir parses args, flags before or after the one positional
+// argument, the run directory, which it returns.
+func parseRunDir(fs *flag.FlagSet, args []string) (string, error) {
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return "", err
+	}
 	switch len(pos) {
 	case 0:
 		return "", usageErrorf("missing run directory: pass the run directory written by collect")

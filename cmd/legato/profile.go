@@ -35,11 +35,7 @@ Flags may come before or after DIR.
 // HTML page too.
 func (c *profileCommand) Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := c.flagSet(stderr)
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
-	}
-	dir, err := oneRunDir(pos)
+	dir, err := parseRunDir(fs, args)
 	if err != nil {
 		return err
 	}

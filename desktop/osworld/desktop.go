@@ -84,9 +84,6 @@ type Desktop struct {
 	chooser    resetChooser
 	prev       prevAttempt // the attempt since the last reset
 	golden     goldenSet
-	// startedSettled says the attempt started from a golden state taken
-	// on a settled screen: WaitAfterReset has nothing to wait for.
-	startedSettled bool
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.
@@ -192,7 +189,6 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	}
 	defer done()
 	d.lastAction = desktop.Action{}
-	d.startedSettled = false
 	d.mu.Lock()
 	d.lastGrading = nil
 	d.mu.Unlock()
@@ -202,6 +198,9 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	prev, cur := d.prev, prevAttempt{id: task.ID, domain: task.Domain}
 	gp := d.goldenPlan(ctx, task)
 	if gp.state != nil {
+		// Whatever the load does, the guest no longer holds the last
+		// attempt as it was.
+		d.prev = cur
 		rep, err := d.resetGolden(ctx, task, &gp)
 		if err != nil {
 			return d.fail("reset ("+ResetGolden+")", err)
@@ -209,13 +208,18 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		if rep != nil {
 			d.fresh = false
 			d.prev = cur
-			d.startedSettled = gp.state.settled
 			d.resumeExecutor(ctx, gp.state.execDir)
 			d.setLastReset(*rep)
 			return nil
 		}
 	}
 	c := d.choose(cur, prev)
+	if gp.build && !d.fresh && d.vm != nil {
+		// A fast reset restores files, not what running programs hold
+		// (clipboard, window manager, caches): every attempt from the
+		// golden state would inherit that.
+		c = choice{ResetLoadvm, "a golden state is taken from the clean snapshot"}
+	}
 	if gp.loadFailed {
 		// The failed load may have left the guest anywhere: only the
 		// clean snapshot brings it back.
@@ -276,13 +280,12 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	rep.Setup = time.Since(t1)
 	if gp.build {
 		t2 := time.Now()
-		g, err := d.buildGolden(ctx, task, gp.key, gp.id, rep.Setup)
+		_, err := d.buildGolden(ctx, task, gp.key, gp.id, rep.Setup)
 		switch {
 		case err == nil:
 			rep.Why = fmt.Sprintf("%s (reset: %s, %s)", gp.why, rep.Kind, rep.Why)
 			rep.Kind = ResetGoldenBuild
 			rep.Golden = time.Since(t2)
-			d.startedSettled = g.settled
 		case ctx.Err() != nil:
 			return d.fail("reset ("+ResetGoldenBuild+")", err)
 		default:
@@ -403,18 +406,11 @@ func (d *Desktop) restore(ctx context.Context, load func(context.Context) (strin
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after
-// a reset, at most Ready.AfterResetMax.
-//
-// After a golden state taken on a settled screen (loaded, or just taken)
-// it returns at once: the screen is the settled one the state holds.
+// a reset, at most Ready.AfterResetMax. It waits after a golden state too,
+// though the state was taken on a settled screen: the clock set forward
+// after the load can make programs redraw (a panel's clock, timers), and
+// the first observation must not race them.
 func (d *Desktop) WaitAfterReset(ctx context.Context) error {
-	if d.startedSettled {
-		_, done, err := d.begin(ctx)
-		if err == nil {
-			done()
-		}
-		return err
-	}
 	return d.wait(ctx, "wait after reset", d.cfg.Ready.AfterResetMax)
 }
 
@@ -544,8 +540,10 @@ func (d *Desktop) AccessibilityTree(ctx context.Context) (string, error) {
 // and safe to call from any goroutine.
 func (d *Desktop) Close() error {
 	d.closeOnce.Do(func() {
-		d.stopExecutor()
+		// Calls in flight end first, so no reset starts an executor
+		// after the one stopped here.
 		d.closeNow()
+		d.stopExecutor()
 		var errs []error
 		if d.grader != nil {
 			if err := d.grader.Close(); err != nil {

@@ -150,14 +150,16 @@ func (d *Desktop) startExecutor(ctx context.Context) {
 		d.log.Warn("cannot start the action executor; actions run one python each", "err", err)
 		return
 	}
+	// Known before the launch: a launch that Close or Ctrl-C interrupts
+	// may have started the program all the same, and Close must stop it.
+	d.mu.Lock()
+	d.execDir = dir
+	d.mu.Unlock()
 	if err := d.guest.Launch(ctx, guest.Argv("python", "-c", executorSrc, dir, string(conf))); err != nil {
 		d.log.Warn("cannot start the action executor; actions run one python each", "err", err)
 		return
 	}
 	d.exec.dir = dir
-	d.mu.Lock()
-	d.execDir = dir
-	d.mu.Unlock()
 }
 
 // running returns the executor's directory, "" when none runs.
@@ -254,8 +256,11 @@ func (d *Desktop) callExecutor(ctx context.Context, req executorRequest, out any
 		d.executorDown(ctx, fmt.Sprintf("exit %d", res.ReturnCode))
 		return false, nil
 	case res.ReturnCode != 0:
+		// The request may have been handed over before the call failed:
+		// whether it ran is unknown, and running it again could do it
+		// twice.
 		d.executorDown(ctx, fmt.Sprintf("exit %d: %s", res.ReturnCode, clip(res.Error)))
-		return false, nil
+		return true, fmt.Errorf("action executor: exit %d: %s", res.ReturnCode, clip(res.Error))
 	case strings.TrimSpace(res.Output) == "gone":
 		d.executorDown(ctx, "it ended before it took the request")
 		return false, nil

@@ -17,7 +17,7 @@ import (
 // one that ran actions before: output on both streams and from programs it
 // starts, tracebacks, syntax errors, exit statuses, the namespace and
 // pyautogui's settings (each action starts from the import's), text
-// decoding.
+// decoding, the working directory and the environment.
 var executorActions = []string{
 	`pyautogui.moveTo(321, 234); print(pyautogui.position())`,
 	`import sys; print("out"); print("err", file=sys.stderr); print("out2")`,
@@ -33,6 +33,8 @@ var executorActions = []string{
 	`exit()`,
 	`print("é\r\nline\rend", end="")`,
 	`import os; os.write(1, b"raw fd\n"); print("buffered")`,
+	`import os; os.chdir("/"); os.environ["LEGATO_LEAK"] = "1"; print(os.getcwd())`,
+	`import os; print(os.getcwd() != "/", os.environ.get("LEGATO_LEAK"))`,
 }
 
 // TestExecutorRunsActionsAsPythonDoes runs each action through `python -c`

@@ -42,8 +42,6 @@ type goldenState struct {
 	// name is the snapshot's; key what it was taken for (goldenKey).
 	name, key string
 	built     time.Time
-	// settled says the screen had settled when it was taken.
-	settled bool
 	// setup is the time the task's setup took when it was built: what
 	// each load saves besides the reset.
 	setup time.Duration
@@ -370,8 +368,8 @@ var errGoldenStale = errors.New("golden state out of date")
 
 // buildGolden takes the task's golden state from the running guest, which
 // was just reset and set up: it waits until the screen settled, drops the
-// guest's page cache and takes the snapshot, deleting the least recently
-// used golden states beyond Golden.Max first.
+// guest's page cache, takes the snapshot and sets the guest clock, then
+// deletes the least recently used golden states beyond Golden.Max.
 func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string, id vm.Identity, setup time.Duration) (*goldenState, error) {
 	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax)
 	if err != nil {
@@ -380,12 +378,12 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	if !r.Settled {
 		d.log.Warn("the screen did not settle after the task's setup; taking its golden state as it is", "task", task.ID, "waited", d.cfg.Ready.AfterResetMax)
 	}
-	for _, old := range d.golden.evict(d.cfg.Golden.Max, task.ID) {
-		if err := d.vm.DeleteSnapshot(ctx, old.name); err != nil {
-			return nil, fmt.Errorf("delete the golden state of task %s to keep %d (Golden.Max): %w", old.task, d.cfg.Golden.Max, err)
+	if d.exec.dir != "" && d.exec.down {
+		// An executor that stopped answering may still run: the state
+		// would hold it, next to the one each load starts.
+		if _, err := d.sh.run(ctx, executorStop, d.exec.dir); err != nil {
+			return nil, fmt.Errorf("end the action executor that stopped answering: %w", err)
 		}
-		d.golden.drop(old.task)
-		d.log.Info("deleted a golden state (least recently used)", "task", old.task, "loads", old.loads)
 	}
 	if err := d.sh.dropCaches(ctx); err != nil {
 		return nil, err
@@ -400,9 +398,25 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	if err := d.vm.Snapshot(ctx, name, goldenDescription(task.ID, key, id)); err != nil {
 		return nil, err
 	}
-	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), settled: r.Settled, setup: setup, execDir: d.exec.running()}
+	took := time.Since(t0)
+	// The guest stood still while its memory was written: its clock is
+	// that much behind for the attempt that goes on from here.
+	if err := d.sh.setClock(ctx); err != nil {
+		return nil, fmt.Errorf("set the guest clock after the snapshot: %w", err)
+	}
+	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), setup: setup, execDir: d.exec.running()}
 	d.golden.put(g)
 	d.log.Info("took the task's golden state", "task", task.ID, "snapshot", name, "settled", r.Settled,
-		"settle_wait", r.After, "snapshot_s", time.Since(t0).Seconds())
+		"settle_wait", r.After, "snapshot_s", took.Seconds())
+	// Only now that the new state exists do older ones make room; one that
+	// cannot be deleted stays (it costs disk, not correctness).
+	for _, old := range d.golden.evict(d.cfg.Golden.Max, task.ID) {
+		if err := d.vm.DeleteSnapshot(ctx, old.name); err != nil {
+			d.log.Warn("could not delete a golden state to keep Golden.Max; it stays", "task", old.task, "max", d.cfg.Golden.Max, "err", err)
+			continue
+		}
+		d.golden.drop(old.task)
+		d.log.Info("deleted a golden state (least recently used)", "task", old.task, "loads", old.loads)
+	}
 	return g, nil
 }

@@ -279,21 +279,28 @@ var errStopped = errors.New("stopped")
 func (p *bridgeProc) recv(deadline <-chan time.Time, stop <-chan struct{}) (*bridgeAnswer, error) {
 	select {
 	case line, ok := <-p.lines:
-		if !ok {
-			p.kill()
-			return nil, p.exitError()
-		}
-		var ans bridgeAnswer
-		if err := json.Unmarshal(line, &ans); err != nil {
-			p.kill()
-			return nil, fmt.Errorf("%w: grader bridge protocol: %v (line %.200q)", ErrBridgeExited, err, line)
-		}
-		return &ans, nil
+		return p.decode(line, ok)
 	case <-deadline:
 		return nil, ErrTimeout
 	case <-stop:
 		return nil, errStopped
 	}
+}
+
+// decode turns a line of the process's output (ok false: the output ended)
+// into an answer. An ended output or a line that does not parse kills the
+// process: its answers can no longer be trusted to match their requests.
+func (p *bridgeProc) decode(line []byte, ok bool) (*bridgeAnswer, error) {
+	if !ok {
+		p.kill()
+		return nil, p.exitError()
+	}
+	var ans bridgeAnswer
+	if err := json.Unmarshal(line, &ans); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("%w: grader bridge protocol: %v (line %.200q)", ErrBridgeExited, err, line)
+	}
+	return &ans, nil
 }
 
 // answer returns the answer to the request numbered id, skipping answers to

@@ -2,7 +2,6 @@ package grade
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -580,17 +579,12 @@ func (w *worker) exchange(c *call) (*bridgeAnswer, error) {
 	for {
 		select {
 		case line, ok := <-proc.lines:
-			if !ok {
-				proc.kill()
-				return nil, proc.exitError()
-			}
-			var ans bridgeAnswer
-			if err := json.Unmarshal(line, &ans); err != nil {
-				proc.kill()
-				return nil, fmt.Errorf("%w: grader bridge protocol: %v (line %.200q)", ErrBridgeExited, err, line)
+			ans, err := proc.decode(line, ok)
+			if err != nil {
+				return nil, err
 			}
 			if ans.ID != nil && *ans.ID == id {
-				return &ans, nil
+				return ans, nil
 			}
 		case <-deadline.C:
 			w.p.log.Warn("grader timed out; killing its process", "worker", w.id, "metric", c.req.Metric, "timeout", c.timeout)

@@ -222,6 +222,9 @@ class Executor:
         g = {"__name__": "__main__", "__builtins__": builtins}
         argv = sys.argv
         sys.argv = ["-c"]
+        # Each `python -c` starts in the server's directory and environment: an
+        # action's chdir or environment change must not reach the next one.
+        cwd, env = os.getcwd(), dict(os.environ)
 
         def expire(signum, frame):
             raise ActionTimeout()
@@ -251,6 +254,13 @@ class Executor:
         finally:
             signal.signal(signal.SIGALRM, old)
             sys.argv = argv
+            try:
+                os.chdir(cwd)
+            except OSError:
+                pass
+            if os.environ != env:
+                os.environ.clear()
+                os.environ.update(env)
 
     # ---- settle -------------------------------------------------------------------------
 

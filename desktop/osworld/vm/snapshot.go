@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 )
@@ -194,11 +195,14 @@ func (v *VM) LoadSnapshot(ctx context.Context, name string) error {
 			return err
 		}
 		err = loadvm(ctx, v.conn, dom, name)
-		if err != nil && ctx.Err() == nil {
+		if err != nil {
 			// QEMU leaves the guest paused after a loadvm that failed, and
 			// a later loadvm restarts it only if it ran before: resume
-			// it, so that the caller's fallback can load another state.
-			rerr := v.conn.do(ctx, "resume", func(lv *libvirt.Libvirt) error { return lv.DomainResume(dom) })
+			// it, so that the caller's fallback can load another state,
+			// also when the caller gave up (a paused guest is no state).
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			rerr := v.conn.do(rctx, "resume", func(lv *libvirt.Libvirt) error { return lv.DomainResume(dom) })
 			if rerr != nil && !isNotRunning(rerr) {
 				err = errors.Join(err, rerr)
 			}
