@@ -68,6 +68,10 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 	intVar(fs, &c.Grade.Workers, "grade-workers", 0, 0, 64, "Python processes running OSWorld's evaluators, shared by all desktops (0: one per CPU, at least 2 and at most 8)")
 	fs.BoolVar(&c.NoFastReset, "no-fast-reset", false, "load the VM snapshot before every attempt (the baseline); otherwise each desktop chooses per task between it and a fast reset, by measured cost, where the domain allows")
 	fs.BoolVar(&c.Golden.Off, "no-golden", false, "set every attempt up from a reset (the baseline); otherwise a VM desktop takes each task's set-up state once (a snapshot, at most --golden-max per desktop) and starts the task's later attempts from it, except for tasks whose setup depends on the clock or the network")
+	fs.Func("golden-refuse", "a task `id` that never gets a golden state (its setup depends on the clock or the network in a way its steps do not show); repeat the flag", func(s string) error {
+		c.Golden.Refuse = append(c.Golden.Refuse, s)
+		return nil
+	})
 	intVar(fs, &c.Golden.Max, "golden-max", osworld.DefaultGoldenMax, 1, 1000, "golden task states a desktop keeps (each holds the guest's memory in its overlay); the least recently used goes first")
 	fs.Func("fast-reset-restore", "a guest `dir`ectory a fast reset brings back to its clean contents, besides /home/user and "+
 		strings.Join(osworld.DefaultRestoreDirs(), ", ")+"; repeat the flag", func(s string) error {

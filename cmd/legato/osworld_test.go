@@ -92,7 +92,7 @@ func TestOSWorldFlags(t *testing.T) {
 		{
 			name: "what a fast reset restores and checks",
 			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
-				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor"},
+				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor", "--golden-refuse", "t1", "--golden-refuse", "t2"},
 			want: osworld.Config{
 				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
 					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
@@ -104,7 +104,7 @@ func TestOSWorldFlags(t *testing.T) {
 				},
 				NoExecutor: true,
 				Ready:      osworld.ReadyConfig{NoDamage: true},
-				Golden:     osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
+				Golden:     osworld.GoldenConfig{Max: osworld.DefaultGoldenMax, Refuse: []string{"t1", "t2"}},
 				Grade:      osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
 			},
 		},

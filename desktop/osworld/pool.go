@@ -135,6 +135,15 @@ func (p *Pool) graderConfig() grade.GraderConfig {
 func (p *Pool) CheckTasks(tasks []desktop.Task) error {
 	var errs []error
 	warned := map[string]bool{}
+	ids := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		ids[t.ID] = true
+	}
+	for _, id := range p.cfg.Golden.Refuse {
+		if !ids[id] {
+			errs = append(errs, fmt.Errorf("Golden.Refuse (--golden-refuse) names task %q, which is not among the batch's tasks: check the id", id))
+		}
+	}
 	for _, t := range tasks {
 		if err := setup.Check(t, t.Setup); err != nil {
 			errs = append(errs, fmt.Errorf("task %s: %w", t.ID, err))

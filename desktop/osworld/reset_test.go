@@ -400,3 +400,21 @@ func TestRootThroughSudo(t *testing.T) {
 func testLoggerTo(b *strings.Builder) *slog.Logger {
 	return slog.New(slog.NewTextHandler(b, nil))
 }
+
+// TestCheckTasksGoldenRefuse: a task id Golden.Refuse names must be one of
+// the batch's tasks (a typo would silently refuse nothing).
+func TestCheckTasksGoldenRefuse(t *testing.T) {
+	g := startHostGuest(t)
+	cfg := g.config(t, g.URL)
+	cfg.Golden.Refuse = []string{"plain", "plian"}
+	p, err := NewPool(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tk := task(t, "plain", "legato_test", `{"instruction": "Nothing.", "evaluator": {"func": "infeasible"}}`)
+	err = p.CheckTasks([]desktop.Task{tk})
+	if err == nil || !strings.Contains(err.Error(), `"plian"`) || strings.Contains(err.Error(), `"plain"`) {
+		t.Errorf("CheckTasks: %v; want an error naming the unknown id plian only", err)
+	}
+}
