@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -181,11 +182,26 @@ func startXvfb(t testing.TB, xvfb, fbdir, dir string, width, height int) string 
 	return ":" + line
 }
 
+// systemJWMRC is Debian's jwm configuration; jwmClocks matches its clocks.
+const systemJWMRC = "/etc/jwm/system.jwmrc"
+
+var jwmClocks = regexp.MustCompile(`(?s)<Swallow[^>]*>xclock</Swallow>|<Clock[ >].*?</Clock>`)
+
 // startWM starts jwm and waits until it manages the screen.
 func startWM(t testing.TB, jwm string, env []string, dir string) {
 	t.Helper()
 	log := logFile(t, dir, "jwm.log")
 	cmd := exec.Command(jwm)
+	// The system's configuration shows clocks (the tray's, xclock): on a
+	// minute's turn the screen changes under a test that wants it still.
+	// jwm gets that configuration less its clocks.
+	if rc, err := os.ReadFile(systemJWMRC); err == nil {
+		path := filepath.Join(dir, "jwmrc")
+		if err := os.WriteFile(path, jwmClocks.ReplaceAll(rc, nil), 0o644); err != nil {
+			t.Fatalf("guesttest: %v", err)
+		}
+		cmd = exec.Command(jwm, "-f", path)
+	}
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, log, log
 	start(t, cmd, "jwm", log.Name())
 	// No event says a window manager is ready: poll wmctrl, which fails
