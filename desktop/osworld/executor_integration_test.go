@@ -68,16 +68,7 @@ func TestIntegrationExecutor(t *testing.T) {
 	// The executor's answers, to see what held a wait.
 	cfg.Logger = slog.New(debugOnly{slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}), "settle"})
 	ctx := t.Context()
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	dd, err := p.New(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := dd.(*VMDesktop).Desktop
+	d := itDesktop(t, cfg).Desktop
 	n := *itReps
 	res := map[string]*measurement{}
 	m := func(k string) *measurement {

@@ -17,13 +17,12 @@ import (
 
 	rl "legato/rl"
 	"legato/rl/desktop"
-	"legato/rl/desktop/osworld/guest"
 	"legato/rl/desktop/osworld/vm"
 )
 
-// goldenTask is the test-guest task whose setup takes real time: it opens
-// a terminal and waits for its window.
-func goldenTask(t *testing.T) desktop.Task {
+// termEchoTask is the test-guest task legato-term-echo, whose setup takes
+// real time: it opens a terminal and waits for its window.
+func termEchoTask(t *testing.T) desktop.Task {
 	t.Helper()
 	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
 	if err != nil {
@@ -71,27 +70,10 @@ func TestIntegrationGolden(t *testing.T) {
 	cfg := itConfig(t, "legato-itosw-golden-")
 	cfg.Golden = GoldenConfig{Max: 1}
 	ctx := t.Context()
-	tk := goldenTask(t)
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	dd, err := p.New(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vd := dd.(*VMDesktop)
+	tk := termEchoTask(t)
+	vd := itDesktop(t, cfg)
 	d, v := vd.Desktop, vd.VM()
-	c := d.Guest()
-	sh := func(cmd string) string {
-		t.Helper()
-		res, err := c.Execute(ctx, guest.ShellLine(cmd))
-		if err != nil || res.ReturnCode != 0 {
-			t.Fatalf("guest %q: %v %+v", cmd, err, res)
-		}
-		return strings.TrimSpace(res.Output)
-	}
+	sh := guestSh(t, d.Guest())
 
 	overlaySize := func() int64 {
 		t.Helper()

@@ -114,6 +114,35 @@ func itConfig(t *testing.T, prefix string) Config {
 	}
 }
 
+// itDesktop makes a pool of cfg and its first VM desktop; the pool closes
+// when the test ends.
+func itDesktop(t *testing.T, cfg Config) *VMDesktop {
+	t.Helper()
+	p, err := NewPool(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	d, err := p.New(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.(*VMDesktop)
+}
+
+// guestSh returns a function that runs a shell line in the guest as its
+// user, fails the test unless it exits 0, and returns its trimmed output.
+func guestSh(t *testing.T, c *guest.Client) func(cmd string) string {
+	return func(cmd string) string {
+		t.Helper()
+		res, err := c.Execute(t.Context(), guest.ShellLine(cmd))
+		if err != nil || res.ReturnCode != 0 {
+			t.Fatalf("guest %q: %v %+v", cmd, err, res)
+		}
+		return strings.TrimSpace(res.Output)
+	}
+}
+
 // guestScript plays the agent for the tasks of testdata/tasks: it types
 // what each task asks for into the terminal the task's setup opened, then
 // ends the attempt.
@@ -404,16 +433,7 @@ func TestIntegrationResets(t *testing.T) {
 	}
 	cfg := itConfig(t, "legato-itosw-resets-")
 	ctx := t.Context()
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	dd, err := p.New(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vd := dd.(*VMDesktop)
+	vd := itDesktop(t, cfg)
 	d := vd.Desktop
 	c := d.Guest()
 	clean := guestState(t, ctx, c)
@@ -532,35 +552,10 @@ func TestIntegrationNothingCarriesOver(t *testing.T) {
 	}
 	cfg := itConfig(t, "legato-itosw-carry-")
 	ctx := t.Context()
-	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tk desktop.Task
-	for _, x := range tasks {
-		if x.ID == "legato-term-echo" {
-			tk = x
-		}
-	}
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	dd, err := p.New(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := dd.(*VMDesktop).Desktop
+	tk := termEchoTask(t)
+	d := itDesktop(t, cfg).Desktop
 	c := d.Guest()
-	sh := func(cmd string) string {
-		t.Helper()
-		res, err := c.Execute(ctx, guest.ShellLine(cmd))
-		if err != nil || res.ReturnCode != 0 {
-			t.Fatalf("guest %q: %v %+v", cmd, err, res)
-		}
-		return strings.TrimSpace(res.Output)
-	}
+	sh := guestSh(t, c)
 	typeIt := desktop.Action{Kind: desktop.Code, Code: `pyautogui.typewrite('echo hello legato > ~/out.txt\n')`}
 	// play runs the attempt after the desktop is at the task's start: the
 	// agent types into the focused window.

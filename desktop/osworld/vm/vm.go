@@ -540,21 +540,7 @@ func (v *VM) RevertLoadvm(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var out string
-		err = v.conn.do(ctx, "loadvm", func(lv *libvirt.Libvirt) error {
-			var err error
-			out, err = lv.QEMUDomainMonitorCommand(dom, "loadvm "+SnapshotName, monitorHMP)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		// HMP answers a successful loadvm with nothing and reports errors
-		// as text.
-		if out = strings.TrimSpace(out); out != "" {
-			return fmt.Errorf("qemu monitor: %s", out)
-		}
-		return nil
+		return loadvm(ctx, v.conn, dom, SnapshotName)
 	})
 }
 
