@@ -123,6 +123,14 @@ type Config struct {
 	// Ready probes the guest server. Nil means: any HTTP answer on the
 	// forwarded guest port.
 	Ready ReadyFunc
+	// Fork starts the VMs ready for VM.Template: guest RAM is shared
+	// memory (a memfd) that a template can copy while the guest is
+	// paused. Only VMs on this machine can be forked.
+	Fork bool
+	// ForkDir is where templates and their clones keep their files
+	// (default /dev/shm/legato-fork). It should be tmpfs or hugetlbfs:
+	// clones map the template's guest RAM from there.
+	ForkDir string
 	// Logger receives the lifecycle events (default: discard).
 	Logger *slog.Logger
 }
@@ -177,6 +185,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.VLCPort == 0 {
 		c.VLCPort = DefaultVLCPort
+	}
+	if c.ForkDir == "" {
+		c.ForkDir = DefaultForkDir
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -233,6 +244,9 @@ func (c Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.PoolDir) {
 		bad("pool dir %q: want an absolute path (on the hosts)", c.PoolDir)
+	}
+	if !filepath.IsAbs(c.ForkDir) {
+		bad("fork dir %q: want an absolute path", c.ForkDir)
 	}
 	if c.CallTimeout < 0 || c.BootTimeout < 0 || c.ReadyTry < 0 {
 		bad("timeouts must not be negative")

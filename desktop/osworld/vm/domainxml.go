@@ -17,6 +17,8 @@ type domainSpec struct {
 	Kernel    string
 	Initrd    string
 	Cmdline   string
+	// SharedRAM backs guest RAM with shared memory (Config.Fork).
+	SharedRAM bool
 	// Forwards maps host ports on 127.0.0.1 to guest ports.
 	Forwards []forward
 }
@@ -59,6 +61,10 @@ func (s domainSpec) NetdevArg() string {
 //     monitor passthrough for the error when a guest does not come up: a
 //     console file on the host could only be read with a volume download,
 //     a libvirt stream, which go-libvirt can deadlock on (its issue 241).
+//   - shared memfd RAM (Config.Fork) lets a template copy guest RAM out of
+//     the running QEMU and have QEMU's migration leave it out
+//     (x-ignore-shared); memfd, not a file, so that libvirt keeps choosing
+//     where and nothing is written back to a disk.
 //   - disk boot (OSWorld's images) gets a VGA adapter for the guest's X
 //     server; the direct-boot test guest draws with Xvfb and needs none.
 var domainTemplate = template.Must(template.New("domain").Funcs(template.FuncMap{"x": xmlText}).Parse(
@@ -66,6 +72,9 @@ var domainTemplate = template.Must(template.New("domain").Funcs(template.FuncMap
   <name>{{x .Name}}</name>
   <memory unit='MiB'>{{.MemoryMiB}}</memory>
   <vcpu>{{.VCPUs}}</vcpu>
+{{- if .SharedRAM}}
+  <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>
+{{- end}}
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
 {{- if .Kernel}}

@@ -323,6 +323,7 @@ func (v *VM) spec() domainSpec {
 		Kernel:    v.images[RoleKernel],
 		Initrd:    v.images[RoleInitrd],
 		Cmdline:   v.cfg.Cmdline,
+		SharedRAM: v.cfg.Fork,
 		Forwards: []forward{
 			{Host: v.ports.Guest, Guest: v.cfg.GuestPort},
 			{Host: v.ports.DevTools, Guest: v.cfg.DevToolsPort},

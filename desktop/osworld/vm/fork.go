@@ -1,0 +1,827 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"golang.org/x/sys/unix"
+)
+
+// The fork path: a Template is a VM's state (guest RAM, device state,
+// disk) captured once; Fork starts a clone from it in a fraction of a
+// second, the way QEMU's VM templating does it. The template's guest RAM
+// is a file on tmpfs that every clone maps copy-on-write
+// (memory-backend-file, share=off): clones share the pages they only read
+// and own the ones they write. The device state (CPU, devices, about a
+// megabyte) is what QEMU's migration sends when x-ignore-shared leaves
+// the shared RAM out; a clone loads it with migrate-incoming. The disk is
+// a qcow2 layer of the template's changes over the base image, and each
+// clone writes its own overlay on it.
+//
+// libvirt 9.0 cannot start a domain on another domain's RAM file, so
+// clones are QEMU processes this package starts itself, with the command
+// line libvirt ran the template's VM with (so the devices match the
+// state), rewritten where a clone differs (forkargs.go). They run as the
+// user libvirt runs QEMU as, die with this process (parent-death signal),
+// and live in a directory under Config.ForkDir locked by this process, so
+// a later SweepForks finds what a killed run left. A template and its
+// clones are on this machine only: a remote host's VMs are not forkable.
+
+// DefaultForkDir is where templates and clones live: tmpfs, because guest
+// RAM mapped from a file on disk would be written back to it.
+const DefaultForkDir = "/dev/shm/legato-fork"
+
+// forkDirPrefix starts a template's directory name after the VMs' prefix.
+const forkDirPrefix = "fork-"
+
+// ErrNotForkable means a VM cannot give a template: it runs on another
+// machine, or was not started with Config.Fork.
+var ErrNotForkable = errNotForkable
+
+// Template is a VM's captured state that clones start from.
+type Template struct {
+	name    string // the directory's name, also the clones' name prefix
+	dir     string
+	argv    []string // libvirt's argv of the template's VM, argv[0] the binary
+	uid     int
+	gid     int
+	ramSum  [32]byte
+	state   []byte // QEMU's device state
+	cfg     Config
+	log     *slog.Logger
+	lock    *os.File // flocked while this process owns the directory
+	timings TemplateTimings
+
+	mu     sync.Mutex
+	seq    int
+	spare  []*Clone // started, waiting for their state (Prestart)
+	clones map[*Clone]bool
+	closed bool
+}
+
+// TemplateTimings says what capturing a template took.
+type TemplateTimings struct {
+	// Paused is how long the VM was stopped: the device state, the RAM
+	// copy and the disk layer.
+	Paused time.Duration
+	// State, RAM and Disk are the parts.
+	State, RAM, Disk time.Duration
+	// RAMBytes is what the RAM copy wrote (non-zero pages); StateBytes
+	// the device state's size.
+	RAMBytes, StateBytes int64
+}
+
+// Name names the template (its directory under Config.ForkDir).
+func (t *Template) Name() string { return t.name }
+
+// Dir is the template's directory.
+func (t *Template) Dir() string { return t.dir }
+
+// Timings says what capturing the template took.
+func (t *Template) Timings() TemplateTimings { return t.timings }
+
+func (t *Template) ramPath() string   { return filepath.Join(t.dir, "ram") }
+func (t *Template) diskPath() string  { return filepath.Join(t.dir, "disk.qcow2") }
+func (t *Template) statePath() string { return filepath.Join(t.dir, "state") }
+
+// Template captures the VM's current state as a template: it pauses the
+// guest, has QEMU send its device state without the (shared) guest RAM,
+// copies the guest RAM to the template's file and the disk's changes to
+// the template's layer, then lets the guest run on. The VM must run on
+// this machine and have been started with Config.Fork. The guest's clock
+// and entropy in a clone are the template's: set them after Fork.
+func (v *VM) Template(ctx context.Context) (*Template, error) {
+	ctx, cancel, err := v.opCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if v.host.Remote() {
+		return nil, v.fail("template", fmt.Errorf("%w: the VM runs on %s, another machine", ErrNotForkable, v.host.Name()))
+	}
+	if !v.cfg.Fork {
+		return nil, v.fail("template", fmt.Errorf("%w: the VM was not started with Config.Fork", ErrNotForkable))
+	}
+	p, err := findQEMU(v.name)
+	if err != nil {
+		return nil, v.fail("template", err)
+	}
+	t, err := newTemplate(v.cfg, p)
+	if err != nil {
+		return nil, v.fail("template", err)
+	}
+	if err := t.capture(ctx, v, p); err != nil {
+		t.Close()
+		return nil, v.fail("template", err)
+	}
+	v.log.Info("template taken", "template", t.name, "paused", t.timings.Paused, "state_bytes", t.timings.StateBytes,
+		"state_sum", t.stateSum(), "ram_bytes", t.timings.RAMBytes, "ram", t.timings.RAM, "disk", t.timings.Disk)
+	return t, nil
+}
+
+// newTemplate makes the template's directory, locked by this process.
+func newTemplate(cfg Config, p qemuProcess) (*Template, error) {
+	var suffix [4]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return nil, err
+	}
+	name := cfg.NamePrefix + forkDirPrefix + hex.EncodeToString(suffix[:])
+	if err := os.MkdirAll(cfg.ForkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("fork dir: %w", err)
+	}
+	dir := filepath.Join(cfg.ForkDir, name)
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("template dir: %w", err)
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// QEMU runs as libvirt's QEMU user and must reach the files.
+	if err := os.Chown(dir, -1, p.gid); err != nil {
+		lock.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("template dir: %w", err)
+	}
+	return &Template{
+		name: name, dir: dir, argv: p.argv, uid: p.uid, gid: p.gid, cfg: cfg, lock: lock,
+		log: cfg.Logger.With("template", name), clones: map[*Clone]bool{},
+	}, nil
+}
+
+// lockDir creates and flocks dir's lock file: while it is held, SweepForks
+// leaves the directory alone.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return f, nil
+}
+
+// capture pauses the VM and takes its state; the VM runs again when it
+// returns, also on an error.
+func (t *Template) capture(ctx context.Context, v *VM, p qemuProcess) (err error) {
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return err
+	}
+	mon := func(ctx context.Context, cmd string, args, out any) error {
+		return v.monitorQMP(ctx, dom, cmd, args, out)
+	}
+	var status struct {
+		Running bool `json:"running"`
+	}
+	if err := mon(ctx, "query-status", nil, &status); err != nil {
+		return err
+	}
+	if !status.Running {
+		return errors.New("the guest is not running")
+	}
+	t0 := time.Now()
+	if err := mon(ctx, "stop", nil, nil); err != nil {
+		return err
+	}
+	defer func() {
+		// Resume even when the caller gave up: a template is never worth
+		// a VM left paused. x-ignore-shared goes off again first: the
+		// VM's own snapshots (savevm) must keep its RAM.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
+		defer cancel()
+		rerr := errors.Join(setIgnoreShared(rctx, mon, false), mon(rctx, "cont", nil, nil))
+		t.timings.Paused = time.Since(t0)
+		err = errors.Join(err, rerr)
+	}()
+	t1 := time.Now()
+	state, err := t.sendState(ctx, mon)
+	if err != nil {
+		return fmt.Errorf("device state: %w", err)
+	}
+	t.state = state
+	t.timings.State, t.timings.StateBytes = time.Since(t1), int64(len(state))
+	if err := writeFileAs(t.statePath(), state, t.gid); err != nil {
+		return err
+	}
+	if bytes.Contains(state, []byte("pc.ram")) && int64(len(state)) > int64(v.cfg.MemoryMiB)<<20/2 {
+		// A QEMU that does not leave shared memfd RAM out (newer ones
+		// want a named file) sends it all: clones would load it, not
+		// share it.
+		t.log.Warn("the device state holds the guest RAM: clones will copy it instead of sharing it", "state_bytes", len(state))
+	}
+	t2 := time.Now()
+	if err := t.copyRAM(p.pid); err != nil {
+		return fmt.Errorf("guest RAM: %w", err)
+	}
+	t3 := time.Now()
+	t.timings.RAM = t3.Sub(t2)
+	if err := t.copyDisk(ctx, v); err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	t.timings.Disk = time.Since(t3)
+	return nil
+}
+
+// setIgnoreShared sets QEMU's x-ignore-shared migration capability.
+func setIgnoreShared(ctx context.Context, mon func(context.Context, string, any, any) error, on bool) error {
+	type capability struct {
+		Capability string `json:"capability"`
+		State      bool   `json:"state"`
+	}
+	return mon(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []capability{{"x-ignore-shared", on}},
+	}, nil)
+}
+
+// sendState has the paused QEMU migrate, without its shared RAM, to a
+// socket on 127.0.0.1, and returns what it sent. QEMU runs in libvirt's
+// sandbox, which forbids exec: a TCP socket is what it may open.
+func (t *Template) sendState(ctx context.Context, mon func(context.Context, string, any, any) error) ([]byte, error) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	type result struct {
+		b   []byte
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- result{nil, err}
+			return
+		}
+		defer c.Close()
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		defer stop()
+		b, err := io.ReadAll(c)
+		got <- result{b, err}
+	}()
+	if err := setIgnoreShared(ctx, mon, true); err != nil {
+		ln.Close()
+		<-got
+		return nil, err
+	}
+	if err := mon(ctx, "migrate", map[string]any{"uri": "tcp:" + ln.Addr().String()}, nil); err != nil {
+		ln.Close()
+		<-got
+		return nil, err
+	}
+	if err := waitMigration(ctx, mon); err != nil {
+		ln.Close()
+		<-got
+		return nil, err
+	}
+	r := <-got
+	return r.b, r.err
+}
+
+// waitMigration polls query-migrate until the migration completed.
+func waitMigration(ctx context.Context, mon func(context.Context, string, any, any) error) error {
+	for {
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := mon(ctx, "query-migrate", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("qemu migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// copyRAM copies the guest RAM out of QEMU's memfd.
+func (t *Template) copyRAM(pid int) error {
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		return err
+	}
+	var memfds []string
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && strings.HasPrefix(l, "/memfd:memory-backend-memfd") {
+			memfds = append(memfds, filepath.Join(fdDir, e.Name()))
+		}
+	}
+	if len(memfds) != 1 {
+		return fmt.Errorf("%w: QEMU %d has %d guest RAM memfds, want 1", ErrNotForkable, pid, len(memfds))
+	}
+	src, err := os.Open(memfds[0])
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(t.ramPath(), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	n, sum, err := copySparse(dst, src)
+	if err == nil {
+		// QEMU opens a RAM file read-write even to map it privately
+		// (QEMU 7.2's readonly=on maps it read-only, which the guest
+		// cannot run on); clones never write to it, CheckRAM verifies.
+		err = dst.Chown(t.uid, t.gid)
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	t.ramSum, t.timings.RAMBytes = sum, n
+	return err
+}
+
+// copyDisk writes the VM's disk, as the paused guest sees it, as a qcow2
+// layer over the base image: only what differs from the base. QEMU holds
+// the overlay, so qemu-img reads it with -U (the guest is paused and the
+// migration flushed QEMU's caches).
+func (t *Template) copyDisk(ctx context.Context, v *VM) error {
+	base := v.images[RoleBase]
+	out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2",
+		"-B", base, "-F", "qcow2", v.overlay, t.diskPath()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img convert: %w: %s", err, bytes.TrimSpace(out))
+	}
+	if err := os.Chmod(t.diskPath(), 0o640); err != nil {
+		return err
+	}
+	return os.Chown(t.diskPath(), -1, t.gid)
+}
+
+// writeFileAs writes a file the QEMU user's group can read.
+func writeFileAs(path string, b []byte, gid int) error {
+	if err := os.WriteFile(path, b, 0o640); err != nil {
+		return err
+	}
+	return os.Chown(path, -1, gid)
+}
+
+// monitorQMP runs a QMP command in the domain's QEMU through libvirt.
+func (v *VM) monitorQMP(ctx context.Context, dom libvirt.Domain, command string, args, out any) error {
+	req := struct {
+		Execute   string `json:"execute"`
+		Arguments any    `json:"arguments,omitempty"`
+	}{command, args}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	var reply string
+	err = v.conn.do(ctx, command, func(lv *libvirt.Libvirt) error {
+		var err error
+		reply, err = lv.QEMUDomainMonitorCommand(dom, string(b), 0)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var r struct {
+		Return json.RawMessage `json:"return"`
+		Error  *qmpError       `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(reply), &r); err != nil {
+		return fmt.Errorf("qemu %s: unreadable reply %q: %w", command, reply, err)
+	}
+	if r.Error != nil {
+		r.Error.Command = command
+		return r.Error
+	}
+	if out != nil {
+		return json.Unmarshal(r.Return, out)
+	}
+	return nil
+}
+
+// Clone is a QEMU started from a Template.
+type Clone struct {
+	t      *Template
+	name   string
+	dir    string
+	cmd    *exec.Cmd
+	mon    *qmp
+	ports  Ports
+	exited chan struct{}
+	log    *slog.Logger
+
+	// Restore is how long Fork took from taking the started QEMU to the
+	// guest running: loading the device state and resuming.
+	restore time.Duration
+	// Started is how long starting the QEMU took (before Fork when it
+	// was prestarted).
+	started time.Duration
+	spare   bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Name is the clone's QEMU -name.
+func (c *Clone) Name() string { return c.name }
+
+// Ports are the host ports on 127.0.0.1 forwarded to the clone's guest.
+func (c *Clone) Ports() Ports { return c.ports }
+
+// PID is the clone's QEMU process.
+func (c *Clone) PID() int { return c.cmd.Process.Pid }
+
+// Restore is how long Fork took from a started QEMU to a running guest.
+func (c *Clone) Restore() time.Duration { return c.restore }
+
+// Started is how long starting the clone's QEMU process took, and whether
+// that happened ahead of Fork (Prestart).
+func (c *Clone) Started() (time.Duration, bool) { return c.started, c.spare }
+
+// Prestart starts QEMU processes for up to n clones, paused before their
+// state, so that Fork needs no process start. They hold their forwarded
+// ports from now on.
+func (t *Template) Prestart(ctx context.Context, n int) error {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return ErrClosed
+		}
+		if len(t.spare) >= n {
+			t.mu.Unlock()
+			return nil
+		}
+		t.mu.Unlock()
+		c, err := t.startClone(ctx)
+		if err != nil {
+			return err
+		}
+		c.spare = true
+		t.mu.Lock()
+		closed := t.closed
+		if !closed {
+			t.spare = append(t.spare, c)
+		}
+		t.mu.Unlock()
+		if closed {
+			c.Close()
+			return ErrClosed
+		}
+	}
+}
+
+// Fork starts a clone of the template: a prestarted QEMU if there is one,
+// else a new one; it loads the device state over the template's RAM and
+// disk and lets the guest run. The guest answers when its own programs
+// get to it (a readiness wait is the caller's).
+func (t *Template) Fork(ctx context.Context) (*Clone, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, ErrClosed
+	}
+	var c *Clone
+	if n := len(t.spare); n > 0 {
+		c, t.spare = t.spare[0], t.spare[1:]
+	}
+	t.mu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = t.startClone(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.load(ctx, t.state); err != nil {
+		return nil, errors.Join(fmt.Errorf("clone %s: %w", c.name, err), c.Close())
+	}
+	return c, nil
+}
+
+// startClone starts a clone's QEMU, paused before its state.
+func (t *Template) startClone(ctx context.Context) (*Clone, error) {
+	t0 := time.Now()
+	t.mu.Lock()
+	t.seq++
+	name := fmt.Sprintf("%s-c%d", t.name, t.seq)
+	t.mu.Unlock()
+	dir := filepath.Join(t.dir, name)
+	if err := os.Mkdir(dir, 0o770); err != nil {
+		return nil, err
+	}
+	c := &Clone{t: t, name: name, dir: dir, exited: make(chan struct{}), log: t.log.With("clone", name)}
+	fail := func(err error) (*Clone, error) {
+		return nil, errors.Join(fmt.Errorf("start clone %s: %w", name, err), c.Close())
+	}
+	if err := os.Chown(dir, t.uid, t.gid); err != nil {
+		return fail(err)
+	}
+	overlay := filepath.Join(dir, "disk.qcow2")
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", t.diskPath(), overlay).CombinedOutput()
+	if err != nil {
+		return fail(fmt.Errorf("qemu-img create: %w: %s", err, bytes.TrimSpace(out)))
+	}
+	if err := os.Chown(overlay, t.uid, t.gid); err != nil {
+		return fail(err)
+	}
+	var lastErr error
+	for range startAttempts {
+		ps, err := freePorts(3)
+		if err != nil {
+			return fail(err)
+		}
+		c.ports = Ports{Guest: ps[0], DevTools: ps[1], VLC: ps[2]}
+		err = c.startQEMU(ctx, overlay)
+		if err == nil {
+			c.started = time.Since(t0)
+			t.mu.Lock()
+			t.clones[c] = true
+			t.mu.Unlock()
+			return c, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil || !isPortTaken(err) {
+			break
+		}
+	}
+	return fail(lastErr)
+}
+
+// startQEMU runs the clone's QEMU and connects to its monitor.
+func (c *Clone) startQEMU(ctx context.Context, overlay string) error {
+	t := c.t
+	monitor := filepath.Join(c.dir, "qmp.sock")
+	os.Remove(monitor)
+	args, err := cloneArgs(t.argv[1:], cloneSpec{
+		Name: c.name, Monitor: monitor, RAM: t.ramPath(), Overlay: overlay,
+		Netdev: netdevArg([]forward{
+			{Host: c.ports.Guest, Guest: t.cfg.GuestPort},
+			{Host: c.ports.DevTools, Guest: t.cfg.DevToolsPort},
+			{Host: c.ports.VLC, Guest: t.cfg.VLCPort},
+		}),
+	})
+	if err != nil {
+		return err
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(t.argv[0], args...)
+	cmd.Dir = c.dir
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// The clone dies with this process, whatever ends it (kill -9
+		// included), and stays out of the terminal's Ctrl-C.
+		Pdeathsig: syscall.SIGKILL,
+		Setpgid:   true,
+	}
+	if os.Geteuid() == 0 && t.uid != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(t.uid), Gid: uint32(t.gid)}
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	c.cmd = cmd
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	c.exited = exited
+	// QEMU creates the monitor socket early; wait for it (or its end).
+	deadline := time.Now().Add(t.cfg.CallTimeout)
+	for {
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		q, err := dialQMP(mctx, monitor)
+		cancel()
+		if err == nil {
+			c.mon = q
+			return nil
+		}
+		select {
+		case <-exited:
+			c.cmd = nil
+			return fmt.Errorf("qemu exited: %s", bytes.TrimSpace(stderr.Bytes()))
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("qemu monitor did not come up in %v: %w", t.cfg.CallTimeout, err)
+		}
+	}
+}
+
+// netdevArg is the -netdev value of legato's user network with forwards.
+func netdevArg(fs []forward) string { return domainSpec{Forwards: fs}.NetdevArg() }
+
+// load feeds the device state to the waiting QEMU and resumes the guest.
+func (c *Clone) load(ctx context.Context, state []byte) error {
+	t0 := time.Now()
+	mon := func(ctx context.Context, cmd string, args, out any) error { return c.mon.run(ctx, cmd, args, out) }
+	if err := setIgnoreShared(ctx, mon, true); err != nil {
+		return err
+	}
+	sock := filepath.Join(c.dir, "in.sock")
+	if err := mon(ctx, "migrate-incoming", map[string]any{"uri": "unix:" + sock}, nil); err != nil {
+		return err
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Write(state)
+	conn.Close()
+	if err != nil {
+		return err
+	}
+	if err := waitMigration(ctx, mon); err != nil {
+		return err
+	}
+	if err := mon(ctx, "cont", nil, nil); err != nil {
+		return err
+	}
+	c.restore = time.Since(t0)
+	c.log.Debug("clone running", "restore", c.restore, "pid", c.PID())
+	return nil
+}
+
+// Close kills the clone's QEMU and removes its files. It is idempotent.
+func (c *Clone) Close() error {
+	c.closeOnce.Do(func() {
+		if c.mon != nil {
+			c.mon.close()
+		}
+		if c.cmd != nil && c.cmd.Process != nil {
+			// The whole process group: QEMU forks no helpers here, but
+			// nothing of it may outlive the clone.
+			syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+			<-c.exited
+		}
+		c.closeErr = os.RemoveAll(c.dir)
+		c.t.mu.Lock()
+		delete(c.t.clones, c)
+		c.t.mu.Unlock()
+	})
+	return c.closeErr
+}
+
+// Close kills the template's clones and removes its files.
+func (t *Template) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	var cs []*Clone
+	for c := range t.clones {
+		cs = append(cs, c)
+	}
+	t.spare = nil
+	t.mu.Unlock()
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Close())
+	}
+	errs = append(errs, os.RemoveAll(t.dir))
+	if t.lock != nil {
+		t.lock.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// CheckRAM re-reads the template's RAM file and compares it with the sum
+// taken when it was copied: a file changed since is never forked from.
+func (t *Template) CheckRAM() error {
+	f, err := os.Open(t.ramPath())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sum, err := ramFileSum(f)
+	if err != nil {
+		return err
+	}
+	if sum != t.ramSum {
+		return fmt.Errorf("template %s: its RAM file changed since it was taken", t.name)
+	}
+	return nil
+}
+
+// stateSum is the device state's hash, for the log.
+func (t *Template) stateSum() string {
+	s := sha256.Sum256(t.state)
+	return hex.EncodeToString(s[:8])
+}
+
+// ForkLeftover is a template directory a run that ended left behind.
+type ForkLeftover struct {
+	Dir string
+	// Processes are the QEMU pids of its clones still running.
+	Processes []int
+}
+
+// ForkLeftovers lists the template directories of prefix under dir
+// (Config.ForkDir) that no running process holds.
+func ForkLeftovers(dir, prefix string) ([]ForkLeftover, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []ForkLeftover
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix+forkDirPrefix) {
+			continue
+		}
+		d := filepath.Join(dir, e.Name())
+		if held(d) {
+			continue
+		}
+		out = append(out, ForkLeftover{Dir: d, Processes: cloneProcesses(e.Name())})
+	}
+	return out, nil
+}
+
+// held reports whether a live process holds the template directory's lock.
+func held(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, "lock"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
+// cloneProcesses finds the running clones of a template by their -name.
+func cloneProcesses(template string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if n := nameArg(argv); strings.HasPrefix(n, template+"-c") {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			pids = append(pids, pid)
+		}
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// SweepForks kills the clones of templates of prefix under dir that no
+// running process holds and removes their directories; it returns what
+// it removed.
+func SweepForks(dir, prefix string) ([]ForkLeftover, error) {
+	left, err := ForkLeftovers(dir, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, l := range left {
+		for _, pid := range l.Processes {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("kill clone %d: %w", pid, err))
+			}
+		}
+		if err := os.RemoveAll(l.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return left, errors.Join(errs...)
+}
