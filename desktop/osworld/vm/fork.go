@@ -580,11 +580,7 @@ func (c *Clone) startQEMU(ctx context.Context, overlay string) error {
 	os.Remove(monitor)
 	args, err := cloneArgs(t.argv[1:], cloneSpec{
 		Name: c.name, Monitor: monitor, RAM: t.ramPath(), Overlay: overlay,
-		Netdev: netdevArg([]forward{
-			{Host: c.ports.Guest, Guest: t.cfg.GuestPort},
-			{Host: c.ports.DevTools, Guest: t.cfg.DevToolsPort},
-			{Host: c.ports.VLC, Guest: t.cfg.VLCPort},
-		}),
+		Netdev: netdevArg(c.ports.forwards(t.cfg)),
 	})
 	if err != nil {
 		return err
@@ -824,4 +820,109 @@ func SweepForks(dir, prefix string) ([]ForkLeftover, error) {
 		}
 	}
 	return left, errors.Join(errs...)
+}
+
+// forwardRule is HMP's hostfwd rule of a host port on 127.0.0.1.
+func forwardRule(host, guest int) string {
+	return fmt.Sprintf("tcp:127.0.0.1:%d-:%d", host, guest)
+}
+
+// forwards pairs a VM's ports with the guest ports of cfg.
+func (p Ports) forwards(cfg Config) []forward {
+	return []forward{{p.Guest, cfg.GuestPort}, {p.DevTools, cfg.DevToolsPort}, {p.VLC, cfg.VLCPort}}
+}
+
+// hmpResult turns HMP's answer into an error: HMP says nothing when a
+// command worked and reports failures as text.
+func hmpResult(command, out string) error {
+	if out = strings.TrimSpace(out); out != "" {
+		return fmt.Errorf("qemu %s: %w", command, hmpText(out))
+	}
+	return nil
+}
+
+// hmpText is what HMP answered.
+type hmpText string
+
+func (t hmpText) Error() string { return string(t) }
+
+// Park pauses the VM and frees its forwarded ports, so that a clone can
+// take them (Clone.Forward) and the VM's callers reach the clone at the
+// same addresses. Unpark undoes it.
+func (v *VM) Park(ctx context.Context) error {
+	ctx, cancel, err := v.opCtx(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return v.fail("park", err)
+	}
+	if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
+		return v.fail("park", err)
+	}
+	for _, f := range v.ports.forwards(v.cfg) {
+		cmd := fmt.Sprintf("hostfwd_remove legatonet tcp:127.0.0.1:%d", f.Host)
+		err := v.hmp(ctx, dom, cmd)
+		var text hmpText
+		if errors.As(err, &text) && strings.HasSuffix(string(text), " removed") {
+			// hostfwd_remove reports success in words.
+			err = nil
+		}
+		if err != nil {
+			return v.fail("park", err)
+		}
+	}
+	return nil
+}
+
+// Unpark binds the VM's forwarded ports again and lets it run. The ports
+// must be free: the clone that held them closed.
+func (v *VM) Unpark(ctx context.Context) error {
+	ctx, cancel, err := v.opCtx(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return v.fail("unpark", err)
+	}
+	for _, f := range v.ports.forwards(v.cfg) {
+		if err := v.hmp(ctx, dom, "hostfwd_add legatonet "+forwardRule(f.Host, f.Guest)); err != nil {
+			return v.fail("unpark", err)
+		}
+	}
+	return v.fail("unpark", v.monitorQMP(ctx, dom, "cont", nil, nil))
+}
+
+// hmp runs an HMP command in the domain's QEMU through libvirt.
+func (v *VM) hmp(ctx context.Context, dom libvirt.Domain, command string) error {
+	var out string
+	err := v.conn.do(ctx, "monitor", func(lv *libvirt.Libvirt) error {
+		var err error
+		out, err = lv.QEMUDomainMonitorCommand(dom, command, monitorHMP)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return hmpResult(command, out)
+}
+
+// Forward adds forwards from the host ports of p on 127.0.0.1 to the
+// clone's guest, next to its own Ports: a parked VM's ports.
+func (c *Clone) Forward(ctx context.Context, p Ports) error {
+	for _, f := range p.forwards(c.t.cfg) {
+		cmd := "hostfwd_add legatonet " + forwardRule(f.Host, f.Guest)
+		var out string
+		if err := c.mon.run(ctx, "human-monitor-command", map[string]string{"command-line": cmd}, &out); err != nil {
+			return err
+		}
+		if err := hmpResult(cmd, out); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -214,6 +214,19 @@ func TestIntegrationFork(t *testing.T) {
 		t.Error(err)
 	}
 
+	// The VM parks, and the clone takes its ports: the VM's callers reach
+	// the clone; when the clone is gone, the VM takes them back.
+	if err := v.Park(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c5.Forward(ctx, v.Ports()); err != nil {
+		t.Fatal(err)
+	}
+	g.sh(ctx, "echo 5 > /tmp/clone-file")
+	if got := g5.sh(ctx, "cat /tmp/clone-file"); got != "5" {
+		t.Errorf("through the VM's port, a write reached %q, not the clone", got)
+	}
+
 	// Close: the clone's process and files go.
 	pid := c5.PID()
 	ports := []int{c5.Ports().Guest, c5.Ports().DevTools, c5.Ports().VLC}
@@ -227,6 +240,12 @@ func TestIntegrationFork(t *testing.T) {
 		if listening(t, p) {
 			t.Errorf("port %d still listening after the clone closed", p)
 		}
+	}
+	if err := v.Unpark(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, rc, _ := g.try(ctx, "cat /tmp/clone-file"); rc == 0 {
+		t.Errorf("the unparked VM's port reaches a guest with the clone's file: %q", out)
 	}
 	if err := tmpl.Close(); err != nil {
 		t.Fatal(err)
