@@ -22,12 +22,14 @@ type gcCommand struct {
 func (c *gcCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("legato rl gc", stderr)
 	registerVMPlace(fs, &c.vm)
-	setUsage(fs, `Usage: legato rl gc [--host URI]... [--vm-prefix PREFIX] [--storage-pool POOL]
+	fs.StringVar(&c.vm.ForkDir, "fork-dir", "", "where --golden-fork kept its templates and clones (default "+vm.DefaultForkDir+")")
+	setUsage(fs, `Usage: legato rl gc [--host URI]... [--vm-prefix PREFIX] [--storage-pool POOL] [--fork-dir DIR]
 
 Removes the VMs (domains, overlay and console log volumes) whose names start
 with the prefix, which a crashed batch left behind, from every host, and
 lists what it removed. It removes running VMs too: run it when no batch of
-that prefix is going on.
+that prefix is going on. On this machine it also removes the fork templates
+of the prefix that no running process holds, and kills their clones.
 
 `)
 	return fs

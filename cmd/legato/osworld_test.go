@@ -92,9 +92,10 @@ func TestOSWorldFlags(t *testing.T) {
 		{
 			name: "what a fast reset restores and checks",
 			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
-				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor", "--golden-refuse", "t1", "--golden-refuse", "t2"},
+				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor", "--golden-refuse", "t1", "--golden-refuse", "t2",
+				"--golden-fork", "--fork-dir", "/dev/hugepages/legato"},
 			want: osworld.Config{
-				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"), ForkDir: "/dev/hugepages/legato",
 					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
 					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool},
 				BootTimeout: osworld.DefaultBootTimeout,
@@ -104,7 +105,7 @@ func TestOSWorldFlags(t *testing.T) {
 				},
 				NoExecutor: true,
 				Ready:      osworld.ReadyConfig{NoDamage: true},
-				Golden:     osworld.GoldenConfig{Max: osworld.DefaultGoldenMax, Refuse: []string{"t1", "t2"}},
+				Golden:     osworld.GoldenConfig{Max: osworld.DefaultGoldenMax, Refuse: []string{"t1", "t2"}, Fork: true},
 				Grade:      osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
 			},
 		},
@@ -157,6 +158,9 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"same host twice", []string{"--image", img, "--host", "qemu+ssh://h/system", "--host", "qemu+ssh://h/system"}, "give each its own name"},
 		{"restore relative", append(guest, "--fast-reset-restore", "tmp"), `FastReset.Restore (--fast-reset-restore): "tmp"`},
 		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
+		{"fork without golden", []string{"--image", img, "--golden-fork", "--no-golden"}, "Golden.Fork (--golden-fork) forks golden states, which Golden.Off (--no-golden) turns off"},
+		{"fork a guest url", append(guest, "--golden-fork"), "guests given by URL cannot fork"},
+		{"fork dir relative", []string{"--image", img, "--golden-fork", "--fork-dir", "shm"}, `fork dir "shm": want an absolute path`},
 		{"golden max zero", append(guest, "--golden-max", "0"), `invalid value "0" for flag -golden-max: want an integer from 1 to 1000`},
 		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
 	}
@@ -174,7 +178,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 	}
 }
 
-// TestGCFlags: gc lists and takes only its own three flags, not the 17 of
+// TestGCFlags: gc lists and takes only its own four flags, not the many of
 // the osworld backend.
 func TestGCFlags(t *testing.T) {
 	var stderr bytes.Buffer
@@ -188,7 +192,7 @@ func TestGCFlags(t *testing.T) {
 			listed = append(listed, strings.Fields(line)[0])
 		}
 	}
-	if diff := cmp.Diff([]string{"-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
+	if diff := cmp.Diff([]string{"-fork-dir", "-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
 		t.Errorf("gc -h flags (-want +got):\n%s", diff)
 	}
 	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})

@@ -137,6 +137,14 @@ type GoldenConfig struct {
 	// depends on the wall clock or the network in ways legato cannot see
 	// in its steps.
 	Refuse []string
+	// Fork starts every later attempt of a task in a clone of its golden
+	// state instead of loading the state in place: a QEMU process that
+	// maps the state's guest RAM copy-on-write from a file and loads its
+	// device state (see vm.Template), while the desktop's VM waits paused.
+	// Only VMs on this machine fork; the others, and a fork that fails,
+	// load in place. The VMs then run on shared-memory guest RAM, which a
+	// loadvm fills whole (vm.Config.Fork).
+	Fork bool
 }
 
 // Config says how to run OSWorld desktops: libvirt VMs started here (VM),
@@ -464,6 +472,12 @@ func (c Config) withDefaults() Config {
 	if c.vmMode() && len(c.VM.Hosts) == 0 {
 		c.VM.Hosts = []vm.HostSpec{{URI: vm.DefaultURI}}
 	}
+	if c.VM.ForkDir == "" {
+		c.VM.ForkDir = vm.DefaultForkDir
+	}
+	if c.VM.NamePrefix == "" {
+		c.VM.NamePrefix = vm.DefaultNamePrefix
+	}
 	if c.Golden.Max <= 0 {
 		c.Golden.Max = DefaultGoldenMax
 	}
@@ -576,6 +590,12 @@ func (c Config) Validate() error {
 	}
 	if c.Golden.Max < 0 {
 		add("Golden.Max (--golden-max) %d: want the number of golden states a desktop keeps, 1 or more (0 means %d)", c.Golden.Max, DefaultGoldenMax)
+	}
+	if c.Golden.Fork && c.Golden.Off {
+		add("Golden.Fork (--golden-fork) forks golden states, which Golden.Off (--no-golden) turns off: drop one of them")
+	}
+	if c.Golden.Fork && !c.vmMode() {
+		add("Golden.Fork (--golden-fork) forks VMs this process starts; guests given by URL cannot fork: drop it or run VMs")
 	}
 	for _, id := range c.Golden.Refuse {
 		if strings.TrimSpace(id) == "" {

@@ -28,7 +28,7 @@ type ResetReport struct {
 	TaskID string
 	// Kind is ResetNone, ResetFast, ResetLoadvm, ResetRevert,
 	// ResetFastThenLoadvm, ResetFastThenRevert, ResetFastIncomplete,
-	// ResetGolden or ResetGoldenBuild.
+	// ResetGolden, ResetGoldenFork or ResetGoldenBuild.
 	Kind string
 	// Why says why that reset: the rule or the measured costs that chose
 	// it, and for a fallback what the fast reset could not undo.
@@ -84,6 +84,7 @@ type Desktop struct {
 	chooser    resetChooser
 	prev       prevAttempt // the attempt since the last reset
 	golden     goldenSet
+	fork       forkState
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.
@@ -112,6 +113,10 @@ func (d *VMDesktop) Revert(ctx context.Context) error {
 	d.lastAction = desktop.Action{}
 	d.prev = prevAttempt{}
 	d.exec = executor{} // the snapshot has none
+	if err := d.endClone(ctx, false); err != nil {
+		return d.fail("revert", err)
+	}
+	d.fork.unparked = false
 	if _, err := d.revert(ctx); err != nil {
 		return d.fail("revert", err)
 	}
@@ -197,6 +202,11 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	}
 	prev, cur := d.prev, prevAttempt{id: task.ID, domain: task.Domain}
 	gp := d.goldenPlan(ctx, task)
+	// The last attempt's clone goes; the VM takes its ports back unless
+	// another clone follows.
+	if err := d.endClone(ctx, gp.state != nil && gp.state.tmpl != nil); err != nil {
+		return d.fail("reset", err)
+	}
 	if gp.state != nil {
 		// Whatever the load does, the guest no longer holds the last
 		// attempt as it was.
@@ -207,6 +217,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		}
 		if rep != nil {
 			d.fresh = false
+			d.fork.unparked = false
 			d.prev = cur
 			d.resumeExecutor(ctx, gp.state.execDir)
 			d.setLastReset(*rep)
@@ -219,6 +230,11 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		// (clipboard, window manager, caches): every attempt from the
 		// golden state would inherit that.
 		c = choice{ResetLoadvm, "a golden state is taken from the clean snapshot"}
+	}
+	if d.fork.unparked {
+		// The VM waited paused while clones ran: it holds what it held
+		// before them, which the last attempt does not describe.
+		c = choice{ResetLoadvm, "the VM held an earlier attempt while clones ran: the clean snapshot brings it back"}
 	}
 	if gp.loadFailed {
 		// The failed load may have left the guest anywhere: only the
@@ -266,6 +282,9 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		return d.fail("reset ("+rep.Kind+")", err)
 	}
 	rep.Restore = time.Since(t0)
+	if c.kind == ResetLoadvm {
+		d.fork.unparked = false
+	}
 	if d.vm != nil && c.kind != ResetNone && rep.Kind != ResetFastThenLoadvm && rep.Kind != ResetFastThenRevert {
 		d.chooser.done(rep.Kind, rep.Restore, prev, "")
 	}
@@ -545,6 +564,9 @@ func (d *Desktop) Close() error {
 		d.closeNow()
 		d.stopExecutor()
 		var errs []error
+		if err := d.closeFork(); err != nil {
+			errs = append(errs, fmt.Errorf("close fork clones and templates: %w", err))
+		}
 		if d.grader != nil {
 			if err := d.grader.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close grader: %w", err))

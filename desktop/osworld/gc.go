@@ -18,6 +18,9 @@ func GC(ctx context.Context, cfg Config, w io.Writer) error {
 		_, err := fmt.Fprintln(w, "guests given by URL: nothing to remove")
 		return err
 	}
+	if err := gcForks(cfg.VM, w); err != nil {
+		return err
+	}
 	left, err := vm.List(ctx, cfg.VM)
 	if err != nil && len(left) == 0 {
 		return fmt.Errorf("list leftover VMs: %w", err)
@@ -49,6 +52,28 @@ func GC(ctx context.Context, cfg Config, w io.Writer) error {
 	}
 	if err != nil {
 		return fmt.Errorf("remove leftover VMs: %w", err)
+	}
+	return nil
+}
+
+// gcForks removes the fork templates (and kills the clones) of the prefix
+// that no running process holds, on this machine.
+func gcForks(cfg vm.Config, w io.Writer) error {
+	dir, prefix := cfg.ForkDir, cfg.NamePrefix
+	if dir == "" {
+		dir = vm.DefaultForkDir
+	}
+	if prefix == "" {
+		prefix = vm.DefaultNamePrefix
+	}
+	removed, err := vm.SweepForks(dir, prefix)
+	for _, l := range removed {
+		if _, werr := fmt.Fprintf(w, "removed fork template %s (%d clone processes killed)\n", l.Dir, len(l.Processes)); werr != nil {
+			return werr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove leftover fork templates: %w", err)
 	}
 	return nil
 }

@@ -49,6 +49,9 @@ type goldenState struct {
 	// execDir is the directory of the action executor that ran when it
 	// was taken ("" for none): loading the state brings it back.
 	execDir string
+	// tmpl is the state's fork template (GoldenConfig.Fork), nil when
+	// its attempts load the state in place.
+	tmpl *vm.Template
 	// used is the desktop's golden count when it was last built or
 	// loaded: the least recently used state goes first.
 	used int
@@ -169,13 +172,20 @@ func (d *Desktop) goldenPlan(ctx context.Context, task desktop.Task) goldenPlan 
 func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *goldenPlan) (*ResetReport, error) {
 	g := gp.state
 	t0 := time.Now()
-	err := d.loadGolden(ctx, g, gp.key)
+	kind, forkErr, err := d.loadGolden(ctx, g, gp.key)
 	if err == nil {
 		d.golden.touch(g)
+		how := "loaded the task's golden state"
+		switch {
+		case kind == ResetGoldenFork:
+			how = "forked a clone of the task's golden state"
+		case forkErr != nil:
+			how = "loaded the task's golden state in place (its fork failed: " + clip(forkErr.Error()) + ")"
+		}
 		return &ResetReport{
 			TaskID:  task.ID,
-			Kind:    ResetGolden,
-			Why:     fmt.Sprintf("loaded the task's golden state, taken on this desktop at %s (load %d; its setup took %s)", g.built.Format(time.TimeOnly), g.loads, secs(g.setup)),
+			Kind:    kind,
+			Why:     fmt.Sprintf("%s, taken on this desktop at %s (load %d; its setup took %s)", how, g.built.Format(time.TimeOnly), g.loads, secs(g.setup)),
 			Restore: time.Since(t0),
 		}, nil
 	}
@@ -199,6 +209,7 @@ func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *golden
 // the overlay, and forgets it.
 func (d *Desktop) forgetGolden(ctx context.Context, g *goldenState) {
 	d.golden.drop(g.task)
+	d.closeTemplate(g)
 	if err := d.vm.DeleteSnapshot(ctx, g.name); err != nil {
 		// It stays in the overlay until Close removes the overlay.
 		d.log.Warn("could not delete a golden state", "task", g.task, "snapshot", g.name, "err", err)
@@ -340,26 +351,41 @@ func newSeed() []byte {
 // goldenName names the snapshot of a key.
 func goldenName(key string) string { return goldenPrefix + key[:16] }
 
-// loadGolden loads the task's golden state and thaws the guest (clock,
-// entropy). It checks the snapshot's key first: a snapshot taken for
-// another key is deleted, and errGoldenStale returned.
-func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) error {
+// loadGolden starts the attempt from the task's golden state and thaws
+// the guest (clock, entropy): in a clone of its template when it has one,
+// else (or when the fork fails: forkErr says why) by loading its snapshot
+// in place. It checks the state's key first: a state taken for another key
+// is deleted, and errGoldenStale returned. kind is ResetGoldenFork or
+// ResetGolden.
+func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, forkErr, err error) {
 	if g.key != key {
-		return fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
+		return "", nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
 	}
 	t0 := time.Now()
 	desc, err := d.vm.SnapshotDescription(ctx, g.name)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	d.log.Debug("golden snapshot description", "took", time.Since(t0))
 	if got := goldenKeyOf(desc); got != key {
-		return fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
+		return "", nil, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
+	}
+	if g.tmpl != nil {
+		forkErr = d.forkGolden(ctx, g)
+		if forkErr == nil || ctx.Err() != nil {
+			return ResetGoldenFork, nil, forkErr
+		}
+		d.log.Warn("the fork of the task's golden state failed; loading the state in place instead", "task", g.task, "err", forkErr)
+		d.closeTemplate(g)
+	}
+	// The VM holds the attempt (again).
+	if err := d.endClone(ctx, false); err != nil {
+		return "", forkErr, err
 	}
 	_, err = d.restore(ctx, func(ctx context.Context) (string, error) {
 		return ResetGolden, d.vm.LoadSnapshot(ctx, g.name)
 	}, newSeed())
-	return err
+	return ResetGolden, forkErr, err
 }
 
 // errGoldenStale means a golden state was taken for another key: it is
@@ -399,12 +425,18 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 		return nil, err
 	}
 	took := time.Since(t0)
+	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), setup: setup, execDir: d.exec.running()}
+	if d.cfg.Golden.Fork && d.vm.Forkable() {
+		// The same settled screen, captured for clones right after
+		// the snapshot.
+		d.takeTemplate(ctx, g)
+	}
 	// The guest stood still while its memory was written: its clock is
 	// that much behind for the attempt that goes on from here.
 	if err := d.sh.setClock(ctx); err != nil {
+		d.closeTemplate(g)
 		return nil, fmt.Errorf("set the guest clock after the snapshot: %w", err)
 	}
-	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), setup: setup, execDir: d.exec.running()}
 	d.golden.put(g)
 	d.log.Info("took the task's golden state", "task", task.ID, "snapshot", name, "settled", r.Settled,
 		"settle_wait", r.After, "snapshot_s", took.Seconds())
@@ -416,6 +448,7 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 			continue
 		}
 		d.golden.drop(old.task)
+		d.closeTemplate(old)
 		d.log.Info("deleted a golden state (least recently used)", "task", old.task, "loads", old.loads)
 	}
 	return g, nil

@@ -176,6 +176,14 @@ func (p *Pool) prepareHost(ctx context.Context, ph *poolHost, leftBy string) err
 	if len(removed) > 0 {
 		p.log.Warn("removed VMs left behind by "+leftBy, "host", h.Name(), "vms", removed)
 	}
+	if !h.Remote() && p.cfg.Golden.Fork {
+		// Fork templates live on this machine; ours are locked.
+		forks, ferr := vm.SweepForks(p.cfg.VM.ForkDir, p.cfg.VM.NamePrefix)
+		for _, l := range forks {
+			p.log.Warn("removed a fork template left behind by "+leftBy, "dir", l.Dir, "clones_killed", len(l.Processes))
+		}
+		err = errors.Join(err, ferr)
+	}
 	return err
 }
 

@@ -352,6 +352,8 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	}
 	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel, dial: dial}
 	vcfg := p.cfg.VM
+	// Only a VM on this machine can give fork templates.
+	vcfg.Fork = p.cfg.Golden.Fork && !p.cfg.Golden.Off && !ph.h.Remote()
 	vcfg.Ready = prep.ready
 	vcfg.BootTimeout = p.cfg.BootTimeout
 	v, err := vm.StartOn(sctx, ph.h, vcfg, slot)

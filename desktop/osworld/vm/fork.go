@@ -102,6 +102,10 @@ func (t *Template) ramPath() string   { return filepath.Join(t.dir, "ram") }
 func (t *Template) diskPath() string  { return filepath.Join(t.dir, "disk.qcow2") }
 func (t *Template) statePath() string { return filepath.Join(t.dir, "state") }
 
+// Forkable reports whether Template can work on the VM: it runs on this
+// machine and was started with Config.Fork.
+func (v *VM) Forkable() bool { return v.cfg.Fork && !v.host.Remote() }
+
 // Template captures the VM's current state as a template: it pauses the
 // guest, has QEMU send its device state without the (shared) guest RAM,
 // copies the guest RAM to the template's file and the disk's changes to
