@@ -204,7 +204,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	gp := d.goldenPlan(ctx, task)
 	// The last attempt's clone goes; the VM takes its ports back unless
 	// another clone follows.
-	if err := d.endClone(ctx, gp.state != nil && gp.state.tmpl != nil); err != nil {
+	if err := d.endClone(ctx, gp.state != nil && gp.state.tmpl != nil && d.cfg.Golden.Fork); err != nil {
 		return d.fail("reset", err)
 	}
 	if gp.state != nil {

@@ -82,6 +82,24 @@
 // legato rl gc remove them with it. ResetReport says "golden" or
 // "golden-build" (the attempt that took it) and why.
 //
+// # Forking golden states
+//
+// With Golden.Fork, the attempt that takes a golden state also captures it
+// as a vm.Template (guest RAM copied from the VM's shared memory, device
+// state, disk layer; under a second of pause), and each later attempt of
+// the task starts in a clone: the desktop's VM parks (paused, its
+// forwarded ports freed), a QEMU started ahead loads the state over the
+// template's RAM mapped copy-on-write and takes the VM's ports, so the
+// guest client, DevTools and the grader reach it unchanged; the guest is
+// thawed as after a load (clock, entropy). The next reset closes the
+// clone; a task without a forkable state unparks the VM, which loads its
+// clean snapshot first (it still holds the attempt it parked with).
+// ResetReport says "golden-fork". A fork that fails falls back to loading
+// the state in place, and the template goes. Templates go with their
+// golden state (eviction, a changed key, Close); the pool's sweep and
+// legato rl gc remove those of a run that was killed (their clones die
+// with it). Only VMs on this machine fork.
+//
 // # The action executor
 //
 // Each reset starts legato's executor in the guest (guestpy/executor.py,

@@ -86,29 +86,39 @@ func (d *Desktop) forkGolden(ctx context.Context, g *goldenState) error {
 		return err
 	}
 	f := &d.fork
+	t0 := time.Now()
 	if !f.parked {
 		if err := d.vm.Park(ctx); err != nil {
 			return err
 		}
 		f.parked = true
 	}
+	var c *vm.Clone
+	var t1, t2, t3 time.Time
 	_, err := d.restore(ctx, func(ctx context.Context) (string, error) {
-		c, err := g.tmpl.Fork(ctx)
-		if err != nil {
+		t1 = time.Now()
+		var err error
+		if c, err = g.tmpl.Fork(ctx); err != nil {
 			return ResetGoldenFork, err
 		}
 		if !f.keep(c, nil) {
 			return ResetGoldenFork, desktop.ErrClosed
 		}
+		t2 = time.Now()
 		if err := c.Forward(ctx, d.vm.Ports()); err != nil {
 			return ResetGoldenFork, fmt.Errorf("forward the desktop's ports to clone %s: %w", c.Name(), err)
 		}
 		d.dropConnections()
-		return ResetGoldenFork, d.waitGuest(ctx)
+		err = d.waitGuest(ctx)
+		t3 = time.Now()
+		return ResetGoldenFork, err
 	}, newSeed())
 	if err != nil {
 		return err
 	}
+	started, spare := c.Started()
+	d.log.Debug("forked the golden state", "task", g.task, "clone", c.Name(), "park", t1.Sub(t0), "fork", t2.Sub(t1),
+		"clone_restore", c.Restore(), "prestarted", spare, "clone_start", started, "forward_and_answer", t3.Sub(t2), "thaw", time.Since(t3))
 	d.spare(g.tmpl)
 	return nil
 }
@@ -121,15 +131,19 @@ func (d *Desktop) waitGuest(ctx context.Context) error {
 		fmt.Errorf("the clone's guest did not answer within %v", d.cfg.BootTimeout))
 	defer cancel()
 	ports := d.vm.Ports()
+	try := d.cfg.VM.ReadyTry
+	if try <= 0 {
+		try = vm.DefaultReadyTry
+	}
 	for {
-		tctx, tcancel := context.WithTimeout(ctx, d.cfg.VM.ReadyTry)
+		tctx, tcancel := context.WithTimeout(ctx, try)
 		err := d.probe.ready(tctx, ports)
 		tcancel()
 		if err == nil {
 			return nil
 		}
-		if err := desktop.Sleep(ctx, 20*time.Millisecond); err != nil {
-			return context.Cause(ctx)
+		if serr := desktop.Sleep(ctx, 20*time.Millisecond); serr != nil {
+			return fmt.Errorf("%w (last probe: %v)", context.Cause(ctx), err)
 		}
 	}
 }

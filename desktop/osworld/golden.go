@@ -370,7 +370,7 @@ func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (k
 	if got := goldenKeyOf(desc); got != key {
 		return "", nil, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
 	}
-	if g.tmpl != nil {
+	if g.tmpl != nil && d.cfg.Golden.Fork {
 		forkErr = d.forkGolden(ctx, g)
 		if forkErr == nil || ctx.Err() != nil {
 			return ResetGoldenFork, nil, forkErr

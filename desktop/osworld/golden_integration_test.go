@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,39 +55,14 @@ func goldenSnapshots(t *testing.T, ctx context.Context, v *vm.VM) []string {
 	return g
 }
 
-// TestIntegrationGolden is the golden state's promise on a real guest: a
-// group of 8 attempts of one task starts from one golden state (the first
-// takes it, the others load it), every attempt's first screenshot is the
-// same bytes, a file one attempt writes is in no other attempt nor in the
-// golden state, every attempt draws its own random numbers and reads the
-// host's time. A task whose setup changed takes its state again (never
-// loads the old one); Golden.Max evicts; Close leaves nothing. With
-// -osworld.measure it then times, on the same VM, a reset to a ready task
-// each way: golden loadvm, clean loadvm + setup, fast reset + setup,
-// libvirt revert + setup.
-func TestIntegrationGolden(t *testing.T) {
-	if os.Getenv(crashChildEnv) != "" {
-		t.Skip("crash child")
-	}
-	cfg := itConfig(t, "legato-itosw-golden-")
-	cfg.Golden = GoldenConfig{Max: 1}
-	ctx := t.Context()
-	tk := termEchoTask(t)
-	vd := itDesktop(t, cfg)
-	d, v := vd.Desktop, vd.VM()
+// goldenGroup runs a group of attempts of tk on d: the first takes the
+// task's golden state, the others start from it (load is their reset
+// kind). Every attempt's first screenshot is the same bytes, no attempt
+// sees another's files, each draws its own random numbers and reads the
+// host's time, and runs its actions through the state's executor.
+func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, group int, load string, afterFirst func()) {
+	t.Helper()
 	sh := guestSh(t, d.Guest())
-
-	overlaySize := func() int64 {
-		t.Helper()
-		st, err := os.Stat(v.Overlay())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.Size()
-	}
-	clean := overlaySize()
-
-	const group = 8
 	var first []byte
 	var randoms []string
 	var execDir string
@@ -101,7 +78,7 @@ func TestIntegrationGolden(t *testing.T) {
 		rep := d.LastReset()
 		t.Logf("attempt %d: reset %s in %v to ready (restore %v, setup %v, golden %v): %s", i, rep.Kind, took.Round(time.Millisecond),
 			rep.Restore.Round(time.Millisecond), rep.Setup.Round(time.Millisecond), rep.Golden.Round(time.Millisecond), rep.Why)
-		want := ResetGolden
+		want := load
 		if i == 0 {
 			want = ResetGoldenBuild
 		}
@@ -117,9 +94,9 @@ func TestIntegrationGolden(t *testing.T) {
 		}
 		if i == 0 {
 			first = obs.Screenshot
-			// What a golden state costs on disk (its memory and the
-			// setup's writes), after the guest's page cache was dropped.
-			t.Logf("overlay: %d MiB with the clean snapshot, %d MiB with the golden state", clean>>20, overlaySize()>>20)
+			if afterFirst != nil {
+				afterFirst()
+			}
 		} else if !bytes.Equal(obs.Screenshot, first) {
 			out := filepath.Join(os.TempDir(), fmt.Sprintf("legato-golden-attempt-%d.png", i))
 			os.WriteFile(out, obs.Screenshot, 0o644)
@@ -158,6 +135,46 @@ func TestIntegrationGolden(t *testing.T) {
 	if n := len(slices.Compact(slices.Clone(randoms))); n != group {
 		t.Errorf("the %d attempts drew %d distinct random numbers: %q", group, n, randoms)
 	}
+}
+
+// TestIntegrationGolden is the golden state's promise on a real guest: a
+// group of 8 attempts of one task starts from one golden state (the first
+// takes it, the others load it), every attempt's first screenshot is the
+// same bytes, a file one attempt writes is in no other attempt nor in the
+// golden state, every attempt draws its own random numbers and reads the
+// host's time. A task whose setup changed takes its state again (never
+// loads the old one); Golden.Max evicts; Close leaves nothing. With
+// -osworld.measure it then times, on the same VM, a reset to a ready task
+// each way: golden loadvm, clean loadvm + setup, fast reset + setup,
+// libvirt revert + setup.
+func TestIntegrationGolden(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := itConfig(t, "legato-itosw-golden-")
+	cfg.Golden = GoldenConfig{Max: 1}
+	ctx := t.Context()
+	tk := termEchoTask(t)
+	vd := itDesktop(t, cfg)
+	d, v := vd.Desktop, vd.VM()
+	sh := guestSh(t, d.Guest())
+
+	overlaySize := func() int64 {
+		t.Helper()
+		st, err := os.Stat(v.Overlay())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	clean := overlaySize()
+
+	const group = 8
+	goldenGroup(t, ctx, d, tk, group, ResetGolden, func() {
+		// What a golden state costs on disk (its memory and the setup's
+		// writes), after the guest's page cache was dropped.
+		t.Logf("overlay: %d MiB with the clean snapshot, %d MiB with the golden state", clean>>20, overlaySize()>>20)
+	})
 	snaps := goldenSnapshots(t, ctx, v)
 	if len(snaps) != 1 {
 		t.Errorf("golden snapshots after the group: %q; want one", snaps)
@@ -211,7 +228,7 @@ func TestIntegrationGolden(t *testing.T) {
 	}
 
 	if *itMeasure {
-		measureGolden(t, ctx, d, tk)
+		measureGolden(t, ctx, d, tk, false)
 	}
 
 	name, overlay := v.Name(), v.Overlay()
@@ -235,7 +252,7 @@ func TestIntegrationGolden(t *testing.T) {
 // loadvm + setup, fast reset + setup, libvirt revert + setup (each then
 // waiting until the screen settled, which a golden state taken settled
 // does not need).
-func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task) {
+func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, fork bool) {
 	n := *itReps
 	res := map[string]*measurement{}
 	m := func(k string) *measurement {
@@ -259,6 +276,7 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 	viaReset := func(kind string, golden, noFast bool) {
 		t.Helper()
 		d.cfg.Golden.Off, d.cfg.NoFastReset = !golden, noFast
+		d.cfg.Golden.Fork = fork && kind != ResetGolden
 		d.chooser = resetChooser{} // an unmeasured fast reset runs
 		dirty(t, ctx, d)
 		t0 := time.Now()
@@ -269,10 +287,19 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 			t.Fatalf("measuring %s: reset %s (%s)", kind, rep.Kind, rep.Why)
 		}
 		ready(kind, t0)
+		if kind == ResetGoldenFork {
+			m(kind + "_clone_restore").add(d.fork.clone.Restore())
+			if started, spare := d.fork.clone.Started(); spare {
+				m(kind + "_clone_prestart").add(started)
+			}
+		}
 	}
 	// The group above left another task's state (Golden.Max 1).
 	viaReset(ResetGoldenBuild, true, false)
 	for range n {
+		if fork {
+			viaReset(ResetGoldenFork, true, false)
+		}
 		viaReset(ResetGolden, true, false)
 		viaReset(ResetLoadvm, false, true)
 		viaReset(ResetFast, false, false)
@@ -290,7 +317,7 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 		d.setLastReset(ResetReport{TaskID: tk.ID, Kind: ResetRevert, Restore: restore, Setup: time.Since(t0) - restore})
 		ready(ResetRevert, t0)
 	}
-	d.cfg.Golden.Off, d.cfg.NoFastReset = false, false
+	d.cfg.Golden.Off, d.cfg.NoFastReset, d.cfg.Golden.Fork = false, false, fork
 	for _, k := range slices.Sorted(maps.Keys(res)) {
 		t.Logf("golden measure %-24s %s", k, res[k])
 	}
@@ -302,5 +329,117 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 		if err := os.WriteFile(*itMeasureOut, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestIntegrationGoldenFork is the fork path's promise on a real guest: a
+// group of 8 attempts starts from one golden state, the first taking it,
+// the other 7 each in a clone of its template (same first screen, no
+// attempt's files in another, own entropy, the host's time). A task
+// without a golden state then runs on the desktop's own VM again, whose
+// clean snapshot brings it back; eviction removes the template with its
+// state; Close leaves no clone, template file or VM. With
+// -osworld.measure it times each reset on the same VM, the fork included.
+func TestIntegrationGoldenFork(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := itConfig(t, "legato-itosw-fork-")
+	cfg.Golden = GoldenConfig{Max: 1, Fork: true}
+	cfg.VM.ForkDir = "/dev/shm/legato-itosw-fork"
+	t.Cleanup(func() { os.Remove(cfg.VM.ForkDir) })
+	ctx := t.Context()
+	tk := termEchoTask(t)
+	vd := itDesktop(t, cfg)
+	d := vd.Desktop
+	sh := guestSh(t, d.Guest())
+	templates := func() []string {
+		t.Helper()
+		ents, err := os.ReadDir(cfg.VM.ForkDir)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+
+	goldenGroup(t, ctx, d, tk, 8, ResetGoldenFork, func() {
+		if got := templates(); len(got) != 1 {
+			t.Errorf("fork templates after the golden state was taken: %q; want one", got)
+		}
+	})
+	if !d.fork.parked || d.fork.clone == nil {
+		t.Fatalf("after forked attempts: parked %v, clone %v; want the VM parked and a clone", d.fork.parked, d.fork.clone)
+	}
+	clonePID := d.fork.clone.PID()
+
+	// A task without a golden state runs on the VM again, from its clean
+	// snapshot: nothing of the clones' attempts, nor of the attempt the VM
+	// held before it parked (the golden build's, which wrote
+	// legato-golden-0.txt).
+	refused := tk
+	refused.ID = "legato-term-echo-refused"
+	d.cfg.Golden.Refuse = []string{refused.ID}
+	if err := d.Reset(ctx, refused); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetLoadvm {
+		t.Errorf("first reset on the VM after clones: %s (%s); want %s", rep.Kind, rep.Why, ResetLoadvm)
+	}
+	if d.fork.parked || d.fork.clone != nil {
+		t.Errorf("after a reset on the VM: parked %v, clone %v", d.fork.parked, d.fork.clone)
+	}
+	if err := syscall.Kill(clonePID, 0); err == nil {
+		t.Errorf("the last attempt's clone (pid %d) runs on", clonePID)
+	}
+	if got := sh(`ls /home/user /tmp | grep -c legato-golden-; true`); got != "0" {
+		t.Errorf("the VM after clones holds %s files of earlier attempts", got)
+	}
+	// And back to a clone of the task.
+	if err := d.Reset(ctx, tk); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetGoldenFork {
+		t.Errorf("the task again: %s (%s); want %s", rep.Kind, rep.Why, ResetGoldenFork)
+	}
+
+	// Another task with Golden.Max 1: the first one's state goes, and its
+	// template with it.
+	before := templates()
+	other := tk
+	other.ID = "legato-term-echo-2"
+	if err := d.Reset(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetGoldenBuild {
+		t.Errorf("another task: reset %s (%s)", rep.Kind, rep.Why)
+	}
+	if got := templates(); len(got) != 1 || slices.Equal(got, before) {
+		t.Errorf("fork templates after eviction: %q (before: %q); want one, another", got, before)
+	}
+
+	if *itMeasure {
+		measureGolden(t, ctx, d, tk, true)
+	}
+
+	name := d.Name()
+	if err := vd.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if got := templates(); len(got) != 0 {
+		t.Errorf("fork templates after Close: %q", got)
+	}
+	if out, _ := exec.Command("pgrep", "-f", "guest="+cfg.VM.NamePrefix).Output(); len(out) > 0 {
+		t.Errorf("QEMU processes of the prefix after Close: %s", out)
+	}
+	left, err := vm.List(ctx, cfg.VM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("%s left behind after Close: %+v", name, left)
 	}
 }

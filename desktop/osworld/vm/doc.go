@@ -38,6 +38,22 @@
 // the presence of /dev/kvm alone is not enough. On a remote host, auto
 // means KVM: set AccelTCG for hosts without it.
 //
+// # Fork templates
+//
+// With Config.Fork, guest RAM is shared memory (a memfd), and
+// VM.Template captures a running VM: QEMU's migration with x-ignore-shared
+// sends the device state without that RAM, the RAM is copied sparsely to
+// a file under Config.ForkDir (tmpfs), and the disk to a qcow2 layer over
+// the base image. Template.Fork starts a clone: a QEMU run by this package
+// with libvirt's own command line for that VM (so the devices match),
+// rewritten to map the RAM file privately (share=off, copy-on-write), to
+// write its own overlay on the layer and to wait for the state
+// (-incoming defer); Prestart starts such QEMUs ahead. Clones run as
+// libvirt's QEMU user in QEMU's sandbox, die with this process, and live in
+// the template's directory, which this process holds locked: SweepForks
+// removes those whose process is gone. VM.Park and VM.Unpark hand a VM's
+// forwarded ports to a clone (Clone.Forward) and back.
+//
 // # Networking
 //
 // Domains never use libvirt networks or bridges: QEMU's user-mode network

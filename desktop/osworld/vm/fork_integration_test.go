@@ -200,6 +200,10 @@ func TestIntegrationFork(t *testing.T) {
 	t.Logf("memory: 4 clones private %d MiB + template RAM file %d MiB = %d MiB (their RSS sum %d MiB); the template's VM: RSS %d MiB, private %d MiB",
 		private>>10, ramFile>>10, (private+ramFile)>>10, rss>>10, vrss>>10, vp>>10)
 
+	if *measure {
+		measureIndependentVMs(t, ctx, len(clones), private+ramFile)
+	}
+
 	// A fifth clone after the others wrote: the template is unchanged.
 	c5, err := tmpl.Fork(ctx)
 	if err != nil {
@@ -353,4 +357,39 @@ func TestIntegrationForkCrashThenSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertGone(t, cfg, []int{port})
+}
+
+// measureIndependentVMs boots n VMs side by side, each dirtied like the
+// template's, and logs the host memory they hold against the clones'.
+func measureIndependentVMs(t *testing.T, ctx context.Context, n int, clonesKiB int64) {
+	cfg := testConfig(t, "legato-itforkvms-")
+	sweepFirst(t, cfg)
+	vms := make([]*VM, n)
+	var eg errgroup.Group
+	for i := range vms {
+		eg.Go(func() error {
+			v, err := Start(ctx, cfg, i)
+			vms[i] = v
+			return err
+		})
+	}
+	err := eg.Wait()
+	defer func() {
+		for _, v := range vms {
+			if v != nil {
+				v.Close()
+			}
+		}
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rss int64
+	for _, v := range vms {
+		newGuest(t, v).dirty(ctx)
+		_, r := memOf(t, mustQEMU(t, v.Name()))
+		rss += r
+	}
+	t.Logf("memory measure: %d independent VMs hold %d MiB (RSS); %d clones of one template %d MiB (private + the RAM file): %.2fx",
+		n, rss>>10, n, clonesKiB>>10, float64(rss)/float64(clonesKiB))
 }
