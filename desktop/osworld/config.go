@@ -142,8 +142,9 @@ type GoldenConfig struct {
 	// maps the state's guest RAM copy-on-write from a file and loads its
 	// device state (see vm.Template), while the desktop's VM waits paused.
 	// Only VMs on this machine fork; the others, and a fork that fails,
-	// load in place. The VMs then run on shared-memory guest RAM, which a
-	// loadvm fills whole (vm.Config.Fork).
+	// load in place. The VMs then run on shared-memory guest RAM
+	// (vm.Config.Fork), and the desktop keeps its VM, paused, for other
+	// tasks: a clone and the templates (their RAM on tmpfs) come on top.
 	Fork bool
 }
 

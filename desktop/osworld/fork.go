@@ -161,6 +161,18 @@ func (d *Desktop) spare(t *vm.Template) {
 	f.mu.Unlock()
 	go func() {
 		defer d.fork.spares.Done()
+		// The template's RAM is checked whole here, off the reset's path:
+		// a file changed since it was taken makes the next fork fail,
+		// which loads the state in place instead.
+		t0 := time.Now()
+		if err := t.CheckRAM(); err != nil {
+			if errors.Is(err, vm.ErrClosed) {
+				return
+			}
+			d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", t.Name(), "err", err)
+			return
+		}
+		d.log.Debug("fork template checked", "template", t.Name(), "took", time.Since(t0))
 		if err := t.Prestart(d.closeCtx, spareClones); err != nil && d.closeCtx.Err() == nil && !errors.Is(err, vm.ErrClosed) {
 			d.log.Warn("could not start a clone ahead; the next fork starts its own", "template", t.Name(), "err", err)
 		}

@@ -310,6 +310,8 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 		if _, err := d.restore(ctx, func(ctx context.Context) (string, error) { return ResetRevert, d.vm.RevertLibvirt(ctx) }, newSeed()); err != nil {
 			t.Fatal(err)
 		}
+		d.exec = executor{} // the clean snapshot holds none, as Reset knows
+		d.fresh = false
 		restore := time.Since(t0)
 		if err := d.setup.Run(ctx, tk, tk.Setup); err != nil {
 			t.Fatal(err)

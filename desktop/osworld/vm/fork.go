@@ -64,13 +64,15 @@ type Template struct {
 	uid     int
 	gid     int
 	ramSum  [32]byte
-	state   []byte // QEMU's device state
+	ramStat ramStat // the RAM file as copied: a changed one is never forked
+	state   []byte  // QEMU's device state, kept in memory
 	cfg     Config
 	log     *slog.Logger
 	lock    *os.File // flocked while this process owns the directory
 	timings TemplateTimings
 
 	mu     sync.Mutex
+	bad    error // why the template must not be forked any more (CheckRAM)
 	seq    int
 	spare  []*Clone // started, waiting for their state (Prestart)
 	clones map[*Clone]bool
@@ -365,7 +367,24 @@ func (t *Template) copyRAM(pid int) error {
 		err = cerr
 	}
 	t.ramSum, t.timings.RAMBytes = sum, n
+	if err == nil {
+		t.ramStat, err = statRAM(t.ramPath())
+	}
 	return err
+}
+
+// ramStat is what a stat of the RAM file says that a change would alter.
+type ramStat struct {
+	ino, size int64
+	mtime     time.Time
+}
+
+func statRAM(path string) (ramStat, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return ramStat{}, err
+	}
+	return ramStat{ino: int64(st.Ino), size: st.Size, mtime: time.Unix(st.Mtim.Unix())}, nil
 }
 
 // copyDisk writes the VM's disk, as the paused guest sees it, as a qcow2
@@ -506,10 +525,18 @@ func (t *Template) Prestart(ctx context.Context, n int) error {
 // disk and lets the guest run. The guest answers when its own programs
 // get to it (a readiness wait is the caller's).
 func (t *Template) Fork(ctx context.Context) (*Clone, error) {
+	// A stat per fork; the full sum is CheckRAM's, off the fork's path.
+	if st, err := statRAM(t.ramPath()); err != nil || st != t.ramStat {
+		return nil, errors.Join(fmt.Errorf("template %s: its RAM file changed or went since it was taken", t.name), err)
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return nil, ErrClosed
+	}
+	if t.bad != nil {
+		t.mu.Unlock()
+		return nil, t.bad
 	}
 	var c *Clone
 	if n := len(t.spare); n > 0 {
@@ -565,8 +592,15 @@ func (t *Template) startClone(ctx context.Context) (*Clone, error) {
 		if err == nil {
 			c.started = time.Since(t0)
 			t.mu.Lock()
-			t.clones[c] = true
+			closed := t.closed
+			if !closed {
+				t.clones[c] = true
+			}
 			t.mu.Unlock()
+			if closed {
+				// Close ran meanwhile and did not see this one.
+				return fail(ErrClosed)
+			}
 			return c, nil
 		}
 		lastErr = err
@@ -713,19 +747,35 @@ func (t *Template) Close() error {
 }
 
 // CheckRAM re-reads the template's RAM file and compares it with the sum
-// taken when it was copied: a file changed since is never forked from.
+// taken when it was copied; after a mismatch Fork refuses the template.
+// Fork itself only compares the file's inode, size and modification time.
 func (t *Template) CheckRAM() error {
+	closed := func() bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.closed
+	}
 	f, err := os.Open(t.ramPath())
 	if err != nil {
+		if closed() {
+			return ErrClosed
+		}
 		return err
 	}
 	defer f.Close()
 	sum, err := ramFileSum(f)
+	if closed() {
+		return ErrClosed
+	}
 	if err != nil {
 		return err
 	}
 	if sum != t.ramSum {
-		return fmt.Errorf("template %s: its RAM file changed since it was taken", t.name)
+		err := fmt.Errorf("template %s: its RAM file's content changed since it was taken", t.name)
+		t.mu.Lock()
+		t.bad = err
+		t.mu.Unlock()
+		return err
 	}
 	return nil
 }

@@ -251,6 +251,29 @@ func TestIntegrationFork(t *testing.T) {
 	if out, rc, _ := g.try(ctx, "cat /tmp/clone-file"); rc == 0 {
 		t.Errorf("the unparked VM's port reaches a guest with the clone's file: %q", out)
 	}
+	// A RAM file changed behind the template's back is never forked:
+	// a touch shows in its stat, a byte in its sum.
+	ram := filepath.Join(tmpl.Dir(), "ram")
+	st, err := os.Stat(ram)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(ram, time.Time{}, st.ModTime().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := tmpl.Fork(ctx); err == nil {
+		c.Close()
+		t.Error("Fork took a RAM file touched since the template was taken")
+	}
+	f, err := os.OpenFile(ram, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{0x5a}, 12345)
+	f.Close()
+	if err := tmpl.CheckRAM(); err == nil {
+		t.Error("CheckRAM passed a RAM file with a changed byte")
+	}
 	if err := tmpl.Close(); err != nil {
 		t.Fatal(err)
 	}
