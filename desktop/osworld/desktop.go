@@ -85,6 +85,7 @@ type Desktop struct {
 	prev       prevAttempt // the attempt since the last reset
 	golden     goldenSet
 	fork       forkState
+	forks      *forkTemplates // the pool's; nil without Golden.Fork
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.
@@ -204,7 +205,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	gp := d.goldenPlan(ctx, task)
 	// The last attempt's clone goes; the VM takes its ports back unless
 	// another clone follows.
-	if err := d.endClone(ctx, gp.state != nil && gp.state.tmpl != nil && d.cfg.Golden.Fork); err != nil {
+	if err := d.endClone(ctx, gp.state != nil && d.forking(gp.key)); err != nil {
 		return d.fail("reset", err)
 	}
 	if gp.state != nil {
@@ -219,7 +220,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 			d.fresh = false
 			d.fork.unparked = false
 			d.prev = cur
-			d.resumeExecutor(ctx, gp.state.execDir)
+			d.resumeExecutor(ctx, gp.execDir)
 			d.setLastReset(*rep)
 			return nil
 		}

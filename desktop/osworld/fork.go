@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,22 +19,170 @@ import (
 // while the desktop's VM waits paused.
 const ResetGoldenFork = "golden-fork"
 
-// spareClones is how many clones of a template a desktop keeps started
-// ahead (QEMU running, waiting for its state), so that a fork needs no
-// process start.
-const spareClones = 1
+// maxSpareClones bounds the clones of one template started ahead.
+const maxSpareClones = 4
+
+// forkTemplates are the fork templates of a pool's desktops on this
+// machine, by golden key: one desktop takes a task's template, and every
+// desktop of the pool forks its attempts of the task from it, so a group
+// spread over desktops starts from one state and sets the task up once.
+// The pool keeps Golden.Max of them, dropping the least recently used one
+// that no desktop's current attempt runs in.
+type forkTemplates struct {
+	max int
+	log *slog.Logger
+
+	mu     sync.Mutex
+	byKey  map[string]*forkTemplate
+	uses   int
+	closed bool
+}
+
+// forkTemplate is one task's template, with what a fork reports.
+type forkTemplate struct {
+	t     *vm.Template
+	key   string
+	task  string
+	by    string // the desktop that took it
+	built time.Time
+	setup time.Duration // the setup each fork saves
+	// execDir is the action executor that ran when it was taken.
+	execDir string
+	inUse   int // desktops whose current attempt runs in a clone of it
+	used    int
+	forks   int
+}
+
+func newForkTemplates(max int, log *slog.Logger) *forkTemplates {
+	return &forkTemplates{max: max, log: log, byKey: map[string]*forkTemplate{}}
+}
+
+// has reports whether there is a template for key.
+func (s *forkTemplates) has(key string) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byKey[key] != nil
+}
+
+// add keeps ft unless a template of its key is there already (two
+// desktops took one at once): then ft is closed. It evicts beyond max.
+func (s *forkTemplates) add(ft *forkTemplate) {
+	s.mu.Lock()
+	dup := s.closed || s.byKey[ft.key] != nil
+	var evicted []*forkTemplate
+	if !dup {
+		s.uses++
+		ft.used = s.uses
+		s.byKey[ft.key] = ft
+		evicted = s.evictLocked(ft.key)
+	}
+	s.mu.Unlock()
+	if dup {
+		ft.t.Close()
+	}
+	s.closeAll(evicted, "least recently used beyond Golden.Max")
+}
+
+// evictLocked removes the least recently used templates beyond max that
+// no attempt runs in, never keep (just taken), and returns them for
+// closing.
+func (s *forkTemplates) evictLocked(keep string) []*forkTemplate {
+	var idle []*forkTemplate
+	for _, ft := range s.byKey {
+		if ft.inUse == 0 && ft.key != keep {
+			idle = append(idle, ft)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *forkTemplate) int { return a.used - b.used })
+	var out []*forkTemplate
+	for n := len(s.byKey) - s.max; n > 0 && len(idle) > 0; n-- {
+		out = append(out, idle[0])
+		delete(s.byKey, idle[0].key)
+		idle = idle[1:]
+	}
+	return out
+}
+
+func (s *forkTemplates) closeAll(fts []*forkTemplate, why string) {
+	for _, ft := range fts {
+		if err := ft.t.Close(); err != nil {
+			s.log.Warn("removing a fork template", "template", ft.t.Name(), "err", err)
+		} else {
+			s.log.Info("removed a fork template", "task", ft.task, "template", ft.t.Name(), "forks", ft.forks, "why", why)
+		}
+	}
+}
+
+// acquire returns the template of key, marked in use until release; nil
+// when there is none.
+func (s *forkTemplates) acquire(key string) *forkTemplate {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ft := s.byKey[key]
+	if ft != nil {
+		s.uses++
+		ft.used = s.uses
+		ft.inUse++
+		ft.forks++
+	}
+	return ft
+}
+
+// release ends an acquire.
+func (s *forkTemplates) release(ft *forkTemplate) {
+	s.mu.Lock()
+	ft.inUse--
+	evicted := s.evictLocked("")
+	s.mu.Unlock()
+	s.closeAll(evicted, "least recently used beyond Golden.Max")
+}
+
+// drop removes a template that failed to fork.
+func (s *forkTemplates) drop(ft *forkTemplate, why string) {
+	s.mu.Lock()
+	mine := s.byKey[ft.key] == ft
+	if mine {
+		delete(s.byKey, ft.key)
+	}
+	s.mu.Unlock()
+	if mine {
+		s.closeAll([]*forkTemplate{ft}, why)
+	}
+}
+
+// close removes every template (their clones die with them).
+func (s *forkTemplates) close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	s.closed = true
+	all := s.byKey
+	s.byKey = map[string]*forkTemplate{}
+	s.mu.Unlock()
+	var errs []error
+	for _, ft := range all {
+		errs = append(errs, ft.t.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // forkState is a desktop's side of the fork path. Reset's calls use it one
-// at a time; Close may run at any moment, so what it closes (clone,
-// templates) is kept under mu.
+// at a time; Close may run at any moment, so what it ends (the clone and
+// the template it runs from) is kept under mu.
 type forkState struct {
 	mu sync.Mutex
-	// clone holds the current attempt; nil when the VM does.
+	// clone holds the current attempt, a fork of using; nil when the VM
+	// does.
 	clone *vm.Clone
-	// templates are the golden states' templates of this desktop.
-	templates map[*vm.Template]bool
-	// closed says Close took clone and templates: anything made later is
-	// closed at once.
+	using *forkTemplate
+	// closed says Close ended the clone: one made later is closed at once.
 	closed bool
 	// parked says the VM is paused with its ports moved to clone (or
 	// free, between two clones).
@@ -44,19 +194,27 @@ type forkState struct {
 	spares sync.WaitGroup
 }
 
+// forking reports whether the desktop forks the golden state of key.
+func (d *Desktop) forking(key string) bool {
+	return d.cfg.Golden.Fork && d.vm != nil && d.vm.Forkable() && d.forks.has(key)
+}
+
 // endClone closes the clone that held the last attempt. Unless another
 // clone follows (keepParked), the VM takes its ports back and runs again.
 func (d *Desktop) endClone(ctx context.Context, keepParked bool) error {
 	f := &d.fork
 	f.mu.Lock()
-	c := f.clone
-	f.clone = nil
+	c, ft := f.clone, f.using
+	f.clone, f.using = nil, nil
 	f.mu.Unlock()
 	if c != nil {
 		if err := c.Close(); err != nil {
 			d.log.Warn("closing the last attempt's clone", "clone", c.Name(), "err", err)
 		}
 		d.dropConnections()
+	}
+	if ft != nil {
+		d.forks.release(ft)
 	}
 	if !f.parked || keepParked {
 		return nil
@@ -77,19 +235,34 @@ func (d *Desktop) dropConnections() {
 	}
 }
 
-// forkGolden starts the attempt in a clone of g's template on the
+// forkGolden starts the attempt in a clone of the template of key on the
 // desktop's ports: the VM parks (paused, its ports freed), the clone
-// loads the state and takes the ports, and the guest is thawed as after
-// a load (clock, entropy).
-func (d *Desktop) forkGolden(ctx context.Context, g *goldenState) error {
+// loads the state and takes the ports, and the guest is thawed as after a
+// load (clock, entropy). It returns the template it forked (nil when
+// there is none any more), which a failed fork is about.
+func (d *Desktop) forkGolden(ctx context.Context, key string) (*forkTemplate, error) {
 	if err := d.endClone(ctx, true); err != nil {
-		return err
+		return nil, err
+	}
+	ft := d.forks.acquire(key)
+	if ft == nil {
+		return nil, errors.New("the task's fork template is gone")
 	}
 	f := &d.fork
+	f.mu.Lock()
+	closed := f.closed
+	if !closed {
+		f.using = ft
+	}
+	f.mu.Unlock()
+	if closed {
+		d.forks.release(ft)
+		return ft, desktop.ErrClosed
+	}
 	t0 := time.Now()
 	if !f.parked {
 		if err := d.vm.Park(ctx); err != nil {
-			return err
+			return ft, err
 		}
 		f.parked = true
 	}
@@ -98,10 +271,17 @@ func (d *Desktop) forkGolden(ctx context.Context, g *goldenState) error {
 	_, err := d.restore(ctx, func(ctx context.Context) (string, error) {
 		t1 = time.Now()
 		var err error
-		if c, err = g.tmpl.Fork(ctx); err != nil {
+		if c, err = ft.t.Fork(ctx); err != nil {
 			return ResetGoldenFork, err
 		}
-		if !f.keep(c, nil) {
+		f.mu.Lock()
+		closed := f.closed
+		if !closed {
+			f.clone = c
+		}
+		f.mu.Unlock()
+		if closed {
+			c.Close()
 			return ResetGoldenFork, desktop.ErrClosed
 		}
 		t2 = time.Now()
@@ -114,13 +294,13 @@ func (d *Desktop) forkGolden(ctx context.Context, g *goldenState) error {
 		return ResetGoldenFork, err
 	}, newSeed())
 	if err != nil {
-		return err
+		return ft, err
 	}
 	started, spare := c.Started()
-	d.log.Debug("forked the golden state", "task", g.task, "clone", c.Name(), "park", t1.Sub(t0), "fork", t2.Sub(t1),
+	d.log.Debug("forked the golden state", "task", ft.task, "clone", c.Name(), "park", t1.Sub(t0), "fork", t2.Sub(t1),
 		"clone_restore", c.Restore(), "prestarted", spare, "clone_start", started, "forward_and_answer", t3.Sub(t2), "thaw", time.Since(t3))
-	d.spare(g.tmpl)
-	return nil
+	d.spare(ft)
+	return ft, nil
 }
 
 // waitGuest waits until the guest answers on the desktop's ports, within
@@ -148,8 +328,10 @@ func (d *Desktop) waitGuest(ctx context.Context) error {
 	}
 }
 
-// spare starts a clone of t ahead in the background, for the next fork.
-func (d *Desktop) spare(t *vm.Template) {
+// spare starts clones of ft ahead in the background for the next forks:
+// as many as desktops run in its clones now (they will want another), at
+// least one.
+func (d *Desktop) spare(ft *forkTemplate) {
 	f := &d.fork
 	f.mu.Lock()
 	if f.closed {
@@ -159,29 +341,32 @@ func (d *Desktop) spare(t *vm.Template) {
 	// Under mu, so that no Add races closeFork's Wait.
 	f.spares.Add(1)
 	f.mu.Unlock()
+	d.forks.mu.Lock()
+	n := min(max(ft.inUse, 1), maxSpareClones)
+	d.forks.mu.Unlock()
 	go func() {
-		defer d.fork.spares.Done()
+		defer f.spares.Done()
 		// The template's RAM is checked whole here, off the reset's path:
 		// a file changed since it was taken makes the next fork fail,
 		// which loads the state in place instead.
 		t0 := time.Now()
-		if err := t.CheckRAM(); err != nil {
-			if errors.Is(err, vm.ErrClosed) {
-				return
+		if err := ft.t.CheckRAM(); err != nil {
+			if !errors.Is(err, vm.ErrClosed) {
+				d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", ft.t.Name(), "err", err)
 			}
-			d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", t.Name(), "err", err)
 			return
 		}
-		d.log.Debug("fork template checked", "template", t.Name(), "took", time.Since(t0))
-		if err := t.Prestart(d.closeCtx, spareClones); err != nil && d.closeCtx.Err() == nil && !errors.Is(err, vm.ErrClosed) {
-			d.log.Warn("could not start a clone ahead; the next fork starts its own", "template", t.Name(), "err", err)
+		d.log.Debug("fork template checked", "template", ft.t.Name(), "took", time.Since(t0))
+		if err := ft.t.Prestart(d.closeCtx, n); err != nil && d.closeCtx.Err() == nil && !errors.Is(err, vm.ErrClosed) {
+			d.log.Warn("could not start a clone ahead; the next fork starts its own", "template", ft.t.Name(), "err", err)
 		}
 	}()
 }
 
-// takeTemplate captures the running VM, just set up for a task, as the
-// template its later attempts fork from. A VM that cannot be forked keeps
-// the golden state's in-place load.
+// takeTemplate captures the running VM, just set up for a task and
+// snapshot as g, as the template every desktop of the pool forks the
+// task's attempts from. A VM that cannot be captured leaves the golden
+// state's in-place load.
 func (d *Desktop) takeTemplate(ctx context.Context, g *goldenState) {
 	t0 := time.Now()
 	t, err := d.vm.Template(ctx)
@@ -191,75 +376,30 @@ func (d *Desktop) takeTemplate(ctx context.Context, g *goldenState) {
 		}
 		return
 	}
-	if !d.fork.keep(nil, t) {
-		return
-	}
-	g.tmpl = t
+	ft := &forkTemplate{t: t, key: g.key, task: g.task, by: d.name, built: g.built, setup: g.setup, execDir: g.execDir}
+	d.forks.add(ft)
 	tt := t.Timings()
 	d.log.Info("took the task's fork template", "task", g.task, "template", t.Name(), "took", time.Since(t0),
 		"paused", tt.Paused, "ram_mib", tt.RAMBytes>>20, "state_kib", tt.StateBytes>>10)
-	d.spare(t)
+	d.spare(ft)
 }
 
-// keep registers the current clone c or a template t (one of them), for
-// Close; after Close it closes it and says false.
-func (f *forkState) keep(c *vm.Clone, t *vm.Template) bool {
-	f.mu.Lock()
-	closed := f.closed
-	if !closed {
-		if c != nil {
-			f.clone = c
-		}
-		if t != nil {
-			if f.templates == nil {
-				f.templates = map[*vm.Template]bool{}
-			}
-			f.templates[t] = true
-		}
-	}
-	f.mu.Unlock()
-	if closed {
-		if c != nil {
-			c.Close()
-		}
-		if t != nil {
-			t.Close()
-		}
-	}
-	return !closed
-}
-
-// closeTemplate removes a golden state's template, if any.
-func (d *Desktop) closeTemplate(g *goldenState) {
-	t := g.tmpl
-	if t == nil {
-		return
-	}
-	g.tmpl = nil
-	d.fork.mu.Lock()
-	delete(d.fork.templates, t)
-	d.fork.mu.Unlock()
-	if err := t.Close(); err != nil {
-		d.log.Warn("removing a fork template", "template", t.Name(), "err", err)
-	}
-}
-
-// closeFork ends the fork path for Close: the clone, every template (which
-// ends their background starts), then waits for those.
+// closeFork ends the fork path for Close: the clone, its hold on the
+// template, the background starts. The templates are the pool's.
 func (d *Desktop) closeFork() error {
 	f := &d.fork
 	f.mu.Lock()
 	f.closed = true
-	c, ts := f.clone, f.templates
-	f.clone, f.templates = nil, nil
+	c, ft := f.clone, f.using
+	f.clone, f.using = nil, nil
 	f.mu.Unlock()
-	var errs []error
+	var err error
 	if c != nil {
-		errs = append(errs, c.Close())
+		err = c.Close()
 	}
-	for t := range ts {
-		errs = append(errs, t.Close())
+	if ft != nil {
+		d.forks.release(ft)
 	}
 	f.spares.Wait()
-	return errors.Join(errs...)
+	return err
 }

@@ -49,9 +49,9 @@ type goldenState struct {
 	// execDir is the directory of the action executor that ran when it
 	// was taken ("" for none): loading the state brings it back.
 	execDir string
-	// tmpl is the state's fork template (GoldenConfig.Fork), nil when
-	// its attempts load the state in place.
-	tmpl *vm.Template
+	// forkOnly says the desktop has no snapshot of the state: another
+	// desktop of the pool took it, and this one forks its template.
+	forkOnly bool
 	// used is the desktop's golden count when it was last built or
 	// loaded: the least recently used state goes first.
 	used int
@@ -128,6 +128,9 @@ type goldenPlan struct {
 	// loadFailed says the state's loadvm failed: the guest may be
 	// anywhere, and only the clean snapshot brings it back.
 	loadFailed bool
+	// execDir is the action executor the loaded state holds (set by
+	// resetGolden: a fork's is its template's).
+	execDir string
 }
 
 // goldenPlan decides what Reset does about the task's golden state.
@@ -154,6 +157,9 @@ func (d *Desktop) goldenPlan(ctx context.Context, task desktop.Task) goldenPlan 
 			if g := d.golden.get(task.ID); g != nil {
 				return goldenPlan{state: g, key: key, id: id}
 			}
+			if d.forking(key) {
+				return goldenPlan{state: &goldenState{task: task.ID, key: key, forkOnly: true}, key: key, id: id}
+			}
 			return goldenPlan{build: true, key: key, id: id, why: "first attempt of the task on this desktop: taking its golden state"}
 		}
 	}
@@ -172,25 +178,29 @@ func (d *Desktop) goldenPlan(ctx context.Context, task desktop.Task) goldenPlan 
 func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *goldenPlan) (*ResetReport, error) {
 	g := gp.state
 	t0 := time.Now()
-	kind, forkErr, err := d.loadGolden(ctx, g, gp.key)
+	kind, ft, forkErr, err := d.loadGolden(ctx, g, gp.key)
 	if err == nil {
 		d.golden.touch(g)
-		how := "loaded the task's golden state"
+		why := fmt.Sprintf("loaded the task's golden state, taken on this desktop at %s (load %d; its setup took %s)", g.built.Format(time.TimeOnly), g.loads, secs(g.setup))
+		gp.execDir = g.execDir
 		switch {
 		case kind == ResetGoldenFork:
-			how = "forked a clone of the task's golden state"
+			gp.execDir = ft.execDir
+			why = fmt.Sprintf("forked a clone of the task's golden state, taken by %s at %s (fork %d; its setup took %s)", ft.by, ft.built.Format(time.TimeOnly), ft.forks, secs(ft.setup))
 		case forkErr != nil:
-			how = "loaded the task's golden state in place (its fork failed: " + clip(forkErr.Error()) + ")"
+			why += "; its fork failed: " + clip(forkErr.Error())
 		}
-		return &ResetReport{
-			TaskID:  task.ID,
-			Kind:    kind,
-			Why:     fmt.Sprintf("%s, taken on this desktop at %s (load %d; its setup took %s)", how, g.built.Format(time.TimeOnly), g.loads, secs(g.setup)),
-			Restore: time.Since(t0),
-		}, nil
+		return &ResetReport{TaskID: task.ID, Kind: kind, Why: why, Restore: time.Since(t0)}, nil
 	}
 	if ctx.Err() != nil {
 		return nil, err
+	}
+	if errors.Is(err, errForkOnly) {
+		// Another desktop's template did not fork, and this desktop has
+		// no snapshot of the state: it takes its own.
+		d.log.Warn("the fork of another desktop's golden state failed; taking the task's golden state on this desktop", "task", task.ID, "err", forkErr)
+		*gp = goldenPlan{build: true, key: gp.key, id: gp.id, why: "the fork of the task's golden state failed (" + clip(forkErr.Error()) + "): taking it on this desktop"}
+		return nil, nil
 	}
 	d.forgetGolden(ctx, g)
 	if errors.Is(err, errGoldenStale) {
@@ -209,7 +219,6 @@ func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *golden
 // the overlay, and forgets it.
 func (d *Desktop) forgetGolden(ctx context.Context, g *goldenState) {
 	d.golden.drop(g.task)
-	d.closeTemplate(g)
 	if err := d.vm.DeleteSnapshot(ctx, g.name); err != nil {
 		// It stays in the overlay until Close removes the overlay.
 		d.log.Warn("could not delete a golden state", "task", g.task, "snapshot", g.name, "err", err)
@@ -352,41 +361,52 @@ func newSeed() []byte {
 func goldenName(key string) string { return goldenPrefix + key[:16] }
 
 // loadGolden starts the attempt from the task's golden state and thaws
-// the guest (clock, entropy): in a clone of its template when it has one,
-// else (or when the fork fails: forkErr says why) by loading its snapshot
-// in place. It checks the state's key first: a state taken for another key
-// is deleted, and errGoldenStale returned. kind is ResetGoldenFork or
-// ResetGolden.
-func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, forkErr, err error) {
+// the guest (clock, entropy): in a clone of the pool's template of its key
+// when there is one (ft), else (or when the fork fails: forkErr says why)
+// by loading the desktop's snapshot of it in place. A template that fails
+// to fork is dropped. It checks the state's key first: a state taken for
+// another key is deleted, and errGoldenStale returned; errForkOnly means
+// the fork failed and the desktop has no snapshot to load. kind is
+// ResetGoldenFork or ResetGolden.
+func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, ft *forkTemplate, forkErr, err error) {
 	if g.key != key {
-		return "", nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
+		return "", nil, nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
+	}
+	if d.forking(key) {
+		ft, forkErr = d.forkGolden(ctx, key)
+		if forkErr == nil || ctx.Err() != nil {
+			return ResetGoldenFork, ft, forkErr, forkErr
+		}
+		d.log.Warn("the fork of the task's golden state failed; the template goes", "task", g.task, "err", forkErr)
+		if ft != nil {
+			d.forks.drop(ft, "its fork failed: "+clip(forkErr.Error()))
+		}
+	}
+	if g.forkOnly {
+		return "", nil, forkErr, errForkOnly
+	}
+	// The VM holds the attempt (again).
+	if err := d.endClone(ctx, false); err != nil {
+		return "", nil, forkErr, err
 	}
 	t0 := time.Now()
 	desc, err := d.vm.SnapshotDescription(ctx, g.name)
 	if err != nil {
-		return "", nil, err
+		return "", nil, forkErr, err
 	}
 	d.log.Debug("golden snapshot description", "took", time.Since(t0))
 	if got := goldenKeyOf(desc); got != key {
-		return "", nil, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
-	}
-	if g.tmpl != nil && d.cfg.Golden.Fork {
-		forkErr = d.forkGolden(ctx, g)
-		if forkErr == nil || ctx.Err() != nil {
-			return ResetGoldenFork, nil, forkErr
-		}
-		d.log.Warn("the fork of the task's golden state failed; loading the state in place instead", "task", g.task, "err", forkErr)
-		d.closeTemplate(g)
-	}
-	// The VM holds the attempt (again).
-	if err := d.endClone(ctx, false); err != nil {
-		return "", forkErr, err
+		return "", nil, forkErr, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
 	}
 	_, err = d.restore(ctx, func(ctx context.Context) (string, error) {
 		return ResetGolden, d.vm.LoadSnapshot(ctx, g.name)
 	}, newSeed())
-	return ResetGolden, forkErr, err
+	return ResetGolden, nil, forkErr, err
 }
+
+// errForkOnly means a fork of another desktop's golden state failed, and
+// this desktop has no snapshot of it to load instead.
+var errForkOnly = errors.New("no golden snapshot on this desktop")
 
 // errGoldenStale means a golden state was taken for another key: it is
 // taken again, never loaded.
@@ -426,7 +446,7 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	}
 	took := time.Since(t0)
 	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), setup: setup, execDir: d.exec.running()}
-	if d.cfg.Golden.Fork && d.vm.Forkable() {
+	if d.cfg.Golden.Fork && d.vm.Forkable() && !d.forks.has(key) {
 		// The same settled screen, captured for clones right after
 		// the snapshot.
 		d.takeTemplate(ctx, g)
@@ -434,7 +454,6 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	// The guest stood still while its memory was written: its clock is
 	// that much behind for the attempt that goes on from here.
 	if err := d.sh.setClock(ctx); err != nil {
-		d.closeTemplate(g)
 		return nil, fmt.Errorf("set the guest clock after the snapshot: %w", err)
 	}
 	d.golden.put(g)
@@ -448,7 +467,6 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 			continue
 		}
 		d.golden.drop(old.task)
-		d.closeTemplate(old)
 		d.log.Info("deleted a golden state (least recently used)", "task", old.task, "loads", old.loads)
 	}
 	return g, nil

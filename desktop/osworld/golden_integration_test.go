@@ -60,10 +60,9 @@ func goldenSnapshots(t *testing.T, ctx context.Context, v *vm.VM) []string {
 // kind). Every attempt's first screenshot is the same bytes, no attempt
 // sees another's files, each draws its own random numbers and reads the
 // host's time, and runs its actions through the state's executor.
-func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, group int, load string, afterFirst func()) {
+func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, group int, load string, afterFirst func()) (first []byte) {
 	t.Helper()
 	sh := guestSh(t, d.Guest())
-	var first []byte
 	var randoms []string
 	var execDir string
 	for i := range group {
@@ -135,6 +134,7 @@ func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task,
 	if n := len(slices.Compact(slices.Clone(randoms))); n != group {
 		t.Errorf("the %d attempts drew %d distinct random numbers: %q", group, n, randoms)
 	}
+	return first
 }
 
 // TestIntegrationGolden is the golden state's promise on a real guest: a
@@ -337,10 +337,11 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 // TestIntegrationGoldenFork is the fork path's promise on a real guest: a
 // group of 8 attempts starts from one golden state, the first taking it,
 // the other 7 each in a clone of its template (same first screen, no
-// attempt's files in another, own entropy, the host's time). A task
+// attempt's files in another, own entropy, the host's time), and a second
+// desktop of the pool forks the same state without a setup. A task
 // without a golden state then runs on the desktop's own VM again, whose
-// clean snapshot brings it back; eviction removes the template with its
-// state; Close leaves no clone, template file or VM. With
+// clean snapshot brings it back; eviction removes the least recently used
+// template; Close leaves no clone, template file or VM. With
 // -osworld.measure it times each reset on the same VM, the fork included.
 func TestIntegrationGoldenFork(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
@@ -352,7 +353,16 @@ func TestIntegrationGoldenFork(t *testing.T) {
 	t.Cleanup(func() { os.Remove(cfg.VM.ForkDir) })
 	ctx := t.Context()
 	tk := termEchoTask(t)
-	vd := itDesktop(t, cfg)
+	pool, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	d0, err := pool.New(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vd := d0.(*VMDesktop)
 	d := vd.Desktop
 	sh := guestSh(t, d.Guest())
 	templates := func() []string {
@@ -368,7 +378,7 @@ func TestIntegrationGoldenFork(t *testing.T) {
 		return names
 	}
 
-	goldenGroup(t, ctx, d, tk, 8, ResetGoldenFork, func() {
+	first := goldenGroup(t, ctx, d, tk, 8, ResetGoldenFork, func() {
 		if got := templates(); len(got) != 1 {
 			t.Errorf("fork templates after the golden state was taken: %q; want one", got)
 		}
@@ -377,6 +387,36 @@ func TestIntegrationGoldenFork(t *testing.T) {
 		t.Fatalf("after forked attempts: parked %v, clone %v; want the VM parked and a clone", d.fork.parked, d.fork.clone)
 	}
 	clonePID := d.fork.clone.PID()
+
+	// A second desktop of the pool forks the same state: no setup of its
+	// own, the same first screen.
+	d1, err := pool.New(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other1 := d1.(*VMDesktop).Desktop
+	if err := other1.Reset(ctx, tk); err != nil {
+		t.Fatal(err)
+	}
+	if err := other1.WaitAfterReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rep := other1.LastReset(); rep.Kind != ResetGoldenFork || rep.Setup != 0 {
+		t.Errorf("second desktop: reset %s with setup %v (%s); want %s of the first desktop's state", rep.Kind, rep.Setup, rep.Why, ResetGoldenFork)
+	} else {
+		t.Logf("second desktop: %s in %v: %s", rep.Kind, rep.Restore, rep.Why)
+	}
+	if obs, err := other1.Observe(ctx); err != nil {
+		t.Fatal(err)
+	} else if !bytes.Equal(obs.Screenshot, first) {
+		t.Errorf("second desktop's first screenshot differs from the first desktop's (%d vs %d bytes)", len(obs.Screenshot), len(first))
+	}
+	if err := d1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := templates(); len(got) != 1 {
+		t.Errorf("fork templates after the second desktop closed: %q; want the pool's one", got)
+	}
 
 	// A task without a golden state runs on the VM again, from its clean
 	// snapshot: nothing of the clones' attempts, nor of the attempt the VM
@@ -428,7 +468,7 @@ func TestIntegrationGoldenFork(t *testing.T) {
 	}
 
 	name := d.Name()
-	if err := vd.Close(); err != nil {
+	if err := pool.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
 	if got := templates(); len(got) != 0 {

@@ -33,6 +33,9 @@ type Pool struct {
 	downloads *setup.Cache
 	catalog   *grade.Catalog
 	graders   *grade.Pool // nil when grading natively only
+	// forks are the golden states' fork templates every desktop on this
+	// machine forks from; nil without Golden.Fork.
+	forks *forkTemplates
 
 	// hosts are the libvirt hosts of VM mode. stopProbes, stopCtx and
 	// probes run the probes of hosts that are down.
@@ -66,6 +69,9 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	cfg = cfg.withDefaults()
 	p := &Pool{cfg: cfg, log: cfg.Logger, open: map[*Desktop]int{}, changed: make(chan struct{})}
+	if cfg.Golden.Fork && !cfg.Golden.Off {
+		p.forks = newForkTemplates(cfg.Golden.Max, cfg.Logger)
+	}
 	p.stopCtx, p.stopNow = context.WithCancel(context.Background())
 	if cfg.vmMode() {
 		if err := p.openHosts(ctx); err != nil {
@@ -275,6 +281,10 @@ func (p *Pool) Close() error {
 		if err := p.graders.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close grader pool: %w", err))
 		}
+	}
+	// After the desktops: none runs in a clone any more.
+	if err := p.forks.close(); err != nil {
+		errs = append(errs, fmt.Errorf("remove fork templates: %w", err))
 	}
 	if err := p.closeHosts(); err != nil {
 		errs = append(errs, err)
@@ -605,6 +615,7 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		tmpDir: tmp,
 		fwd:    fwd,
 		warned: map[string]bool{},
+		forks:  p.forks,
 	}
 	d.closeCtx, d.closeNow = context.WithCancel(context.Background())
 	// The ready signal plans its last screenshot to end by its bound: it
