@@ -131,7 +131,8 @@ type GoldenConfig struct {
 	Off bool
 	// Max is the number of golden states a desktop keeps (each holds the
 	// guest's memory in the VM's overlay); the least recently used one is
-	// deleted when another is taken (default DefaultGoldenMax).
+	// deleted when another is taken (default DefaultGoldenMax). With Fork
+	// it also bounds the pool's fork templates.
 	Max int
 	// Refuse lists task IDs that never get a golden state: their setup
 	// depends on the wall clock or the network in ways legato cannot see
@@ -141,10 +142,11 @@ type GoldenConfig struct {
 	// state instead of loading the state in place: a QEMU process that
 	// maps the state's guest RAM copy-on-write from a file and loads its
 	// device state (see vm.Template), while the desktop's VM waits paused.
-	// Only VMs on this machine fork; the others, and a fork that fails,
+	// The pool's desktops share one template per task. Only VMs on this
+	// machine fork, and only as root; the others, and a fork that fails,
 	// load in place. The VMs then run on shared-memory guest RAM
-	// (vm.Config.Fork), and the desktop keeps its VM, paused, for other
-	// tasks: a clone and the templates (their RAM on tmpfs) come on top.
+	// (vm.Config.Fork), and each desktop keeps its VM, paused, for other
+	// tasks: a clone and the pool's templates (RAM on tmpfs) come on top.
 	Fork bool
 }
 

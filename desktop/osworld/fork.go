@@ -48,9 +48,12 @@ type forkTemplate struct {
 	setup time.Duration // the setup each fork saves
 	// execDir is the action executor that ran when it was taken.
 	execDir string
-	inUse   int // desktops whose current attempt runs in a clone of it
-	used    int
-	forks   int
+	// Guarded by the registry's mu:
+	inUse   int  // desktops whose current attempt runs in a clone of it
+	used    int  // the registry's use count when last used
+	forks   int  // clones started from it
+	checked bool // its RAM file's content was checked (CheckRAM)
+	dropped bool // unlisted after a fault; closed once no attempt runs in it
 }
 
 func newForkTemplates(max int, log *slog.Logger) *forkTemplates {
@@ -116,22 +119,23 @@ func (s *forkTemplates) closeAll(fts []*forkTemplate, why string) {
 	}
 }
 
-// acquire returns the template of key, marked in use until release; nil
-// when there is none.
-func (s *forkTemplates) acquire(key string) *forkTemplate {
+// acquire returns the template of key, marked in use until release, and
+// the number of its fork about to start; nil when there is none.
+func (s *forkTemplates) acquire(key string) (*forkTemplate, int) {
 	if s == nil {
-		return nil
+		return nil, 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ft := s.byKey[key]
-	if ft != nil {
-		s.uses++
-		ft.used = s.uses
-		ft.inUse++
-		ft.forks++
+	if ft == nil {
+		return nil, 0
 	}
-	return ft
+	s.uses++
+	ft.used = s.uses
+	ft.inUse++
+	ft.forks++
+	return ft, ft.forks
 }
 
 // release ends an acquire.
@@ -139,21 +143,42 @@ func (s *forkTemplates) release(ft *forkTemplate) {
 	s.mu.Lock()
 	ft.inUse--
 	evicted := s.evictLocked("")
+	if ft.dropped && ft.inUse == 0 {
+		evicted = append(evicted, ft)
+	}
 	s.mu.Unlock()
-	s.closeAll(evicted, "least recently used beyond Golden.Max")
+	s.closeAll(evicted, "least recently used beyond Golden.Max, or dropped")
 }
 
-// drop removes a template that failed to fork.
+// drop unlists a template that failed to fork (no desktop forks it any
+// more); it closes once no attempt runs in one of its clones.
 func (s *forkTemplates) drop(ft *forkTemplate, why string) {
 	s.mu.Lock()
 	mine := s.byKey[ft.key] == ft
 	if mine {
 		delete(s.byKey, ft.key)
+		ft.dropped = true
 	}
+	idle := mine && ft.inUse == 0
 	s.mu.Unlock()
 	if mine {
+		s.log.Warn("dropping a fork template", "task", ft.task, "template", ft.t.Name(), "why", why)
+	}
+	if idle {
 		s.closeAll([]*forkTemplate{ft}, why)
 	}
+}
+
+// needsCheck says whether ft's RAM content is still to be checked, and
+// marks it checked: once per template.
+func (s *forkTemplates) needsCheck(ft *forkTemplate) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ft.checked {
+		return false
+	}
+	ft.checked = true
+	return true
 }
 
 // close removes every template (their clones die with them).
@@ -235,19 +260,31 @@ func (d *Desktop) dropConnections() {
 	}
 }
 
+// forkResult is what forkGolden did.
+type forkResult struct {
+	// ft is the template forked (nil when there was none any more) and
+	// n the number of this fork of it.
+	ft *forkTemplate
+	n  int
+	// templateFault says the template itself failed (its QEMU did not
+	// start or take the state), not this desktop (parking its VM, its
+	// ports, the guest's answer): only then does it go.
+	templateFault bool
+}
+
 // forkGolden starts the attempt in a clone of the template of key on the
 // desktop's ports: the VM parks (paused, its ports freed), the clone
 // loads the state and takes the ports, and the guest is thawed as after a
-// load (clock, entropy). It returns the template it forked (nil when
-// there is none any more), which a failed fork is about.
-func (d *Desktop) forkGolden(ctx context.Context, key string) (*forkTemplate, error) {
+// load (clock, entropy).
+func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error) {
 	if err := d.endClone(ctx, true); err != nil {
-		return nil, err
+		return forkResult{}, err
 	}
-	ft := d.forks.acquire(key)
+	ft, n := d.forks.acquire(key)
 	if ft == nil {
-		return nil, errors.New("the task's fork template is gone")
+		return forkResult{}, errors.New("the task's fork template went (another desktop's fork of it failed, or it was the least recently used)")
 	}
+	r := forkResult{ft: ft, n: n}
 	f := &d.fork
 	f.mu.Lock()
 	closed := f.closed
@@ -257,12 +294,12 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (*forkTemplate, er
 	f.mu.Unlock()
 	if closed {
 		d.forks.release(ft)
-		return ft, desktop.ErrClosed
+		return r, desktop.ErrClosed
 	}
 	t0 := time.Now()
 	if !f.parked {
 		if err := d.vm.Park(ctx); err != nil {
-			return ft, err
+			return r, err
 		}
 		f.parked = true
 	}
@@ -272,6 +309,7 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (*forkTemplate, er
 		t1 = time.Now()
 		var err error
 		if c, err = ft.t.Fork(ctx); err != nil {
+			r.templateFault = !errors.Is(err, vm.ErrClosed)
 			return ResetGoldenFork, err
 		}
 		f.mu.Lock()
@@ -294,13 +332,13 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (*forkTemplate, er
 		return ResetGoldenFork, err
 	}, newSeed())
 	if err != nil {
-		return ft, err
+		return r, err
 	}
 	started, spare := c.Started()
 	d.log.Debug("forked the golden state", "task", ft.task, "clone", c.Name(), "park", t1.Sub(t0), "fork", t2.Sub(t1),
 		"clone_restore", c.Restore(), "prestarted", spare, "clone_start", started, "forward_and_answer", t3.Sub(t2), "thaw", time.Since(t3))
 	d.spare(ft)
-	return ft, nil
+	return r, nil
 }
 
 // waitGuest waits until the guest answers on the desktop's ports, within
@@ -346,17 +384,20 @@ func (d *Desktop) spare(ft *forkTemplate) {
 	d.forks.mu.Unlock()
 	go func() {
 		defer f.spares.Done()
-		// The template's RAM is checked whole here, off the reset's path:
-		// a file changed since it was taken makes the next fork fail,
-		// which loads the state in place instead.
-		t0 := time.Now()
-		if err := ft.t.CheckRAM(); err != nil {
-			if !errors.Is(err, vm.ErrClosed) {
-				d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", ft.t.Name(), "err", err)
+		// The template's RAM content is checked once, here, off the
+		// reset's path (each fork compares the file's stat): a file
+		// changed since it was taken makes the next fork fail, which
+		// loads the state in place instead.
+		if d.forks.needsCheck(ft) {
+			t0 := time.Now()
+			if err := ft.t.CheckRAM(d.closeCtx); err != nil {
+				if !errors.Is(err, vm.ErrClosed) && d.closeCtx.Err() == nil {
+					d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", ft.t.Name(), "err", err)
+				}
+				return
 			}
-			return
+			d.log.Debug("fork template checked", "template", ft.t.Name(), "took", time.Since(t0))
 		}
-		d.log.Debug("fork template checked", "template", ft.t.Name(), "took", time.Since(t0))
 		if err := ft.t.Prestart(d.closeCtx, n); err != nil && d.closeCtx.Err() == nil && !errors.Is(err, vm.ErrClosed) {
 			d.log.Warn("could not start a clone ahead; the next fork starts its own", "template", ft.t.Name(), "err", err)
 		}

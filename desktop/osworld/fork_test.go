@@ -1,6 +1,7 @@
 package osworld
 
 import (
+	"errors"
 	"log/slog"
 	"slices"
 	"testing"
@@ -22,24 +23,39 @@ func (s *forkTemplates) keys() []string {
 
 func newFT(key string) *forkTemplate { return &forkTemplate{t: &vm.Template{}, key: key, task: key} }
 
+// closed reports whether a registry closed ft's template.
+func closed(t *testing.T, ft *forkTemplate) bool {
+	t.Helper()
+	_, err := ft.t.Fork(t.Context())
+	return errors.Is(err, vm.ErrClosed)
+}
+
 // The pool's templates: the first of a key stays, the least recently used
-// idle one goes beyond max, one an attempt runs in stays until released,
-// a dropped one goes, close empties it.
+// idle one goes beyond max (never the one just taken), one an attempt
+// runs in stays until released, a dropped one is unlisted at once and
+// closed when its last attempt ends, close empties it.
 func TestForkTemplates(t *testing.T) {
 	s := newForkTemplates(2, slog.New(slog.DiscardHandler))
 	a, b, c := newFT("a"), newFT("b"), newFT("c")
 	s.add(a)
-	s.add(newFT("a")) // another desktop took one at once: the first stays
+	dup := newFT("a")
+	s.add(dup) // another desktop took one at once: the first stays
+	if !closed(t, dup) || closed(t, a) {
+		t.Error("of two templates of one key, the second must close and the first stay")
+	}
 	s.add(b)
-	if got := s.acquire("a"); got != a {
-		t.Fatalf("acquire a = %p, want the first one added %p", got, a)
+	if got, n := s.acquire("a"); got != a || n != 1 {
+		t.Fatalf("acquire a = %p (fork %d), want the first one added %p, fork 1", got, n, a)
 	}
 	s.add(c) // b is the least recently used idle one
 	if got := s.keys(); !slices.Equal(got, []string{"a", "c"}) {
 		t.Errorf("after a third template with a in use: %q, want [a c]", got)
 	}
-	// All in use: beyond max, nothing can go until released.
-	if s.acquire("c") != c {
+	if !closed(t, b) {
+		t.Error("the evicted template is not closed")
+	}
+	// All in use: beyond max, only the one just taken is idle, and stays.
+	if got, _ := s.acquire("c"); got != c {
 		t.Fatal("acquire c")
 	}
 	s.add(newFT("d"))
@@ -53,26 +69,41 @@ func TestForkTemplates(t *testing.T) {
 	if s.has("a") || !s.has("c") {
 		t.Error("has disagrees with the templates")
 	}
-	if s.acquire("a") != nil {
+	if got, _ := s.acquire("a"); got != nil {
 		t.Error("acquire of an evicted template")
 	}
+	// c's fork failed on one desktop while another's attempt runs in it.
 	s.drop(c, "test")
 	if got := s.keys(); !slices.Equal(got, []string{"d"}) {
 		t.Errorf("after dropping c: %q", got)
 	}
-	s.release(c) // the desktop that ran in it ends its attempt
+	if closed(t, c) {
+		t.Error("a dropped template closed under an attempt that runs in it")
+	}
+	s.release(c)
+	if !closed(t, c) {
+		t.Error("a dropped template not closed when its last attempt ended")
+	}
+	if !s.needsCheck(newFT("x")) {
+		t.Error("a new template needs its check")
+	}
+	d := newFT("d2")
+	if !s.needsCheck(d) || s.needsCheck(d) {
+		t.Error("a template is checked once")
+	}
 	if err := s.close(); err != nil {
 		t.Fatal(err)
 	}
 	if len(s.keys()) != 0 {
 		t.Error("templates left after close")
 	}
-	s.add(newFT("e"))
-	if s.has("e") {
+	e := newFT("e")
+	s.add(e)
+	if s.has("e") || !closed(t, e) {
 		t.Error("a template added after close is kept")
 	}
 	var nilSet *forkTemplates
-	if nilSet.has("a") || nilSet.acquire("a") != nil || nilSet.close() != nil {
+	if ft, _ := nilSet.acquire("a"); nilSet.has("a") || ft != nil || nilSet.close() != nil {
 		t.Error("a nil registry (no Golden.Fork) must have nothing")
 	}
 }

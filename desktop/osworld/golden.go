@@ -178,15 +178,16 @@ func (d *Desktop) goldenPlan(ctx context.Context, task desktop.Task) goldenPlan 
 func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *goldenPlan) (*ResetReport, error) {
 	g := gp.state
 	t0 := time.Now()
-	kind, ft, forkErr, err := d.loadGolden(ctx, g, gp.key)
+	kind, fr, forkErr, err := d.loadGolden(ctx, g, gp.key)
 	if err == nil {
 		d.golden.touch(g)
 		why := fmt.Sprintf("loaded the task's golden state, taken on this desktop at %s (load %d; its setup took %s)", g.built.Format(time.TimeOnly), g.loads, secs(g.setup))
 		gp.execDir = g.execDir
 		switch {
 		case kind == ResetGoldenFork:
+			ft := fr.ft // by, built, setup and execDir never change
 			gp.execDir = ft.execDir
-			why = fmt.Sprintf("forked a clone of the task's golden state, taken by %s at %s (fork %d; its setup took %s)", ft.by, ft.built.Format(time.TimeOnly), ft.forks, secs(ft.setup))
+			why = fmt.Sprintf("forked a clone of the task's golden state, taken by %s at %s (fork %d; its setup took %s)", ft.by, ft.built.Format(time.TimeOnly), fr.n, secs(ft.setup))
 		case forkErr != nil:
 			why += "; its fork failed: " + clip(forkErr.Error())
 		}
@@ -368,40 +369,43 @@ func goldenName(key string) string { return goldenPrefix + key[:16] }
 // another key is deleted, and errGoldenStale returned; errForkOnly means
 // the fork failed and the desktop has no snapshot to load. kind is
 // ResetGoldenFork or ResetGolden.
-func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, ft *forkTemplate, forkErr, err error) {
+func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, fr forkResult, forkErr, err error) {
 	if g.key != key {
-		return "", nil, nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
+		return "", fr, nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
 	}
 	if d.forking(key) {
-		ft, forkErr = d.forkGolden(ctx, key)
-		if forkErr == nil || ctx.Err() != nil {
-			return ResetGoldenFork, ft, forkErr, forkErr
+		fr, forkErr = d.forkGolden(ctx, key)
+		if forkErr == nil || ctx.Err() != nil || d.closeCtx.Err() != nil {
+			return ResetGoldenFork, fr, forkErr, forkErr
 		}
-		d.log.Warn("the fork of the task's golden state failed; the template goes", "task", g.task, "err", forkErr)
-		if ft != nil {
-			d.forks.drop(ft, "its fork failed: "+clip(forkErr.Error()))
+		if fr.templateFault {
+			d.forks.drop(fr.ft, "its fork failed: "+clip(forkErr.Error()))
 		}
-	}
-	if g.forkOnly {
-		return "", nil, forkErr, errForkOnly
+		d.log.Warn("the fork of the task's golden state failed", "task", g.task, "template_fault", fr.templateFault, "err", forkErr)
+	} else if g.forkOnly {
+		// The pool's template went between the plan and now.
+		forkErr = errors.New("the task's fork template went before this desktop forked it")
 	}
 	// The VM holds the attempt (again).
 	if err := d.endClone(ctx, false); err != nil {
-		return "", nil, forkErr, err
+		return "", fr, forkErr, err
+	}
+	if g.forkOnly {
+		return "", fr, forkErr, errForkOnly
 	}
 	t0 := time.Now()
 	desc, err := d.vm.SnapshotDescription(ctx, g.name)
 	if err != nil {
-		return "", nil, forkErr, err
+		return "", fr, forkErr, err
 	}
 	d.log.Debug("golden snapshot description", "took", time.Since(t0))
 	if got := goldenKeyOf(desc); got != key {
-		return "", nil, forkErr, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
+		return "", fr, forkErr, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
 	}
 	_, err = d.restore(ctx, func(ctx context.Context) (string, error) {
 		return ResetGolden, d.vm.LoadSnapshot(ctx, g.name)
 	}, newSeed())
-	return ResetGolden, nil, forkErr, err
+	return ResetGolden, fr, forkErr, err
 }
 
 // errForkOnly means a fork of another desktop's golden state failed, and

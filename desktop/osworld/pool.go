@@ -71,6 +71,9 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	p := &Pool{cfg: cfg, log: cfg.Logger, open: map[*Desktop]int{}, changed: make(chan struct{})}
 	if cfg.Golden.Fork && !cfg.Golden.Off {
 		p.forks = newForkTemplates(cfg.Golden.Max, cfg.Logger)
+		if os.Geteuid() != 0 {
+			p.log.Warn("golden states fork only when legato runs as root (it reads guest RAM out of libvirt's QEMU): they load in place instead")
+		}
 	}
 	p.stopCtx, p.stopNow = context.WithCancel(context.Background())
 	if cfg.vmMode() {

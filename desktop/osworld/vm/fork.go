@@ -63,6 +63,7 @@ type Template struct {
 	argv    []string // libvirt's argv of the template's VM, argv[0] the binary
 	uid     int
 	gid     int
+	groups  []uint32
 	ramSum  [32]byte
 	ramStat ramStat // the RAM file as copied: a changed one is never forked
 	state   []byte  // QEMU's device state, kept in memory
@@ -105,8 +106,9 @@ func (t *Template) diskPath() string  { return filepath.Join(t.dir, "disk.qcow2"
 func (t *Template) statePath() string { return filepath.Join(t.dir, "state") }
 
 // Forkable reports whether Template can work on the VM: it runs on this
-// machine and was started with Config.Fork.
-func (v *VM) Forkable() bool { return v.cfg.Fork && !v.host.Remote() }
+// machine, was started with Config.Fork, and this process runs as root
+// (it reads guest RAM out of libvirt's QEMU and runs clones as its user).
+func (v *VM) Forkable() bool { return v.cfg.Fork && !v.host.Remote() && os.Geteuid() == 0 }
 
 // Template captures the VM's current state as a template: it pauses the
 // guest, has QEMU send its device state without the (shared) guest RAM,
@@ -125,6 +127,9 @@ func (v *VM) Template(ctx context.Context) (*Template, error) {
 	}
 	if !v.cfg.Fork {
 		return nil, v.fail("template", fmt.Errorf("%w: the VM was not started with Config.Fork", ErrNotForkable))
+	}
+	if os.Geteuid() != 0 {
+		return nil, v.fail("template", fmt.Errorf("%w: taking a template needs root (it reads guest RAM out of libvirt's QEMU)", ErrNotForkable))
 	}
 	p, err := findQEMU(v.name)
 	if err != nil {
@@ -153,13 +158,21 @@ func newTemplate(cfg Config, p qemuProcess) (*Template, error) {
 	if err := os.MkdirAll(cfg.ForkDir, 0o755); err != nil {
 		return nil, fmt.Errorf("fork dir: %w", err)
 	}
+	// Made under a name no sweep matches, locked, then renamed: a sweep
+	// never sees it unlocked.
 	dir := filepath.Join(cfg.ForkDir, name)
-	if err := os.Mkdir(dir, 0o750); err != nil {
+	tmp := filepath.Join(cfg.ForkDir, ".new-"+name)
+	if err := os.Mkdir(tmp, 0o750); err != nil {
 		return nil, fmt.Errorf("template dir: %w", err)
 	}
-	lock, err := lockDir(dir)
+	lock, err := lockDir(tmp)
+	if err == nil {
+		if err = os.Rename(tmp, dir); err != nil {
+			lock.Close()
+		}
+	}
 	if err != nil {
-		os.RemoveAll(dir)
+		os.RemoveAll(tmp)
 		return nil, err
 	}
 	// QEMU runs as libvirt's QEMU user and must reach the files.
@@ -169,7 +182,7 @@ func newTemplate(cfg Config, p qemuProcess) (*Template, error) {
 		return nil, fmt.Errorf("template dir: %w", err)
 	}
 	return &Template{
-		name: name, dir: dir, argv: p.argv, uid: p.uid, gid: p.gid, cfg: cfg, lock: lock,
+		name: name, dir: dir, argv: p.argv, uid: p.uid, gid: p.gid, groups: p.groups, cfg: cfg, lock: lock,
 		log: cfg.Logger.With("template", name), clones: map[*Clone]bool{},
 	}, nil
 }
@@ -215,12 +228,24 @@ func (t *Template) capture(ctx context.Context, v *VM, p qemuProcess) (err error
 	defer func() {
 		// Resume even when the caller gave up: a template is never worth
 		// a VM left paused. x-ignore-shared goes off again first: the
-		// VM's own snapshots (savevm) must keep its RAM.
+		// VM's own snapshots (savevm) must keep its RAM. QEMU refuses to
+		// change it while a migration runs, so one cut off is cancelled
+		// first.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
 		defer cancel()
-		rerr := errors.Join(setIgnoreShared(rctx, mon, false), mon(rctx, "cont", nil, nil))
+		if err != nil {
+			mon(rctx, "migrate_cancel", nil, nil)
+			waitMigrationEnd(rctx, mon)
+		}
+		if serr := setIgnoreShared(rctx, mon, false); serr != nil {
+			// Its snapshots would leave its RAM out: refuse them.
+			v.mu.Lock()
+			v.noSavevm = fmt.Errorf("x-ignore-shared could not be turned off after a template (%w): a snapshot would leave guest RAM out", serr)
+			v.mu.Unlock()
+			err = errors.Join(err, serr)
+		}
+		err = errors.Join(err, mon(rctx, "cont", nil, nil))
 		t.timings.Paused = time.Since(t0)
-		err = errors.Join(err, rerr)
 	}()
 	t1 := time.Now()
 	state, err := t.sendState(ctx, mon)
@@ -331,6 +356,27 @@ func waitMigration(ctx context.Context, mon func(context.Context, string, any, a
 	}
 }
 
+// waitMigrationEnd polls query-migrate until no migration runs.
+func waitMigrationEnd(ctx context.Context, mon func(context.Context, string, any, any) error) {
+	for {
+		var st struct {
+			Status string `json:"status"`
+		}
+		if mon(ctx, "query-migrate", nil, &st) != nil {
+			return
+		}
+		switch st.Status {
+		case "", "none", "completed", "failed", "cancelled":
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // copyRAM copies the guest RAM out of QEMU's memfd.
 func (t *Template) copyRAM(pid int) error {
 	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
@@ -360,7 +406,10 @@ func (t *Template) copyRAM(pid int) error {
 	if err == nil {
 		// QEMU opens a RAM file read-write even to map it privately
 		// (QEMU 7.2's readonly=on maps it read-only, which the guest
-		// cannot run on); clones never write to it, CheckRAM verifies.
+		// cannot run on). Clones never write to it as long as nothing
+		// discards guest RAM (QEMU would punch holes in the file): no
+		// balloon (the domain has none), no virtio-mem, no postcopy.
+		// Fork compares its stat, CheckRAM its content.
 		err = dst.Chown(t.uid, t.gid)
 	}
 	if cerr := dst.Close(); err == nil {
@@ -525,6 +574,12 @@ func (t *Template) Prestart(ctx context.Context, n int) error {
 // disk and lets the guest run. The guest answers when its own programs
 // get to it (a readiness wait is the caller's).
 func (t *Template) Fork(ctx context.Context) (*Clone, error) {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
 	// A stat per fork; the full sum is CheckRAM's, off the fork's path.
 	if st, err := statRAM(t.ramPath()); err != nil || st != t.ramStat {
 		return nil, errors.Join(fmt.Errorf("template %s: its RAM file changed or went since it was taken", t.name), err)
@@ -543,11 +598,22 @@ func (t *Template) Fork(ctx context.Context) (*Clone, error) {
 		c, t.spare = t.spare[0], t.spare[1:]
 	}
 	t.mu.Unlock()
-	if c == nil {
-		var err error
-		if c, err = t.startClone(ctx); err != nil {
+	if c != nil {
+		err := c.load(ctx, t.state)
+		if err == nil {
+			return c, nil
+		}
+		// A QEMU that waited may have died meanwhile: that is the
+		// spare's failure, not the template's; a new one tries again.
+		c.log.Warn("a clone started ahead did not take the state; starting another", "err", err)
+		c.Close()
+		if ctx.Err() != nil {
 			return nil, err
 		}
+	}
+	c, err := t.startClone(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if err := c.load(ctx, t.state); err != nil {
 		return nil, errors.Join(fmt.Errorf("clone %s: %w", c.name, err), c.Close())
@@ -634,7 +700,9 @@ func (c *Clone) startQEMU(ctx context.Context, overlay string) error {
 		Setpgid:   true,
 	}
 	if os.Geteuid() == 0 && t.uid != 0 {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(t.uid), Gid: uint32(t.gid)}
+		// The groups too: libvirt's QEMU may open /dev/kvm through its
+		// kvm group.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(t.uid), Gid: uint32(t.gid), Groups: t.groups}
 	}
 	if err := cmd.Start(); err != nil {
 		return err
@@ -689,7 +757,10 @@ func (c *Clone) load(ctx context.Context, state []byte) error {
 	if err != nil {
 		return err
 	}
+	// A QEMU that stops reading must not hold the caller past ctx.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	_, err = conn.Write(state)
+	stop()
 	conn.Close()
 	if err != nil {
 		return err
@@ -749,7 +820,7 @@ func (t *Template) Close() error {
 // CheckRAM re-reads the template's RAM file and compares it with the sum
 // taken when it was copied; after a mismatch Fork refuses the template.
 // Fork itself only compares the file's inode, size and modification time.
-func (t *Template) CheckRAM() error {
+func (t *Template) CheckRAM(ctx context.Context) error {
 	closed := func() bool {
 		t.mu.Lock()
 		defer t.mu.Unlock()
@@ -763,7 +834,7 @@ func (t *Template) CheckRAM() error {
 		return err
 	}
 	defer f.Close()
-	sum, err := ramFileSum(f)
+	sum, err := ramFileSum(ctx, f)
 	if closed() {
 		return ErrClosed
 	}
@@ -902,7 +973,9 @@ func (t hmpText) Error() string { return string(t) }
 
 // Park pauses the VM and frees its forwarded ports, so that a clone can
 // take them (Clone.Forward) and the VM's callers reach the clone at the
-// same addresses. Unpark undoes it.
+// same addresses. Unpark undoes it. The ports stay reserved in this
+// process meanwhile: no port picked for another VM or clone is one of
+// them. On an error Park undoes what it did, so the VM runs as before.
 func (v *VM) Park(ctx context.Context) error {
 	ctx, cancel, err := v.opCtx(ctx)
 	if err != nil {
@@ -913,26 +986,40 @@ func (v *VM) Park(ctx context.Context) error {
 	if err != nil {
 		return v.fail("park", err)
 	}
+	reservePorts(v.ports, true)
 	if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
+		reservePorts(v.ports, false)
 		return v.fail("park", err)
 	}
 	for _, f := range v.ports.forwards(v.cfg) {
-		cmd := fmt.Sprintf("hostfwd_remove legatonet tcp:127.0.0.1:%d", f.Host)
-		err := v.hmp(ctx, dom, cmd)
-		var text hmpText
-		if errors.As(err, &text) && strings.HasSuffix(string(text), " removed") {
-			// hostfwd_remove reports success in words.
-			err = nil
-		}
-		if err != nil {
+		if err := v.removeForward(ctx, dom, f.Host); err != nil {
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
+			defer rcancel()
+			if uerr := v.unpark(rctx, dom); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+			}
 			return v.fail("park", err)
 		}
 	}
 	return nil
 }
 
+// removeForward removes the forward of a host port; one that is not there
+// is fine.
+func (v *VM) removeForward(ctx context.Context, dom libvirt.Domain, port int) error {
+	err := v.hmp(ctx, dom, fmt.Sprintf("hostfwd_remove legatonet tcp:127.0.0.1:%d", port))
+	var text hmpText
+	if errors.As(err, &text) && (strings.HasSuffix(string(text), " removed") || strings.HasSuffix(string(text), " not found")) {
+		// hostfwd_remove reports success in words, and a rule it does
+		// not have as "not found".
+		return nil
+	}
+	return err
+}
+
 // Unpark binds the VM's forwarded ports again and lets it run. The ports
-// must be free: the clone that held them closed.
+// must be free: the clone that held them closed. It can be called again
+// after it failed half way.
 func (v *VM) Unpark(ctx context.Context) error {
 	ctx, cancel, err := v.opCtx(ctx)
 	if err != nil {
@@ -943,12 +1030,25 @@ func (v *VM) Unpark(ctx context.Context) error {
 	if err != nil {
 		return v.fail("unpark", err)
 	}
+	return v.fail("unpark", v.unpark(ctx, dom))
+}
+
+func (v *VM) unpark(ctx context.Context, dom libvirt.Domain) error {
 	for _, f := range v.ports.forwards(v.cfg) {
+		// A rule an earlier, failed Unpark added goes first: QEMU would
+		// refuse it twice.
+		if err := v.removeForward(ctx, dom, f.Host); err != nil {
+			return err
+		}
 		if err := v.hmp(ctx, dom, "hostfwd_add legatonet "+forwardRule(f.Host, f.Guest)); err != nil {
-			return v.fail("unpark", err)
+			return err
 		}
 	}
-	return v.fail("unpark", v.monitorQMP(ctx, dom, "cont", nil, nil))
+	if err := v.monitorQMP(ctx, dom, "cont", nil, nil); err != nil {
+		return err
+	}
+	reservePorts(v.ports, false)
+	return nil
 }
 
 // hmp runs an HMP command in the domain's QEMU through libvirt.

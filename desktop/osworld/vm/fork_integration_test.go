@@ -214,7 +214,7 @@ func TestIntegrationFork(t *testing.T) {
 	if out, rc, _ := g5.try(ctx, "ls /home/user/clone-file /tmp/clone-file"); rc == 0 {
 		t.Errorf("a new clone sees files other clones wrote: %q", out)
 	}
-	if err := tmpl.CheckRAM(); err != nil {
+	if err := tmpl.CheckRAM(ctx); err != nil {
 		t.Error(err)
 	}
 
@@ -271,7 +271,7 @@ func TestIntegrationFork(t *testing.T) {
 	}
 	f.WriteAt([]byte{0x5a}, 12345)
 	f.Close()
-	if err := tmpl.CheckRAM(); err == nil {
+	if err := tmpl.CheckRAM(ctx); err == nil {
 		t.Error("CheckRAM passed a RAM file with a changed byte")
 	}
 	if err := tmpl.Close(); err != nil {

@@ -170,7 +170,7 @@ func TestCopySparse(t *testing.T) {
 	if n > 4*int64(len(data))+4*4096 {
 		t.Errorf("wrote %d bytes for %d of data", n, 4*len(data))
 	}
-	again, err := ramFileSum(dst)
+	again, err := ramFileSum(t.Context(), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestCopySparse(t *testing.T) {
 		t.Error("ramFileSum of the copy differs from copySparse's sum")
 	}
 	dst.WriteAt([]byte{1}, 7<<20)
-	if changed, _ := ramFileSum(dst); changed == sum {
+	if changed, _ := ramFileSum(t.Context(), dst); changed == sum {
 		t.Error("a changed byte kept the sum")
 	}
 }

@@ -20,6 +20,7 @@ type qemuProcess struct {
 	pid      int
 	argv     []string
 	uid, gid int
+	groups   []uint32
 }
 
 // findQEMU scans /proc for the process whose -name is guest=name.
@@ -43,7 +44,7 @@ func findQEMU(name string) (qemuProcess, error) {
 			continue
 		}
 		p := qemuProcess{pid: pid, argv: argv}
-		if p.uid, p.gid, err = procIDs(pid); err != nil {
+		if p.uid, p.gid, p.groups, err = procIDs(pid); err != nil {
 			return qemuProcess{}, err
 		}
 		return p, nil
@@ -65,32 +66,47 @@ func nameArg(argv []string) string {
 	return ""
 }
 
-// procIDs reads a process's real uid and gid.
-func procIDs(pid int) (uid, gid int, err error) {
+// procIDs reads a process's real uid and gid and its supplementary
+// groups.
+func procIDs(pid int) (uid, gid int, groups []uint32, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	uid, gid = -1, -1
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 2 {
+		if len(f) < 1 {
 			continue
 		}
 		switch f[0] {
-		case "Uid:":
-			uid, err = strconv.Atoi(f[1])
-		case "Gid:":
-			gid, err = strconv.Atoi(f[1])
-		}
-		if err != nil {
-			return 0, 0, err
+		case "Uid:", "Gid:":
+			if len(f) < 2 {
+				return 0, 0, nil, fmt.Errorf("process %d: %q", pid, line)
+			}
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				return 0, 0, nil, err
+			}
+			if f[0] == "Uid:" {
+				uid = n
+			} else {
+				gid = n
+			}
+		case "Groups:":
+			for _, g := range f[1:] {
+				n, err := strconv.ParseUint(g, 10, 32)
+				if err != nil {
+					return 0, 0, nil, err
+				}
+				groups = append(groups, uint32(n))
+			}
 		}
 	}
 	if uid < 0 || gid < 0 {
-		return 0, 0, fmt.Errorf("process %d: no Uid/Gid in its status", pid)
+		return 0, 0, nil, fmt.Errorf("process %d: no Uid/Gid in its status", pid)
 	}
-	return uid, gid, nil
+	return uid, gid, groups, nil
 }
 
 // cloneSpec is what differs between a clone's command line and its

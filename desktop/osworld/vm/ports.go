@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 )
 
 // Ports are the host ports, all on 127.0.0.1, forwarded to a VM's guest.
@@ -34,13 +35,45 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	ports := make([]int, 0, n)
-	for range n {
+	for len(ports) < n {
 		l, err := net.Listen("tcp4", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("pick a free port on 127.0.0.1: %w", err)
 		}
+		// Held until the end either way, so the kernel moves on.
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		if p := l.Addr().(*net.TCPAddr).Port; !reserved(p) {
+			ports = append(ports, p)
+		}
 	}
 	return ports, nil
+}
+
+// reservedPorts are the ports of parked VMs (VM.Park): unbound while a
+// clone takes them over, and not to be handed to anything else.
+var reservedPorts struct {
+	sync.Mutex
+	set map[int]bool
+}
+
+// reservePorts reserves (on) or releases p's ports.
+func reservePorts(p Ports, on bool) {
+	reservedPorts.Lock()
+	defer reservedPorts.Unlock()
+	if reservedPorts.set == nil {
+		reservedPorts.set = map[int]bool{}
+	}
+	for _, port := range []int{p.Guest, p.DevTools, p.VLC} {
+		if on {
+			reservedPorts.set[port] = true
+		} else {
+			delete(reservedPorts.set, port)
+		}
+	}
+}
+
+func reserved(port int) bool {
+	reservedPorts.Lock()
+	defer reservedPorts.Unlock()
+	return reservedPorts.set[port]
 }

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -37,7 +38,7 @@ func copySparse(dst, src *os.File) (written int64, sum [32]byte, err error) {
 }
 
 // ramFileSum is ramSum of a RAM file as copySparse wrote it.
-func ramFileSum(f *os.File) ([32]byte, error) {
+func ramFileSum(ctx context.Context, f *os.File) ([32]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return [32]byte{}, err
@@ -45,6 +46,9 @@ func ramFileSum(f *os.File) ([32]byte, error) {
 	h := newRAMSum(st.Size())
 	err = eachPage(f, st.Size(), func(off int64, page []byte) error {
 		h.add(off, page)
+		if off%(64<<20) == 0 {
+			return ctx.Err()
+		}
 		return nil
 	})
 	return h.sum(), err

@@ -78,6 +78,9 @@ func (v *VM) Snapshot(ctx context.Context, name, description string) error {
 		return err
 	}
 	defer cancel()
+	if err := v.savevmRefused(); err != nil {
+		return v.fail("create snapshot "+name, err)
+	}
 	x, err := snapshotXML(name, description)
 	if err != nil {
 		return v.fail("create snapshot "+name, err)

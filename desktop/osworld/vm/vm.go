@@ -82,8 +82,11 @@ type VM struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	mu      sync.Mutex // guards timings and console
+	mu      sync.Mutex // guards timings, console and noSavevm
 	timings Timings
+	// noSavevm says why snapshots must not be taken any more (a
+	// template left x-ignore-shared on); nil when they may.
+	noSavevm error
 	// console is the end of the serial console read so far: reading
 	// QEMU's ring buffer empties it.
 	console []byte
@@ -472,6 +475,9 @@ func (v *VM) Console(ctx context.Context, max int) ([]byte, error) {
 // snapshot takes the clean internal snapshot (disk and memory) of the
 // running domain.
 func (v *VM) snapshot(ctx context.Context) error {
+	if err := v.savevmRefused(); err != nil {
+		return v.fail("create snapshot", err)
+	}
 	dom, err := v.domain(ctx)
 	if err != nil {
 		return v.fail("create snapshot", err)
@@ -634,6 +640,7 @@ func (v *VM) reset(ctx context.Context, how, op string, restore func(context.Con
 func (v *VM) Close() error {
 	v.closeOnce.Do(func() {
 		v.closeNow()
+		reservePorts(v.ports, false) // a parked VM's
 		v.conn.close()
 		v.closeErr = v.teardown()
 		v.http.CloseIdleConnections()
@@ -708,4 +715,11 @@ func removeDomain(ctx context.Context, c *conn, name string) error {
 		return err
 	}
 	return nil
+}
+
+// savevmRefused says why the VM must not take snapshots, or nil.
+func (v *VM) savevmRefused() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.noSavevm
 }
