@@ -463,6 +463,31 @@ func TestIntegrationGoldenFork(t *testing.T) {
 		t.Errorf("fork templates after eviction: %q (before: %q); want one, another", got, before)
 	}
 
+	// A template whose RAM file changed is never forked: the attempt
+	// loads the desktop's own snapshot of the state in place, and the
+	// template goes.
+	if got := templates(); len(got) == 1 {
+		ram := filepath.Join(cfg.VM.ForkDir, got[0], "ram")
+		if err := os.Chtimes(ram, time.Time{}, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Reset(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if rep := d.LastReset(); rep.Kind != ResetGolden || !strings.Contains(rep.Why, "fork failed") {
+		t.Errorf("after the template's RAM file changed: reset %s (%s); want %s, fork failed", rep.Kind, rep.Why, ResetGolden)
+	}
+	if d.fork.parked || d.fork.clone != nil {
+		t.Errorf("after a failed fork: parked %v, clone %v; want the VM running the attempt", d.fork.parked, d.fork.clone)
+	}
+	if got := sh(`wmctrl -l | grep -c legato-term; true`); got != "1" {
+		t.Errorf("after the in-place load: %s terminals; want the setup's one", got)
+	}
+	if got := templates(); len(got) != 0 {
+		t.Errorf("fork templates after a failed fork: %q; want none", got)
+	}
+
 	if *itMeasure {
 		measureGolden(t, ctx, d, tk, true)
 	}
