@@ -66,6 +66,8 @@ func TestCloneArgs(t *testing.T) {
 		t.Errorf("-chardev (-want +got):\n%s", diff)
 	}
 	wantBlock := []string{
+		argv[slices.Index(argv, "-blockdev")+1], // the base image's nodes as they were
+		argv[slices.Index(argv, "-blockdev")+3],
 		`{"auto-read-only":true,"cache":{"direct":false,"no-flush":true},"discard":"unmap","driver":"file","filename":"/f/c1/disk.qcow2","node-name":"libvirt-1-storage"}`,
 		`{"cache":{"direct":false,"no-flush":true},"driver":"qcow2","file":"libvirt-1-storage","node-name":"libvirt-1-format","read-only":false}`,
 	}

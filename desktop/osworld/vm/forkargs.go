@@ -208,6 +208,10 @@ func cloneArgs(argv []string, s cloneSpec) ([]string, error) {
 				// template's disk, then the base image).
 				delete(m, "backing")
 			default:
+				// Other nodes (the base image's, firmware, a second
+				// disk) stay as libvirt gave them: read-only or the
+				// device state would not match without them.
+				out = append(out, opt, val)
 				continue
 			}
 			b, err := json.Marshal(m)

@@ -84,7 +84,9 @@ func (q *qmp) bounded(ctx context.Context, f func() error) error {
 	stop := context.AfterFunc(ctx, func() { q.conn.Close() })
 	err := f()
 	if !stop() || ctx.Err() != nil {
-		// The connection is closed, or about to be: say why.
+		// ctx ended: the AfterFunc closes the connection, maybe not yet;
+		// close it here too, so no later command writes to it.
+		q.conn.Close()
 		return errors.Join(context.Cause(ctx), err)
 	}
 	var ne net.Error
