@@ -184,3 +184,53 @@ func TestCopySparse(t *testing.T) {
 		t.Error("a changed byte kept the sum")
 	}
 }
+
+// SweepForks removes the template directories of its prefix that no
+// process holds, and nothing else: not one held (flock'd) by a live run,
+// not another prefix's, not one being made (hidden name).
+func TestSweepForks(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(name string, lock bool) string {
+		t.Helper()
+		d := filepath.Join(dir, name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if lock {
+			f, err := lockDir(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+		} else if err := os.WriteFile(filepath.Join(d, "lock"), []byte("1\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "ram"), []byte("x"), 0o600)
+		return d
+	}
+	dead := mk("legato-fork-00000001", false)
+	live := mk("legato-fork-00000002", true)
+	other := mk("legatox-fork-00000003", false)
+	making := mk(".new-legato-fork-00000004", false)
+	left, err := ForkLeftovers(dir, "legato-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0].Dir != dead || len(left[0].Processes) != 0 {
+		t.Fatalf("leftovers %+v, want only %s", left, dead)
+	}
+	if _, err := SweepForks(dir, "legato-"); err != nil {
+		t.Fatal(err)
+	}
+	for d, want := range map[string]bool{dead: false, live: true, other: true, making: true} {
+		if _, err := os.Stat(d); (err == nil) != want {
+			t.Errorf("%s exists %v after the sweep, want %v", filepath.Base(d), err == nil, want)
+		}
+	}
+	if _, err := ForkLeftovers(dir, "../x"); err == nil {
+		t.Error("a prefix with a path in it is refused")
+	}
+	if left, err := ForkLeftovers(filepath.Join(dir, "none"), "legato-"); err != nil || len(left) != 0 {
+		t.Errorf("a fork dir that does not exist: %v, %v; want nothing", left, err)
+	}
+}
