@@ -49,6 +49,7 @@ type forkTemplate struct {
 	// execDir is the action executor that ran when it was taken.
 	execDir string
 	// Guarded by the registry's mu:
+	failed  int  // forks in a row whose clone never served (see failedFork)
 	inUse   int  // desktops whose current attempt runs in a clone of it
 	used    int  // the registry's use count when last used
 	forks   int  // clones started from it
@@ -167,6 +168,24 @@ func (s *forkTemplates) drop(ft *forkTemplate, why string) {
 	if idle {
 		s.closeAll([]*forkTemplate{ft}, why)
 	}
+}
+
+// maxFailedForks is how many forks in a row may start a clone that never
+// serves (no ports, no answer) before the template goes: a state whose
+// guest does not come back would cost every attempt a boot timeout.
+const maxFailedForks = 2
+
+// forkDone records how a fork whose clone started ended: served, or
+// failed after its start; it says whether the template should go.
+func (s *forkTemplates) forkDone(ft *forkTemplate, served bool) (drop bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if served {
+		ft.failed = 0
+		return false
+	}
+	ft.failed++
+	return ft.failed >= maxFailedForks
 }
 
 // needsCheck says whether ft's RAM content is still to be checked, and
@@ -298,10 +317,13 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 	}
 	t0 := time.Now()
 	if !f.parked {
+		// Parked before Park returns: a Park cut off half way is
+		// undone by the next endClone's Unpark, which can run on a VM
+		// in any state of it.
+		f.parked = true
 		if err := d.vm.Park(ctx); err != nil {
 			return r, err
 		}
-		f.parked = true
 	}
 	var c *vm.Clone
 	var t1, t2, t3 time.Time
@@ -331,6 +353,13 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 		t3 = time.Now()
 		return ResetGoldenFork, err
 	}, newSeed())
+	if c != nil && ctx.Err() == nil && d.closeCtx.Err() == nil && !r.templateFault {
+		// The clone started: whether it served says something about the
+		// state, unless it failed for the desktop's ports alone (once).
+		if d.forks.forkDone(ft, err == nil) {
+			r.templateFault = true
+		}
+	}
 	if err != nil {
 		return r, err
 	}
@@ -391,6 +420,12 @@ func (d *Desktop) spare(ft *forkTemplate) {
 		if d.forks.needsCheck(ft) {
 			t0 := time.Now()
 			if err := ft.t.CheckRAM(d.closeCtx); err != nil {
+				if !errors.Is(err, vm.ErrBadTemplate) {
+					// Cut off or unread: another spare checks it.
+					d.forks.mu.Lock()
+					ft.checked = false
+					d.forks.mu.Unlock()
+				}
 				if !errors.Is(err, vm.ErrClosed) && d.closeCtx.Err() == nil {
 					d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", ft.t.Name(), "err", err)
 				}

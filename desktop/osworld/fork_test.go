@@ -84,6 +84,15 @@ func TestForkTemplates(t *testing.T) {
 	if !closed(t, c) {
 		t.Error("a dropped template not closed when its last attempt ended")
 	}
+	// A template whose clones start but never serve goes after
+	// maxFailedForks in a row; one that serves in between stays.
+	f := newFT("f")
+	if s.forkDone(f, false) || s.forkDone(f, true) || s.forkDone(f, false) {
+		t.Error("a template dropped before maxFailedForks failures in a row")
+	}
+	if !s.forkDone(f, false) {
+		t.Errorf("a template kept after %d failed forks in a row", maxFailedForks)
+	}
 	if !s.needsCheck(newFT("x")) {
 		t.Error("a new template needs its check")
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"legato/rl/desktop/osworld/vm"
 )
 
 // dialFunc connects to an address as a desktop's host sees it: a remote
@@ -50,7 +52,8 @@ type forward struct {
 }
 
 func newForward(dial dialFunc, target string) (*forward, error) {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	// Never a parked VM's port, which its clone takes next.
+	ln, err := vm.ListenLoopback()
 	if err != nil {
 		return nil, err
 	}

@@ -193,7 +193,7 @@ func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *golden
 		}
 		return &ResetReport{TaskID: task.ID, Kind: kind, Why: why, Restore: time.Since(t0)}, nil
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || errors.Is(err, errUnpark) {
 		return nil, err
 	}
 	if errors.Is(err, errForkOnly) {
@@ -371,6 +371,10 @@ func goldenName(key string) string { return goldenPrefix + key[:16] }
 // ResetGoldenFork or ResetGolden.
 func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, fr forkResult, forkErr, err error) {
 	if g.key != key {
+		// The reset that takes over runs on the VM.
+		if err := d.endClone(ctx, false); err != nil {
+			return "", fr, nil, fmt.Errorf("%w: %w", errUnpark, err)
+		}
 		return "", fr, nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
 	}
 	if d.forking(key) {
@@ -388,7 +392,7 @@ func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (k
 	}
 	// The VM holds the attempt (again).
 	if err := d.endClone(ctx, false); err != nil {
-		return "", fr, forkErr, err
+		return "", fr, forkErr, fmt.Errorf("%w: %w", errUnpark, err)
 	}
 	if g.forkOnly {
 		return "", fr, forkErr, errForkOnly
@@ -411,6 +415,11 @@ func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (k
 // errForkOnly means a fork of another desktop's golden state failed, and
 // this desktop has no snapshot of it to load instead.
 var errForkOnly = errors.New("no golden snapshot on this desktop")
+
+// errUnpark means the desktop's VM could not take its ports back from its
+// clones: the reset fails (the next one tries again), and the golden
+// state, which did nothing wrong, stays.
+var errUnpark = errors.New("the VM did not come back from parking")
 
 // errGoldenStale means a golden state was taken for another key: it is
 // taken again, never loaded.

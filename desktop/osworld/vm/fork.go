@@ -56,6 +56,10 @@ const forkDirPrefix = "fork-"
 // machine, or was not started with Config.Fork.
 var ErrNotForkable = errNotForkable
 
+// ErrBadTemplate means a template's files changed since it was taken: it
+// is never forked again.
+var ErrBadTemplate = errors.New("fork template changed")
+
 // Template is a VM's captured state that clones start from.
 type Template struct {
 	name    string // the directory's name, also the clones' name prefix
@@ -72,12 +76,13 @@ type Template struct {
 	lock    *os.File // flocked while this process owns the directory
 	timings TemplateTimings
 
-	mu     sync.Mutex
-	bad    error // why the template must not be forked any more (CheckRAM)
-	seq    int
-	spare  []*Clone // started, waiting for their state (Prestart)
-	clones map[*Clone]bool
-	closed bool
+	mu       sync.Mutex
+	bad      error // why the template must not be forked any more (CheckRAM)
+	seq      int
+	starting int      // Prestart's clones being started
+	spare    []*Clone // started, waiting for their state (Prestart)
+	clones   map[*Clone]bool
+	closed   bool
 }
 
 // TemplateTimings says what capturing a template took.
@@ -222,9 +227,8 @@ func (t *Template) capture(ctx context.Context, v *VM, p qemuProcess) (err error
 		return errors.New("the guest is not running")
 	}
 	t0 := time.Now()
-	if err := mon(ctx, "stop", nil, nil); err != nil {
-		return err
-	}
+	// The resume is deferred before the stop: a stop cut off by ctx may
+	// have paused the guest all the same.
 	defer func() {
 		// Resume even when the caller gave up: a template is never worth
 		// a VM left paused. x-ignore-shared goes off again first: the
@@ -247,6 +251,9 @@ func (t *Template) capture(ctx context.Context, v *VM, p qemuProcess) (err error
 		err = errors.Join(err, mon(rctx, "cont", nil, nil))
 		t.timings.Paused = time.Since(t0)
 	}()
+	if err := mon(ctx, "stop", nil, nil); err != nil {
+		return err
+	}
 	t1 := time.Now()
 	state, err := t.sendState(ctx, mon)
 	if err != nil {
@@ -291,7 +298,7 @@ func setIgnoreShared(ctx context.Context, mon func(context.Context, string, any,
 // socket on 127.0.0.1, and returns what it sent. QEMU runs in libvirt's
 // sandbox, which forbids exec: a TCP socket is what it may open.
 func (t *Template) sendState(ctx context.Context, mon func(context.Context, string, any, any) error) ([]byte, error) {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := ListenLoopback()
 	if err != nil {
 		return nil, err
 	}
@@ -546,12 +553,18 @@ func (t *Template) Prestart(ctx context.Context, n int) error {
 			t.mu.Unlock()
 			return ErrClosed
 		}
-		if len(t.spare) >= n {
+		if len(t.spare)+t.starting >= n {
 			t.mu.Unlock()
 			return nil
 		}
+		// Counted while it starts, so that callers at once start n in
+		// all, not n each.
+		t.starting++
 		t.mu.Unlock()
 		c, err := t.startClone(ctx)
+		t.mu.Lock()
+		t.starting--
+		t.mu.Unlock()
 		if err != nil {
 			return err
 		}
@@ -842,7 +855,7 @@ func (t *Template) CheckRAM(ctx context.Context) error {
 		return err
 	}
 	if sum != t.ramSum {
-		err := fmt.Errorf("template %s: its RAM file's content changed since it was taken", t.name)
+		err := fmt.Errorf("%w: template %s: its RAM file's content changed since it was taken", ErrBadTemplate, t.name)
 		t.mu.Lock()
 		t.bad = err
 		t.mu.Unlock()
@@ -879,10 +892,18 @@ func ForkLeftovers(dir, prefix string) ([]ForkLeftover, error) {
 	}
 	var out []ForkLeftover
 	for _, e := range ents {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix+forkDirPrefix) {
+		name, making := strings.CutPrefix(e.Name(), ".new-")
+		if !e.IsDir() || !strings.HasPrefix(name, prefix+forkDirPrefix) {
 			continue
 		}
 		d := filepath.Join(dir, e.Name())
+		if making {
+			// Being made: locked and renamed within moments. One left
+			// for a minute is a run's that died in between.
+			if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < time.Minute {
+				continue
+			}
+		}
 		if held(d) {
 			continue
 		}
@@ -988,7 +1009,14 @@ func (v *VM) Park(ctx context.Context) error {
 	}
 	reservePorts(v.ports, true)
 	if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
-		reservePorts(v.ports, false)
+		// A stop cut off by ctx may have paused the guest all the same.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
+		defer rcancel()
+		if uerr := v.monitorQMP(rctx, dom, "cont", nil, nil); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+		} else {
+			reservePorts(v.ports, false)
+		}
 		return v.fail("park", err)
 	}
 	for _, f := range v.ports.forwards(v.cfg) {

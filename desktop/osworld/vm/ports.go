@@ -77,3 +77,24 @@ func reserved(port int) bool {
 	defer reservedPorts.Unlock()
 	return reservedPorts.set[port]
 }
+
+// ListenLoopback listens on a free TCP port of 127.0.0.1 that is not a
+// parked VM's (see VM.Park): a port picked by the kernel could be one.
+func ListenLoopback() (net.Listener, error) {
+	var skipped []net.Listener
+	defer func() {
+		for _, l := range skipped {
+			l.Close()
+		}
+	}()
+	for {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		if !reserved(l.Addr().(*net.TCPAddr).Port) {
+			return l, nil
+		}
+		skipped = append(skipped, l) // held until a free one is found
+	}
+}

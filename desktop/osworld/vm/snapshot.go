@@ -192,6 +192,9 @@ func (v *VM) LoadSnapshot(ctx context.Context, name string) error {
 	if err := checkSnapshotName(name); err != nil {
 		return err
 	}
+	if err := v.savevmRefused(); err != nil {
+		return v.fail("load snapshot "+name, err)
+	}
 	return v.reset(ctx, ResetLoadvm, "load snapshot "+name, func(ctx context.Context) error {
 		dom, err := v.domain(ctx)
 		if err != nil {

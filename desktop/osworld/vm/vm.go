@@ -84,8 +84,9 @@ type VM struct {
 
 	mu      sync.Mutex // guards timings, console and noSavevm
 	timings Timings
-	// noSavevm says why snapshots must not be taken any more (a
-	// template left x-ignore-shared on); nil when they may.
+	// noSavevm says why snapshots must neither be taken nor loaded in
+	// this QEMU any more (a template left x-ignore-shared on); nil when
+	// they may. A new QEMU (libvirt's revert, a cold boot) clears it.
 	noSavevm error
 	// console is the end of the serial console read so far: reading
 	// QEMU's ring buffer empties it.
@@ -530,7 +531,14 @@ func (v *VM) RevertLibvirt(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			return lv.DomainRevertToSnapshot(snap, uint32(libvirt.DomainSnapshotRevertRunning))
+			err = lv.DomainRevertToSnapshot(snap, uint32(libvirt.DomainSnapshotRevertRunning))
+			if err == nil {
+				// A new QEMU: its migration settings are its own.
+				v.mu.Lock()
+				v.noSavevm = nil
+				v.mu.Unlock()
+			}
+			return err
 		})
 	})
 }
@@ -542,6 +550,11 @@ func (v *VM) RevertLibvirt(ctx context.Context) error {
 // harmless here: the snapshot was taken by this same QEMU with the same
 // devices, and libvirt's own snapshot metadata stays valid.
 func (v *VM) RevertLoadvm(ctx context.Context) error {
+	if err := v.savevmRefused(); err != nil {
+		// Its QEMU would load RAM-less: only a new QEMU (libvirt's
+		// revert) is safe.
+		return v.fail("revert snapshot (loadvm)", err)
+	}
 	return v.reset(ctx, ResetLoadvm, "revert snapshot (loadvm)", func(ctx context.Context) error {
 		dom, err := v.domain(ctx)
 		if err != nil {
@@ -595,6 +608,9 @@ func (v *VM) ColdBoot(ctx context.Context) error {
 	if err != nil {
 		return v.fail("cold boot", err)
 	}
+	v.mu.Lock()
+	v.noSavevm = nil // a new QEMU
+	v.mu.Unlock()
 	if err := v.waitReady(ctx); err != nil {
 		return err
 	}
