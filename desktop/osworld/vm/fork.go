@@ -1008,25 +1008,22 @@ func (v *VM) Park(ctx context.Context) error {
 		return v.fail("park", err)
 	}
 	reservePorts(v.ports, true)
-	if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
-		// A stop cut off by ctx may have paused the guest all the same.
+	undo := func(err error) error {
+		// Also after a stop cut off by ctx, which may have paused the
+		// guest all the same; unpark runs on a VM in any state of Park.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
 		defer rcancel()
-		if uerr := v.monitorQMP(rctx, dom, "cont", nil, nil); uerr != nil {
+		if uerr := v.unpark(rctx, dom); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
-		} else {
-			reservePorts(v.ports, false)
 		}
 		return v.fail("park", err)
 	}
+	if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
+		return undo(err)
+	}
 	for _, f := range v.ports.forwards(v.cfg) {
 		if err := v.removeForward(ctx, dom, f.Host); err != nil {
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
-			defer rcancel()
-			if uerr := v.unpark(rctx, dom); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
-			}
-			return v.fail("park", err)
+			return undo(err)
 		}
 	}
 	return nil
