@@ -238,6 +238,18 @@ type forkState struct {
 	spares sync.WaitGroup
 }
 
+// hold runs set under mu unless Close has begun, and says whether it ran:
+// what set records, Close then ends.
+func (f *forkState) hold(set func()) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	set()
+	return true
+}
+
 // forking reports whether the desktop forks the golden state of key.
 func (d *Desktop) forking(key string) bool {
 	return d.cfg.Golden.Fork && d.vm != nil && d.vm.Forkable() && d.forks.has(key)
@@ -305,13 +317,7 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 	}
 	r := forkResult{ft: ft, n: n}
 	f := &d.fork
-	f.mu.Lock()
-	closed := f.closed
-	if !closed {
-		f.using = ft
-	}
-	f.mu.Unlock()
-	if closed {
+	if !f.hold(func() { f.using = ft }) {
 		d.forks.release(ft)
 		return r, desktop.ErrClosed
 	}
@@ -334,13 +340,7 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 			r.templateFault = !errors.Is(err, vm.ErrClosed)
 			return ResetGoldenFork, err
 		}
-		f.mu.Lock()
-		closed := f.closed
-		if !closed {
-			f.clone = c
-		}
-		f.mu.Unlock()
-		if closed {
+		if !f.hold(func() { f.clone = c }) {
 			c.Close()
 			return ResetGoldenFork, desktop.ErrClosed
 		}
@@ -400,14 +400,10 @@ func (d *Desktop) waitGuest(ctx context.Context) error {
 // least one.
 func (d *Desktop) spare(ft *forkTemplate) {
 	f := &d.fork
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
+	// Under mu, so that no Add races closeFork's Wait.
+	if !f.hold(func() { f.spares.Add(1) }) {
 		return
 	}
-	// Under mu, so that no Add races closeFork's Wait.
-	f.spares.Add(1)
-	f.mu.Unlock()
 	d.forks.mu.Lock()
 	n := min(max(ft.inUse, 1), maxSpareClones)
 	d.forks.mu.Unlock()

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -340,46 +339,44 @@ func (t *Template) sendState(ctx context.Context, mon func(context.Context, stri
 }
 
 // waitMigration polls query-migrate until the migration completed.
+// Before it starts QEMU may say "none": that is waited out.
 func waitMigration(ctx context.Context, mon func(context.Context, string, any, any) error) error {
+	status, desc, err := pollMigration(ctx, mon, false)
+	if err == nil && status != "completed" {
+		err = fmt.Errorf("qemu migration %s: %s", status, desc)
+	}
+	return err
+}
+
+// waitMigrationEnd waits, as well as it can, until no migration runs.
+func waitMigrationEnd(ctx context.Context, mon func(context.Context, string, any, any) error) {
+	pollMigration(ctx, mon, true)
+}
+
+// pollMigration polls query-migrate until the migration ended, and
+// returns how ("completed", "failed", "cancelled"; with noneEnds also
+// "none" or "" for no migration at all) with QEMU's error text.
+func pollMigration(ctx context.Context, mon func(context.Context, string, any, any) error, noneEnds bool) (status, desc string, err error) {
 	for {
 		var st struct {
 			Status    string `json:"status"`
 			ErrorDesc string `json:"error-desc"`
 		}
 		if err := mon(ctx, "query-migrate", nil, &st); err != nil {
-			return err
+			return "", "", err
 		}
 		switch st.Status {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("qemu migration %s: %s", st.Status, st.ErrorDesc)
+		case "completed", "failed", "cancelled":
+			return st.Status, st.ErrorDesc, nil
+		case "", "none":
+			if noneEnds {
+				return st.Status, st.ErrorDesc, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return "", "", context.Cause(ctx)
 		case <-time.After(2 * time.Millisecond):
-		}
-	}
-}
-
-// waitMigrationEnd polls query-migrate until no migration runs.
-func waitMigrationEnd(ctx context.Context, mon func(context.Context, string, any, any) error) {
-	for {
-		var st struct {
-			Status string `json:"status"`
-		}
-		if mon(ctx, "query-migrate", nil, &st) != nil {
-			return
-		}
-		switch st.Status {
-		case "", "none", "completed", "failed", "cancelled":
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
@@ -470,11 +467,7 @@ func writeFileAs(path string, b []byte, gid int) error {
 
 // monitorQMP runs a QMP command in the domain's QEMU through libvirt.
 func (v *VM) monitorQMP(ctx context.Context, dom libvirt.Domain, command string, args, out any) error {
-	req := struct {
-		Execute   string `json:"execute"`
-		Arguments any    `json:"arguments,omitempty"`
-	}{command, args}
-	b, err := json.Marshal(req)
+	b, err := qmpRequest(command, args)
 	if err != nil {
 		return err
 	}
@@ -487,21 +480,8 @@ func (v *VM) monitorQMP(ctx context.Context, dom libvirt.Domain, command string,
 	if err != nil {
 		return err
 	}
-	var r struct {
-		Return json.RawMessage `json:"return"`
-		Error  *qmpError       `json:"error"`
-	}
-	if err := json.Unmarshal([]byte(reply), &r); err != nil {
-		return fmt.Errorf("qemu %s: unreadable reply %q: %w", command, reply, err)
-	}
-	if r.Error != nil {
-		r.Error.Command = command
-		return r.Error
-	}
-	if out != nil {
-		return json.Unmarshal(r.Return, out)
-	}
-	return nil
+	_, err = qmpReply(command, []byte(reply), out)
+	return err
 }
 
 // Clone is a QEMU started from a Template.

@@ -99,12 +99,41 @@ func (q *qmp) bounded(ctx context.Context, f func() error) error {
 	return err
 }
 
-func (q *qmp) roundTrip(command string, args, out any) error {
-	req := struct {
+// qmpRequest encodes a QMP command, for this connection or libvirt's
+// monitor passthrough.
+func qmpRequest(command string, args any) ([]byte, error) {
+	return json.Marshal(struct {
 		Execute   string `json:"execute"`
 		Arguments any    `json:"arguments,omitempty"`
-	}{command, args}
-	b, err := json.Marshal(req)
+	}{command, args})
+}
+
+// qmpReply decodes one line QEMU sent after command: an event (event is
+// true: the reply is still to come), an error, or the return value, into
+// out (nil to ignore it).
+func qmpReply(command string, line []byte, out any) (event bool, err error) {
+	var reply struct {
+		Event  string          `json:"event"`
+		Return json.RawMessage `json:"return"`
+		Error  *qmpError       `json:"error"`
+	}
+	if err := json.Unmarshal(line, &reply); err != nil {
+		return false, fmt.Errorf("qemu %s: unreadable reply %q: %w", command, line, err)
+	}
+	switch {
+	case reply.Event != "":
+		return true, nil
+	case reply.Error != nil:
+		reply.Error.Command = command
+		return false, reply.Error
+	case out != nil:
+		return false, json.Unmarshal(reply.Return, out)
+	}
+	return false, nil
+}
+
+func (q *qmp) roundTrip(command string, args, out any) error {
+	b, err := qmpRequest(command, args)
 	if err != nil {
 		return err
 	}
@@ -116,25 +145,10 @@ func (q *qmp) roundTrip(command string, args, out any) error {
 		if err != nil {
 			return err
 		}
-		var reply struct {
-			Event  string          `json:"event"`
-			Return json.RawMessage `json:"return"`
-			Error  *qmpError       `json:"error"`
+		// Events come between commands; nothing here waits for one.
+		if event, err := qmpReply(command, line, out); !event {
+			return err
 		}
-		if err := json.Unmarshal(line, &reply); err != nil {
-			return fmt.Errorf("qemu %s: unreadable reply %q: %w", command, line, err)
-		}
-		switch {
-		case reply.Event != "":
-			// Events come between commands; nothing here waits for one.
-			continue
-		case reply.Error != nil:
-			reply.Error.Command = command
-			return reply.Error
-		case out != nil:
-			return json.Unmarshal(reply.Return, out)
-		}
-		return nil
 	}
 }
 
