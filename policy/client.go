@@ -26,7 +26,11 @@ import (
 const (
 	// WarnLogprobsMismatch: the server returned a different number of
 	// logprobs and token ids; both are kept as they came.
-	WarnLogprobsMismatch = "logprobs_token_ids_mismatch"
+	WarnLogprobsMismatch = schema.WarnLogprobsMismatch
+	// WarnNonFiniteLogprobs: the server sent a logprob as null (its NaN),
+	// NaN or ±Inf; Response.Logprobs is left nil so that no number of
+	// them can be used (see schema.WarnNonFiniteLogprobs).
+	WarnNonFiniteLogprobs = schema.WarnNonFiniteLogprobs
 	// WarnNoLogprobs: the reply has tokens but the server sent no logprobs.
 	WarnNoLogprobs = "no_logprobs"
 	// WarnNoExactTokenIDs: the server gave no exact token ids in any form
@@ -47,8 +51,8 @@ type Result struct {
 	ToolCalls []ToolCall
 	// StartedAt is when the call was issued, after queueing.
 	StartedAt time.Time
-	// Warnings flag data problems (WarnLogprobsMismatch, WarnNoLogprobs,
-	// WarnNoExactTokenIDs).
+	// Warnings flag data problems (WarnLogprobsMismatch,
+	// WarnNonFiniteLogprobs, WarnNoLogprobs, WarnNoExactTokenIDs).
 	Warnings []string
 	// PromptTokenIDs are the prompt's token ids when the server returned
 	// them (vLLM at the top level, SGLang on the choice). Store them with
@@ -421,14 +425,24 @@ func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (agai
 		r.Reasoning = deref(msg.ReasoningContent)
 	}
 	var tokens []string
+	var nLogprobs, nonFinite int
 	if ch.Logprobs != nil && len(ch.Logprobs.Content) > 0 {
-		n := len(ch.Logprobs.Content)
-		r.Logprobs = make([]float64, n)
-		tokens = make([]string, n)
+		nLogprobs = len(ch.Logprobs.Content)
+		r.Logprobs = make([]float64, nLogprobs)
+		tokens = make([]string, nLogprobs)
 		for i, t := range ch.Logprobs.Content {
-			r.Logprobs[i] = t.Logprob
+			r.Logprobs[i] = t.Logprob.v
 			tokens[i] = t.Token
+			if !t.Logprob.finite {
+				nonFinite++
+			}
 		}
+	}
+	if nonFinite > 0 {
+		// Dropped whole rather than kept with placeholders: JSON cannot
+		// carry NaN, and any number put in a missing one's place (0.0 most
+		// of all) would train as if the server had sent it.
+		r.Logprobs = nil
 	}
 	src, ids, err := generatedIDs(ch, sent)
 	if err != nil {
@@ -446,10 +460,13 @@ func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (agai
 	}
 
 	var warnings []string
-	if src.Exact() && r.Logprobs != nil && len(r.TokenIDs) != len(r.Logprobs) {
+	if nonFinite > 0 {
+		warnings = append(warnings, WarnNonFiniteLogprobs)
+	}
+	if src.Exact() && nLogprobs > 0 && len(r.TokenIDs) != nLogprobs {
 		warnings = append(warnings, WarnLogprobsMismatch)
 	}
-	if r.Logprobs == nil && (len(r.TokenIDs) > 0 || completionTokens > 0) {
+	if nLogprobs == 0 && (len(r.TokenIDs) > 0 || completionTokens > 0) {
 		warnings = append(warnings, WarnNoLogprobs)
 	}
 	if !src.Exact() && (len(tokens) > 0 || completionTokens > 0) {
@@ -479,7 +496,7 @@ func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (agai
 		res.Model.CompletionTokens = u.CompletionTokens
 		res.Model.CachedTokens = c.cachedTokens(u.PromptTokensDetails)
 	}
-	return c.learn(mode, src, len(r.Logprobs) > 0), nil
+	return c.learn(mode, src, nLogprobs > 0), nil
 }
 
 // cachedTokens reads the cached-token count of an answer; nil when the

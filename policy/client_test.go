@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -237,6 +238,7 @@ func TestCompleteDataWarnings(t *testing.T) {
 	}{
 		{"mismatch is flagged and kept", policytest.FaultLogprobsMismatch, []string{policy.WarnLogprobsMismatch}, func(n int) int { return n - 1 }},
 		{"missing logprobs are flagged", policytest.FaultNoLogprobs, []string{policy.WarnNoLogprobs}, func(int) int { return 0 }},
+		{"null logprobs are flagged and dropped, not zeros", policytest.FaultNullLogprobs, []string{policy.WarnNonFiniteLogprobs}, func(int) int { return 0 }},
 		{"aligned", policytest.NoFault, nil, func(n int) int { return n }},
 	}
 	for _, tt := range tests {
@@ -256,6 +258,56 @@ func TestCompleteDataWarnings(t *testing.T) {
 					t.Errorf("%d ids and %d logprobs for %d tokens, want %d and %d", len(res.Response.TokenIDs), len(res.Response.Logprobs), n, n, tt.logprobsFor(n))
 				}
 			})
+		})
+	}
+}
+
+// TestCompleteNonFiniteLogprobs answers over loopback HTTP with the forms a
+// NaN or an overflow takes on the wire; none may decode as a number.
+func TestCompleteNonFiniteLogprobs(t *testing.T) {
+	tests := []struct {
+		name    string
+		logprob string // the JSON of the second token's logprob; "" leaves the field out
+	}{
+		{"null", "null"},
+		{"NaN string", `"NaN"`},
+		{"-Infinity string", `"-Infinity"`},
+		{"Infinity string", `"Infinity"`},
+		{"beyond float64", "-1e999"},
+		{"missing", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			second := `{"token":"b"}`
+			if tt.logprob != "" {
+				second = `{"token":"b","logprob":` + tt.logprob + `}`
+			}
+			body := `{"choices":[{"message":{"content":"ab"},"finish_reason":"stop","token_ids":[1,2,3],` +
+				`"logprobs":{"content":[{"token":"a","logprob":-0.5},` + second + `,{"token":"","logprob":-0.1}]}}],` +
+				`"usage":{"prompt_tokens":5,"completion_tokens":3}}`
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, body)
+			}))
+			defer srv.Close()
+			c, err := policy.New(policy.Config{BaseURL: srv.URL + "/v1", Model: "qwen", HTTPClient: srv.Client()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			res, err := c.Complete(t.Context(), prompt())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{policy.WarnNonFiniteLogprobs}, res.Warnings); diff != "" {
+				t.Errorf("warnings (-want +got):\n%s", diff)
+			}
+			if res.Response.Logprobs != nil {
+				t.Errorf("logprobs %v, want none kept", res.Response.Logprobs)
+			}
+			if diff := cmp.Diff([]int64{1, 2, 3}, res.Response.TokenIDs); diff != "" {
+				t.Errorf("token ids (-want +got):\n%s", diff)
+			}
 		})
 	}
 }

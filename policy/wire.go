@@ -3,7 +3,10 @@ package policy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"legato/rl/schema"
@@ -154,8 +157,38 @@ type chatChoice struct {
 }
 
 type chatTokenLogprob struct {
-	Token   string  `json:"token"`
-	Logprob float64 `json:"logprob"`
+	Token   string      `json:"token"`
+	Logprob wireLogprob `json:"logprob"`
+}
+
+// wireLogprob is a token's logprob as it came. vLLM and SGLang send a NaN
+// logprob as null, and a lenient server might send "NaN" or "-Infinity" as
+// strings or a number beyond float64: each is kept as not finite, not as
+// the 0.0 a plain float64 would decode null into (a logprob of 0 reads as
+// probability 1). A missing field is not finite either.
+type wireLogprob struct {
+	v      float64
+	finite bool
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *wireLogprob) UnmarshalJSON(b []byte) error {
+	*l = wireLogprob{}
+	text := string(b)
+	if text == "null" {
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		if err := json.Unmarshal(b, &text); err != nil {
+			return err
+		}
+	}
+	v, err := strconv.ParseFloat(text, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return fmt.Errorf("logprob %s: not a number", b)
+	}
+	l.v, l.finite = v, err == nil && !math.IsNaN(v) && !math.IsInf(v, 0)
+	return nil
 }
 
 // arguments returns tool-call arguments as the JSON text OpenAI sends them

@@ -6,6 +6,7 @@ package schema
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -140,11 +141,44 @@ type Step struct {
 	Actions   []ActionRecord `json:"actions"`
 	// ParseError is set when the reply did not parse into actions.
 	ParseError string `json:"parse_error,omitempty"`
-	// Warnings flags data problems, e.g. "logprobs_token_ids_mismatch".
+	// Warnings flags data problems, e.g. "logprobs_token_ids_mismatch"
+	// (see LogprobDefect for the ones that make a step untrainable).
 	Warnings []string `json:"warnings,omitempty"`
 	// ServerDownS is the time the step's model call waited for an absent
 	// model server to answer again.
 	ServerDownS float64 `json:"server_down_s,omitempty"`
+}
+
+// Step warnings that make a step's logprobs unusable for training: a
+// trainer computing importance ratios or a KL term from them would be
+// silently wrong. Export refuses such steps unless told otherwise.
+const (
+	// WarnNonFiniteLogprobs: the server sent some logprobs as null (how
+	// vLLM and SGLang send NaN), NaN or ±Inf. Response.Logprobs is then
+	// null rather than holding zeros or gaps: a 0.0 would read as
+	// probability 1, and a shorter array would misalign with the ids.
+	WarnNonFiniteLogprobs = "nonfinite_logprobs"
+	// WarnLogprobsMismatch: the server sent a number of logprobs other
+	// than the number of generated token ids; both are kept as they came,
+	// but no logprob can be matched to its token.
+	WarnLogprobsMismatch = "logprobs_token_ids_mismatch"
+)
+
+// LogprobDefect returns the warning that makes s's logprobs unusable
+// (WarnNonFiniteLogprobs, then WarnLogprobsMismatch), or "" when they are
+// usable or absent. A length mismatch of exact ids and logprobs counts even
+// without its warning, so records written before the warning existed are
+// judged the same.
+func (s *Step) LogprobDefect() string {
+	if slices.Contains(s.Warnings, WarnNonFiniteLogprobs) {
+		return WarnNonFiniteLogprobs
+	}
+	r := &s.Response
+	if slices.Contains(s.Warnings, WarnLogprobsMismatch) ||
+		(r.TokenIDsSource.Exact() && r.Logprobs != nil && len(r.Logprobs) != len(r.TokenIDs)) {
+		return WarnLogprobsMismatch
+	}
+	return ""
 }
 
 // Response is what the model generated.

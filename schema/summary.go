@@ -83,6 +83,13 @@ type Summary struct {
 	// before any step. TokenIDSources counts steps per source.
 	TokenIDSource  TokenIDSource         `json:"token_id_source"`
 	TokenIDSources map[TokenIDSource]int `json:"token_id_sources"`
+	// StepsNonFiniteLogprobs counts the steps whose server sent null,
+	// NaN or ±Inf logprobs, and StepsLogprobsMismatch those whose logprobs
+	// are not one per generated token id (Step.LogprobDefect): a trainer
+	// cannot use their logprobs, and export refuses them unless
+	// --allow-bad-logprobs.
+	StepsNonFiniteLogprobs int `json:"steps_nonfinite_logprobs"`
+	StepsLogprobsMismatch  int `json:"steps_logprobs_mismatch"`
 
 	// Grading counts, per metric, the grades that ran natively and through
 	// OSWorld's Python ("native", "python"); Resets counts the resets by

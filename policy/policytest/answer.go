@@ -22,7 +22,10 @@ func (s *Server) shape(n int, wr *wireRequest, g *generation, fault Fault) *wire
 			for j := range len(tok) {
 				b[j] = int(tok[j])
 			}
-			lp.Content[i] = wireTokenLogprob{Token: tok, Logprob: t.Logprob, Bytes: b, TopLogprobs: []struct{}{}}
+			lp.Content[i] = wireTokenLogprob{Token: tok, Logprob: &t.Logprob, Bytes: b, TopLogprobs: []struct{}{}}
+			if fault == FaultNullLogprobs {
+				lp.Content[i].Logprob = nil
+			}
 		}
 		if fault == FaultLogprobsMismatch && len(lp.Content) > 0 {
 			lp.Content = lp.Content[:len(lp.Content)-1]
@@ -206,7 +209,7 @@ type wireLogprobs struct {
 
 type wireTokenLogprob struct {
 	Token       string     `json:"token"`
-	Logprob     float64    `json:"logprob"`
+	Logprob     *float64   `json:"logprob"` // nil: null, as a NaN is sent
 	Bytes       []int      `json:"bytes"`
 	TopLogprobs []struct{} `json:"top_logprobs"`
 }

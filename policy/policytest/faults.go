@@ -50,6 +50,9 @@ const (
 	// message echoes the whole request body (field names and all) and
 	// whose param is null.
 	FaultValidationError
+	// FaultNullLogprobs answers with every logprob null, as vLLM and
+	// SGLang send a NaN logprob.
+	FaultNullLogprobs
 )
 
 var faultNames = [...]string{
@@ -67,6 +70,7 @@ var faultNames = [...]string{
 	FaultNoLogprobs:         "no-logprobs",
 	FaultLogprobsMismatch:   "logprobs-mismatch",
 	FaultValidationError:    "validation-400",
+	FaultNullLogprobs:       "null-logprobs",
 }
 
 func (f Fault) String() string {
