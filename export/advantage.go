@@ -2,6 +2,7 @@ package export
 
 import (
 	"math"
+	"slices"
 
 	"legato/rl/schema"
 )
@@ -70,9 +71,15 @@ type groupRewards struct {
 	// noLogprobs those without logprobs; the first of them is step
 	// firstStep of firstRollout, the firstAt-th attempt added.
 	steps, noLogprobs int
-	firstRollout      string
-	firstStep         int
-	firstAt           int
+	// nonFinite and mismatch count the steps by their LogprobDefect, and
+	// nBad the rollouts with one; badRollouts names the first few of them,
+	// badAt the order in which they were added.
+	nonFinite, mismatch, nBad int
+	badRollouts               []string
+	badAt                     []int
+	firstRollout              string
+	firstStep                 int
+	firstAt                   int
 }
 
 func newGroupTable() *groupTable {
@@ -95,7 +102,17 @@ func (t *groupTable) add(rec *schema.Record) bool {
 	g.rewards = append(g.rewards, *rec.Reward)
 	t.added++
 	g.steps += len(rec.Steps)
+	bad := false
 	for i := range rec.Steps {
+		switch rec.Steps[i].LogprobDefect() {
+		case schema.WarnNonFiniteLogprobs:
+			g.nonFinite++
+			bad = true
+			continue // its logprobs were dropped, not missing
+		case schema.WarnLogprobsMismatch:
+			g.mismatch++
+			bad = true
+		}
 		if len(rec.Steps[i].Response.Logprobs) > 0 {
 			continue
 		}
@@ -104,7 +121,45 @@ func (t *groupTable) add(rec *schema.Record) bool {
 		}
 		g.noLogprobs++
 	}
+	if bad {
+		g.nBad++
+	}
+	if bad && len(g.badRollouts) < maxNamedRollouts {
+		g.badRollouts = append(g.badRollouts, rec.RolloutID)
+		g.badAt = append(g.badAt, t.added)
+	}
 	return true
+}
+
+// badLogprobs counts the samples an export writes and those of them with
+// broken logprobs, leaving out the constant groups when dropConstant.
+func (t *groupTable) badLogprobs(dropConstant bool) BadLogprobsError {
+	var e BadLogprobsError
+	type named struct {
+		id string
+		at int
+	}
+	var first []named
+	for _, id := range t.order {
+		g := t.groups[id]
+		if dropConstant && constant(g.rewards) {
+			continue
+		}
+		e.Total += g.steps
+		e.NonFinite += g.nonFinite
+		e.Mismatch += g.mismatch
+		e.RolloutCount += g.nBad
+		for i, r := range g.badRollouts {
+			first = append(first, named{r, g.badAt[i]})
+		}
+	}
+	e.Samples = e.NonFinite + e.Mismatch
+	// The first rollouts in the file, whatever their groups.
+	slices.SortFunc(first, func(a, b named) int { return a.at - b.at })
+	for _, n := range first[:min(len(first), maxNamedRollouts)] {
+		e.Rollouts = append(e.Rollouts, n.id)
+	}
+	return e
 }
 
 // missingLogprobs counts the samples an export writes and those of them

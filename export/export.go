@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"golang.org/x/sync/errgroup"
 
@@ -31,7 +33,51 @@ type Options struct {
 	// importance ratios or a KL term from the sampler's logprobs cannot
 	// use such samples, and would otherwise find out late or not at all.
 	AllowMissingLogprobs bool
+	// AllowBadLogprobs exports samples whose logprobs the server sent
+	// broken (schema.Step.LogprobDefect: null or non-finite, or not one
+	// per token id). By default the export fails with a *BadLogprobsError
+	// before writing anything. With it, such samples are written with
+	// response_logprobs null and the defect in their warnings, so that a
+	// trainer can only treat them as samples without logprobs.
+	AllowBadLogprobs bool
 }
+
+// ErrBadLogprobs is wrapped by the error of an export that refused
+// samples with broken logprobs; see Options.AllowBadLogprobs.
+var ErrBadLogprobs = errors.New("samples with broken logprobs")
+
+// maxNamedRollouts is how many rollouts a BadLogprobsError names.
+const maxNamedRollouts = 3
+
+// BadLogprobsError is the error of an export that refused to write samples
+// whose logprobs the server sent broken.
+type BadLogprobsError struct {
+	// Samples is how many of the Total samples to write have broken
+	// logprobs: NonFinite of them null, NaN or ±Inf, Mismatch of them not
+	// one per token id. They are in RolloutCount rollouts, the first few
+	// of which Rollouts names.
+	Samples, Total      int
+	NonFinite, Mismatch int
+	RolloutCount        int
+	Rollouts            []string
+}
+
+func (e *BadLogprobsError) Error() string {
+	return fmt.Sprintf("%d of %d samples have broken logprobs (%d null, NaN or infinite: %s; %d not one per token id: %s), in %d rollouts (%s): "+
+		"a trainer computing importance ratios from them would be silently wrong; check the server with legato rl probe, "+
+		"or export them anyway with --allow-bad-logprobs (Options.AllowBadLogprobs), which writes them with response_logprobs null and the defect in their warnings",
+		e.Samples, e.Total, e.NonFinite, schema.WarnNonFiniteLogprobs, e.Mismatch, schema.WarnLogprobsMismatch, e.RolloutCount, e.rollouts())
+}
+
+func (e *BadLogprobsError) rollouts() string {
+	s := strings.Join(e.Rollouts, ", ")
+	if e.RolloutCount > len(e.Rollouts) {
+		s += ", …"
+	}
+	return s
+}
+
+func (e *BadLogprobsError) Unwrap() error { return ErrBadLogprobs }
 
 // ErrMissingLogprobs is wrapped by the error of an export that refused
 // samples without logprobs; see Options.AllowMissingLogprobs.
@@ -95,6 +141,10 @@ type Stats struct {
 	// MissingLogprobs counts the written samples without logprobs (only
 	// with Options.AllowMissingLogprobs; otherwise the export fails).
 	MissingLogprobs int
+	// BadLogprobs counts the written samples whose broken logprobs were
+	// left out (only with Options.AllowBadLogprobs; otherwise the export
+	// fails).
+	BadLogprobs int
 	// Bytes is the size of the written file.
 	Bytes int64
 }
@@ -183,8 +233,9 @@ type sampleTail struct {
 // resume); an unreadable line anywhere else fails the export with an error
 // wrapping ErrDamagedRecords and a *schema.LineError naming the line: the
 // record it held is lost and its group's advantages would silently change.
-// Samples without logprobs fail it with a *MissingLogprobsError unless
-// opts.AllowMissingLogprobs.
+// Samples with broken logprobs fail it with a *BadLogprobsError unless
+// opts.AllowBadLogprobs, and samples without logprobs with a
+// *MissingLogprobsError unless opts.AllowMissingLogprobs.
 func ExportSteps(runDir, outPath string, opts Options) (Stats, error) {
 	return ExportStepsContext(context.Background(), runDir, outPath, opts)
 }
@@ -223,6 +274,12 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 				"or remove the line to export without it", ErrDamagedRecords, torn)
 		}
 		groups.finish()
+		if bad := groups.badLogprobs(opts.DropConstantGroups); bad.Samples > 0 {
+			if !opts.AllowBadLogprobs {
+				return rs, &bad
+			}
+			st.BadLogprobs = bad.Samples
+		}
 		if miss := groups.missingLogprobs(opts.DropConstantGroups); miss.Samples > 0 {
 			if !opts.AllowMissingLogprobs {
 				return rs, &miss
@@ -345,6 +402,14 @@ func writeRecords(ctx context.Context, recs <-chan *schema.Record, w io.Writer, 
 				TokenIDsSource:    step.Response.TokenIDsSource,
 				FinishReason:      step.Response.FinishReason,
 				Warnings:          step.Warnings,
+			}
+			if d := step.LogprobDefect(); d != "" {
+				// Only with AllowBadLogprobs: the first pass refused them
+				// otherwise.
+				tail.ResponseLogprobs = nil
+				if !slices.Contains(tail.Warnings, d) {
+					tail.Warnings = append(slices.Clone(tail.Warnings), d)
+				}
 			}
 			if err := sw.write(&head, msgs, &tail); err != nil {
 				return err

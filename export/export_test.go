@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,10 +116,10 @@ func TestExportSteps(t *testing.T) {
 		wantStats export.Stats
 	}{
 		// Group c's c1 has two steps without logprobs.
-		{"refs", export.Options{AllowMissingLogprobs: true}, "export-refs.golden.jsonl",
-			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11, MissingLogprobs: 2}},
-		{"inline images", export.Options{InlineImages: true, AllowMissingLogprobs: true}, "export-inline.golden.jsonl",
-			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11, MissingLogprobs: 2}},
+		{"refs", export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}, "export-refs.golden.jsonl",
+			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11, MissingLogprobs: 2, BadLogprobs: 1}},
+		{"inline images", export.Options{InlineImages: true, AllowMissingLogprobs: true, AllowBadLogprobs: true}, "export-inline.golden.jsonl",
+			export.Stats{Lines: 11, Rollouts: 5, Groups: 3, Records: 11, MissingLogprobs: 2, BadLogprobs: 1}},
 		// Group c is dropped, and with it every sample without logprobs.
 		{"drop constant groups", export.Options{DropConstantGroups: true}, "export-drop.golden.jsonl",
 			export.Stats{Lines: 6, Rollouts: 2, Groups: 1, DroppedGroups: 2, DroppedLines: 5, Records: 11}},
@@ -185,6 +186,9 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 			ResponseTokens: step.Response.Tokens, TokenIDsSource: step.Response.TokenIDsSource,
 			FinishReason: step.Response.FinishReason, Warnings: step.Warnings,
 		}
+		if step.LogprobDefect() != "" {
+			want.ResponseLogprobs = nil // exported unusable, not as it came
+		}
 		if diff := cmp.Diff(want, s); diff != "" {
 			t.Errorf("sample %s step %d (-want +got):\n%s", s.RolloutID, s.Step, diff)
 		}
@@ -210,7 +214,7 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 func TestExportTornLine(t *testing.T) {
 	dir := tornCopy(t)
 	out := filepath.Join(t.TempDir(), "train.jsonl")
-	st, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true})
+	st, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +272,7 @@ func TestExportErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			outDir := t.TempDir()
 			out := filepath.Join(outDir, "train.jsonl")
-			_, err := export.ExportStepsContext(tt.ctx, tt.dir(t), out, export.Options{AllowMissingLogprobs: true})
+			_, err := export.ExportStepsContext(tt.ctx, tt.dir(t), out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
 			if !errors.Is(err, tt.wantIs) || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("err = %v, want one matching %v that says %q", err, tt.wantIs, tt.wantMsg)
 			}
@@ -285,7 +289,7 @@ func TestExportErrors(t *testing.T) {
 func TestExportRefusesMissingLogprobs(t *testing.T) {
 	outDir := t.TempDir()
 	out := filepath.Join(outDir, "train.jsonl")
-	_, err := export.ExportSteps(fixedRun, out, export.Options{})
+	_, err := export.ExportSteps(fixedRun, out, export.Options{AllowBadLogprobs: true})
 	var miss *export.MissingLogprobsError
 	if !errors.As(err, &miss) || !errors.Is(err, export.ErrMissingLogprobs) {
 		t.Fatalf("ExportSteps = %v, want a *MissingLogprobsError", err)
@@ -301,6 +305,89 @@ func TestExportRefusesMissingLogprobs(t *testing.T) {
 	}
 	if left := listDir(t, outDir); len(left) != 0 {
 		t.Errorf("a refused export left %q", left)
+	}
+}
+
+// nonFiniteCopy copies the fixed run and marks some steps of finished
+// attempts as collect records a server's null logprobs: dropped, with
+// their warning. The fixed run already has a mismatch (r-b0 step 1).
+func nonFiniteCopy(t *testing.T, steps map[string]int) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, schema.RecordsFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	for line := range strings.Lines(string(data)) {
+		var rec schema.Record
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if i, ok := steps[rec.RolloutID]; ok {
+			rec.Steps[i].Response.Logprobs = nil
+			rec.Steps[i].Warnings = append(rec.Steps[i].Warnings, schema.WarnNonFiniteLogprobs)
+		}
+		b, err := json.Marshal(&rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(append(out, b...), '\n')
+	}
+	if err := os.WriteFile(path, out, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestExportRefusesBadLogprobs checks that an export with samples whose
+// logprobs came null or misaligned fails, naming how many of each and
+// their rollouts, and writes nothing; and that with AllowBadLogprobs they
+// are written without logprobs and marked.
+func TestExportRefusesBadLogprobs(t *testing.T) {
+	dir := nonFiniteCopy(t, map[string]int{"r-a0": 0, "r-a1": 2})
+	outDir := t.TempDir()
+	out := filepath.Join(outDir, "train.jsonl")
+	_, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true})
+	var bad *export.BadLogprobsError
+	if !errors.As(err, &bad) || !errors.Is(err, export.ErrBadLogprobs) {
+		t.Fatalf("ExportSteps = %v, want a *BadLogprobsError", err)
+	}
+	slices.Sort(bad.Rollouts)
+	want := export.BadLogprobsError{Samples: 3, Total: 11, NonFinite: 2, Mismatch: 1, RolloutCount: 3, Rollouts: []string{"r-a0", "r-a1", "r-b0"}}
+	if diff := cmp.Diff(want, *bad); diff != "" {
+		t.Errorf("error (-want +got):\n%s", diff)
+	}
+	for _, s := range []string{"3 of 11 samples have broken logprobs", "2 null, NaN or infinite", "1 not one per token id", "--allow-bad-logprobs"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not say %q", err, s)
+		}
+	}
+	if left := listDir(t, outDir); len(left) != 0 {
+		t.Errorf("a refused export left %q", left)
+	}
+
+	st, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BadLogprobs != 3 || st.MissingLogprobs != 2 {
+		t.Errorf("stats say %d bad and %d missing logprobs, want 3 and 2", st.BadLogprobs, st.MissingLogprobs)
+	}
+	marked := map[string]string{"r-a0/0": schema.WarnNonFiniteLogprobs, "r-a1/2": schema.WarnNonFiniteLogprobs, "r-b0/1": schema.WarnLogprobsMismatch}
+	for _, s := range readSamples(t, out) {
+		k := fmt.Sprintf("%s/%d", s.RolloutID, s.Step)
+		w, isBad := marked[k]
+		if isBad && (s.ResponseLogprobs != nil || !slices.Contains(s.Warnings, w)) {
+			t.Errorf("sample %s has logprobs %v and warnings %q, want none and %s", k, s.ResponseLogprobs, s.Warnings, w)
+		}
+		if !isBad && s.RolloutID != "r-c1" && len(s.ResponseLogprobs) != len(s.ResponseTokenIDs)+len(s.ResponseTokens) {
+			t.Errorf("sample %s lost its logprobs: %v", k, s.ResponseLogprobs)
+		}
 	}
 }
 
@@ -342,7 +429,7 @@ func TestExportRefusesDamagedRecords(t *testing.T) {
 				f.Close()
 			}
 			outDir := t.TempDir()
-			st, err := export.ExportSteps(dir, filepath.Join(outDir, "train.jsonl"), export.Options{AllowMissingLogprobs: true})
+			st, err := export.ExportSteps(dir, filepath.Join(outDir, "train.jsonl"), export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
 			var line *schema.LineError
 			if !errors.Is(err, export.ErrDamagedRecords) || !errors.As(err, &line) || line.Line != 6 {
 				t.Fatalf("ExportSteps = %v, want ErrDamagedRecords at line 6", err)
@@ -370,7 +457,7 @@ func TestExportRefusesRunFiles(t *testing.T) {
 	for _, name := range []string{schema.RecordsFile, schema.BatchFile, schema.SummaryFile} {
 		path := filepath.Join(dir, name)
 		before, _ := os.ReadFile(path)
-		_, err := export.ExportSteps(dir, path, export.Options{AllowMissingLogprobs: true})
+		_, err := export.ExportSteps(dir, path, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
 		if !errors.Is(err, schema.ErrRunFile) {
 			t.Errorf("export to %s = %v, want schema.ErrRunFile", name, err)
 		}
@@ -378,7 +465,7 @@ func TestExportRefusesRunFiles(t *testing.T) {
 			t.Errorf("a refused export changed %s", name)
 		}
 	}
-	if _, err := export.ExportSteps(dir, filepath.Join(dir, "train.jsonl"), export.Options{AllowMissingLogprobs: true}); err != nil {
+	if _, err := export.ExportSteps(dir, filepath.Join(dir, "train.jsonl"), export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}); err != nil {
 		t.Errorf("export into a new file of the run directory: %v", err)
 	}
 }

@@ -61,9 +61,11 @@ type SummaryBuilder struct {
 	cacheReported bool
 	steps         int
 	withLogprobs  int
-	withTokenIDs  int
-	withExactIDs  int
-	withPromptIDs int
+	// nonFinite and mismatch count steps by their Step.LogprobDefect.
+	nonFinite, mismatch int
+	withTokenIDs        int
+	withExactIDs        int
+	withPromptIDs       int
 	// unsettled counts the post-action waits that ran out before the
 	// screen settled.
 	unsettled int
@@ -187,6 +189,12 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 		if c := st.Model.CachedTokens; c != nil {
 			b.cachedTokens += int64(*c)
 			b.cacheReported = true
+		}
+		switch st.LogprobDefect() {
+		case schema.WarnNonFiniteLogprobs:
+			b.nonFinite++
+		case schema.WarnLogprobsMismatch:
+			b.mismatch++
 		}
 		if len(st.Response.Logprobs) > 0 {
 			b.withLogprobs++
@@ -375,6 +383,7 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 		s.StepsWithExactTokenIDs = float64(b.withExactIDs) / float64(b.steps)
 		s.StepsWithPromptTokenIDs = float64(b.withPromptIDs) / float64(b.steps)
 	}
+	s.StepsNonFiniteLogprobs, s.StepsLogprobsMismatch = b.nonFinite, b.mismatch
 	s.UnsettledWaits = b.unsettled
 	s.TokenIDSources = maps.Clone(b.sources)
 	s.TokenIDSource = mostSteps(b.sources)
@@ -401,8 +410,16 @@ func mostSteps(sources map[schema.TokenIDSource]int) schema.TokenIDSource {
 // warnings says what a trainer must know before training on the steps.
 func (b *SummaryBuilder) warnings() []string {
 	var w []string
-	if n := b.steps - b.withLogprobs; n > 0 {
+	// A step whose null logprobs were dropped is counted as such, not as
+	// one the server sent none for.
+	if n := b.steps - b.withLogprobs - b.nonFinite; n > 0 {
 		w = append(w, fmt.Sprintf("%d of %d steps have no logprobs: the model server did not return them (start it with logprobs enabled); export refuses such samples unless --allow-missing-logprobs", n, b.steps))
+	}
+	if b.nonFinite > 0 {
+		w = append(w, fmt.Sprintf("%d of %d steps have null, NaN or infinite logprobs (%s in their warnings): the model server sent them so, and they were not recorded; export refuses such samples unless --allow-bad-logprobs", b.nonFinite, b.steps, schema.WarnNonFiniteLogprobs))
+	}
+	if b.mismatch > 0 {
+		w = append(w, fmt.Sprintf("%d of %d steps have a number of logprobs other than of generated token ids (%s in their warnings): no logprob can be matched to its token; export refuses such samples unless --allow-bad-logprobs", b.mismatch, b.steps, schema.WarnLogprobsMismatch))
 	}
 	if n := b.steps - b.withTokenIDs; n > 0 && b.withTokenIDs > 0 {
 		w = append(w, fmt.Sprintf("%d of %d steps have no generated token ids although others have: the server returned them only sometimes", n, b.steps))
