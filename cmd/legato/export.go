@@ -25,7 +25,9 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.opts.InlineImages, "inline-images", false, "write images as PNG data URLs instead of references to DIR/images/")
 	fs.BoolVar(&c.opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
 	fs.BoolVar(&c.opts.AllowMissingLogprobs, "allow-missing-logprobs", false, "write samples whose response has no logprobs (the model server returned none) instead of failing")
-	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups] [--allow-missing-logprobs]
+	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
+	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
+       [--allow-missing-logprobs] [--allow-bad-logprobs]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
@@ -34,17 +36,19 @@ logprobs, the reward, and the GRPO advantage within the attempt's group
 Flags may come before or after DIR.
 
 It fails, writing nothing, when samples have no logprobs (unless
---allow-missing-logprobs) and when a line of rollouts.jsonl other than the
-last cannot be read (a lost record would change its group's advantages). A
-torn last line, left by a crash mid-append, is skipped with a warning.
+--allow-missing-logprobs), when the server sent their logprobs null, NaN,
+infinite or not one per token id (unless --allow-bad-logprobs), and when a
+line of rollouts.jsonl other than the last cannot be read (a lost record
+would change its group's advantages). A torn last line, left by a crash
+mid-append, is skipped with a warning.
 
 `)
 	return fs
 }
 
 // Run parses args, writes the samples and reports what it wrote on stdout,
-// and a skipped torn last line and allowed samples without logprobs on
-// stderr.
+// and a skipped torn last line and allowed samples without or with broken
+// logprobs on stderr.
 func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := c.flagSet(stderr)
 	dir, err := parseRunDir(fs, args)
@@ -64,6 +68,9 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 	if st.TornLines > 0 {
 		fmt.Fprintf(stderr, "warning: skipped the torn last line of %s (a crash mid-append; collect runs its attempt again): %v\n",
 			filepath.Join(dir, schema.RecordsFile), st.FirstTorn)
+	}
+	if st.BadLogprobs > 0 {
+		fmt.Fprintf(stderr, "warning: wrote %d of %d samples with broken logprobs as samples without logprobs, marked in their warnings (--allow-bad-logprobs)\n", st.BadLogprobs, st.Lines)
 	}
 	if st.MissingLogprobs > 0 {
 		fmt.Fprintf(stderr, "warning: wrote %d of %d samples without logprobs (--allow-missing-logprobs)\n", st.MissingLogprobs, st.Lines)

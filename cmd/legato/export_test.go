@@ -70,13 +70,14 @@ func TestExportCommand(t *testing.T) {
 		wantStdout string
 		wantStderr string // a substring
 	}{
-		{name: "flags after the directory", args: []string{"DIR", "--out", out, "--allow-missing-logprobs"},
+		{name: "flags after the directory", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"},
 			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
-			wantStderr: "warning: wrote 2 of 11 samples without logprobs (--allow-missing-logprobs)\n"},
+			wantStderr: "warning: wrote 1 of 11 samples with broken logprobs as samples without logprobs, marked in their warnings (--allow-bad-logprobs)\n" +
+				"warning: wrote 2 of 11 samples without logprobs (--allow-missing-logprobs)\n"},
 		{name: "flags before the directory", args: []string{"-out=" + out, "--drop-constant-groups", "DIR"},
 			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (7.1 KiB)\n" +
 				"dropped 2 groups with equal rewards (5 samples)\n"},
-		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs"}, dir: tornCopy,
+		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: tornCopy,
 			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
 			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 19727): no newline at the end"},
 	}
@@ -116,18 +117,22 @@ func TestExportCommandRefuses(t *testing.T) {
 	tests := []struct {
 		name    string
 		dir     func(t *testing.T) string
+		flags   []string
 		wantMsg string
 	}{
-		{"samples without logprobs", func(*testing.T) string { return fixedRun },
+		{"samples with misaligned logprobs", func(*testing.T) string { return fixedRun }, nil,
+			"1 of 11 samples have broken logprobs (0 null, NaN or infinite: nonfinite_logprobs; 1 not one per token id: logprobs_token_ids_mismatch), in 1 rollouts (r-b0)"},
+		{"samples without logprobs", func(*testing.T) string { return fixedRun }, []string{"--allow-bad-logprobs"},
 			"2 of 11 samples have no logprobs (the first: rollout r-c1 step 0)"},
-		{"a record cut in the middle of the file", func(t *testing.T) string { return damagedCopy(t, 6) },
+		{"a record cut in the middle of the file", func(t *testing.T) string { return damagedCopy(t, 6) }, nil,
 			"rollouts.jsonl line 6 (offset "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			outDir := t.TempDir()
 			var stdout bytes.Buffer
-			err := new(exportCommand).Run(t.Context(), []string{tt.dir(t), "--out", filepath.Join(outDir, "train.jsonl")}, &stdout, &bytes.Buffer{})
+			args := append([]string{tt.dir(t), "--out", filepath.Join(outDir, "train.jsonl")}, tt.flags...)
+			err := new(exportCommand).Run(t.Context(), args, &stdout, &bytes.Buffer{})
 			if err == nil || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("export = %v, want a failure saying %q", err, tt.wantMsg)
 			}
