@@ -1,12 +1,20 @@
 package rl
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -240,6 +248,86 @@ func TestCollectWarnsAboutMissingLogprobs(t *testing.T) {
 			t.Errorf("summary warnings %q; want one naming the 4 steps without logprobs", sum.Warnings)
 		}
 	})
+}
+
+// TestCollectMarksBadLogprobs: a server that sends null logprobs, or one
+// fewer than token ids, gives steps marked with the defect, counted in the
+// summary and warned about once per kind, with the count, on the log.
+func TestCollectMarksBadLogprobs(t *testing.T) {
+	tests := []struct {
+		fault         policytest.Fault
+		warning       string
+		wantNonFinite int
+		wantMismatch  int
+		wantLog       string
+	}{
+		{policytest.FaultNullLogprobs, schema.WarnNonFiniteLogprobs, 4, 0, "the model server sent null, NaN or infinite logprobs"},
+		{policytest.FaultLogprobsMismatch, schema.WarnLogprobsMismatch, 0, 4, "the model server sent a number of logprobs other than of token ids"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.fault.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(1),
+					Faults: policytest.FaultAlways(tt.fault)}, fake.Config{})
+				var log bytes.Buffer
+				var mu sync.Mutex
+				e.opts.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &log}, nil))
+				sum, err := e.collect(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, rec := range readRecords(t, e.opts.Out) {
+					for i, st := range rec.Steps {
+						if st.LogprobDefect() != tt.warning || !slices.Contains(st.Warnings, tt.warning) {
+							t.Errorf("rollout %s step %d: warnings %q, want %s", rec.RolloutID, i, st.Warnings, tt.warning)
+						}
+						if tt.fault == policytest.FaultNullLogprobs && st.Response.Logprobs != nil {
+							t.Errorf("rollout %s step %d kept logprobs %v from null ones", rec.RolloutID, i, st.Response.Logprobs)
+						}
+					}
+				}
+				if sum.StepsNonFiniteLogprobs != tt.wantNonFinite || sum.StepsLogprobsMismatch != tt.wantMismatch {
+					t.Errorf("summary counts %d non-finite and %d mismatched steps, want %d and %d",
+						sum.StepsNonFiniteLogprobs, sum.StepsLogprobsMismatch, tt.wantNonFinite, tt.wantMismatch)
+				}
+				if !slices.ContainsFunc(sum.Warnings, func(w string) bool { return strings.Contains(w, "4 of 4 steps") && strings.Contains(w, tt.warning) }) {
+					t.Errorf("summary warnings %q; want one naming the 4 steps %s", sum.Warnings, tt.warning)
+				}
+				var onDisk schema.Summary
+				if b, err := os.ReadFile(filepath.Join(e.opts.Out, "summary.json")); err != nil {
+					t.Error(err)
+				} else if err := json.Unmarshal(b, &onDisk); err != nil {
+					t.Error(err)
+				} else if onDisk.StepsNonFiniteLogprobs != tt.wantNonFinite || onDisk.StepsLogprobsMismatch != tt.wantMismatch {
+					t.Errorf("summary.json counts %d and %d, want %d and %d", onDisk.StepsNonFiniteLogprobs, onDisk.StepsLogprobsMismatch, tt.wantNonFinite, tt.wantMismatch)
+				}
+				mu.Lock()
+				got := log.String()
+				mu.Unlock()
+				if n := strings.Count(got, tt.wantLog); n != 1 {
+					t.Errorf("log warns %d times %q, want once:\n%s", n, tt.wantLog, got)
+				}
+				if !strings.Contains(got, "steps=2 of=2") {
+					t.Errorf("log %q does not count the rollout's steps", got)
+				}
+				if strings.Contains(got, "returned no logprobs") {
+					t.Errorf("log calls the steps without logprobs:\n%s", got)
+				}
+			})
+		})
+	}
+}
+
+// lockedWriter serializes the writes of a log shared by workers.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // TestCollectRefusesHugeGroups: a group size that would allocate gigabytes

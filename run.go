@@ -36,7 +36,8 @@ type batch struct {
 	fatal error
 
 	// warned* make each data-quality warning appear once during the run.
-	warnedLogprobs, warnedTokenIDs atomic.Bool
+	warnedLogprobs, warnedTokenIDs          atomic.Bool
+	warnedNonFiniteLogprobs, warnedMismatch atomic.Bool
 }
 
 // run drives the batch to its end: D workers, the outage prober, the
@@ -216,17 +217,36 @@ func (b *batch) fail(err error) {
 }
 
 // checkData warns, once per kind during the run, when a record holds steps
-// a trainer cannot use as they are; the summary counts them.
+// a trainer cannot use as they are, with how many of the record's steps;
+// the summary counts them over the batch (and collect prints its warnings
+// at the end).
 func (b *batch) checkData(rec *Record) {
+	var noLogprobs, noIDs, nonFinite, mismatch int
 	for i := range rec.Steps {
 		st := &rec.Steps[i]
-		if len(st.Response.Logprobs) == 0 && !b.warnedLogprobs.Swap(true) {
-			b.log.Warn("the model server returned no logprobs: these steps are not trainable as they are (summary.json counts them; export refuses them unless --allow-missing-logprobs)", "rollout", rec.RolloutID)
+		switch st.LogprobDefect() {
+		case schema.WarnNonFiniteLogprobs:
+			nonFinite++ // its logprobs were dropped, not missing
+		case schema.WarnLogprobsMismatch:
+			mismatch++
+		default:
+			if len(st.Response.Logprobs) == 0 {
+				noLogprobs++
+			}
 		}
-		if len(st.Response.TokenIDs) == 0 && !b.warnedTokenIDs.Swap(true) {
-			b.log.Warn("the model server returned no generated token ids: a trainer would have to re-tokenize the text, which is not exact (check the server with legato rl probe)", "rollout", rec.RolloutID)
+		if len(st.Response.TokenIDs) == 0 {
+			noIDs++
 		}
 	}
+	warn := func(n int, once *atomic.Bool, msg string) {
+		if n > 0 && !once.Swap(true) {
+			b.log.Warn(msg, "rollout", rec.RolloutID, "steps", n, "of", len(rec.Steps))
+		}
+	}
+	warn(noLogprobs, &b.warnedLogprobs, "the model server returned no logprobs: these steps are not trainable as they are (summary.json counts them; export refuses them unless --allow-missing-logprobs)")
+	warn(noIDs, &b.warnedTokenIDs, "the model server returned no generated token ids: a trainer would have to re-tokenize the text, which is not exact (check the server with legato rl probe)")
+	warn(nonFinite, &b.warnedNonFiniteLogprobs, "the model server sent null, NaN or infinite logprobs: these steps are marked "+schema.WarnNonFiniteLogprobs+" and keep no logprobs (summary.json counts them in steps_nonfinite_logprobs; export refuses them unless --allow-bad-logprobs; check the server with legato rl probe)")
+	warn(mismatch, &b.warnedMismatch, "the model server sent a number of logprobs other than of token ids: these steps are marked "+schema.WarnLogprobsMismatch+" (summary.json counts them in steps_logprobs_mismatch; export refuses them unless --allow-bad-logprobs; check the server with legato rl probe)")
 }
 
 // newRecord fills the identity of a record for a try of a.
