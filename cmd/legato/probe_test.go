@@ -22,6 +22,10 @@ func TestProbeCommand(t *testing.T) {
 	}{
 		{"trainable with the key from the environment", policytest.Options{APIKey: key}, key, nil, "verdict: trainable"},
 		{"no logprobs exits non-zero", policytest.Options{Faults: policytest.FaultAlways(policytest.FaultNoLogprobs)}, "", probe.ErrNotTrainable, "verdict: NOT trainable: no logprobs"},
+		{"null logprobs exit non-zero", policytest.Options{Faults: policytest.FaultAlways(policytest.FaultNullLogprobs)}, "", probe.ErrNotTrainable,
+			"verdict: NOT trainable: null or non-finite logprobs"},
+		{"misaligned logprobs exit non-zero", policytest.Options{Faults: policytest.FaultAlways(policytest.FaultLogprobsMismatch)}, "", probe.ErrNotTrainable,
+			"verdict: NOT trainable: logprobs not aligned with token ids"},
 		{"an image limit below --image-max exits non-zero", policytest.Options{ImageLimit: 3}, "", probe.ErrNotTrainable,
 			"verdict: NOT trainable: at most 3 images per prompt, and --image-max is 5"},
 		{"token strings exit non-zero", policytest.Options{Dialect: policytest.SGLang, Version: policytest.SGLang04}, "", probe.ErrNotTrainable,

@@ -31,8 +31,9 @@ import (
 )
 
 // ErrNotTrainable means the server cannot give trainable data for a
-// computer-use agent: no logprobs, no exact token ids, no image input, fewer
-// images per prompt than collect sends, or no answer at all.
+// computer-use agent: no logprobs, logprobs null or non-finite or not one
+// per token id, no exact token ids, no image input, fewer images per prompt
+// than collect sends, or no answer at all.
 var ErrNotTrainable = errors.New("policy server cannot give trainable data")
 
 // DefaultImageMax is collect's default --image-max: the most screenshots a
@@ -93,11 +94,15 @@ type Report struct {
 
 	// Logprobs: the text replies carried one logprob per generated token.
 	Logprobs bool
+	// NonFiniteLogprobs: some reply's logprobs came null (a server's NaN),
+	// NaN or infinite.
+	NonFiniteLogprobs bool
 	// TokenIDs is how the server gives generated token ids (see
 	// policy.Client.TokenIDSource); "" when no answer came.
 	TokenIDs schema.TokenIDSource
 	// Exact: the ids are the generated ones; Aligned: ids and logprobs had
-	// equal lengths; PromptTokenIDs: the server returned the prompt's ids.
+	// equal lengths in every reply; PromptTokenIDs: the server returned
+	// the prompt's ids.
 	Exact          bool
 	Aligned        bool
 	PromptTokenIDs bool
@@ -230,13 +235,23 @@ var imageLimit = regexp.MustCompile(`At most (\d+) image\(s\) may be provided in
 func (r *Report) assess() {
 	texts := []Call{r.Text, r.Repeat}
 	r.Logprobs = r.Text.Err == nil
-	r.Aligned = true
 	for _, c := range texts {
-		if c.Err != nil {
-			continue
+		if c.Err != nil || slices.Contains(c.Warnings, policy.WarnNonFiniteLogprobs) {
+			continue // broken, not missing: see below
 		}
 		if c.Logprobs == 0 || slices.Contains(c.Warnings, policy.WarnNoLogprobs) {
 			r.Logprobs = false
+		}
+	}
+	// Any reply shows a broken logprob, images ones too: collect would
+	// record the same.
+	r.Aligned = true
+	for _, c := range []Call{r.Text, r.Image, r.Images, r.Repeat} {
+		if c.Err != nil {
+			continue
+		}
+		if slices.Contains(c.Warnings, policy.WarnNonFiniteLogprobs) {
+			r.NonFiniteLogprobs = true
 		}
 		if slices.Contains(c.Warnings, policy.WarnLogprobsMismatch) {
 			r.Aligned = false
@@ -271,6 +286,16 @@ func (r *Report) assess() {
 		why("no logprobs")
 		add("the server returned no logprobs, so rollouts would have nothing to train on: serve the policy with vLLM or SGLang, which return logprobs for chat completions")
 	}
+	if r.NonFiniteLogprobs {
+		why("null or non-finite logprobs")
+		add("the server sent logprobs as null (how vLLM and SGLang send NaN), NaN or infinite, which no trainer can use: collect marks such steps " +
+			policy.WarnNonFiniteLogprobs + " and export refuses them; check the model's dtype and weights, and the server version")
+	}
+	if r.Exact && !r.Aligned {
+		why("logprobs not aligned with token ids")
+		add("token ids and logprobs differ in length, so no logprob can be matched to its token: collect marks such steps " +
+			policy.WarnLogprobsMismatch + " and export refuses them; check the server version")
+	}
 	if !r.Exact {
 		why("not exact: token strings, no token ids")
 		add(r.upgradeAdvice())
@@ -293,9 +318,6 @@ func (r *Report) assess() {
 		add("token ids are exact through vLLM's return_tokens_as_token_ids, but this vLLM returns no prompt token ids: upgrade to vLLM 0.10.2 or later (return_token_ids) to record them")
 	case schema.SourceMetaInfo:
 		add("token ids are exact through SGLang's return_meta_info; an SGLang whose chat endpoint has return_token_ids (mid-2026) returns them directly")
-	}
-	if r.Exact && !r.Aligned {
-		add("token ids and logprobs differ in length; such steps are flagged logprobs_token_ids_mismatch: check the server version")
 	}
 	switch {
 	case r.Repeat.Err != nil:
@@ -360,11 +382,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("images request", okFailed(r.Images.Err), callDetail(r.Images))
 	row("repeat request", okFailed(r.Repeat.Err), callDetail(r.Repeat))
 	if r.Text.Err == nil {
-		lp := "missing"
-		if r.Logprobs {
+		lp, detail := "missing", fmt.Sprintf("%d for %d generated tokens", r.Text.Logprobs, r.Text.CompletionTokens)
+		switch {
+		case r.NonFiniteLogprobs:
+			lp, detail = "NOT finite", "null, NaN or infinite logprobs"
+		case r.Logprobs:
 			lp = "ok"
 		}
-		row("logprobs", lp, fmt.Sprintf("%d for %d generated tokens", r.Text.Logprobs, r.Text.CompletionTokens))
+		row("logprobs", lp, detail)
 		ids, detail := "exact", fmt.Sprintf("%d ids from %s", r.Text.TokenIDs, r.TokenIDs)
 		switch {
 		case !r.Exact:
