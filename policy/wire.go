@@ -174,16 +174,20 @@ type wireLogprob struct {
 // UnmarshalJSON implements json.Unmarshaler.
 func (l *wireLogprob) UnmarshalJSON(b []byte) error {
 	*l = wireLogprob{}
-	text := string(b)
-	if text == "null" {
+	if string(b) == "null" {
 		return nil
 	}
+	var v float64
+	var err error
 	if len(b) > 0 && b[0] == '"' {
+		var text string
 		if err := json.Unmarshal(b, &text); err != nil {
 			return err
 		}
+		v, err = strconv.ParseFloat(text, 64)
+	} else {
+		v, err = strconv.ParseFloat(string(b), 64)
 	}
-	v, err := strconv.ParseFloat(text, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return fmt.Errorf("logprob %s: not a number", b)
 	}
