@@ -91,14 +91,23 @@ func (b *batch) runTry(batchCtx context.Context, d desktop.Desktop, a *attempt, 
 }
 
 func envReport(r desktop.AttemptReport) *schema.EnvReport {
-	if r.Reset == "" && r.ResetWhy == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" {
+	if r.Reset == "" && r.ResetWhy == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" && len(r.Ended) == 0 && len(r.Spared) == 0 {
 		return nil
 	}
-	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Host: r.Host, VM: r.VM}
+	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Host: r.Host, VM: r.VM,
+		Ended: processes(r.Ended), Spared: processes(r.Spared)}
 	for _, m := range r.Grading {
 		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via})
 	}
 	return env
+}
+
+func processes(ps []desktop.Process) []schema.Process {
+	var out []schema.Process
+	for _, p := range ps {
+		out = append(out, schema.Process{PID: p.PID, Name: p.Name, UID: p.UID})
+	}
+	return out
 }
 
 // run resets the desktop, steps the agent and grades the result.

@@ -250,6 +250,18 @@ type AttemptReport struct {
 	// attempts, failures and phase times can be told apart per host.
 	Host string
 	VM   string
+	// Ended lists the processes the reset ended (a fast reset: those of
+	// the desktop's user started since the clean state), and Spared those
+	// it found started since then but left running because they are not
+	// the desktop's (another user's, the system's).
+	Ended, Spared []Process
+}
+
+// Process names a process in the desktop's guest.
+type Process struct {
+	PID  int
+	Name string
+	UID  int
 }
 
 // MetricRun is one metric of a grade.

@@ -77,6 +77,19 @@ type EnvReport struct {
 	// desktops over several, and VM the desktop there.
 	Host string `json:"host,omitempty"`
 	VM   string `json:"vm,omitempty"`
+	// Ended lists the processes the reset ended in the guest, and Spared
+	// those started since its clean state that it left running because
+	// they are not the desktop user's: a reader can see what a reset did
+	// to a machine.
+	Ended  []Process `json:"ended,omitempty"`
+	Spared []Process `json:"spared,omitempty"`
+}
+
+// Process is a process in a desktop's guest.
+type Process struct {
+	PID  int    `json:"pid"`
+	Name string `json:"name"`
+	UID  int    `json:"uid"`
 }
 
 // MetricRun is one metric of a grade and how it ran: "native" or "python".

@@ -61,6 +61,7 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 		c.Guests = append(c.Guests, a)
 		return nil
 	})
+	fs.BoolVar(&c.FastReset.Dedicated, "guest-dedicated", false, "the --guest-url guests run nothing but the desktop (a VM or a container of their own): without it a fast reset refuses a guest that looks shared with other work (other users' processes, more than one X server); either way it ends only the desktop user's processes")
 	fs.StringVar(&c.Grade.OSWorldDir, "osworld", "", "OSWorld checkout: task files and the evaluators the grader runs")
 	choiceVar(fs, &f.grader, "grader", "auto", []string{"auto", grade.PreferBridge.String(), grade.PreferNative.String(), grade.NativeOnly.String()},
 		"grader `mode`, where metrics run (auto: OSWorld's Python with --osworld, else native-only; native: Go where implemented, Python for the rest)")
@@ -120,6 +121,9 @@ func (f *osworldFlags) Config(logger *slog.Logger) (osworld.Config, error) {
 			return osworld.Config{}, usageErrorf("--grader %s runs OSWorld's Python evaluators: give the checkout with --osworld, or use --grader native-only", f.grader)
 		}
 		cfg.Grade.Mode = m
+	}
+	if cfg.FastReset.Dedicated && len(cfg.Guests) == 0 {
+		return osworld.Config{}, usageErrorf("--guest-dedicated speaks of --guest-url guests; VMs started here are dedicated already")
 	}
 	if f.image != "" {
 		if len(cfg.Guests) > 0 {

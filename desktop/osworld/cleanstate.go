@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"legato/rl/desktop"
+
 	"legato/rl/desktop/osworld/guest"
 )
 
@@ -172,6 +174,14 @@ type cleanConfig struct {
 	Restore      []string `json:"restore"`
 	Check        []string `json:"check"`
 	Skip         []string `json:"skip"`
+	// Dedicated says the guest runs nothing but the desktop (a VM this
+	// process booted, or --guest-dedicated); otherwise a reset refuses on
+	// a guest that looks shared with other work. VM says the guest is a
+	// VM of this process's, with a snapshot to fall back to: a process it
+	// must leave running (not the desktop user's) is then something left
+	// of the attempt.
+	Dedicated bool `json:"dedicated"`
+	VM        bool `json:"vm"`
 	// ScopeDisplay ends only processes whose environment names the guest
 	// server's X display (a guest that shares its machine).
 	ScopeDisplay bool `json:"scope_display"`
@@ -198,6 +208,9 @@ type recordResult struct {
 	WindowsWhy string  `json:"windows_why"`
 	Writable   int     `json:"writable"`
 	Seconds    float64 `json:"seconds"`
+	// Refused says why the guest may not be fast reset: it looks shared
+	// with other work and was not said to be dedicated.
+	Refused string `json:"refused"`
 }
 
 // cleanResult is what a fast reset did and what it could not undo.
@@ -208,8 +221,10 @@ type cleanResult struct {
 	// Broken says what keeps a fast reset from working on this guest at
 	// all: no clean-state record, no home baseline, a tool that fails.
 	Broken []string `json:"broken"`
-	// Ended names the processes it ended, "comm(pid)".
-	Ended   []string `json:"ended"`
+	// Ended names the processes it ended, Spared those started since the
+	// clean state that it left alone as not the desktop user's.
+	Ended   []desktop.Process `json:"ended"`
+	Spared  []desktop.Process `json:"spared"`
 	Windows struct {
 		Checked bool     `json:"checked"`
 		Why     string   `json:"why"`
@@ -234,6 +249,8 @@ func (c Config) cleanConfig() (cleanConfig, error) {
 		Restore:      fr.Restore,
 		Check:        fr.Check,
 		Skip:         fr.Skip,
+		Dedicated:    c.vmMode() || fr.Dedicated,
+		VM:           c.vmMode(),
 		ScopeDisplay: fr.Shared,
 		CheckOutside: !fr.Shared,
 		Helper:       c.helperDir(),
@@ -268,6 +285,9 @@ func (s *guestShell) recordClean(ctx context.Context, cfg cleanConfig) (recordRe
 	if err := s.runTool(ctx, "record", cfg, &r); err != nil {
 		return r, fmt.Errorf("record the clean state: %w", err)
 	}
+	if r.Refused != "" {
+		return r, fmt.Errorf("record the clean state: %w: %s", ErrSharedGuest, r.Refused)
+	}
 	return r, nil
 }
 
@@ -287,6 +307,12 @@ func (s *guestShell) resetClean(ctx context.Context, cfg cleanConfig) (cleanResu
 	}
 	return r, nil
 }
+
+// ErrSharedGuest is wrapped by the error of a guest given by URL that looks
+// shared with other work (other users' processes, more than one X server)
+// and was not said to be dedicated (FastResetConfig.Dedicated,
+// --guest-dedicated): a fast reset there could end and delete others' work.
+var ErrSharedGuest = errors.New("the guest is not known to be dedicated to the desktop")
 
 // errLeft is wrapped by a fast reset's error when it worked but something
 // of the earlier attempt is left.

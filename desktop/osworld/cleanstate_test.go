@@ -7,12 +7,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"legato/rl/desktop"
 )
 
 // toolRun runs the clean-state tool on the host, as the desktop runs it in
@@ -194,8 +198,8 @@ func TestCleanStateTool(t *testing.T) {
 		t.Errorf("after the reset: newcomer alive %v (want false), clean-state sleep %v, sleep of another display %v (want true)",
 			newcomer.alive(), keeper.alive(), outsider.alive())
 	}
-	if len(res.Ended) != 1 || !strings.HasPrefix(res.Ended[0], "sleep(") {
-		t.Errorf("ended %q; want the one newcomer", res.Ended)
+	if len(res.Ended) != 1 || res.Ended[0].Name != "sleep" || res.Ended[0].PID != newcomer.cmd.Process.Pid {
+		t.Errorf("ended %+v; want the one newcomer", res.Ended)
 	}
 
 	// A second reset finds nothing to do: the rewritten file's new ctime
@@ -265,5 +269,122 @@ func TestCleanStateTool(t *testing.T) {
 	toolRun(t, "reset", cfg, &res)
 	if len(res.Broken) != 1 || !strings.Contains(res.Broken[0], "no clean-state record") {
 		t.Errorf("reset without a record: broken %q; want it named", res.Broken)
+	}
+}
+
+// startSleepAs starts a sleep as uid (and gid uid) with the given display
+// in its environment; the test reaps it.
+func startSleepAs(t *testing.T, uid int, secs, display string) *sleeper {
+	t.Helper()
+	c := exec.Command("sleep", secs)
+	c.Env = []string{"PATH=" + os.Getenv("PATH"), "DISPLAY=" + display}
+	c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &sleeper{cmd: c, done: make(chan struct{})}
+	go func() { c.Wait(); close(s.done) }()
+	t.Cleanup(func() {
+		c.Process.Kill()
+		<-s.done
+	})
+	return s
+}
+
+// TestCleanStateToolEndsOnlyTheDesktopsProcesses: a fast reset ends the
+// processes of the desktop's user (the home's owner) started since the
+// clean state, and leaves another user's and root's alone, naming them
+// (on a VM of legato's they are left of the attempt: a problem, so that
+// the desktop loads its snapshot). A guest not known to be dedicated that
+// runs another regular user's processes is refused, by the record and by
+// the reset, before anything is ended.
+func TestCleanStateToolEndsOnlyTheDesktopsProcesses(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the processes run as other users")
+	}
+	const desktopUID, otherUID = 47011, 47012
+	root := t.TempDir()
+	// The other users must reach sleep's directory; t.TempDir's parent is
+	// 0700 under some TMPDIRs, so the layout lives in a directory of its own.
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var b [6]byte
+	rand.Read(b[:])
+	display := ":legato-test-" + hex.EncodeToString(b[:])
+	p := func(s string) string { return filepath.Join(root, s) }
+	for _, d := range []string{"home", "tmp", "state"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(p("home"), desktopUID, desktopUID); err != nil {
+		t.Fatal(err)
+	}
+	cfg := map[string]any{
+		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
+		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{},
+		"skip": []string{"/"}, "display": display,
+	}
+
+	// Not said to be dedicated, another regular user's process running: the
+	// record refuses, naming it. (Without the display scope: the host's
+	// other processes are in view, as on a shared machine; a record ends
+	// nothing.)
+	stranger := startSleepAs(t, otherUID, "996", display)
+	var rec recordResult
+	toolRun(t, "record", cfg, &rec)
+	if !strings.Contains(rec.Refused, "--guest-dedicated") || !strings.Contains(rec.Refused, "uid "+strconv.Itoa(otherUID)) {
+		t.Errorf("record on a guest with another user's process: refused %q; want it refused, naming the user and --guest-dedicated", rec.Refused)
+	}
+	cfg["dedicated"] = true
+	cfg["scope_display"] = true
+	rec = recordResult{}
+	toolRun(t, "record", cfg, &rec)
+	if rec.Refused != "" || rec.Processes != 1 {
+		t.Fatalf("record on a dedicated guest: %+v; want the stranger's sleep recorded", rec)
+	}
+
+	mine := startSleepAs(t, desktopUID, "999", display)
+	other := startSleepAs(t, otherUID, "998", display)
+	system := startSleepAs(t, 0, "997", display)
+	var res cleanResult
+	toolRun(t, "reset", cfg, &res)
+	if len(res.Problems) > 0 || len(res.Broken) > 0 {
+		t.Errorf("reset: problems %q, broken %q; want none", res.Problems, res.Broken)
+	}
+	if mine.alive() || !other.alive() || !system.alive() || !stranger.alive() {
+		t.Errorf("after the reset: the desktop user's sleep alive %v (want false), another user's %v, root's %v, the clean state's %v (want true)",
+			mine.alive(), other.alive(), system.alive(), stranger.alive())
+	}
+	want := []desktop.Process{{PID: mine.cmd.Process.Pid, Name: "sleep", UID: desktopUID}}
+	if diff := cmp.Diff(want, res.Ended); diff != "" {
+		t.Errorf("ended (-want +got):\n%s", diff)
+	}
+	spared := []desktop.Process{{PID: other.cmd.Process.Pid, Name: "sleep", UID: otherUID}, {PID: system.cmd.Process.Pid, Name: "sleep", UID: 0}}
+	slices.SortFunc(spared, func(a, b desktop.Process) int { return a.PID - b.PID })
+	if diff := cmp.Diff(spared, res.Spared); diff != "" {
+		t.Errorf("spared (-want +got):\n%s", diff)
+	}
+
+	// On a VM of legato's, what it must leave running is left of the
+	// attempt.
+	cfg["vm"] = true
+	res = cleanResult{}
+	toolRun(t, "reset", cfg, &res)
+	if got := strings.Join(res.Problems, "\n"); !strings.Contains(got, "not the desktop user's") || !other.alive() || !system.alive() {
+		t.Errorf("reset on a VM: problems %q, another user's sleep alive %v, root's %v; want them named as left and alive", got, other.alive(), system.alive())
+	}
+
+	// The reset refuses as the record does, and ends nothing.
+	cfg["vm"], cfg["dedicated"], cfg["scope_display"] = false, false, false
+	mine = startSleepAs(t, desktopUID, "995", display)
+	res = cleanResult{}
+	toolRun(t, "reset", cfg, &res)
+	if len(res.Broken) != 1 || !strings.Contains(res.Broken[0], "--guest-dedicated") || len(res.Ended) != 0 || !mine.alive() {
+		t.Errorf("reset on a guest that looks shared: broken %q, ended %+v, the desktop user's sleep alive %v; want refused, nothing ended", res.Broken, res.Ended, mine.alive())
 	}
 }

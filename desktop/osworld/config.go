@@ -110,6 +110,13 @@ type FastResetConfig struct {
 	// reset then ends only the processes of the guest server's X display
 	// and checks nothing outside Home and Restore.
 	Shared bool
+	// Dedicated says the guests given by URL (Config.Guests) run nothing
+	// but the desktop, as a VM or a container of their own does. Without
+	// it a fast reset refuses a guest that looks shared with other work
+	// (processes of other users, more than one X server). Either way it
+	// ends only the desktop user's processes and what they started, never
+	// other users' or the system's. VMs this process boots are dedicated.
+	Dedicated bool
 	// StateDir is where the guest keeps the clean-state record and the
 	// copies of Restore (default /var/lib/legato/clean).
 	StateDir string

@@ -42,9 +42,11 @@ type ResetReport struct {
 	// Golden is the time taking the task's golden state took (for
 	// ResetGoldenBuild): the wait for a settled screen and the snapshot.
 	Golden time.Duration
-	// Ended and Closed name the processes and windows a fast reset ended
-	// ("comm(pid)") and closed; Left says what it could not undo.
-	Ended, Closed, Left []string
+	// Ended names the processes a fast reset ended, Spared those started
+	// since the clean state it left running as not the desktop user's;
+	// Closed the windows it closed; Left says what it could not undo.
+	Ended, Spared []desktop.Process
+	Closed, Left  []string
 }
 
 // Desktop is one OSWorld guest, driven through its guest server: a VM this
@@ -255,7 +257,10 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	case ResetFast:
 		var r cleanResult
 		r, err = d.fastReset(ctx)
-		rep.Ended, rep.Closed, rep.Left = r.Ended, r.Windows.Closed, append(r.Broken, r.Problems...)
+		rep.Ended, rep.Spared, rep.Closed, rep.Left = r.Ended, r.Spared, r.Windows.Closed, append(r.Broken, r.Problems...)
+		for _, p := range r.Ended {
+			d.log.Info("fast reset ended a process of the last attempt", "task", task.ID, "pid", p.PID, "name", p.Name, "uid", p.UID)
+		}
 		d.log.Debug("fast reset in the guest", "seconds", r.Seconds, "restored", r.Restored)
 		if err != nil && errors.Is(err, ErrFastReset) {
 			left := strings.Join(rep.Left, "; ")

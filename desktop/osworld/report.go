@@ -20,6 +20,8 @@ func (d *Desktop) AttemptReport() desktop.AttemptReport {
 		ResetWhy: d.lastReset.Why,
 		Grading:  slices.Clone(d.lastGrading),
 		Host:     d.host,
+		Ended:    slices.Clone(d.lastReset.Ended),
+		Spared:   slices.Clone(d.lastReset.Spared),
 	}
 	if d.vm != nil {
 		r.VM = d.name

@@ -7,11 +7,13 @@ needs nothing installed beyond python3. It prints one JSON object on stdout.
                    pointer, a copy of each restored directory with its listing, the entries the
                    guest user could change outside them, and a time stamp; then the home
                    baseline (kept when there is one). Run at the clean state, as root.
-  reset   CONFIG   bring the guest back to the recorded state: end every process that was not
-                   there, close the windows that were not there, restore the home and the
+  reset   CONFIG   bring the guest back to the recorded state: end every process of the
+                   desktop's user (and what those started) that was not there, leaving other
+                   users' and the system's alone, close the windows that were not there, restore the home and the
                    restored directories, then verify all of it and look for changes outside
                    what it restores. As root. "problems" lists what it could not undo; the
-                   desktop then reverts the snapshot.
+                   desktop then reverts the snapshot. Both refuse a guest that is not known to
+                   be dedicated to the desktop and looks shared with other work.
 
 CONFIG is a JSON object; see the Go side (desktop/osworld/cleanstate.go) for its fields.
 Processes are told apart by (pid, start time), never by name; the calling request's own
@@ -152,10 +154,36 @@ def in_scope(cfg, pid):
     return environ_has(pid, b"DISPLAY=" + display(cfg).encode())
 
 
+def desktop_uid(cfg):
+    """The desktop user's uid: the owner of its home."""
+    return os.lstat(cfg["home"]).st_uid
+
+
+def belongs(procs, pid, uid, base):
+    """Whether pid is the desktop's to end: a process of the desktop user, or one that such
+    a process started (sudo, a setuid helper), followed up its parents until a process of the
+    clean state or PID 1. Other users' and the system's processes (those started by PID 1 or
+    a daemon) never are: on a machine the desktop shares they are somebody else's work."""
+    seen = set()
+    while pid in procs and pid not in seen and pid > 1:
+        seen.add(pid)
+        info = procs[pid]
+        if info[3] == uid:
+            return True
+        if key(pid, info) in base:
+            return False
+        pid = info[1]
+    return False
+
+
 def newcomers(cfg, base):
+    """The processes that were not there at the clean state, split into those the desktop
+    owns (new) and those it must leave alone (spared), and the keys of the clean state's
+    processes still alive."""
     procs = read_procs()
     own = own_processes(procs, cfg["nonce"])
-    new, alive = {}, set()
+    uid = desktop_uid(cfg)
+    new, spared, alive = {}, {}, set()
     for pid, info in procs.items():
         k = key(pid, info)
         if k in base:
@@ -164,16 +192,27 @@ def newcomers(cfg, base):
             continue
         if pid in own or kernel_thread(pid, info) or info[2] == "Z" or not in_scope(cfg, pid):
             continue
-        new[pid] = info
-    return new, alive
+        if belongs(procs, pid, uid, base):
+            new[pid] = info
+        else:
+            spared[pid] = info
+    return new, spared, alive
+
+
+def described(pid, info):
+    return {"pid": pid, "name": info[4], "uid": info[3]}
 
 
 def end_newcomers(cfg, base, problems, deadline):
-    """Stops, then kills every process that was not there at the clean state, until none is
-    left. Returns the names of those it ended."""
-    ended = []
+    """Stops, then kills every process of the desktop that was not there at the clean state,
+    until none is left. Returns those it ended and those it left alone because they are not
+    the desktop's (another user's, the system's): on a guest legato owns (cfg "vm") such a
+    process is something the reset cannot undo, so it is a problem too."""
+    ended, spared = [], {}
     while True:
-        new, alive = newcomers(cfg, base)
+        new, left, alive = newcomers(cfg, base)
+        for pid, info in left.items():
+            spared[key(pid, info)] = described(pid, info)
         if not new:
             break
         if time.monotonic() > deadline:
@@ -189,7 +228,7 @@ def end_newcomers(cfg, base, problems, deadline):
         for pid, info in new.items():
             try:
                 os.kill(pid, signal.SIGKILL)
-                ended.append("%s(%d)" % (info[4], pid))
+                ended.append(described(pid, info))
             except OSError:
                 pass
         time.sleep(0.02)
@@ -197,7 +236,35 @@ def end_newcomers(cfg, base, problems, deadline):
     if gone:
         problems.add("processes of the clean state are gone",
                      ["%s (pid %s)" % (base[k]["comm"], k.split(":")[0]) for k in gone])
-    return ended
+    spared = sorted(spared.values(), key=lambda e: e["pid"])
+    if spared and cfg.get("vm"):
+        problems.add("processes started since the clean state that are not the desktop user's "
+                     "(left running)",
+                     ["%s (pid %d, uid %d)" % (e["name"], e["pid"], e["uid"]) for e in spared])
+    return ended, spared
+
+
+def shared_signs(cfg):
+    """Why the guest looks like a machine shared with other work rather than a dedicated
+    desktop: processes of other regular users, or more than one X server. Empty when it
+    looks dedicated."""
+    uid = desktop_uid(cfg)
+    others = {}
+    for pid, info in read_procs().items():
+        u = info[3]
+        if u != uid and u >= 1000 and u != 65534:
+            others.setdefault(u, "%s (pid %d)" % (info[4], pid))
+    signs = []
+    if others:
+        signs.append("processes of other users: " + ", ".join(
+            "uid %d: %s" % (u, others[u]) for u in sorted(others)[:MAX_LISTED]))
+    try:
+        xs = [n for n in os.listdir("/tmp/.X11-unix") if n.startswith("X")]
+    except OSError:
+        xs = []
+    if len(xs) > 1:
+        signs.append("%d X servers (%s)" % (len(xs), ", ".join(sorted(xs))))
+    return signs
 
 
 # ---- X windows ----------------------------------------------------------------------------
@@ -616,8 +683,24 @@ def write_json(path, obj):
     os.rename(tmp, path)
 
 
+def refuse_shared(cfg):
+    """Why a fast reset must not run on this guest: it is not known to be dedicated to the
+    desktop and looks shared with other work. None when it may run."""
+    if cfg.get("dedicated") or cfg.get("scope_display"):
+        return None
+    signs = shared_signs(cfg)
+    if not signs:
+        return None
+    return ("the guest does not look like a dedicated desktop (%s): a fast reset would end "
+            "processes and restore directories that may be other work's; if this guest runs "
+            "nothing but the desktop, say so with --guest-dedicated" % "; ".join(signs))
+
+
 def record(cfg):
     t0 = time.monotonic()
+    refused = refuse_shared(cfg)
+    if refused:
+        return {"refused": refused}
     os.makedirs(cfg["state_dir"], mode=0o700, exist_ok=True)
     res = {"home_baseline": make_home_baseline(cfg)}
     path = state_file(cfg)
@@ -699,8 +782,13 @@ def reset(cfg):
     if clean.get("boot_id") != boot_id():
         problems.fail("the guest rebooted since its clean state was recorded")
         return {"problems": problems, "broken": problems.broken}
+    refused = refuse_shared(cfg)
+    if refused:
+        problems.fail(refused)
+        return {"problems": problems, "broken": problems.broken}
     res = {}
-    res["ended"] = end_newcomers(cfg, clean["processes"], problems, time.monotonic() + 5)
+    res["ended"], res["spared"] = end_newcomers(cfg, clean["processes"], problems,
+                                                time.monotonic() + 5)
     t["processes"] = time.monotonic()
     res["windows"] = restore_windows(cfg, clean, problems, time.monotonic() + 3)
     t["windows"] = time.monotonic()
@@ -723,7 +811,7 @@ def reset(cfg):
     res["changed"] = changed_outside(cfg, clean, problems)[:MAX_LISTED]
     t["checks"] = time.monotonic()
     # Anything the steps above started is gone again, and nothing new came meanwhile.
-    new, _ = newcomers(cfg, clean["processes"])
+    new, _, _ = newcomers(cfg, clean["processes"])
     if new:
         problems.add("processes started during the reset",
                      ["%s (pid %d)" % (i[4], p) for p, i in new.items()])
