@@ -160,6 +160,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
 		{"fork without golden", []string{"--image", img, "--golden-fork", "--no-golden"}, "Golden.Fork (--golden-fork) forks golden states, which Golden.Off (--no-golden) turns off"},
 		{"fork a guest url", append(guest, "--golden-fork"), "guests given by URL cannot fork"},
+		{"dedicated without guests", []string{"--image", img, "--guest-dedicated"}, "--guest-dedicated speaks of --guest-url guests"},
 		{"fork dir relative", []string{"--image", img, "--golden-fork", "--fork-dir", "shm"}, `fork dir "shm": want an absolute path`},
 		{"golden max zero", append(guest, "--golden-max", "0"), `invalid value "0" for flag -golden-max: want an integer from 1 to 1000`},
 		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
