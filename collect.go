@@ -289,14 +289,17 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if n := run.DroppedTail(); n > 0 {
 		opts.Logger.Warn("cut a torn last line off rollouts.jsonl (a crash mid-write); its attempt runs again", "bytes", n)
 	}
+	if err := repairRun(run, opts.Logger); err != nil {
+		return nil, err
+	}
 	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
 		sched: newScheduler(tasks, pol, opts)}
 	stats, err := b.sched.resume(opts.Out, reruns)
 	if err != nil {
 		return nil, err
 	}
-	if stats.TornLines > 0 {
-		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines)
+	if stats.TornLines > 0 { // repairRun moved them; only a race could leave one
+		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines, "first", stats.FirstTorn)
 	}
 	if stats.Records > 0 {
 		opts.Logger.Info("resuming batch", "records", stats.Records, "errors_rerun", b.sched.reran)
@@ -337,4 +340,19 @@ func groupAdvantages(recs []Record) []float64 {
 		}
 	}
 	return export.Advantages(rewards)
+}
+
+// repairRun moves the lines of rollouts.jsonl that no reader may use
+// (damaged lines, later duplicates of a final record) to the run's
+// quarantine file before a resume reads it, so the resumed batch and its
+// exports agree on every attempt, and logs each line moved.
+func repairRun(run *schema.Run, log *slog.Logger) error {
+	st, err := run.Repair()
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", run.Dir(), err)
+	}
+	for _, l := range st.Lines {
+		log.Warn("moved a line of rollouts.jsonl to "+schema.QuarantineFile, "line", l.Line, "reason", l.Reason)
+	}
+	return nil
 }

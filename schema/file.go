@@ -114,9 +114,14 @@ func resolve(p string) (string, error) {
 // gives: os.CreateTemp makes 0600 files, and a file renamed into place keeps
 // its temp file's mode.
 func createTemp(dir, prefix string) (*os.File, error) {
+	return createTempFlags(dir, prefix, 0)
+}
+
+// createTempFlags is createTemp opening the file with flags added.
+func createTempFlags(dir, prefix string, flags int) (*os.File, error) {
 	for range 10000 {
 		name := filepath.Join(dir, prefix+strconv.FormatUint(uint64(rand.Uint32()), 10))
-		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL|flags, fileMode)
 		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
