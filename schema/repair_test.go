@@ -59,7 +59,7 @@ func TestRepair(t *testing.T) {
 	}
 	r.Close()
 	appendRaw(t, dir, "{\"schema\":\"legato.rollout/v0\",\"rollout_id\n") // line 2
-	line3, _ := json.Marshal(rec("b", 0, StatusOK))                    // duplicate of a
+	line3, _ := json.Marshal(rec("b", 0, StatusOK))                       // duplicate of a
 	appendRaw(t, dir, string(line3)+"\n")
 	for _, x := range []*Record{rec("c", 1, StatusError), rec("d", 1, StatusOK)} { // lines 4, 5: a rerun
 		b, _ := json.Marshal(x)
