@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"legato/rl/desktop"
@@ -270,14 +271,18 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 		return nil, err
 	}
 	if old != nil {
-		if err := old.sameBatch(opts.Out, m); err != nil {
+		if err := sameBatch(opts.Out, old, m); err != nil {
 			return nil, err
+		}
+		if knobs := unrecorded(old); len(knobs) > 0 {
+			opts.Logger.Warn("batch.json predates recording these settings; this run's values now fix them for the batch", "settings", strings.Join(knobs, " "))
 		}
 		// The batch's first run fixed the bound; --no-retry-errors
 		// still turns reruns off.
-		m.ErrorReruns = old.ErrorReruns
+		n := errorReruns(old)
+		m.ErrorReruns = &n
 	}
-	reruns := m.ErrorReruns
+	reruns := *m.ErrorReruns
 	if opts.ErrorReruns < 0 {
 		reruns = -1
 	}
@@ -304,7 +309,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if stats.Records > 0 {
 		opts.Logger.Info("resuming batch", "records", stats.Records, "errors_rerun", b.sched.reran)
 	}
-	if err := writeManifest(run, m); err != nil {
+	if err := run.WriteBatch(&m); err != nil {
 		return nil, err
 	}
 	return b.run(ctx)

@@ -179,6 +179,9 @@ func TestCollectResumeRefused(t *testing.T) {
 		{name: "system prompt", change: func(e *batchEnv) {
 			e.opts.Harness = qwen.New(qwen.Config{SystemPrompt: "You are a careful agent."})
 		}, want: "system prompt built-in\", not \"qwen qwen3vl, image max 20, eviction half, pixels 4096-13107200, system prompt sha256:"},
+		{name: "max steps", change: func(e *batchEnv) { e.opts.MaxSteps = 1 }, want: "--max-steps 15, not 1"},
+		{name: "rollout timeout", change: func(e *batchEnv) { e.opts.RolloutTimeout = time.Minute }, want: "--rollout-timeout 0s, not 1m0s"},
+		{name: "extra request fields", change: func(e *batchEnv) { e.pol.Extra = map[string]any{"top_k": 20} }, want: `extra fields {"top_k":20}`},
 		{name: "family", change: func(e *batchEnv) {
 			h, err := qwen.NewFamily("qwen25vl", qwen.Config{})
 			if err != nil {
@@ -200,8 +203,8 @@ func TestCollectResumeRefused(t *testing.T) {
 				}
 				tt.change(e)
 				_, err = e.collect(t.Context())
-				if err == nil {
-					t.Fatal("Collect into another batch's directory succeeded")
+				if !errors.Is(err, ErrInvalidOptions) {
+					t.Fatalf("Collect into another batch's directory: %v, want ErrInvalidOptions (a usage error)", err)
 				}
 				for _, w := range []string{tt.want, e.opts.Out, "new --out"} {
 					if !strings.Contains(err.Error(), w) {
@@ -218,6 +221,47 @@ func TestCollectResumeRefused(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCollectResumeOlderBatchFile: a batch.json written before --max-steps
+// and --rollout-timeout were recorded is continued with this run's values,
+// which it then records, so a third run with other values is refused.
+func TestCollectResumeOlderBatchFile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, manifestName)
+		var m map[string]any
+		data, err := os.ReadFile(path)
+		if err == nil {
+			err = json.Unmarshal(data, &m)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(m, "max_steps")
+		delete(m, "rollout_timeout")
+		if data, err = json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		e.opts.MaxSteps = 3
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatalf("resume of an older batch.json: %v", err)
+		}
+		b, err := schema.ReadBatch(e.opts.Out)
+		if err != nil || b.MaxSteps != 3 || b.RolloutTimeout != "0s" {
+			t.Fatalf("batch.json after the resume: %+v, %v; want max steps 3 and rollout timeout 0s recorded", b, err)
+		}
+		e.opts.MaxSteps = 4
+		if _, err := e.collect(t.Context()); err == nil || !strings.Contains(err.Error(), "--max-steps 3, not 4") {
+			t.Errorf("third run with another --max-steps: %v, want a refusal", err)
+		}
+	})
 }
 
 // TestCollectResumeForeignRecords checks that a directory with records but
