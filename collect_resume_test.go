@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
+	"legato/rl/export"
 	"legato/rl/policy/policytest"
 	"legato/rl/policy/qwen"
 	"legato/rl/schema"
@@ -260,6 +262,62 @@ func TestCollectResumeOlderBatchFile(t *testing.T) {
 		e.opts.MaxSteps = 4
 		if _, err := e.collect(t.Context()); err == nil || !strings.Contains(err.Error(), "--max-steps 3, not 4") {
 			t.Errorf("third run with another --max-steps: %v, want a refusal", err)
+		}
+	})
+}
+
+// TestCollectResumeRepairs: a resume moves a damaged line and a second
+// final record of an attempt to the quarantine file, as legato rl repair
+// does, and keeps the first; the batch goes on and exports.
+func TestCollectResumeRepairs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, schema.RecordsFile)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.SplitAfter(string(data), "\n")
+		var final string
+		for _, l := range lines {
+			if strings.Contains(l, `"status":"ok"`) {
+				final = l
+				break
+			}
+		}
+		dup := strings.Replace(final, `"rollout_id":"`, `"rollout_id":"again-`, 1)
+		damaged := append([]byte(nil), data...)
+		damaged = append(damaged, "{\"schema\":\"legato.rollout/v0\",\"rollo\n"...)
+		damaged = append(damaged, dup...)
+		if err := os.WriteFile(path, damaged, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		n := len(lines) - 1 // lines ends with "" after the last newline
+
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatalf("resume of a damaged run: %v", err)
+		}
+		again, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(again, data) {
+			t.Errorf("rollouts.jsonl after the resume differs from before the damage")
+		}
+		q, err := os.ReadFile(filepath.Join(e.opts.Out, schema.QuarantineFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []string{fmt.Sprintf(`"line":%d`, n+1), fmt.Sprintf(`"line":%d`, n+2), "two final records"} {
+			if !strings.Contains(string(q), w) {
+				t.Errorf("quarantine file does not say %s:\n%s", w, q)
+			}
+		}
+		if _, err := export.ExportSteps(e.opts.Out, filepath.Join(t.TempDir(), "train.jsonl"), export.Options{AllowMissingLogprobs: true}); err != nil {
+			t.Errorf("export after the resume: %v", err)
 		}
 	})
 }
