@@ -299,6 +299,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	}
 	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
 		sched: newScheduler(tasks, pol, opts)}
+	b.earlier = earlierRuns(opts.Out, opts.Logger)
 	stats, err := b.sched.resume(opts.Out, reruns)
 	if err != nil {
 		return nil, err

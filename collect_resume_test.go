@@ -481,3 +481,66 @@ func (d breakStoreOnObserve) Observe(ctx context.Context) (desktop.Observation, 
 	d.brk()
 	return d.Desktop.Observe(ctx)
 }
+
+// TestCollectResumeKeepsEarlierRuns: a resumed batch's summary adds the
+// outages of the earlier runs, which only their summary.json knew, and lists
+// their stops: one that stopped (written before summaries listed stops)
+// and one that was killed (its summary still said running). A third run
+// counts nothing twice.
+func TestCollectResumeKeepsEarlierRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, schema.SummaryFile)
+		edit := func(change func(s *schema.Summary)) {
+			t.Helper()
+			s, err := schema.ReadSummary(e.opts.Out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			change(s)
+			data, err := json.Marshal(s)
+			if err == nil {
+				err = os.WriteFile(path, data, 0o666)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		edit(func(s *schema.Summary) {
+			s.ServerDownS, s.Outages = 12.5, 2
+			s.State, s.StopReason, s.Stops = schema.StateStopped, "write record: no space left on device", nil
+		})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		edit(func(s *schema.Summary) { s.Final, s.State = false, schema.StateRunning })
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*schema.Summary{sum, readSummaryFile(t, e.opts.Out)} {
+			if s.ServerDownS != 12.5 || s.Outages != 2 {
+				t.Errorf("summary: server_down_s %v, outages %d; want the earlier runs' 12.5 and 2", s.ServerDownS, s.Outages)
+			}
+			want := []schema.Stop{
+				{State: schema.StateStopped, Reason: "write record: no space left on device"},
+				{State: schema.StateRunning, Reason: "the run ended without its final summary (killed or crashed)"},
+			}
+			if diff := cmp.Diff(want, s.Stops); diff != "" {
+				t.Errorf("stops (-want +got):\n%s", diff)
+			}
+		}
+	})
+}
+
+func readSummaryFile(t *testing.T, dir string) *schema.Summary {
+	t.Helper()
+	s, err := schema.ReadSummary(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
