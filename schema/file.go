@@ -143,7 +143,11 @@ func createTempFlags(dir, prefix string, flags int) (*os.File, error) {
 // run directory deletes.
 func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
 	var werr error
-	n, err := writeAtomic(path, "."+filepath.Base(path)+".tmp-", true, func(w io.Writer) error {
+	f, err := createOutputTemp(path)
+	if err != nil {
+		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	n, err := writeThrough(f, path, true, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<20)
 		if werr = write(bw); werr != nil {
 			return werr
@@ -170,11 +174,16 @@ func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
 // files together), the caller syncs the file and its directory before it
 // relies on them. On error the temp file is removed.
 func writeAtomic(path, prefix string, durable bool, write func(io.Writer) error) (n int64, err error) {
-	dir := filepath.Dir(path)
-	f, err := createTemp(dir, prefix)
+	f, err := createTemp(filepath.Dir(path), prefix)
 	if err != nil {
 		return 0, err
 	}
+	return writeThrough(f, path, durable, write)
+}
+
+// writeThrough is writeAtomic with the temp file f already made.
+func writeThrough(f *os.File, path string, durable bool, write func(io.Writer) error) (n int64, err error) {
+	dir := filepath.Dir(path)
 	defer func() {
 		if err != nil {
 			f.Close()
