@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"legato/rl/desktop"
@@ -270,14 +271,18 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 		return nil, err
 	}
 	if old != nil {
-		if err := old.sameBatch(opts.Out, m); err != nil {
+		if err := sameBatch(opts.Out, old, m); err != nil {
 			return nil, err
+		}
+		if knobs := unrecorded(old); len(knobs) > 0 {
+			opts.Logger.Warn("batch.json predates recording these settings; this run's values now fix them for the batch", "settings", strings.Join(knobs, " "))
 		}
 		// The batch's first run fixed the bound; --no-retry-errors
 		// still turns reruns off.
-		m.ErrorReruns = old.ErrorReruns
+		n := errorReruns(old)
+		m.ErrorReruns = &n
 	}
-	reruns := m.ErrorReruns
+	reruns := *m.ErrorReruns
 	if opts.ErrorReruns < 0 {
 		reruns = -1
 	}
@@ -289,19 +294,23 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if n := run.DroppedTail(); n > 0 {
 		opts.Logger.Warn("cut a torn last line off rollouts.jsonl (a crash mid-write); its attempt runs again", "bytes", n)
 	}
+	if err := repairRun(run, opts.Logger); err != nil {
+		return nil, err
+	}
 	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
 		sched: newScheduler(tasks, pol, opts)}
+	b.earlier = earlierRuns(opts.Out, opts.Logger)
 	stats, err := b.sched.resume(opts.Out, reruns)
 	if err != nil {
 		return nil, err
 	}
-	if stats.TornLines > 0 {
-		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines)
+	if stats.TornLines > 0 { // repairRun moved them; only a race could leave one
+		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines, "first", stats.FirstTorn)
 	}
 	if stats.Records > 0 {
 		opts.Logger.Info("resuming batch", "records", stats.Records, "errors_rerun", b.sched.reran)
 	}
-	if err := writeManifest(run, m); err != nil {
+	if err := run.WriteBatch(&m); err != nil {
 		return nil, err
 	}
 	return b.run(ctx)
@@ -337,4 +346,19 @@ func groupAdvantages(recs []Record) []float64 {
 		}
 	}
 	return export.Advantages(rewards)
+}
+
+// repairRun moves the lines of rollouts.jsonl that no reader may use
+// (damaged lines, later duplicates of a final record) to the run's
+// quarantine file before a resume reads it, so the resumed batch and its
+// exports agree on every attempt, and logs each line moved.
+func repairRun(run *schema.Run, log *slog.Logger) error {
+	st, err := run.Repair()
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", run.Dir(), err)
+	}
+	for _, l := range st.Lines {
+		log.Warn("moved a line of rollouts.jsonl to "+schema.QuarantineFile, "line", l.Line, "reason", l.Reason)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
+	"legato/rl/export"
 	"legato/rl/policy/policytest"
 	"legato/rl/policy/qwen"
 	"legato/rl/schema"
@@ -179,6 +181,9 @@ func TestCollectResumeRefused(t *testing.T) {
 		{name: "system prompt", change: func(e *batchEnv) {
 			e.opts.Harness = qwen.New(qwen.Config{SystemPrompt: "You are a careful agent."})
 		}, want: "system prompt built-in\", not \"qwen qwen3vl, image max 20, eviction half, pixels 4096-13107200, system prompt sha256:"},
+		{name: "max steps", change: func(e *batchEnv) { e.opts.MaxSteps = 1 }, want: "--max-steps 15, not 1"},
+		{name: "rollout timeout", change: func(e *batchEnv) { e.opts.RolloutTimeout = time.Minute }, want: "--rollout-timeout 0s, not 1m0s"},
+		{name: "extra request fields", change: func(e *batchEnv) { e.pol.Extra = map[string]any{"top_k": 20} }, want: `extra fields {"top_k":20}`},
 		{name: "family", change: func(e *batchEnv) {
 			h, err := qwen.NewFamily("qwen25vl", qwen.Config{})
 			if err != nil {
@@ -200,8 +205,8 @@ func TestCollectResumeRefused(t *testing.T) {
 				}
 				tt.change(e)
 				_, err = e.collect(t.Context())
-				if err == nil {
-					t.Fatal("Collect into another batch's directory succeeded")
+				if !errors.Is(err, ErrInvalidOptions) {
+					t.Fatalf("Collect into another batch's directory: %v, want ErrInvalidOptions (a usage error)", err)
 				}
 				for _, w := range []string{tt.want, e.opts.Out, "new --out"} {
 					if !strings.Contains(err.Error(), w) {
@@ -218,6 +223,103 @@ func TestCollectResumeRefused(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCollectResumeOlderBatchFile: a batch.json written before --max-steps
+// and --rollout-timeout were recorded is continued with this run's values,
+// which it then records, so a third run with other values is refused.
+func TestCollectResumeOlderBatchFile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, manifestName)
+		var m map[string]any
+		data, err := os.ReadFile(path)
+		if err == nil {
+			err = json.Unmarshal(data, &m)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(m, "max_steps")
+		delete(m, "rollout_timeout")
+		if data, err = json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		e.opts.MaxSteps = 3
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatalf("resume of an older batch.json: %v", err)
+		}
+		b, err := schema.ReadBatch(e.opts.Out)
+		if err != nil || b.MaxSteps != 3 || b.RolloutTimeout != "0s" {
+			t.Fatalf("batch.json after the resume: %+v, %v; want max steps 3 and rollout timeout 0s recorded", b, err)
+		}
+		e.opts.MaxSteps = 4
+		if _, err := e.collect(t.Context()); err == nil || !strings.Contains(err.Error(), "--max-steps 3, not 4") {
+			t.Errorf("third run with another --max-steps: %v, want a refusal", err)
+		}
+	})
+}
+
+// TestCollectResumeRepairs: a resume moves a damaged line and a second
+// final record of an attempt to the quarantine file, as legato rl repair
+// does, and keeps the first; the batch goes on and exports.
+func TestCollectResumeRepairs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, schema.RecordsFile)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.SplitAfter(string(data), "\n")
+		var final string
+		for _, l := range lines {
+			if strings.Contains(l, `"status":"ok"`) {
+				final = l
+				break
+			}
+		}
+		dup := strings.Replace(final, `"rollout_id":"`, `"rollout_id":"again-`, 1)
+		damaged := append([]byte(nil), data...)
+		damaged = append(damaged, "{\"schema\":\"legato.rollout/v0\",\"rollo\n"...)
+		damaged = append(damaged, dup...)
+		if err := os.WriteFile(path, damaged, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		n := len(lines) - 1 // lines ends with "" after the last newline
+
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatalf("resume of a damaged run: %v", err)
+		}
+		again, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(again, data) {
+			t.Errorf("rollouts.jsonl after the resume differs from before the damage")
+		}
+		q, err := os.ReadFile(filepath.Join(e.opts.Out, schema.QuarantineFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []string{fmt.Sprintf(`"line":%d`, n+1), fmt.Sprintf(`"line":%d`, n+2), "two final records"} {
+			if !strings.Contains(string(q), w) {
+				t.Errorf("quarantine file does not say %s:\n%s", w, q)
+			}
+		}
+		if _, err := export.ExportSteps(e.opts.Out, filepath.Join(t.TempDir(), "train.jsonl"), export.Options{AllowMissingLogprobs: true}); err != nil {
+			t.Errorf("export after the resume: %v", err)
+		}
+	})
 }
 
 // TestCollectResumeForeignRecords checks that a directory with records but
@@ -378,4 +480,67 @@ type breakStoreOnObserve struct {
 func (d breakStoreOnObserve) Observe(ctx context.Context) (desktop.Observation, error) {
 	d.brk()
 	return d.Desktop.Observe(ctx)
+}
+
+// TestCollectResumeKeepsEarlierRuns: a resumed batch's summary adds the
+// outages of the earlier runs, which only their summary.json knew, and lists
+// their stops: one that stopped (written before summaries listed stops)
+// and one that was killed (its summary still said running). A third run
+// counts nothing twice.
+func TestCollectResumeKeepsEarlierRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{}, fake.Config{})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, schema.SummaryFile)
+		edit := func(change func(s *schema.Summary)) {
+			t.Helper()
+			s, err := schema.ReadSummary(e.opts.Out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			change(s)
+			data, err := json.Marshal(s)
+			if err == nil {
+				err = os.WriteFile(path, data, 0o666)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		edit(func(s *schema.Summary) {
+			s.ServerDownS, s.Outages = 12.5, 2
+			s.State, s.StopReason, s.Stops = schema.StateStopped, "write record: no space left on device", nil
+		})
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		edit(func(s *schema.Summary) { s.Final, s.State = false, schema.StateRunning })
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*schema.Summary{sum, readSummaryFile(t, e.opts.Out)} {
+			if s.ServerDownS != 12.5 || s.Outages != 2 {
+				t.Errorf("summary: server_down_s %v, outages %d; want the earlier runs' 12.5 and 2", s.ServerDownS, s.Outages)
+			}
+			want := []schema.Stop{
+				{State: schema.StateStopped, Reason: "write record: no space left on device"},
+				{State: schema.StateRunning, Reason: "the run ended without its final summary (killed or crashed)"},
+			}
+			if diff := cmp.Diff(want, s.Stops); diff != "" {
+				t.Errorf("stops (-want +got):\n%s", diff)
+			}
+		}
+	})
+}
+
+func readSummaryFile(t *testing.T, dir string) *schema.Summary {
+	t.Helper()
+	s, err := schema.ReadSummary(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -4,12 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"legato/rl/policy"
@@ -18,47 +15,13 @@ import (
 
 // manifestName is the file in a run directory that says which batch it
 // holds, so that collecting into it again continues that batch and nothing
-// else.
+// else. Its format is schema.Batch's.
 const manifestName = schema.BatchFile
 
-// manifest identifies a batch: the same tasks (by id and content), the same
-// policy, the same group shape.
-type manifest struct {
-	Schema   string   `json:"schema"`
-	Model    string   `json:"model"`
-	Version  string   `json:"version"`
-	Group    int      `json:"group"`
-	Attempts int      `json:"attempts_per_task"`
-	TaskIDs  []string `json:"task_ids"`
-	TasksSHA string   `json:"tasks_sha256"`
-	// ErrorReruns is how often a later collect reruns an attempt whose
-	// record is an error, fixed by the batch's first run.
-	ErrorReruns int `json:"error_reruns"`
-	// Sampling is what the requests asked of the server beyond the model
-	// (temperature, top-p, max tokens); Harness what shaped the prompts
-	// (policy.Describer). A batch mixing two would mix two policies.
-	Sampling sampling `json:"sampling"`
-	Harness  string   `json:"harness,omitempty"`
-}
-
-// sampling is the part of the policy block a batch must keep.
-type sampling struct {
-	Temperature *float64 `json:"temperature,omitempty"`
-	TopP        *float64 `json:"top_p,omitempty"`
-	MaxTokens   int      `json:"max_tokens,omitempty"`
-}
-
-func (s sampling) String() string {
-	f := func(v *float64) string {
-		if v == nil {
-			return "server default"
-		}
-		return strconv.FormatFloat(*v, 'g', -1, 64)
-	}
-	return fmt.Sprintf("temperature %s, top-p %s, max tokens %d", f(s.Temperature), f(s.TopP), s.MaxTokens)
-}
-
-func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions, harness policy.Harness) manifest {
+// manifestFor describes the batch collect is asked to run: the same tasks
+// (by id and content), the same policy, the same group shape, and every
+// knob that changes an attempt's data.
+func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions, harness policy.Harness) schema.Batch {
 	h := sha256.New()
 	ids := make([]string, len(tasks))
 	for i, t := range tasks {
@@ -72,18 +35,36 @@ func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions, harness po
 		fmt.Fprintf(h, "%s\x00%d\x00", t.ID, len(raw))
 		h.Write(raw)
 	}
-	return manifest{
-		Schema:      "legato.batch/v0",
-		Model:       pol.Model,
-		Version:     pol.Version,
-		Group:       opts.Group,
-		Attempts:    AttemptsPerTask(opts.Group, opts.Oversample),
-		TaskIDs:     ids,
-		TasksSHA:    hex.EncodeToString(h.Sum(nil)),
-		ErrorReruns: max(opts.ErrorReruns, 0),
-		Sampling:    sampling{Temperature: pol.Temperature, TopP: pol.TopP, MaxTokens: pol.MaxTokens},
-		Harness:     harnessDescription(harness),
+	reruns := max(opts.ErrorReruns, 0)
+	return schema.Batch{
+		Schema:         schema.BatchVersion,
+		Model:          pol.Model,
+		Version:        pol.Version,
+		Group:          opts.Group,
+		Attempts:       AttemptsPerTask(opts.Group, opts.Oversample),
+		TaskIDs:        ids,
+		TasksSHA:       hex.EncodeToString(h.Sum(nil)),
+		ErrorReruns:    &reruns,
+		Sampling:       schema.Sampling{Temperature: pol.Temperature, TopP: pol.TopP, MaxTokens: pol.MaxTokens, Extra: extraJSON(pol.Extra)},
+		Harness:        harnessDescription(harness),
+		MaxSteps:       opts.MaxSteps,
+		RolloutTimeout: opts.RolloutTimeout.String(),
 	}
+}
+
+// extraJSON is the policy's extra request fields as canonical JSON (maps
+// marshal with sorted keys), "" when there are none.
+func extraJSON(extra map[string]any) string {
+	if len(extra) == 0 {
+		return ""
+	}
+	b, err := json.Marshal(extra)
+	if err != nil {
+		// policy.Config.Validate refused it already; say so rather than
+		// record nothing.
+		return fmt.Sprintf("unencodable: %v", err)
+	}
+	return string(b)
 }
 
 // harnessDescription is what a harness says shapes its prompts, "" when it
@@ -97,41 +78,52 @@ func harnessDescription(h policy.Harness) string {
 
 // readManifest reads the manifest of the batch in dir; nil when dir holds
 // none (a new batch).
-func readManifest(dir string) (*manifest, error) {
-	path := filepath.Join(dir, manifestName)
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		if fi, serr := os.Stat(filepath.Join(dir, schema.RecordsFile)); serr == nil && fi.Size() > 0 {
-			return nil, fmt.Errorf("%s holds rollouts.jsonl but no %s: not a legato batch this version can continue; use a new --out", dir, manifestName)
-		}
-		return nil, nil
+func readManifest(dir string) (*schema.Batch, error) {
+	b, err := schema.ReadBatch(dir)
+	if err != nil || b != nil {
+		return b, err
 	}
-	if err != nil {
-		return nil, err
+	if fi, serr := os.Stat(filepath.Join(dir, schema.RecordsFile)); serr == nil && fi.Size() > 0 {
+		return nil, fmt.Errorf("%s holds rollouts.jsonl but no %s: not a legato batch this version can continue; use a new --out", dir, manifestName)
 	}
-	// A manifest written before error reruns existed reruns as many as
-	// today's default.
-	m := manifest{ErrorReruns: DefaultErrorReruns}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	return &m, nil
+	return nil, nil
 }
 
-// sameBatch refuses to continue old, the batch in dir, with m.
-func (old *manifest) sameBatch(dir string, m manifest) error {
+// errorReruns is the batch's bound on error reruns; a manifest written
+// before reruns existed reruns as many as today's default.
+func errorReruns(b *schema.Batch) int {
+	if b.ErrorReruns == nil {
+		return DefaultErrorReruns
+	}
+	return *b.ErrorReruns
+}
+
+// sameBatch refuses to continue old, the batch in dir, with m. A knob that
+// old does not record (a batch.json older than the knob) is taken from m:
+// the older legato did not vary it within a run, and refusing would strand
+// every batch it started; collect logs which ones were taken (unrecorded).
+func sameBatch(dir string, old *schema.Batch, m schema.Batch) error {
 	var diffs []string
+	differ := func(what string, o, n any) {
+		diffs = append(diffs, fmt.Sprintf("%s %v, not %v", what, o, n))
+	}
 	if old.Version != m.Version {
-		diffs = append(diffs, fmt.Sprintf("policy version %q, not %q", old.Version, m.Version))
+		differ("policy version", fmt.Sprintf("%q", old.Version), fmt.Sprintf("%q", m.Version))
 	}
 	if old.Model != m.Model {
-		diffs = append(diffs, fmt.Sprintf("model %q, not %q", old.Model, m.Model))
+		differ("model", fmt.Sprintf("%q", old.Model), fmt.Sprintf("%q", m.Model))
 	}
 	if o, n := old.Sampling.String(), m.Sampling.String(); o != n {
 		diffs = append(diffs, fmt.Sprintf("sampling %s, not %s", o, n))
 	}
 	if old.Harness != m.Harness {
-		diffs = append(diffs, fmt.Sprintf("harness %q, not %q", old.Harness, m.Harness))
+		differ("harness", fmt.Sprintf("%q", old.Harness), fmt.Sprintf("%q", m.Harness))
+	}
+	if old.MaxSteps != 0 && old.MaxSteps != m.MaxSteps {
+		differ("--max-steps", old.MaxSteps, m.MaxSteps)
+	}
+	if old.RolloutTimeout != "" && old.RolloutTimeout != m.RolloutTimeout {
+		differ("--rollout-timeout", old.RolloutTimeout, m.RolloutTimeout)
 	}
 	if old.Group != m.Group || old.Attempts != m.Attempts {
 		diffs = append(diffs, fmt.Sprintf("groups of %d with %d attempts per task, not %d with %d", old.Group, old.Attempts, m.Group, m.Attempts))
@@ -144,17 +136,21 @@ func (old *manifest) sameBatch(dir string, m manifest) error {
 		}
 	}
 	if len(diffs) > 0 {
-		return fmt.Errorf("%s holds another batch: %s; collect into a new --out directory, or rerun with the batch's own tasks and version to continue it",
-			dir, strings.Join(diffs, "; "))
+		return fmt.Errorf("%w: %s holds another batch: %s; collect into a new --out directory, or rerun with the batch's own tasks, version and settings to continue it",
+			ErrInvalidOptions, dir, strings.Join(diffs, "; "))
 	}
 	return nil
 }
 
-// writeManifest writes m as the run's batch.json, atomically.
-func writeManifest(run *schema.Run, m manifest) error {
-	data, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
+// unrecorded lists the knobs old's batch.json does not record, which this
+// run's values now fix.
+func unrecorded(old *schema.Batch) []string {
+	var out []string
+	if old.MaxSteps == 0 {
+		out = append(out, "--max-steps")
 	}
-	return run.WriteFile(manifestName, append(data, '\n'))
+	if old.RolloutTimeout == "" {
+		out = append(out, "--rollout-timeout")
+	}
+	return out
 }

@@ -183,6 +183,14 @@ func (o *outage) end(err error) {
 	close(ep.done)
 }
 
+// episodes is the number of episodes in which the server was away, over
+// every episode that ended.
+func (o *outage) episodes() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.count
+}
+
 // downSeconds is the wall time the server was down, over every episode
 // that ended.
 func (o *outage) downSeconds() float64 {

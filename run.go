@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,9 @@ type batch struct {
 	sched   *scheduler
 	outage  *outage
 	started time.Time
+	// earlier is what the batch's earlier runs left in summary.json that
+	// its records do not hold: outages and stops (see earlierRuns).
+	earlier schema.Summary
 
 	// stop cancels the workers' ctx with why the batch cannot go on.
 	stop context.CancelCauseFunc
@@ -97,6 +102,9 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 		sum.State = schema.StateIncomplete
 	default:
 		sum.State = schema.StateComplete
+	}
+	if sum.State == schema.StateStopped || sum.State == schema.StateInterrupted {
+		sum.Stops = append(sum.Stops, schema.Stop{State: sum.State, Reason: sum.StopReason})
 	}
 	werr := b.store.WriteSummary(sum)
 	if b.opts.Progress != nil {
@@ -302,6 +310,34 @@ func (b *batch) summary(final bool) *schema.Summary {
 	s.Policy = b.pol.Policy()
 	s.Final = final
 	s.State = schema.StateRunning
-	s.ServerDownS = b.outage.downSeconds()
+	s.ServerDownS = b.earlier.ServerDownS + b.outage.downSeconds()
+	s.Outages = b.earlier.Outages + b.outage.episodes()
+	s.Stops = slices.Clone(b.earlier.Stops)
 	return s
+}
+
+// earlierRuns returns what the summary.json of the batch's earlier runs
+// says that its records do not: the outages and the stops, so a resumed
+// batch's summary tells its whole story. A summary still saying running is
+// a run that ended without its final summary (killed, crashed); it is
+// listed as a stop. An unreadable summary.json counts nothing: it is
+// advice, the records are the data.
+func earlierRuns(dir string, log *slog.Logger) schema.Summary {
+	prev, err := schema.ReadSummary(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("earlier summary.json unreadable; the new one counts this run's outages only", "err", err)
+		}
+		return schema.Summary{}
+	}
+	earlier := schema.Summary{ServerDownS: prev.ServerDownS, Outages: prev.Outages, Stops: prev.Stops}
+	switch {
+	case !prev.Final:
+		earlier.Stops = append(earlier.Stops, schema.Stop{State: schema.StateRunning,
+			Reason: "the run ended without its final summary (killed or crashed)"})
+	case len(prev.Stops) == 0 && (prev.State == schema.StateStopped || prev.State == schema.StateInterrupted):
+		// Written before summaries listed stops.
+		earlier.Stops = []schema.Stop{{State: prev.State, Reason: prev.StopReason}}
+	}
+	return earlier
 }

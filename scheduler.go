@@ -110,7 +110,8 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 		byID[g.id] = g
 	}
 	errorsOf := make(map[*attempt]int)
-	stats, err := schema.ReadRunRecords(dir, func(r schema.Record) error {
+	rule := schema.NewAttemptRule()
+	stats, err := schema.ReadRunRecordLines(dir, func(r schema.Record, line int) error {
 		g := byID[r.GroupID]
 		if g == nil || r.Attempt < 0 || r.Attempt >= len(g.attempts) {
 			return fmt.Errorf("record %s: group %q attempt %d is not part of this batch", r.RolloutID, r.GroupID, r.Attempt)
@@ -122,12 +123,15 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 			s.resumedGraded++
 		}
 		a.tries++
-		switch {
-		case r.Status == schema.StatusRetried:
+		// The rule export reads by decides which record is the attempt's.
+		rerun, err := rule.Add(&r, line)
+		if err != nil {
+			return err
+		}
+		if r.Status == schema.StatusRetried {
 			return nil
-		case a.phase == done && errorsOf[a] == 0:
-			return fmt.Errorf("record %s: attempt %d of group %q has two final records", r.RolloutID, r.Attempt, r.GroupID)
-		case a.phase == done:
+		}
+		if rerun {
 			// An error record that an earlier resume reran: this record
 			// is the attempt's last word.
 			g.left++

@@ -228,7 +228,8 @@ type sampleTail struct {
 // (schema.CheckOutput).
 //
 // The export refuses data a trainer would be misled by, before writing
-// anything. An unreadable last line, what a crash mid-append leaves, is
+// anything. Two final records for one attempt fail it with a
+// *schema.DuplicateFinalError (see schema.AttemptRule). An unreadable last line, what a crash mid-append leaves, is
 // skipped and counted in Stats.TornLines (its attempt runs again on
 // resume); an unreadable line anywhere else fails the export with an error
 // wrapping ErrDamagedRecords and a *schema.LineError naming the line: the
@@ -254,11 +255,18 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	}
 
 	groups := newGroupTable()
+	rule := schema.NewAttemptRule()
 	var rs schema.ReadStats
 	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
-		rs, err := schema.ReadRecords(r, func(rec schema.Record) error {
+		rs, err := schema.ReadRecordLines(r, func(rec schema.Record, line int) error {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			// The rule collect's resume reads by: a trainer must get the
+			// attempts collect counted, each once.
+			if _, err := rule.Add(&rec, line); err != nil {
+				return fmt.Errorf("%w; run `legato rl repair %s` to move the later record to %s (the first is the one collect kept)",
+					err, runDir, schema.QuarantineFile)
 			}
 			if !groups.add(&rec) && rec.Status.Finished() {
 				st.MissingReward++
@@ -270,8 +278,9 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		}
 		if torn := rs.TornInside(); torn != nil {
 			return rs, fmt.Errorf("%w: %w; the line is not the last one, so it is not a crash mid-append but damage, "+
-				"and the record it held is lost (its group's advantages would change): restore the file, "+
-				"or remove the line to export without it", ErrDamagedRecords, torn)
+				"and the record it held is lost (its group's advantages would change): run `legato rl repair %s` "+
+				"to move it to %s (nothing is deleted) and export again",
+				ErrDamagedRecords, torn, runDir, schema.QuarantineFile)
 		}
 		groups.finish()
 		if bad := groups.badLogprobs(opts.DropConstantGroups); bad.Samples > 0 {

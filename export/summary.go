@@ -1,15 +1,10 @@
 package export
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -501,26 +496,14 @@ func (f *sortedFloats) sorted() []float64 {
 // groups the batch has even before every one has a record.
 const BatchFile = schema.BatchFile
 
-// batchInfo is the part of batch.json a summary needs.
-type batchInfo struct {
-	TaskIDs []string `json:"task_ids"`
-}
-
 // readBatch returns the number of tasks in runDir/batch.json, or 0 when
 // there is no such file.
 func readBatch(runDir string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(runDir, BatchFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
+	b, err := schema.ReadBatch(runDir)
+	if err != nil || b == nil {
+		return 0, err
 	}
-	if err != nil {
-		return 0, fmt.Errorf("read batch: %w", err)
-	}
-	var info batchInfo
-	if err := json.Unmarshal(b, &info); err != nil {
-		return 0, fmt.Errorf("read batch %s: %w", filepath.Join(runDir, BatchFile), err)
-	}
-	return len(info.TaskIDs), nil
+	return len(b.TaskIDs), nil
 }
 
 // Summarize computes the summary of the run directory runDir from its

@@ -33,7 +33,7 @@ var ErrRunFile = errors.New("is one of the run's own files")
 // ownEntries are the entries of a run directory that legato writes and
 // reads back; nothing else may write over them. An entry a new release adds
 // to the run directory belongs here.
-var ownEntries = []string{RecordsFile, SummaryFile, BatchFile, MessagesDir, ImagesDir, TokensDir}
+var ownEntries = []string{RecordsFile, SummaryFile, BatchFile, QuarantineFile, MessagesDir, ImagesDir, TokensDir}
 
 // CheckOutput returns an error wrapping ErrRunFile when writing the file
 // path would replace one of the files the run directory dir is made of:
@@ -114,9 +114,14 @@ func resolve(p string) (string, error) {
 // gives: os.CreateTemp makes 0600 files, and a file renamed into place keeps
 // its temp file's mode.
 func createTemp(dir, prefix string) (*os.File, error) {
+	return createTempFlags(dir, prefix, 0)
+}
+
+// createTempFlags is createTemp opening the file with flags added.
+func createTempFlags(dir, prefix string, flags int) (*os.File, error) {
 	for range 10000 {
 		name := filepath.Join(dir, prefix+strconv.FormatUint(uint64(rand.Uint32()), 10))
-		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL|flags, fileMode)
 		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
@@ -138,7 +143,11 @@ func createTemp(dir, prefix string) (*os.File, error) {
 // run directory deletes.
 func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
 	var werr error
-	n, err := writeAtomic(path, "."+filepath.Base(path)+".tmp-", true, func(w io.Writer) error {
+	f, err := createOutputTemp(path)
+	if err != nil {
+		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	n, err := writeThrough(f, path, true, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<20)
 		if werr = write(bw); werr != nil {
 			return werr
@@ -165,11 +174,16 @@ func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
 // files together), the caller syncs the file and its directory before it
 // relies on them. On error the temp file is removed.
 func writeAtomic(path, prefix string, durable bool, write func(io.Writer) error) (n int64, err error) {
-	dir := filepath.Dir(path)
-	f, err := createTemp(dir, prefix)
+	f, err := createTemp(filepath.Dir(path), prefix)
 	if err != nil {
 		return 0, err
 	}
+	return writeThrough(f, path, durable, write)
+}
+
+// writeThrough is writeAtomic with the temp file f already made.
+func writeThrough(f *os.File, path string, durable bool, write func(io.Writer) error) (n int64, err error) {
+	dir := filepath.Dir(path)
 	defer func() {
 		if err != nil {
 			f.Close()

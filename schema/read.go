@@ -62,18 +62,29 @@ func (s ReadStats) TornInside() *LineError {
 // with a different schema version is an error (ErrSchemaVersion): reading
 // it as this version would be wrong.
 func ReadRecords(r io.Reader, fn func(Record) error) (ReadStats, error) {
+	return readRecords(r, func(rec Record, _ int) error { return fn(rec) }, MaxRecordBytes)
+}
+
+// ReadRecordLines is ReadRecords passing each record's 1-based line number
+// too, so a reader can name the line of a record it refuses.
+func ReadRecordLines(r io.Reader, fn func(rec Record, line int) error) (ReadStats, error) {
 	return readRecords(r, fn, MaxRecordBytes)
 }
 
 // ReadRunRecords reads dir/rollouts.jsonl with ReadRecords. It may run while
 // a Run appends to the file: a record being written shows as a torn tail.
 func ReadRunRecords(dir string, fn func(Record) error) (ReadStats, error) {
+	return ReadRunRecordLines(dir, func(rec Record, _ int) error { return fn(rec) })
+}
+
+// ReadRunRecordLines is ReadRunRecords with line numbers (ReadRecordLines).
+func ReadRunRecordLines(dir string, fn func(rec Record, line int) error) (ReadStats, error) {
 	f, err := os.Open(filepath.Join(dir, RecordsFile))
 	if err != nil {
 		return ReadStats{}, fmt.Errorf("read records: %w", err)
 	}
 	defer f.Close()
-	return ReadRecords(f, fn)
+	return ReadRecordLines(f, fn)
 }
 
 var (
@@ -81,7 +92,7 @@ var (
 	errNoSchema  = errors.New("not a legato record (no schema field)")
 )
 
-func readRecords(r io.Reader, fn func(Record) error, maxLine int) (ReadStats, error) {
+func readRecords(r io.Reader, fn func(Record, int) error, maxLine int) (ReadStats, error) {
 	var st ReadStats
 	br := bufio.NewReaderSize(r, 64<<10)
 	var buf []byte
@@ -128,7 +139,7 @@ func readRecords(r io.Reader, fn func(Record) error, maxLine int) (ReadStats, er
 			}
 			st.TornTail = false
 			st.Records++
-			if err := fn(rec); err != nil {
+			if err := fn(rec, st.Lines); err != nil {
 				return st, err
 			}
 		}

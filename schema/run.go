@@ -362,6 +362,19 @@ type hooks struct {
 	joined    func(lead bool)    // an Append added its line to a group
 	synced    func(path string)  // an fsync of path succeeded (concurrently for content files)
 	committed func(lines []byte) // lines are durable; their Appends return next
+	// summaryWrite fails a summary's atomic write when it returns an
+	// error, as a full disk does.
+	summaryWrite hookErr
+}
+
+// hookErr is a test hook that may return an error; nil does nothing.
+type hookErr func() error
+
+func (h hookErr) run() error {
+	if h == nil {
+		return nil
+	}
+	return h()
 }
 
 // A storedObject is a content file that PutMessages renamed into place.
@@ -488,10 +501,46 @@ func (r *Run) WriteSummary(s *Summary) error {
 	// Serialized so that the last call's summary is the one left on disk.
 	r.summaryMu.Lock()
 	defer r.summaryMu.Unlock()
-	if _, err := writeAtomic(filepath.Join(r.dir, SummaryFile), tempPrefix, true, writeBytes(b)); err != nil {
+	path := filepath.Join(r.dir, SummaryFile)
+	err = r.hooks.summaryWrite.run()
+	if err == nil {
+		_, err = writeAtomic(path, tempPrefix, true, writeBytes(b))
+	}
+	if err != nil && s.Final {
+		// On a full disk the temp file gets no blocks, and a batch that
+		// stopped for that reason would leave summary.json saying
+		// "running". Truncating the old file frees its blocks for the new
+		// one; a crash midway leaves a truncated summary, which is no
+		// worse than a lying one.
+		if ierr := rewriteInPlace(path, b, s); ierr == nil {
+			return fmt.Errorf("write summary: %w (rewrote it in place)", err)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("write summary: %w", err)
 	}
 	return nil
+}
+
+// rewriteInPlace writes data over the file path; when that fails, it writes
+// the few bytes that say how the batch ended, which fit in the blocks the
+// truncation freed.
+func rewriteInPlace(path string, data []byte, s *Summary) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|os.O_CREATE, fileMode)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err = f.Write(data); err != nil {
+		short, _ := json.Marshal(Summary{Schema: s.Schema, Policy: s.Policy, Final: true, State: s.State, StopReason: s.StopReason})
+		if err = f.Truncate(0); err == nil {
+			_, err = f.WriteAt(append(short, '\n'), 0)
+		}
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	return err
 }
 
 // ReadSummary reads dir/summary.json.

@@ -60,6 +60,15 @@ type Summary struct {
 	// ServerDownS is the wall time the batch waited for an absent model
 	// server (known to collect only; profile leaves it 0).
 	ServerDownS float64 `json:"server_down_s"`
+	// Outages counts the episodes in which the model server was away
+	// (known to collect only). ServerDownS and Outages add up every run of
+	// the batch: a resume carries over what the earlier runs' summary.json
+	// said.
+	Outages int `json:"outages"`
+	// Stops lists, earliest first, the runs of the batch that ended before
+	// it was done: stopped, interrupted, or ended without a final summary
+	// (killed). The last is this run's when it stopped.
+	Stops []Stop `json:"stops,omitempty"`
 	// PrefixCacheHitRate is cached prompt tokens / prompt tokens, when
 	// PrefixCacheReported. A step whose answer gave no count counts as 0
 	// cached: servers that report leave the count out at 0.
@@ -106,6 +115,12 @@ type Summary struct {
 
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`
+}
+
+// Stop is one run of a batch that ended before the batch was done.
+type Stop struct {
+	State  BatchState `json:"state"`
+	Reason string     `json:"reason,omitempty"`
 }
 
 // HostSummary is one host's part of a batch.

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -269,5 +271,15 @@ func TestCollectSamplingAndHarnessFlags(t *testing.T) {
 	err = run(t.Context(), args, &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "holds another batch: harness") {
 		t.Errorf("resume with another system prompt: %v; want a refusal naming the harness", err)
+	}
+	if code := exitCode(t.Context(), err, io.Discard); code != 2 {
+		t.Errorf("resume with another system prompt exits %d, want 2 (usage)", code)
+	}
+	if err := os.WriteFile(prompt, []byte(`You use a computer. Call computer_use in <tool_call> tags.`), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	err = run(t.Context(), append(slices.Clone(args), "--max-steps", "1"), &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "--max-steps 15, not 1") {
+		t.Errorf("resume with another --max-steps: %v; want a refusal naming it", err)
 	}
 }

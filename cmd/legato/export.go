@@ -37,10 +37,11 @@ Flags may come before or after DIR.
 
 It fails, writing nothing, when samples have no logprobs (unless
 --allow-missing-logprobs), when the server sent their logprobs null, NaN,
-infinite or not one per token id (unless --allow-bad-logprobs), and when a
-line of rollouts.jsonl other than the last cannot be read (a lost record
-would change its group's advantages). A torn last line, left by a crash
-mid-append, is skipped with a warning.
+infinite or not one per token id (unless --allow-bad-logprobs), when a line
+of rollouts.jsonl other than the last cannot be read (a lost record would
+change its group's advantages) and when an attempt has two final records;
+'legato rl repair DIR' moves such lines aside. A torn last line, left by a
+crash mid-append, is skipped with a warning.
 
 `)
 	return fs

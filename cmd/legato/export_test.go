@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -180,5 +181,45 @@ func TestExportCommandUsage(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "Usage: legato rl export DIR --out FILE") {
 		t.Errorf("-h printed %q, want the usage", stderr.String())
+	}
+}
+
+// TestRepairCommand: export refuses a run with a damaged line and says to
+// repair it; legato rl repair moves the line to the quarantine file and
+// lists it, and the export then works.
+func TestRepairCommand(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS("../../export/testdata/run")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, schema.RecordsFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	lines[2] = "{\"schema\":\"legato.rollout/v0\",\"roll\n"
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "")), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "train.jsonl")
+	exportArgs := []string{"rl", "export", dir, "--out", out, "--allow-missing-logprobs"}
+	err = run(t.Context(), exportArgs, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "legato rl repair "+dir) {
+		t.Fatalf("export of a damaged run: %v, want advice to run legato rl repair", err)
+	}
+	var stdout bytes.Buffer
+	if err := run(t.Context(), []string{"rl", "repair", dir}, &stdout, io.Discard); err != nil {
+		t.Fatalf("repair: %v", err)
+	}
+	if !strings.Contains(stdout.String(), "moved line 3:") || !strings.Contains(stdout.String(), schema.QuarantineFile) {
+		t.Errorf("repair output does not list line 3 and the quarantine file:\n%s", stdout.String())
+	}
+	if err := run(t.Context(), exportArgs, io.Discard, io.Discard); err != nil {
+		t.Fatalf("export after repair: %v", err)
+	}
+	stdout.Reset()
+	if err := run(t.Context(), []string{"rl", "repair", dir}, &stdout, io.Discard); err != nil || !strings.Contains(stdout.String(), "needs no repair") {
+		t.Errorf("second repair: %v, %q; want nothing to do", err, stdout.String())
 	}
 }

@@ -71,6 +71,7 @@ func TestDispatch(t *testing.T) {
 		{name: "help of grader", args: []string{"rl", "help", "grader"}, wantCode: 0, wantStdout: "help-grader.golden"},
 		{name: "help of export", args: []string{"rl", "help", "export"}, wantCode: 0, wantStdout: "help-export.golden"},
 		{name: "help of profile", args: []string{"rl", "help", "profile"}, wantCode: 0, wantStdout: "help-profile.golden"},
+		{name: "help of repair", args: []string{"rl", "help", "repair"}, wantCode: 0, wantStdout: "help-repair.golden"},
 		{name: "help of gc", args: []string{"rl", "help", "gc"}, wantCode: 0, wantStdout: "help-gc.golden"},
 		{name: "help of serve-policy", args: []string{"rl", "help", "serve-policy"}, wantCode: 0, wantStdout: "help-serve-policy.golden"},
 		{name: "help of help", args: []string{"rl", "help", "help"}, wantCode: 0, wantStdout: "help-help.golden"},
@@ -81,7 +82,7 @@ func TestDispatch(t *testing.T) {
 		{name: "unknown command", args: []string{"collect"}, wantCode: 2,
 			wantStderr: []string{`legato: unknown command "collect"`, `under "legato rl"`}},
 		{name: "unknown subcommand", args: []string{"rl", "colect", "--tasks", "x"}, wantCode: 2,
-			wantStderr: []string{`legato rl: unknown subcommand "colect"`, "probe, collect, grader, export, profile, hosts, gc, serve-policy, help", "Run 'legato rl help'"}},
+			wantStderr: []string{`legato rl: unknown subcommand "colect"`, "probe, collect, grader, export, repair, profile, hosts, gc, serve-policy, help", "Run 'legato rl help'"}},
 		{name: "help of an unknown subcommand", args: []string{"rl", "help", "frob"}, wantCode: 2,
 			wantStderr: []string{`unknown subcommand "frob"`}},
 		{name: "help of two subcommands", args: []string{"rl", "help", "probe", "export"}, wantCode: 2,
@@ -89,6 +90,7 @@ func TestDispatch(t *testing.T) {
 		{name: "probe without a server", args: []string{"rl", "probe"}, wantCode: 2, wantStderr: []string{"legato rl probe: --policy-url URL is required"}},
 		{name: "collect without --out", args: []string{"rl", "collect", "--tasks", "t.json"}, wantCode: 2, wantStderr: []string{"legato rl collect: --out DIR is required"}},
 		{name: "export without --out", args: []string{"rl", "export", "runs/x"}, wantCode: 2, wantStderr: []string{"legato rl export:", "--out FILE"}},
+		{name: "repair without a run", args: []string{"rl", "repair"}, wantCode: 2, wantStderr: []string{"legato rl repair: missing run directory"}},
 		{name: "profile of no run", args: []string{"rl", "profile", "runs/x"}, wantCode: 1, wantStderr: []string{"legato rl profile:", "runs/x"}},
 	}
 	for _, tt := range tests {

@@ -30,6 +30,7 @@ func commands() []command {
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
 		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
 		{"export", "write a run's training samples, with GRPO group advantages", new(exportCommand).Run},
+		{"repair", "move a run's damaged lines and duplicate final records to a quarantine file", new(repairCommand).Run},
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", new(profileCommand).Run},
 		{"hosts", "list the libvirt hosts (answers? cap, image held?); hosts sync uploads the image to them", new(hostsCommand).Run},
 		{"gc", "remove the VMs and their volumes a crashed batch left behind on each host", new(gcCommand).Run},
