@@ -59,7 +59,7 @@ func repairRun(t *testing.T, dir string) schema.RepairStats {
 func TestExportRefusesDuplicateFinal(t *testing.T) {
 	dir := withDuplicateFinal(t)
 	out := filepath.Join(t.TempDir(), "train.jsonl")
-	_, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true})
+	_, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
 	var dup *schema.DuplicateFinalError
 	if !errors.As(err, &dup) || dup.FirstLine != 2 || dup.Line != 12 || dup.GroupID != "v7/task-a" || dup.Attempt != 0 {
 		t.Fatalf("ExportSteps = %v, want a DuplicateFinalError for attempt 0 of v7/task-a at lines 2 and 12", err)
@@ -75,11 +75,11 @@ func TestExportRefusesDuplicateFinal(t *testing.T) {
 	if st.Duplicates != 1 || st.Unreadable != 0 || st.Moved() != 1 || st.Lines[0].Line != 12 {
 		t.Fatalf("Repair = %+v, want line 12 moved as a duplicate", st)
 	}
-	if _, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true}); err != nil {
+	if _, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}); err != nil {
 		t.Fatalf("ExportSteps after repair: %v", err)
 	}
 	want := filepath.Join(t.TempDir(), "want.jsonl")
-	if _, err := export.ExportSteps(fixedRun, want, export.Options{AllowMissingLogprobs: true}); err != nil {
+	if _, err := export.ExportSteps(fixedRun, want, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := readSamples(t, out), readSamples(t, want); len(got) != len(want) || got[0].Advantage != want[0].Advantage {
@@ -93,7 +93,7 @@ func TestExportRefusesDuplicateFinal(t *testing.T) {
 func TestExportAfterRepairOfDamage(t *testing.T) {
 	dir := damagedCopy(t, 6)
 	out := filepath.Join(t.TempDir(), "train.jsonl")
-	_, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true})
+	_, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
 	if !errors.Is(err, export.ErrDamagedRecords) || !strings.Contains(err.Error(), "legato rl repair "+dir) {
 		t.Fatalf("ExportSteps = %v, want ErrDamagedRecords advising legato rl repair", err)
 	}
@@ -111,7 +111,7 @@ func TestExportAfterRepairOfDamage(t *testing.T) {
 	if err != nil || !strings.Contains(string(q), `"line":6`) {
 		t.Fatalf("quarantine file = %q, %v; want line 6 in it", q, err)
 	}
-	if _, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true}); err != nil {
+	if _, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}); err != nil {
 		t.Fatalf("ExportSteps after repair: %v", err)
 	}
 	if st := repairRun(t, dir); st.Moved() != 0 {

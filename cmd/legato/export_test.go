@@ -203,7 +203,7 @@ func TestRepairCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "train.jsonl")
-	exportArgs := []string{"rl", "export", dir, "--out", out, "--allow-missing-logprobs"}
+	exportArgs := []string{"rl", "export", dir, "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"}
 	err = run(t.Context(), exportArgs, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "legato rl repair "+dir) {
 		t.Fatalf("export of a damaged run: %v, want advice to run legato rl repair", err)
