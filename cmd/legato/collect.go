@@ -216,7 +216,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	sum, err := rl.Collect(ctx, tasks, f.pol, f.opts)
 	pr.done()
 	if sum != nil {
-		writeCollectSummary(stdout, stderr, f.out, sum)
+		writeCollectSummary(stdout, stderr, f.out, sum, err)
 	}
 	if errors.Is(err, rl.ErrInvalidOptions) {
 		return usage(err)
@@ -234,6 +234,9 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 	}
 	if p := f.sampling.topP.v; p != nil && (*p <= 0 || *p > 1) {
 		errs = append(errs, fmt.Sprintf("--top-p %v: want more than 0, at most 1", *p))
+	}
+	if p := f.fake.success; !(p >= 0 && p <= 1) { // NaN too
+		errs = append(errs, fmt.Sprintf("--fake-success %v: want a probability from 0 to 1", p))
 	}
 	if !f.noReadySignal {
 		fs.Visit(func(fl *flag.Flag) {
@@ -305,10 +308,12 @@ func (ff fakeFlags) config() (fake.Config, error) {
 	default:
 		return cfg, usageErrorf("--fake-speed %q: want none, demo or real", ff.speed)
 	}
-	return cfg, cfg.Validate()
+	return cfg, usage(cfg.Validate())
 }
 
-func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary) {
+// writeCollectSummary writes the batch's summary s and what to do next;
+// err is what Collect returned with it.
+func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary, err error) {
 	var parts []string
 	for _, st := range []rl.Status{rl.StatusOK, rl.StatusTruncated, rl.StatusCancelled, rl.StatusSkipped, rl.StatusSurplus, rl.StatusRetried, rl.StatusError} {
 		if n := s.Counts[st]; n > 0 {
@@ -332,7 +337,12 @@ func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary) {
 	case rl.StateComplete:
 		fmt.Fprintf(w, "next: legato rl export %s --out %s/train.jsonl; legato rl profile %s\n", dir, dir, dir)
 	case rl.StateIncomplete:
-		fmt.Fprintf(w, "next: collect again with the same flags to rerun the error records, or export what closed: legato rl export %s --out %s/train.jsonl\n", dir, dir)
+		var inc *rl.IncompleteError
+		if errors.As(err, &inc) && inc.Rerunnable > 0 {
+			fmt.Fprintf(w, "next: collect again to rerun %d error records, or export what closed: legato rl export %s --out %s/train.jsonl\n", inc.Rerunnable, dir, dir)
+			break
+		}
+		fmt.Fprintf(w, "next: export what closed: legato rl export %s --out %s/train.jsonl (the error records have used up their reruns: fix their cause and collect into a new directory)\n", dir, dir)
 	}
 }
 

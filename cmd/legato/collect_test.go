@@ -73,6 +73,16 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"huge rollout timeout", []string{"--out", "x", "--rollout-timeout", "1e300"}, `invalid value "1e300" for flag -rollout-timeout`},
 		{"infinite server-down timeout", []string{"--out", "x", "--server-down-timeout", "Inf"}, `invalid value "Inf" for flag -server-down-timeout`},
 		{"temperature", []string{"--out", "x", "--temperature", "3"}, "--temperature 3: want 0 to 2"},
+		{"fake success above 1", []string{"--out", "x", "--fake-success", "3"}, "--fake-success 3: want a probability from 0 to 1"},
+		{"negative fake success", []string{"--out", "x", "--fake-success", "-0.5"}, "--fake-success -0.5"},
+		{"NaN fake success", []string{"--out", "x", "--fake-success", "NaN"}, "--fake-success NaN"},
+		{"100ns rollout timeout", []string{"--out", "x", "--rollout-timeout", "100ns"}, "--rollout-timeout) 100ns: want 0 (no cap) or at least 1s"},
+		{"negative env retries", []string{"--out", "x", "--env-retries", "-1"}, `invalid value "-1" for flag -env-retries`},
+		{"negative retries", []string{"--out", "x", "--retries", "-1"}, `invalid value "-1" for flag -retries`},
+		{"negative max inflight", []string{"--out", "x", "--max-inflight", "-1"}, `invalid value "-1" for flag -max-inflight`},
+		{"negative max tokens", []string{"--out", "x", "--max-tokens", "-1"}, `invalid value "-1" for flag -max-tokens`},
+		{"negative oversample", []string{"--out", "x", "--oversample", "-1"}, "Oversample (--oversample) -1"},
+		{"negative fixed wait", []string{"--out", "x", "--no-ready-signal", "--fixed-wait", "-1"}, `invalid value "-1" for flag -fixed-wait`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
