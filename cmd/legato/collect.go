@@ -68,7 +68,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	intVar(fs, &f.pol.MaxInflight, "max-inflight", 0, 0, math.MaxInt32, "cap on concurrent model requests per replica (0: none)")
 	durationVar(fs, &f.pol.StepTimeout, "step-timeout", policy.DefaultStepTimeout, time.Millisecond, day, "bound on one model call attempt")
 	intVar(fs, &f.retries, "retries", policy.DefaultRetries, 0, 100, "extra tries of a model call after a timeout, connection error, 429 or 5xx")
-	durationVar(fs, &f.opts.RolloutTimeout, "rollout-timeout", 0, 0, week, "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none)")
+	durationVar(fs, &f.opts.RolloutTimeout, "rollout-timeout", 0, 0, week, "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none; otherwise at least 1s)")
 	intVar(fs, &f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, 0, 100, "times an attempt is re-queued after its desktop failed")
 	durationVar(fs, &f.opts.ServerDownTimeout, "server-down-timeout", rl.DefaultServerDownTimeout, time.Second, week, "how long desktops wait for a model server that stopped answering before the batch stops (resume it later)")
 	fs.BoolVar(&f.noRetryErr, "no-retry-errors", false, "when continuing a batch, do not rerun attempts whose record is an error")
