@@ -40,6 +40,10 @@ const (
 	MaxOversample = 8
 	MaxMaxSteps   = 1000
 	MaxImageMax   = 1000
+	// MinRolloutTimeout is the shortest RolloutTimeout: a cap shorter than
+	// one observation and model call truncates every attempt before its
+	// first action, which is a typo, never a batch worth running.
+	MinRolloutTimeout = time.Second
 	// MaxAttempts bounds tasks × attempts per task.
 	MaxAttempts = 1 << 20
 )
@@ -74,7 +78,7 @@ type CollectOptions struct {
 	// RolloutTimeout caps the stepping of one attempt, from its first
 	// observation; an attempt that hits it stops stepping, is graded and
 	// recorded as truncated. Time waiting for an absent model server does
-	// not count. Zero means no cap.
+	// not count. Zero means no cap; otherwise at least MinRolloutTimeout.
 	RolloutTimeout time.Duration
 	// EnvRetries is how many times an attempt whose desktop failed is
 	// re-queued (default 1; negative for none).
@@ -179,6 +183,9 @@ func (o CollectOptions) Validate() error {
 			bad("%s %v: want ≥ 0 (0 means the default)", d.name, d.v)
 		}
 	}
+	if o.RolloutTimeout > 0 && o.RolloutTimeout < MinRolloutTimeout {
+		bad("RolloutTimeout (--rollout-timeout) %v: want 0 (no cap) or at least %v", o.RolloutTimeout, MinRolloutTimeout)
+	}
 	if err := o.Ready.Validate(); err != nil {
 		bad("Ready: %v", err)
 	}
@@ -231,6 +238,28 @@ type Progress struct {
 // that could not reach G finished attempts.
 var ErrBatchIncomplete = errors.New("batch incomplete")
 
+// IncompleteError is Collect's error when groups ended short of G finished
+// attempts; it wraps ErrBatchIncomplete.
+type IncompleteError struct {
+	// Short groups of Groups did not reach Group finished attempts.
+	Short, Groups, Group int
+	// Rerunnable counts the error records that collecting into the
+	// directory again reruns; the others have used up the batch's
+	// ErrorReruns.
+	Rerunnable int
+}
+
+func (e *IncompleteError) Error() string {
+	next := fmt.Sprintf("collecting again reruns %d of them", e.Rerunnable)
+	if e.Rerunnable == 0 {
+		next = "their reruns are used up, so collecting again reruns none of them"
+	}
+	return fmt.Sprintf("%v: %d of %d groups did not reach %d finished attempts (see the error records; %s)",
+		ErrBatchIncomplete, e.Short, e.Groups, e.Group, next)
+}
+
+func (e *IncompleteError) Unwrap() error { return ErrBatchIncomplete }
+
 // Collect runs a batch: every task's group of attempts, on opts.Desktops
 // desktops, against the model server of pol, written to opts.Out.
 //
@@ -243,8 +272,8 @@ var ErrBatchIncomplete = errors.New("batch incomplete")
 // ServerDownTimeout (ErrServerDown): Collect then returns that error. A
 // server that goes away and comes back within it costs time, not
 // attempts. Otherwise the returned error is nil when every group closed, and
-// wraps ErrBatchIncomplete when some could not (the error records say why;
-// collecting again reruns them, see ErrorReruns).
+// an *IncompleteError when some could not (the error records say why; it
+// counts those that collecting again reruns, see ErrorReruns).
 func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOptions) (*Summary, error) {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
@@ -300,6 +329,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
 		sched: newScheduler(tasks, pol, opts)}
 	b.earlier = earlierRuns(opts.Out, opts.Logger)
+	b.sched.errorReruns = *m.ErrorReruns
 	stats, err := b.sched.resume(opts.Out, reruns)
 	if err != nil {
 		return nil, err

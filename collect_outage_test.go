@@ -193,7 +193,9 @@ func TestCollectRerunsErrors(t *testing.T) {
 				return policytest.NoFault
 			}}, fake.Config{})
 		e.opts.ErrorReruns = 1
-		run := func(name string, want map[Status]int, wantErr error) *Summary {
+		// rerunnable is what the error says collecting again reruns; -1
+		// when the batch completes.
+		run := func(name string, want map[Status]int, wantErr error, rerunnable int) *Summary {
 			t.Helper()
 			e.fleet = fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight})
 			e.opts.NewDesktop = e.fleet.New
@@ -202,31 +204,39 @@ func TestCollectRerunsErrors(t *testing.T) {
 			if !errorsIs(err, wantErr) {
 				t.Fatalf("%s: Collect: %v, want %v", name, err, wantErr)
 			}
+			var inc *IncompleteError
+			if errors.As(err, &inc) && inc.Rerunnable != rerunnable {
+				t.Errorf("%s: the error says collecting again reruns %d, want %d: %v", name, inc.Rerunnable, rerunnable, err)
+			}
+			if rerunnable == 0 && !strings.Contains(fmt.Sprint(err), "reruns none") {
+				t.Errorf("%s: error %q does not say that collecting again reruns none", name, err)
+			}
 			recs := readRecords(t, e.opts.Out)
 			if diff := cmp.Diff(want, statusCounts(recs)); diff != "" {
 				t.Errorf("%s: statuses (-want +got):\n%s", name, diff)
 			}
 			return sum
 		}
-		sum := run("first run", map[Status]int{StatusError: 4}, ErrBatchIncomplete)
+		sum := run("first run", map[Status]int{StatusError: 4}, ErrBatchIncomplete, 4)
 		if sum.State != schema.StateIncomplete || sum.PolicyErrors != 4 {
 			t.Errorf("first run: state %q, %d policy errors; want incomplete, 4", sum.State, sum.PolicyErrors)
 		}
 		// Still broken: the one rerun allowed fails too.
-		run("rerun, still failing", map[Status]int{StatusError: 8}, ErrBatchIncomplete)
+		run("rerun, still failing", map[Status]int{StatusError: 8}, ErrBatchIncomplete, 0)
 		// Fixed, but the bound is used up.
 		broken.Store(false)
-		run("past the bound", map[Status]int{StatusError: 8}, ErrBatchIncomplete)
+		run("past the bound", map[Status]int{StatusError: 8}, ErrBatchIncomplete, 0)
 
 		// A new batch: fixed between runs, with reruns off, then on.
 		e.opts.Out += "-2"
 		broken.Store(true)
-		run("second batch", map[Status]int{StatusError: 4}, ErrBatchIncomplete)
+		run("second batch", map[Status]int{StatusError: 4}, ErrBatchIncomplete, 4)
 		broken.Store(false)
 		e.opts.ErrorReruns = -1
-		run("no reruns", map[Status]int{StatusError: 4}, ErrBatchIncomplete)
+		// Reruns off for this run only: the batch's bound still allows one.
+		run("no reruns", map[Status]int{StatusError: 4}, ErrBatchIncomplete, 4)
 		e.opts.ErrorReruns = 0
-		sum = run("reruns", map[Status]int{StatusError: 4, StatusOK: 4}, nil)
+		sum = run("reruns", map[Status]int{StatusError: 4, StatusOK: 4}, nil, -1)
 		if sum.State != schema.StateComplete || sum.ErrorsRerun != 4 || sum.PolicyErrors != 0 {
 			t.Errorf("after the rerun: state %q, %d errors rerun, %d policy errors; want complete, 4, 0", sum.State, sum.ErrorsRerun, sum.PolicyErrors)
 		}

@@ -354,6 +354,8 @@ func TestCollectOptionsValidate(t *testing.T) {
 		{name: "NaN oversample", change: func(o *CollectOptions) { o.Oversample = math.NaN() }, want: "--oversample) NaN"},
 		{name: "huge oversample", change: func(o *CollectOptions) { o.Oversample = 1e300 }, want: "want 0 to 8"},
 		{name: "negative timeout", change: func(o *CollectOptions) { o.RolloutTimeout = -time.Second }, want: "--rollout-timeout) -1s"},
+		{name: "100ns rollout timeout", change: func(o *CollectOptions) { o.RolloutTimeout = 100 }, want: "--rollout-timeout) 100ns: want 0 (no cap) or at least 1s"},
+		{name: "1s rollout timeout", change: func(o *CollectOptions) { o.RolloutTimeout = time.Second }},
 		{name: "negative server-down timeout", change: func(o *CollectOptions) { o.ServerDownTimeout = -time.Second }, want: "--server-down-timeout) -1s"},
 		{name: "negative group", change: func(o *CollectOptions) { o.Group = -3 }, want: "Group (--group) -3: want 0 to 1024"},
 		{name: "huge group", change: func(o *CollectOptions) { o.Group = 1000000 }, want: "Group (--group) 1000000"},

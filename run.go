@@ -118,8 +118,7 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	case werr != nil:
 		return sum, fmt.Errorf("write summary: %w", werr)
 	case sum.State == schema.StateIncomplete:
-		return sum, fmt.Errorf("%w: %d of %d groups did not reach %d finished attempts (see the error records; collecting again reruns them)",
-			ErrBatchIncomplete, sum.Groups-sum.GroupsClosed, sum.Groups, b.opts.Group)
+		return sum, &IncompleteError{Short: sum.Groups - sum.GroupsClosed, Groups: sum.Groups, Group: b.opts.Group, Rerunnable: b.sched.rerunnable()}
 	}
 	return sum, nil
 }

@@ -28,6 +28,10 @@ type scheduler struct {
 	counts  map[Status]int
 	summary *export.SummaryBuilder
 
+	// errorReruns is the batch's bound on reruns of an error record
+	// (batch.json), whatever this run does.
+	errorReruns int
+
 	groupsEnded, groupsClosed int
 	// resumedGraded and resumedEnded are what earlier runs of the batch
 	// did, left out of this run's rates; reran counts attempts this run
@@ -71,7 +75,10 @@ type attempt struct {
 	// records a resume reran); tryBase those before the last rerun, so
 	// that EnvRetries counts from it.
 	tries, tryBase int
-	phase          attemptPhase
+	// errors counts the error records in a row that are the attempt's
+	// last word: what a resume holds against the batch's ErrorReruns.
+	errors int
+	phase  attemptPhase
 	// cancel stops a stepping attempt when its group closes.
 	cancel context.CancelCauseFunc
 }
@@ -155,6 +162,7 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 	for _, g := range s.groups {
 		g.closed = len(g.finished) >= s.g
 		for _, a := range g.attempts {
+			a.errors = errorsOf[a]
 			if n := errorsOf[a]; n > 0 && !g.closed && n <= reruns {
 				a.phase, a.tryBase = queued, a.tries
 				g.left++
@@ -271,6 +279,7 @@ func (s *scheduler) recorded(a *attempt, rec *Record, written bool) {
 	}
 	s.addLocked(rec)
 	a.tries++
+	a.noteFinal(rec.Status)
 	g := a.g
 	if rec.Status.Finished() {
 		g.finished = append(g.finished, *rec)
@@ -422,9 +431,42 @@ func (s *scheduler) writeLocked(a *attempt, e ending, write writeFunc) error {
 	}
 	s.addLocked(rec)
 	a.tries++
+	a.noteFinal(rec.Status)
 	a.phase = done
 	s.endAttemptLocked(a)
 	return nil
+}
+
+// noteFinal counts an error record in a row, as resume does; another
+// final record ends the run of errors.
+func (a *attempt) noteFinal(st Status) {
+	switch st {
+	case schema.StatusError:
+		a.errors++
+	case schema.StatusRetried:
+	default:
+		a.errors = 0
+	}
+}
+
+// rerunnable counts the attempts that collecting into the directory again
+// would rerun: their record is an error, their group did not close, and
+// they have reruns left under the batch's bound. It mirrors resume.
+func (s *scheduler) rerunnable() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, g := range s.groups {
+		if g.closed {
+			continue
+		}
+		for _, a := range g.attempts {
+			if a.phase == done && a.errors > 0 && a.errors <= s.errorReruns {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // closedCount counts the groups that have G finished attempts.

@@ -182,6 +182,12 @@ func (t *try) steps(ctx context.Context) error {
 			// harness cannot use is the desktop's failure.
 			return &desktopError{err: fmt.Errorf("prompt from observation: %w", err), failed: true}
 		}
+		// A stopping batch starts no model call, so it stores no prompt
+		// for one either: at thousands of desktops that work alone held
+		// the shutdown up for seconds.
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
 		hashes, err := t.storePrompt(msgs)
 		if err != nil {
 			return &storeFailure{fmt.Errorf("store messages: %w", err)}

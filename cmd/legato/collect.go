@@ -68,7 +68,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	intVar(fs, &f.pol.MaxInflight, "max-inflight", 0, 0, math.MaxInt32, "cap on concurrent model requests per replica (0: none)")
 	durationVar(fs, &f.pol.StepTimeout, "step-timeout", policy.DefaultStepTimeout, time.Millisecond, day, "bound on one model call attempt")
 	intVar(fs, &f.retries, "retries", policy.DefaultRetries, 0, 100, "extra tries of a model call after a timeout, connection error, 429 or 5xx")
-	durationVar(fs, &f.opts.RolloutTimeout, "rollout-timeout", 0, 0, week, "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none)")
+	durationVar(fs, &f.opts.RolloutTimeout, "rollout-timeout", 0, 0, week, "wall-clock cap on an attempt's stepping; it is then graded and marked truncated (0: none; otherwise at least 1s)")
 	intVar(fs, &f.opts.EnvRetries, "env-retries", rl.DefaultEnvRetries, 0, 100, "times an attempt is re-queued after its desktop failed")
 	durationVar(fs, &f.opts.ServerDownTimeout, "server-down-timeout", rl.DefaultServerDownTimeout, time.Second, week, "how long desktops wait for a model server that stopped answering before the batch stops (resume it later)")
 	fs.BoolVar(&f.noRetryErr, "no-retry-errors", false, "when continuing a batch, do not rerun attempts whose record is an error")
@@ -216,7 +216,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	sum, err := rl.Collect(ctx, tasks, f.pol, f.opts)
 	pr.done()
 	if sum != nil {
-		writeCollectSummary(stdout, stderr, f.out, sum)
+		writeCollectSummary(stdout, stderr, f.out, sum, err)
 	}
 	if errors.Is(err, rl.ErrInvalidOptions) {
 		return usage(err)
@@ -234,6 +234,9 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 	}
 	if p := f.sampling.topP.v; p != nil && (*p <= 0 || *p > 1) {
 		errs = append(errs, fmt.Sprintf("--top-p %v: want more than 0, at most 1", *p))
+	}
+	if p := f.fake.success; !(p >= 0 && p <= 1) { // NaN too
+		errs = append(errs, fmt.Sprintf("--fake-success %v: want a probability from 0 to 1", p))
 	}
 	if !f.noReadySignal {
 		fs.Visit(func(fl *flag.Flag) {
@@ -305,10 +308,12 @@ func (ff fakeFlags) config() (fake.Config, error) {
 	default:
 		return cfg, usageErrorf("--fake-speed %q: want none, demo or real", ff.speed)
 	}
-	return cfg, cfg.Validate()
+	return cfg, usage(cfg.Validate())
 }
 
-func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary) {
+// writeCollectSummary writes the batch's summary s and what to do next;
+// err is what Collect returned with it.
+func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary, err error) {
 	var parts []string
 	for _, st := range []rl.Status{rl.StatusOK, rl.StatusTruncated, rl.StatusCancelled, rl.StatusSkipped, rl.StatusSurplus, rl.StatusRetried, rl.StatusError} {
 		if n := s.Counts[st]; n > 0 {
@@ -332,7 +337,12 @@ func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary) {
 	case rl.StateComplete:
 		fmt.Fprintf(w, "next: legato rl export %s --out %s/train.jsonl; legato rl profile %s\n", dir, dir, dir)
 	case rl.StateIncomplete:
-		fmt.Fprintf(w, "next: collect again with the same flags to rerun the error records, or export what closed: legato rl export %s --out %s/train.jsonl\n", dir, dir)
+		var inc *rl.IncompleteError
+		if errors.As(err, &inc) && inc.Rerunnable > 0 {
+			fmt.Fprintf(w, "next: collect again to rerun %d error records, or export what closed: legato rl export %s --out %s/train.jsonl\n", inc.Rerunnable, dir, dir)
+			break
+		}
+		fmt.Fprintf(w, "next: export what closed: legato rl export %s --out %s/train.jsonl (the error records have used up their reruns: fix their cause and collect into a new directory)\n", dir, dir)
 	}
 }
 

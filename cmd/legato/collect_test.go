@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -75,6 +76,16 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"huge rollout timeout", []string{"--out", "x", "--rollout-timeout", "1e300"}, `invalid value "1e300" for flag -rollout-timeout`},
 		{"infinite server-down timeout", []string{"--out", "x", "--server-down-timeout", "Inf"}, `invalid value "Inf" for flag -server-down-timeout`},
 		{"temperature", []string{"--out", "x", "--temperature", "3"}, "--temperature 3: want 0 to 2"},
+		{"fake success above 1", []string{"--out", "x", "--fake-success", "3"}, "--fake-success 3: want a probability from 0 to 1"},
+		{"negative fake success", []string{"--out", "x", "--fake-success", "-0.5"}, "--fake-success -0.5"},
+		{"NaN fake success", []string{"--out", "x", "--fake-success", "NaN"}, "--fake-success NaN"},
+		{"100ns rollout timeout", []string{"--out", "x", "--rollout-timeout", "100ns"}, "--rollout-timeout) 100ns: want 0 (no cap) or at least 1s"},
+		{"negative env retries", []string{"--out", "x", "--env-retries", "-1"}, `invalid value "-1" for flag -env-retries`},
+		{"negative retries", []string{"--out", "x", "--retries", "-1"}, `invalid value "-1" for flag -retries`},
+		{"negative max inflight", []string{"--out", "x", "--max-inflight", "-1"}, `invalid value "-1" for flag -max-inflight`},
+		{"negative max tokens", []string{"--out", "x", "--max-tokens", "-1"}, `invalid value "-1" for flag -max-tokens`},
+		{"negative oversample", []string{"--out", "x", "--oversample", "-1"}, "Oversample (--oversample) -1"},
+		{"negative fixed wait", []string{"--out", "x", "--no-ready-signal", "--fixed-wait", "-1"}, `invalid value "-1" for flag -fixed-wait`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -281,5 +292,121 @@ func TestCollectSamplingAndHarnessFlags(t *testing.T) {
 	err = run(t.Context(), append(slices.Clone(args), "--max-steps", "1"), &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "--max-steps 15, not 1") {
 		t.Errorf("resume with another --max-steps: %v; want a refusal naming it", err)
+	}
+}
+
+// startCollect starts a real collect process into out and returns once the
+// batch has begun (its first line says so), with a scanner of the rest of
+// its stderr.
+func startCollect(t *testing.T, out string, extra ...string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	args := append([]string{"rl", "collect", "--out", out}, extra...)
+	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "collecting ") {
+			return cmd, sc
+		}
+	}
+	_ = cmd.Wait()
+	t.Fatal("collect ended before the batch began")
+	return nil, nil
+}
+
+// waitInterrupted reads the rest of stderr and checks that the process
+// exited with exitInterrupted.
+func waitInterrupted(t *testing.T, cmd *exec.Cmd, sc *bufio.Scanner) string {
+	t.Helper()
+	var rest []string
+	for sc.Scan() {
+		rest = append(rest, sc.Text())
+	}
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitInterrupted {
+		t.Fatalf("exit = %v, want status %d; stderr:\n%s", err, exitInterrupted, strings.Join(rest, "\n"))
+	}
+	return strings.Join(rest, "\n")
+}
+
+// TestCollectInterruptManyDesktops: SIGINT to a batch on hundreds of fake
+// desktops stops it; the final summary accounts for every line of
+// rollouts.jsonl, so nothing was appended after it was written.
+func TestCollectInterruptManyDesktops(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	cmd, sc := startCollect(t, out, "--desktops", "300", "--group", "100", "--fake-speed", "demo")
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	stderr := waitInterrupted(t, cmd, sc)
+	if !strings.Contains(stderr, "interrupt again to exit at once") {
+		t.Errorf("stderr does not say how to exit at once:\n%s", stderr)
+	}
+	data, err := os.ReadFile(filepath.Join(out, schema.SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum schema.Summary
+	if err := json.Unmarshal(data, &sum); err != nil {
+		t.Fatal(err)
+	}
+	lines := 0
+	if recs, err := os.ReadFile(filepath.Join(out, "rollouts.jsonl")); err == nil {
+		lines = bytes.Count(recs, []byte("\n"))
+	}
+	if !sum.Final || sum.State != schema.StateInterrupted || sum.Records != lines {
+		t.Errorf("summary: final %v, state %q, %d records; rollouts.jsonl has %d lines; want final, interrupted, the same count",
+			sum.Final, sum.State, sum.Records, lines)
+	}
+}
+
+// TestCollectSecondInterrupt: a second SIGINT exits at once, and the run
+// directory it leaves resumes to a complete batch.
+func TestCollectSecondInterrupt(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	cmd, sc := startCollect(t, out, "--desktops", "300", "--group", "20", "--fake-speed", "demo")
+	for range 2 {
+		// The second may find the process gone already: that is fine.
+		_ = cmd.Process.Signal(syscall.SIGINT)
+	}
+	waitInterrupted(t, cmd, sc)
+
+	var stdout, errb bytes.Buffer
+	args := []string{"rl", "collect", "--out", out, "--desktops", "300", "--group", "20", "--fake-speed", "none"}
+	if err := run(t.Context(), args, &stdout, &errb); err != nil {
+		t.Fatalf("resume: %v\n%s", err, errb.String())
+	}
+	if !strings.Contains(stdout.String(), "6/6 groups closed") {
+		t.Errorf("the resume did not complete the batch:\n%s", stdout.String())
+	}
+}
+
+// TestSecondSignalExitsAtOnce: the first signal cancels the command's ctx;
+// a second one exits with exitInterrupted while the shutdown the first
+// began is still held up (here: nothing calls stop).
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	sigs := make(chan os.Signal, 2)
+	exited := make(chan int, 1)
+	stderr := &lockedWriter{w: &bytes.Buffer{}}
+	ctx, stop := stopOnSignal(t.Context(), sigs, stderr, func(code int) { exited <- code })
+	defer stop()
+	sigs <- os.Interrupt
+	<-ctx.Done()
+	select {
+	case code := <-exited:
+		t.Fatalf("the first signal exited with %d", code)
+	default:
+	}
+	sigs <- syscall.SIGTERM
+	if code := <-exited; code != exitInterrupted {
+		t.Errorf("exit code %d, want %d", code, exitInterrupted)
 	}
 }

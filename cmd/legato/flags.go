@@ -13,11 +13,24 @@ import (
 )
 
 // parseFlags parses a subcommand's flags. A bad flag or flag value becomes
-// a usage error (the flag set has already printed what is wrong and its
-// usage); -h gives flag.ErrHelp, which exits 0.
+// a usage error, which exitCode prints once with where to find the usage:
+// the flag set's own report (the error, then every flag) is held back, as
+// it would print the error a second time. -h prints the usage and gives
+// flag.ErrHelp, which exits 0.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		if fs.Usage != nil {
+			fs.Usage()
+		} else {
+			fs.PrintDefaults()
+		}
 		return err
 	}
 	return &usageError{err: err}

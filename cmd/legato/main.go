@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 )
 
@@ -24,11 +25,46 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopOnSignal(context.Background(), sigs, os.Stderr, os.Exit)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	code := exitCode(ctx, err, os.Stderr)
+	signal.Stop(sigs)
 	stop()
 	os.Exit(code)
+}
+
+// stopOnSignal returns a ctx that the first signal on sigs cancels: the
+// command starts no new work and records what is finishing, which can take
+// a while (desktops closing, a record's sync). A second signal exits at
+// once with exitInterrupted, for an operator who will not wait: records
+// already synced stay, and collecting into the run directory again resumes
+// the batch (a torn last line is cut off). stop ends the watch.
+func stopOnSignal(parent context.Context, sigs <-chan os.Signal, stderr io.Writer, exit func(int)) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	done := make(chan struct{})
+	var watching sync.WaitGroup
+	watching.Go(func() {
+		select {
+		case <-sigs:
+		case <-done:
+			return
+		}
+		cancel()
+		fmt.Fprintln(stderr, "legato: stopping: no new work, recording what is finishing; interrupt again to exit at once")
+		select {
+		case <-sigs:
+			fmt.Fprintln(stderr, "legato: interrupted again: exiting now; collect into the same directory to resume")
+			exit(exitInterrupted)
+		case <-done:
+		}
+	})
+	return ctx, func() {
+		close(done)
+		watching.Wait()
+		cancel()
+	}
 }
 
 // run dispatches the command line (without the program name).

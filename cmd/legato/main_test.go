@@ -222,3 +222,39 @@ func TestProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestUsageErrorPrintedOnce: a bad flag value is reported once, with where
+// to find the usage, not by the flag set and again by main; -h still
+// prints the usage.
+func TestUsageErrorPrintedOnce(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"rl", "collect", "--out", "x", "--desktops", "0"}, `invalid value "0" for flag -desktops`},
+		{[]string{"rl", "collect", "--out", "x", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"rl", "export", "--bogus", "dir"}, "flag provided but not defined: -bogus"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := exitCode(t.Context(), run(t.Context(), tt.args, &stdout, &stderr), &stderr)
+			if code != exitUsage {
+				t.Errorf("exit code %d, want %d", code, exitUsage)
+			}
+			if n := strings.Count(stderr.String(), tt.want); n != 1 {
+				t.Errorf("stderr says %q %d times, want once:\n%s", tt.want, n, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "Run 'legato rl help'") {
+				t.Errorf("stderr does not say where the usage is:\n%s", stderr.String())
+			}
+		})
+	}
+	var stdout bytes.Buffer
+	if err := run(t.Context(), []string{"rl", "collect", "-h"}, &stdout, &stdout); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("collect -h: %v, want flag.ErrHelp", err)
+	}
+	if !strings.Contains(stdout.String(), "Usage: legato rl collect") {
+		t.Errorf("collect -h printed no usage:\n%s", stdout.String())
+	}
+}

@@ -51,6 +51,7 @@
 package fake
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,9 +113,13 @@ type Desktop struct {
 	resets       map[string]int // per task ID: successful Resets so far
 	cur          attempt
 
-	// screen is used by Observe only, which is never concurrent with
-	// itself, so it is not guarded by mu.
-	screen *screen
+	// screens lends Observe a screen to render on; lastFrame and lastPNG
+	// are the desktop's last screenshot, returned again while the screen
+	// does not change. Observe is never concurrent with itself, so they
+	// are not guarded by mu.
+	screens   *screens
+	lastFrame frame
+	lastPNG   []byte
 }
 
 // attempt is what the desktop knows about the attempt since the last Reset.
@@ -145,21 +150,23 @@ func New(cfg Config) *Desktop {
 	}
 	cfg.Rewards = maps.Clone(cfg.Rewards)
 	cfg.Faults = slices.Clone(cfg.Faults)
-	return newDesktop(cfg, name, cfg.Seed)
+	w, h := cfg.size()
+	return newDesktop(cfg, name, cfg.Seed, newScreens(w, h, 1))
 }
 
 // newDesktop makes a desktop from a validated config it may keep.
-func newDesktop(cfg Config, name string, seed uint64) *Desktop {
+func newDesktop(cfg Config, name string, seed uint64, screens *screens) *Desktop {
 	w, h := cfg.size()
 	return &Desktop{
-		cfg:    cfg,
-		name:   name,
-		seed:   seed,
-		base:   cfg.Seed,
-		width:  w,
-		height: h,
-		closed: make(chan struct{}),
-		resets: make(map[string]int),
+		screens: screens,
+		cfg:     cfg,
+		name:    name,
+		seed:    seed,
+		base:    cfg.Seed,
+		width:   w,
+		height:  h,
+		closed:  make(chan struct{}),
+		resets:  make(map[string]int),
 	}
 }
 
@@ -314,14 +321,29 @@ func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
 	}
 	d.mu.Unlock()
 
-	if d.screen == nil {
-		d.screen = newScreen(d.width, d.height)
-	}
-	img, err := d.screen.png(f)
+	img, err := d.render(ctx, f)
 	if err != nil {
 		return desktop.Observation{}, d.fail(PhaseObserve, err)
 	}
 	return desktop.Observation{Screenshot: img, Width: d.width, Height: d.height, At: now}, nil
+}
+
+// render returns the PNG of f, the last one again when f did not change.
+func (d *Desktop) render(ctx context.Context, f frame) ([]byte, error) {
+	if d.lastPNG != nil && f == d.lastFrame {
+		return bytes.Clone(d.lastPNG), nil
+	}
+	s, err := d.screens.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	img, err := s.png(f)
+	d.screens.put(s)
+	if err != nil {
+		return nil, err
+	}
+	d.lastFrame, d.lastPNG = f, bytes.Clone(img)
+	return img, nil
 }
 
 // Act takes Latency.Act and records the action. A Code action changes the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -25,6 +26,8 @@ var _ desktop.Factory = (&Fleet{}).New
 type Fleet struct {
 	cfg Config
 	err error // from cfg.Validate
+	// screens are shared by the fleet's desktops: one per CPU.
+	screens *screens
 
 	mu       sync.Mutex
 	gens     map[int]int // per slot: desktops created so far
@@ -40,7 +43,8 @@ func NewFleet(cfg Config) *Fleet {
 	if cfg.Name == "" {
 		cfg.Name = "fake"
 	}
-	return &Fleet{cfg: cfg, err: cfg.Validate(), gens: make(map[int]int)}
+	w, h := cfg.size()
+	return &Fleet{cfg: cfg, err: cfg.Validate(), gens: make(map[int]int), screens: newScreens(w, h, runtime.GOMAXPROCS(0))}
 }
 
 // Factory returns the New method of a new Fleet: a desktop.Factory that gives
@@ -91,7 +95,7 @@ func (f *Fleet) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 		}
 	}
 
-	d := newDesktop(f.cfg, name, seed)
+	d := newDesktop(f.cfg, name, seed, f.screens)
 	f.mu.Lock()
 	f.desktops = append(f.desktops, d)
 	f.mu.Unlock()

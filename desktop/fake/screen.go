@@ -2,6 +2,7 @@ package fake
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -39,9 +40,45 @@ const (
 	barOffIdx = 20
 )
 
+// screens lends screens to the desktops of a fleet (or to one desktop made
+// by New). A 1920×1080 screen's buffers and compressor take megabytes: with
+// one per desktop, thousands of desktops held gigabytes and rendered all at
+// once, which starved a batch of CPU and made a cancelled one take tens of
+// seconds to wind down. So a fleet renders at most GOMAXPROCS screenshots
+// at a time, and a caller waiting for a screen gives up when its ctx is
+// done.
+type screens struct {
+	w, h int
+	// free holds the screens not lent, nil for one not made yet.
+	free chan *screen
+}
+
+func newScreens(w, h, n int) *screens {
+	p := &screens{w: w, h: h, free: make(chan *screen, n)}
+	for range n {
+		p.free <- nil
+	}
+	return p
+}
+
+// get takes a screen, waiting for one while ctx lets it.
+func (p *screens) get(ctx context.Context) (*screen, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case s := <-p.free:
+		if s == nil {
+			s = newScreen(p.w, p.h)
+		}
+		return s, nil
+	}
+}
+
+// put gives back a screen that get lent.
+func (p *screens) put(s *screen) { p.free <- s }
+
 // screen renders frames into one reused buffer and encodes them with one
-// reused compressor. It belongs to one desktop and is used by Observe only,
-// which the contract never calls concurrently.
+// reused compressor. It is lent to one Observe at a time by screens.
 type screen struct {
 	// img draws into raw, the PNG's uncompressed image data: each row is
 	// a filter-type byte (0, none) followed by the row's palette indexes,
