@@ -33,8 +33,10 @@ var ErrNoReplica = errors.New("no model-server replica answers")
 // Replicas calls a model served by several servers with the same weights
 // (data-parallel replicas): BaseURL and Config.Replicas. Each replica is a
 // Client of its own, with its own MaxInflight. A replica whose call fails
-// like an absent server (IsOutage) is taken out, the call goes to another
-// at once, and a background prober brings it back when it answers a ping.
+// like a broken server (IsOutage: 5xx, dropped or unparsable bodies,
+// timeouts) is taken out, the call goes to another at once, and a
+// background prober brings it back when it serves a one-token generation
+// (Client.Ping).
 // With one URL it is a Client. It is safe for concurrent use; Close it.
 type Replicas struct {
 	reps    []*replica
@@ -64,9 +66,7 @@ type replica struct {
 }
 
 // backoff is the rest between two pings of a replica that is down.
-func (rep *replica) backoff() time.Duration {
-	return min(250*time.Millisecond<<min(rep.tries, 8), 10*time.Second)
-}
+func (rep *replica) backoff() time.Duration { return ProbeBackoff(rep.tries) }
 
 // NewReplicas returns the replicas of cfg: one Client per URL of BaseURL and
 // Replicas, each configured as cfg says.
@@ -117,6 +117,7 @@ func (r *Replicas) Close() {
 // to answer a ping).
 func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Message) (*Result, error) {
 	var spent, queued float64
+	var sent int // HTTP requests made on replicas that failed
 	var tried []*replica
 	var last error = errors.New("every replica is down")
 	for {
@@ -128,6 +129,7 @@ func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Messa
 		if res != nil {
 			res.Model.Seconds += spent
 			res.Model.QueueS += queued
+			res.Model.Attempts += sent
 			if len(r.reps) > 1 {
 				res.Model.Replica = rep.url
 			}
@@ -138,7 +140,7 @@ func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Messa
 		r.markDown(rep, err)
 		tried, last = append(tried, rep), err
 		if res != nil {
-			spent, queued = res.Model.Seconds, res.Model.QueueS
+			spent, queued, sent = res.Model.Seconds, res.Model.QueueS, res.Model.Attempts
 		}
 	}
 }
