@@ -180,7 +180,10 @@ func TestCollectRerunsErrors(t *testing.T) {
 		e := newBatchEnv(t, testTasks(2), policytest.Options{Script: clicksThenDone(1),
 			Faults: func(int, policytest.Request) policytest.Fault {
 				if broken.Load() {
-					return policytest.FaultServerError // a 500: not an outage
+					// A 400 naming the request: the attempt's own failure.
+					// (A 500 would pause the batch: see
+					// TestCollectRidesThroughCompletionFaults.)
+					return policytest.FaultValidationError
 				}
 				return policytest.NoFault
 			}}, fake.Config{})

@@ -18,9 +18,12 @@ import (
 // maxCallsWhileUp bounds how often a model call that failed like a broken
 // server is sent again when the server then served the breaker's first
 // one-token generation: the server serves, so the call itself may be what
-// fails (see outage). Resends after a ping failed are not bounded by it:
-// the server was broken, not the call.
-const maxCallsWhileUp = 1
+// fails (a prompt that crashes the engine). Two resends: a server that
+// drops one request in three, with the tiny generation served in between,
+// still fails a call only once in 27, not once in 9; a call that fails
+// every time costs three sends. Resends after a ping failed are not
+// bounded by it: the server was broken, not the call.
+const maxCallsWhileUp = 2
 
 // try is one try of an attempt on one desktop: reset, then steps until the
 // agent ends it, then grading. It gathers the record's content and says how
