@@ -109,21 +109,23 @@ func (r *Replicas) Close() {
 }
 
 // Complete makes a call for key (the group of attempts it belongs to) on a
-// replica that is up, moving to another when one fails like an absent
-// server. The time spent on replicas that failed counts in the result's
-// Model.Seconds and QueueS; Model.Replica names the replica that answered
-// when there are several. When no replica answers the error is the last
-// one's and wraps ErrNoReplica (IsOutage holds: the batch waits for one
-// to answer a ping).
+// replica that is up, moving to another when one fails like a broken
+// server. The time and the HTTP requests spent on replicas that failed
+// count in the result's Model.Seconds, QueueS and Attempts; Model.Replica
+// names the replica that answered when there are several. When no replica
+// answers the error is the last one's and wraps ErrNoReplica (IsOutage
+// holds: the batch waits for one to serve a ping), and the result, when a
+// call was issued, carries what the failed ones cost.
 func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Message) (*Result, error) {
 	var spent, queued float64
 	var sent int // HTTP requests made on replicas that failed
 	var tried []*replica
 	var last error = errors.New("every replica is down")
+	var lastRes *Result
 	for {
 		rep := r.pick(key, tried)
 		if rep == nil {
-			return nil, &noReplica{last: last}
+			return lastRes, &noReplica{last: last}
 		}
 		res, err := rep.c.Complete(ctx, msgs)
 		if res != nil {
@@ -141,6 +143,7 @@ func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Messa
 		tried, last = append(tried, rep), err
 		if res != nil {
 			spent, queued, sent = res.Model.Seconds, res.Model.QueueS, res.Model.Attempts
+			lastRes = res
 		}
 	}
 }
