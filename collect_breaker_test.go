@@ -1,9 +1,11 @@
 package rl
 
 import (
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -137,4 +139,26 @@ func TestCollectBadRequestFailsOnlyItsAttempt(t *testing.T) {
 	if sum.ServerDownS != 0 || sum.PolicyErrors != 2 || probes.Load() != 0 {
 		t.Errorf("server down %v s, %d policy errors, %d probes; want 0, 2, 0", sum.ServerDownS, sum.PolicyErrors, probes.Load())
 	}
+}
+
+// TestCollectHangingProbeKeepsTheLimit: the probe is a generation, and a
+// hung server holds it; --server-down-timeout still bounds the wait from
+// the breaker's opening, not the probe's own timeout.
+func TestCollectHangingProbeKeepsTheLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(1),
+			Faults: policytest.FaultAlways(policytest.FaultHang)}, fake.Config{})
+		e.pol.StepTimeout, e.pol.Retries = time.Minute, 0
+		e.opts.ServerDownTimeout = 10 * time.Second
+		start := time.Now()
+		_, err := e.collect(t.Context())
+		if !errors.Is(err, ErrServerDown) {
+			t.Fatalf("Collect: %v, want ErrServerDown", err)
+		}
+		// One step timeout for the call, then the limit; a probe of its
+		// own 30 s timeout would end it at 90 s.
+		if took := time.Since(start); took > time.Minute+10*time.Second+time.Second {
+			t.Errorf("the batch stopped after %v, want by 1m10s", took)
+		}
+	})
 }

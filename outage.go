@@ -143,7 +143,11 @@ func (o *outage) probe(ctx context.Context) {
 		return
 	}
 	for n := 0; ; n++ {
-		err := o.ping(ctx)
+		// A probe is a generation and may hang as long as the step
+		// timeout: it must not carry the wait past the limit.
+		pctx, cancel := context.WithDeadline(ctx, ep.start.Add(o.limit))
+		err := o.ping(pctx)
+		cancel()
 		if err == nil {
 			o.end(nil)
 			return
