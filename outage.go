@@ -13,7 +13,7 @@ import (
 )
 
 // ErrServerDown is returned (wrapped) by Collect when the model server did
-// not answer for longer than CollectOptions.ServerDownTimeout. Nothing was
+// not serve a generation for longer than CollectOptions.ServerDownTimeout. Nothing was
 // recorded for the attempts it interrupted; collecting again continues the
 // batch.
 var ErrServerDown = errors.New("model server down")

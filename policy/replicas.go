@@ -268,8 +268,9 @@ func (r *Replicas) up(rep *replica) {
 	}
 }
 
-// Ping reports whether a replica answers: it pings those that are down
-// (all of them, when every one is) and brings back the first that answers.
+// Ping reports whether a replica serves: it pings (Client.Ping, a
+// one-token generation) those that are down (all of them, when every one
+// is) and brings back the first that serves.
 func (r *Replicas) Ping(ctx context.Context) error {
 	var errs []error
 	for _, rep := range r.reps {
