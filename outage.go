@@ -13,9 +13,9 @@ import (
 )
 
 // ErrServerDown is returned (wrapped) by Collect when the model server did
-// not serve a generation for longer than CollectOptions.ServerDownTimeout. Nothing was
-// recorded for the attempts it interrupted; collecting again continues the
-// batch.
+// not serve a generation for longer than CollectOptions.ServerDownTimeout.
+// Nothing was recorded for the attempts it interrupted; collecting again
+// continues the batch.
 var ErrServerDown = errors.New("model server down")
 
 // outage is the batch's view of the model server's availability: a circuit
