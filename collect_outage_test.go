@@ -24,6 +24,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/desktop/fake"
+	"legato/rl/policy"
 	"legato/rl/policy/policytest"
 	"legato/rl/schema"
 )
@@ -100,12 +101,18 @@ func ridesThroughOutage(t *testing.T, replicas []string) {
 				t.Errorf("%s: model_s %v counts the outage", r.RolloutID, r.Timing.ModelS)
 			}
 		}
+		// The calls the outage cut were sent again after it: their steps
+		// count every send, and retried_calls counts those steps.
+		if sum.RetriedCalls == 0 {
+			t.Error("retried_calls is 0: the resends after the outage were not counted")
+		}
 		if paused == 0 || paused != stepPaused {
 			t.Errorf("records paused %v s, their steps %v s: want the same, above 0", paused, stepPaused)
 		}
 		// The server was away 60 s; the breaker's pings find it back
-		// within one backoff (at most 10 s).
-		if sum.ServerDownS < 55 || sum.ServerDownS > 71 || sum.State != schema.StateComplete {
+		// within one backoff (policy.MaxProbeInterval, for the breaker's
+		// prober and the replicas' alike).
+		if sum.ServerDownS < 55 || sum.ServerDownS > 60+policy.MaxProbeInterval.Seconds()+1 || sum.State != schema.StateComplete {
 			t.Errorf("summary: server down %v s, state %q; want about 60 s, complete", sum.ServerDownS, sum.State)
 		}
 	})
@@ -157,9 +164,10 @@ func TestCollectResendsAfterOneLostCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var n atomic.Int64
 		e := newBatchEnv(t, testTasks(2), policytest.Options{Script: clicksThenDone(2),
-			Faults: func(int, policytest.Request) policytest.Fault {
-				// Every third chat request dies mid-answer.
-				if n.Add(1)%3 == 0 {
+			Faults: func(_ int, r policytest.Request) policytest.Fault {
+				// Every third step request dies mid-answer (the
+				// breaker's probes are served: the server serves).
+				if !isProbe(r) && n.Add(1)%3 == 0 {
 					return policytest.FaultTruncatedBody
 				}
 				return policytest.NoFault
@@ -188,7 +196,10 @@ func TestCollectRerunsErrors(t *testing.T) {
 		e := newBatchEnv(t, testTasks(2), policytest.Options{Script: clicksThenDone(1),
 			Faults: func(int, policytest.Request) policytest.Fault {
 				if broken.Load() {
-					return policytest.FaultServerError // a 500: not an outage
+					// A 400 naming the request: the attempt's own failure.
+					// (A 500 would pause the batch: see
+					// TestCollectRidesThroughCompletionFaults.)
+					return policytest.FaultValidationError
 				}
 				return policytest.NoFault
 			}}, fake.Config{})

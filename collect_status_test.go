@@ -201,8 +201,17 @@ func TestCollectStatus(t *testing.T) {
 			},
 		},
 		{
-			name: "error policy: the server fails after the retries", tasks: 1,
-			srv:     policytest.Options{Faults: policytest.FaultAlways(policytest.FaultServerError)},
+			// The probe's one-token generation is served, so the server
+			// serves and the call is what fails: sent three times, then
+			// the attempt's error. (A server failing the probe too pauses
+			// the batch: collect_breaker_test.go.)
+			name: "error policy: a call fails after the retries and resends", tasks: 1,
+			srv: policytest.Options{KeepRequests: true, Faults: func(_ int, r policytest.Request) policytest.Fault {
+				if isProbe(r) {
+					return policytest.NoFault
+				}
+				return policytest.FaultServerError
+			}},
 			want:    map[Status]int{StatusError: 2},
 			wantErr: ErrBatchIncomplete,
 			check: func(t *testing.T, e *batchEnv, recs []schema.Record) {
@@ -211,14 +220,25 @@ func TestCollectStatus(t *testing.T) {
 						t.Errorf("error %+v with %d steps, want kind policy and no step", r.Error, r.NSteps)
 					}
 				}
-				if got, want := e.srv.Stats().Requests, 4; got != want {
-					t.Errorf("server got %d requests, want %d: one retry per call", got, want)
+				steps := 0
+				for _, r := range e.srv.Requests() {
+					if !isProbe(r) {
+						steps++
+					}
+				}
+				if want := 2 * 3 * 2; steps != want {
+					t.Errorf("server got %d step requests, want %d: three sends of one retry per call", steps, want)
 				}
 			},
 		},
 		{
-			name: "error policy: a hanging server is bounded by the step timeout", tasks: 1,
-			srv: policytest.Options{Faults: policytest.FaultAlways(policytest.FaultHang)},
+			name: "error policy: a hanging call is bounded by the step timeout", tasks: 1,
+			srv: policytest.Options{Faults: func(_ int, r policytest.Request) policytest.Fault {
+				if isProbe(r) {
+					return policytest.NoFault
+				}
+				return policytest.FaultHang
+			}},
 			setup: func(e *batchEnv) {
 				e.pol.StepTimeout = 10 * time.Second
 				e.pol.Retries = 2
@@ -227,11 +247,11 @@ func TestCollectStatus(t *testing.T) {
 			wantErr: ErrBatchIncomplete,
 			check: func(t *testing.T, e *batchEnv, recs []schema.Record) {
 				for _, r := range recs {
-					// Three tries of 10 s; the server then answers a
-					// ping, so the call is sent once more, and nothing
+					// Three tries of 10 s; the server then serves the
+					// probe, so the call is sent twice more, and nothing
 					// else takes time.
-					if !strings.Contains(r.Error.Message, "no complete answer") || r.Timing.ModelS != 60 || r.Timing.TotalS != 60 || r.Timing.ServerDownS != 0 {
-						t.Errorf("error %q after %+v; want a timeout after 2·(2+1)·10 s", r.Error.Message, r.Timing)
+					if !strings.Contains(r.Error.Message, "no complete answer") || r.Timing.ModelS != 90 || r.Timing.TotalS != 90 || r.Timing.ServerDownS != 0 {
+						t.Errorf("error %q after %+v; want a timeout after 3·(2+1)·10 s", r.Error.Message, r.Timing)
 					}
 				}
 			},

@@ -9,24 +9,38 @@ import (
 	"time"
 
 	"legato/rl/desktop"
+	"legato/rl/policy"
 )
 
 // ErrServerDown is returned (wrapped) by Collect when the model server did
-// not answer for longer than CollectOptions.ServerDownTimeout. Nothing was
-// recorded for the attempts it interrupted; collecting again continues the
-// batch.
+// not serve a generation for longer than CollectOptions.ServerDownTimeout.
+// Nothing was recorded for the attempts it interrupted; collecting again
+// continues the batch.
 var ErrServerDown = errors.New("model server down")
 
 // outage is the batch's view of the model server's availability: a circuit
 // breaker shared by every worker.
 //
-// A call that fails the way an absent server fails (policy.IsOutage), after
-// its own retries, opens it. While it is open every worker pauses at its
-// next model call with its desktop up and its attempt in place, and one
-// prober pings the server with backoff; the first answer closes it, and the
-// paused calls are sent again. Time spent paused is the attempts'
+// It opens on what calls do, not on what a listing says: a call that
+// failed the way a broken server fails (policy.IsOutage: unreachable,
+// dropped or truncated body, timeout, any 5xx, a 200 that is not a chat
+// completion), after its own retries, opens it. While it is open every
+// worker pauses at its next model call with its desktop up and its attempt
+// in place, and one prober sends the server a one-token generation
+// (policy.Client.Ping) with backoff; the first that succeeds closes it,
+// and the paused calls are sent again. Time spent paused is the attempts'
 // server_down_s, not their model time, and not an error: restarting the
-// server between policy versions costs time, never attempts.
+// server between policy versions, or an engine dying behind a live HTTP
+// front, costs time, never attempts.
+//
+// What tells "this one call is bad" from "the server is broken" is the
+// prober's generation, the smallest call the server can serve: when it
+// fails too, the server is broken and every call waits, however many
+// failed; when it succeeds at once, the server serves and the call that
+// failed is sent again, at most maxCallsWhileUp times, then is its
+// attempt's policy error (a prompt that crashes the engine every time must
+// not pause the batch forever). A 4xx names the request and never opens
+// the breaker.
 type outage struct {
 	ping    func(context.Context) error
 	limit   time.Duration // how long the server may stay down before the batch stops
@@ -51,18 +65,11 @@ type episode struct {
 	err  error // set when the batch gave up
 }
 
-// maxPingInterval bounds the time between two pings of an absent server.
-const maxPingInterval = 2 * time.Second
-
 func newOutage(ping func(context.Context) error, limit time.Duration, stop func(error), log *slog.Logger) *outage {
 	return &outage{
 		ping: ping, limit: limit, stop: stop, log: log,
 		trigger: make(chan struct{}, 1),
-		// At most 2 s between pings: a server restarted between policy
-		// versions is found within 2 s of answering (a 10 s cap cost 5.7 s
-		// after a 60 s restart), and a GET /models every 2 s costs the
-		// server nothing.
-		backoff: func(n int) time.Duration { return min(250*time.Millisecond<<min(n, 8), maxPingInterval) },
+		backoff: policy.ProbeBackoff,
 	}
 }
 
@@ -79,17 +86,19 @@ func (o *outage) pause(ctx context.Context) (time.Duration, error) {
 	return waited, err
 }
 
-// failed reports a call that failed like an absent server and waits until
-// the server answers a ping. It returns whether the server was really down
-// (a ping failed; false when it answered the first one: the call alone was
-// unlucky), and the time it waited.
+// failed reports a call that failed like a broken server and waits until
+// the server serves a ping. It returns whether the server was really down
+// (a ping failed; false when the first one succeeded: the call alone
+// failed), and the time it waited.
 func (o *outage) failed(ctx context.Context, cause error) (down bool, waited time.Duration, err error) {
 	o.mu.Lock()
 	ep := o.cur
 	if ep == nil {
 		ep = &episode{start: time.Now(), done: make(chan struct{})}
 		o.cur = ep
-		o.log.Warn("model call failed like an absent server; pausing model calls until it answers", "err", cause)
+		// Debug: most openings end at the first ping; the one warning is
+		// "model server down", when a ping fails.
+		o.log.Debug("model call failed like a broken server; pausing model calls until it serves a one-token generation", "err", cause)
 		select {
 		case o.trigger <- struct{}{}:
 		default:
@@ -124,7 +133,7 @@ func (o *outage) run(ctx context.Context) {
 	}
 }
 
-// probe pings the server until it answers, the batch ends, or it has been
+// probe pings the server until it serves, the batch ends, or it has been
 // down for longer than the limit.
 func (o *outage) probe(ctx context.Context) {
 	o.mu.Lock()
@@ -134,7 +143,11 @@ func (o *outage) probe(ctx context.Context) {
 		return
 	}
 	for n := 0; ; n++ {
-		err := o.ping(ctx)
+		// A probe is a generation and may hang as long as the step
+		// timeout: it must not carry the wait past the limit.
+		pctx, cancel := context.WithDeadline(ctx, ep.start.Add(o.limit))
+		err := o.ping(pctx)
+		cancel()
 		if err == nil {
 			o.end(nil)
 			return
@@ -148,10 +161,10 @@ func (o *outage) probe(ctx context.Context) {
 		ep.down = true
 		o.mu.Unlock()
 		if first {
-			o.log.Warn("model server down; every desktop waits for it (--server-down-timeout bounds the wait)", "err", err, "limit", o.limit)
+			o.log.Warn("model server down or not serving; every desktop waits for it (--server-down-timeout bounds the wait)", "err", err, "limit", o.limit)
 		}
 		if down := time.Since(ep.start); down >= o.limit {
-			cause := fmt.Errorf("%w: no answer for %v, the limit set by --server-down-timeout: %v", ErrServerDown, down.Round(time.Second), err)
+			cause := fmt.Errorf("%w: no one-token generation served for %v, the limit set by --server-down-timeout: %v", ErrServerDown, down.Round(time.Second), err)
 			o.stop(cause)
 			o.end(cause)
 			return
@@ -177,7 +190,7 @@ func (o *outage) end(err error) {
 		o.downS += time.Since(ep.start).Seconds()
 		o.count++
 		if err == nil {
-			o.log.Warn("model server answers again; resuming", "down_s", time.Since(ep.start).Seconds())
+			o.log.Warn("model server serves again; resuming", "down_s", time.Since(ep.start).Seconds())
 		}
 	}
 	close(ep.done)

@@ -15,10 +15,15 @@ import (
 	"legato/rl/schema"
 )
 
-// maxCallsWhileUp bounds how often a model call that failed like an absent
-// server is sent again when the server then answered the first ping: the
-// server is there, so the call itself may be what fails.
-const maxCallsWhileUp = 1
+// maxCallsWhileUp bounds how often a model call that failed like a broken
+// server is sent again when the server then served the breaker's first
+// one-token generation: the server serves, so the call itself may be what
+// fails (a prompt that crashes the engine). Two resends: a server that
+// drops one request in three, with the tiny generation served in between,
+// still fails a call only once in 27, not once in 9; a call that fails
+// every time costs three sends. Resends after a ping failed are not
+// bounded by it: the server was broken, not the call.
+const maxCallsWhileUp = 2
 
 // try is one try of an attempt on one desktop: reset, then steps until the
 // agent ends it, then grading. It gathers the record's content and says how
@@ -225,12 +230,15 @@ func (t *try) steps(ctx context.Context) error {
 	return nil
 }
 
-// call makes a step's model call. A call that fails the way an absent
-// server fails is sent again once the server answers (the batch's outage
+// call makes a step's model call. A call that fails the way a broken
+// server fails is sent again once the server serves (the batch's outage
 // breaker waits for that, with the rollout clock stopped); downS is the
-// time the step waited for it.
+// time the step waited for it. The result's Model.Attempts counts every
+// HTTP request the step made, over the resends too: retried_calls counts
+// the steps with more than one.
 func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Result, downS float64, err error) {
 	b, tm := t.b, &t.rec.Timing
+	sent := 0 // HTTP requests of the earlier sends
 	wait := func(f func() (time.Duration, error)) error {
 		t.clock.pause()
 		waited, err := f()
@@ -248,6 +256,8 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 			// A failed call still took its time; total_s should show it.
 			tm.QueueS += res.Model.QueueS
 			tm.ModelS += res.Model.Seconds
+			res.Model.Attempts += sent
+			sent = res.Model.Attempts
 		}
 		switch {
 		case err == nil:

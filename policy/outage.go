@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,12 +12,16 @@ import (
 	"time"
 )
 
-// IsOutage reports whether err, from Complete, looks like the server being
-// away rather than refusing or failing this one request: it could not be
-// reached, dropped the connection, did not answer in time, or a gateway in
-// front of it said it is unavailable (502, 503, 504). A trainer that
-// restarts or reloads its server between policy versions causes exactly
-// these; a caller can wait for Ping to succeed and send the call again.
+// IsOutage reports whether err, from Complete, may be the server failing
+// rather than this one request being bad: it could not be reached,
+// dropped the connection or cut the body short, did not answer in time,
+// answered any 5xx (a gateway's 502/503/504, or the 500 of an engine whose
+// worker died behind a live HTTP front), or answered 200 with a body that
+// is not a chat completion (a proxy's HTML page). A trainer restarting its
+// server, a CUDA OOM or a load balancer with no backend cause exactly
+// these. Whether the server is really broken is for Ping to tell: a caller
+// waits for Ping to succeed and sends the call again. A 4xx names the
+// request (or the key, or the model) and is never an outage.
 func IsOutage(err error) bool {
 	if errors.Is(err, ErrNoReplica) {
 		return true
@@ -24,44 +30,80 @@ func IsOutage(err error) bool {
 	if !errors.As(err, &e) {
 		return false
 	}
-	switch {
-	case errors.Is(e.Err, ErrConnection), errors.Is(e.Err, ErrTimeout):
-		return true
-	case errors.Is(e.Err, ErrServer):
-		return e.Status == http.StatusBadGateway || e.Status == http.StatusServiceUnavailable || e.Status == http.StatusGatewayTimeout
-	}
-	return false
+	return errors.Is(e.Err, ErrConnection) || errors.Is(e.Err, ErrTimeout) ||
+		errors.Is(e.Err, ErrServer) || errors.Is(e.Err, ErrBadResponse)
 }
 
-// pingTimeout bounds one Ping.
-const pingTimeout = 5 * time.Second
+// MaxProbeInterval caps the backoff between two probes (Ping) of a server
+// or replica that is down, for every prober: a server restarted between
+// policy versions is found within 2 s of serving again (a 10 s cap cost
+// 5.7 s after a 60 s restart), and a one-token generation every 2 s costs
+// a server nothing.
+const MaxProbeInterval = 2 * time.Second
 
-// Ping asks the server whether it is up, with GET BaseURL/models (served by
-// vLLM, SGLang and OpenAI-compatible providers). Any HTTP answer but 502,
-// 503 and 504 counts as up, a 404 or a 401 included: Ping tells whether
-// the server is there, Complete's errors tell what is wrong with a call.
+// ProbeBackoff is the wait before the n-th probe (from 0) of a server that
+// is down: from 250 ms, doubling, up to MaxProbeInterval.
+func ProbeBackoff(n int) time.Duration {
+	return min(250*time.Millisecond<<min(n, 8), MaxProbeInterval)
+}
+
+// maxPingTimeout bounds one Ping (and StepTimeout too): a generation of
+// one token is quick on a serving engine, but may queue behind the calls
+// still in flight.
+const maxPingTimeout = 30 * time.Second
+
+// Ping asks the server whether it serves the model: a chat completion of
+// one token (max_tokens 1) to the same model at the same URL. It succeeds
+// only when that answers 200 with a chat completion. A listing (GET
+// /models) is not enough: an engine whose worker died (CUDA OOM) behind a
+// live HTTP front, or a gateway with no backend, still lists the model
+// while every completion fails.
 func (c *Client) Ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, min(pingTimeout, c.cfg.StepTimeout))
+	ctx, cancel := context.WithTimeout(ctx, min(maxPingTimeout, c.cfg.StepTimeout))
 	defer cancel()
-	url := strings.TrimSuffix(c.cfg.BaseURL, "/") + "/models"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := json.Marshal(pingRequest{Model: c.cfg.Model, Messages: []chatMessage{{Role: "user", Content: "ping"}}, MaxTokens: 1})
+	if err != nil {
+		return c.newError(0, ErrBadResponse, err.Error(), err)
+	}
+	url := strings.TrimSuffix(c.cfg.BaseURL, "/") + "/chat/completions"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return c.newError(0, ErrConnection, err.Error(), err)
 	}
+	req.Header.Set("Content-Type", "application/json")
 	if c.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
 	}
 	res, err := c.hc.Do(req)
 	if err != nil {
-		return c.newError(0, ErrConnection, "ping: "+err.Error(), err)
+		if ctx.Err() != nil {
+			return c.newError(0, ErrTimeout, "ping: no answer to a one-token generation within the ping timeout", nil)
+		}
+		return c.newError(0, ErrConnection, "ping: "+c.redact(err.Error()), err)
 	}
 	defer res.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<20))
-	switch res.StatusCode {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return c.newError(res.StatusCode, ErrServer, fmt.Sprintf("ping: GET /models answered %d", res.StatusCode), nil)
+	raw, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return c.newError(res.StatusCode, ErrConnection, "ping: the answer to a one-token generation was cut: "+c.redact(err.Error()), err)
+	}
+	if res.StatusCode != http.StatusOK {
+		msg, _ := errorMessage(raw)
+		e := c.classify(&statusError{status: res.StatusCode, message: msg})
+		e.Message = capMessage(c.redact(fmt.Sprintf("ping: a one-token generation answered %d: %s", res.StatusCode, msg)))
+		return e
+	}
+	var cc chatResponse
+	if err := json.Unmarshal(raw, &cc); err != nil || len(cc.Choices) == 0 {
+		return c.newError(res.StatusCode, ErrBadResponse, "ping: a one-token generation answered 200 with a body that is not a chat completion", nil)
 	}
 	return nil
+}
+
+// pingRequest is Ping's generation: no logprobs, no token ids, no extras.
+type pingRequest struct {
+	Model     string        `json:"model"`
+	Messages  []chatMessage `json:"messages"`
+	MaxTokens int           `json:"max_tokens"`
 }
 
 // Endpoint is the chat-completions URL calls go to, without credentials.

@@ -33,8 +33,10 @@ var ErrNoReplica = errors.New("no model-server replica answers")
 // Replicas calls a model served by several servers with the same weights
 // (data-parallel replicas): BaseURL and Config.Replicas. Each replica is a
 // Client of its own, with its own MaxInflight. A replica whose call fails
-// like an absent server (IsOutage) is taken out, the call goes to another
-// at once, and a background prober brings it back when it answers a ping.
+// like a broken server (IsOutage: 5xx, dropped or unparsable bodies,
+// timeouts) is taken out, the call goes to another at once, and a
+// background prober brings it back when it serves a one-token generation
+// (Client.Ping).
 // With one URL it is a Client. It is safe for concurrent use; Close it.
 type Replicas struct {
 	reps    []*replica
@@ -64,9 +66,7 @@ type replica struct {
 }
 
 // backoff is the rest between two pings of a replica that is down.
-func (rep *replica) backoff() time.Duration {
-	return min(250*time.Millisecond<<min(rep.tries, 8), 10*time.Second)
-}
+func (rep *replica) backoff() time.Duration { return ProbeBackoff(rep.tries) }
 
 // NewReplicas returns the replicas of cfg: one Client per URL of BaseURL and
 // Replicas, each configured as cfg says.
@@ -109,25 +109,29 @@ func (r *Replicas) Close() {
 }
 
 // Complete makes a call for key (the group of attempts it belongs to) on a
-// replica that is up, moving to another when one fails like an absent
-// server. The time spent on replicas that failed counts in the result's
-// Model.Seconds and QueueS; Model.Replica names the replica that answered
-// when there are several. When no replica answers the error is the last
-// one's and wraps ErrNoReplica (IsOutage holds: the batch waits for one
-// to answer a ping).
+// replica that is up, moving to another when one fails like a broken
+// server. The time and the HTTP requests spent on replicas that failed
+// count in the result's Model.Seconds, QueueS and Attempts; Model.Replica
+// names the replica that answered when there are several. When no replica
+// answers the error is the last one's and wraps ErrNoReplica (IsOutage
+// holds: the batch waits for one to serve a ping), and the result, when a
+// call was issued, carries what the failed ones cost.
 func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Message) (*Result, error) {
 	var spent, queued float64
+	var sent int // HTTP requests made on replicas that failed
 	var tried []*replica
 	var last error = errors.New("every replica is down")
+	var lastRes *Result
 	for {
 		rep := r.pick(key, tried)
 		if rep == nil {
-			return nil, &noReplica{last: last}
+			return lastRes, &noReplica{last: last}
 		}
 		res, err := rep.c.Complete(ctx, msgs)
 		if res != nil {
 			res.Model.Seconds += spent
 			res.Model.QueueS += queued
+			res.Model.Attempts += sent
 			if len(r.reps) > 1 {
 				res.Model.Replica = rep.url
 			}
@@ -138,7 +142,8 @@ func (r *Replicas) Complete(ctx context.Context, key string, msgs []schema.Messa
 		r.markDown(rep, err)
 		tried, last = append(tried, rep), err
 		if res != nil {
-			spent, queued = res.Model.Seconds, res.Model.QueueS
+			spent, queued, sent = res.Model.Seconds, res.Model.QueueS, res.Model.Attempts
+			lastRes = res
 		}
 	}
 }
@@ -263,8 +268,9 @@ func (r *Replicas) up(rep *replica) {
 	}
 }
 
-// Ping reports whether a replica answers: it pings those that are down
-// (all of them, when every one is) and brings back the first that answers.
+// Ping reports whether a replica serves: it pings (Client.Ping, a
+// one-token generation) those that are down (all of them, when every one
+// is) and brings back the first that serves.
 func (r *Replicas) Ping(ctx context.Context) error {
 	var errs []error
 	for _, rep := range r.reps {

@@ -142,6 +142,16 @@ func (s *Server) playFault(ctx context.Context, w http.ResponseWriter, fault Fau
 		return false
 	case FaultSlowFirstByte:
 		return sleep(ctx, s.closed, s.opts.FirstByteDelay)
+	case FaultUnavailable:
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "no healthy upstream")
+		return false
+	case FaultHTML:
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "<!DOCTYPE html><html><head><title>Service maintenance</title></head><body><h1>Back soon</h1></body></html>")
+		return false
 	}
 	return true
 }

@@ -3,6 +3,7 @@ package policytest
 import (
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // Fault is a misbehaviour the server shows on one request, chosen by
@@ -53,6 +54,12 @@ const (
 	// FaultNullLogprobs answers with every logprob null, as vLLM and
 	// SGLang send a NaN logprob.
 	FaultNullLogprobs
+	// FaultUnavailable answers 503 with a plain-text body, as a gateway or
+	// load balancer with no live backend does.
+	FaultUnavailable
+	// FaultHTML answers 200 with an HTML page, as a proxy's error or login
+	// page does.
+	FaultHTML
 )
 
 var faultNames = [...]string{
@@ -71,6 +78,8 @@ var faultNames = [...]string{
 	FaultLogprobsMismatch:   "logprobs-mismatch",
 	FaultValidationError:    "validation-400",
 	FaultNullLogprobs:       "null-logprobs",
+	FaultUnavailable:        "503",
+	FaultHTML:               "html-200",
 }
 
 func (f Fault) String() string {
@@ -129,4 +138,62 @@ func FaultEvery(k int, f Fault) func(n int, req Request) Fault {
 		}
 		return NoFault
 	}
+}
+
+// Switch is an Options.Faults a test flips while a batch runs: every chat
+// request gets the fault it holds, NoFault at first. /v1/models is never
+// faulted, so a server given a fault still lists its model, as an engine
+// whose worker died behind a live HTTP front does. Its methods are safe
+// for concurrent use.
+type Switch struct {
+	mu      sync.Mutex
+	fault   Fault
+	faulted int                     // requests given a fault
+	watch   map[int][]chan struct{} // closed once faulted reaches the key
+}
+
+// Faults is the function to put in Options.Faults.
+func (s *Switch) Faults(int, Request) Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fault == NoFault {
+		return NoFault
+	}
+	s.faulted++
+	for _, ch := range s.watch[s.faulted] {
+		close(ch)
+	}
+	delete(s.watch, s.faulted)
+	return s.fault
+}
+
+// Set makes every later chat request get f (NoFault: none).
+func (s *Switch) Set(f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fault = f
+}
+
+// Faulted is the number of chat requests given a fault so far.
+func (s *Switch) Faulted() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.faulted
+}
+
+// After returns a channel closed once n chat requests in all were given a
+// fault: a test waits on it to end a fault window by events, not by time.
+func (s *Switch) After(n int) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if s.faulted >= n {
+		close(ch)
+		return ch
+	}
+	if s.watch == nil {
+		s.watch = make(map[int][]chan struct{})
+	}
+	s.watch[n] = append(s.watch[n], ch)
+	return ch
 }

@@ -277,9 +277,17 @@ func (r *Report) assess() {
 	why := func(s string) { r.Why = append(r.Why, s) }
 	add := func(s string) { r.Advice = append(r.Advice, s) }
 	if r.Text.Err != nil {
+		r.Trainable = false
+		if policy.IsOutage(r.Text.Err) {
+			// Listing the model proves nothing: an engine whose worker
+			// died behind a live HTTP front, or a gateway with no
+			// backend, still lists it.
+			why("the server does not serve a generation")
+			add("the text request failed the way a broken server fails (5xx, a dropped or unparsable answer, a timeout), whatever GET /models says: check the server's logs (a dead engine worker, CUDA out of memory) and the gateway in front of it")
+			return
+		}
 		why("the text request failed")
 		add("the text request failed (see above): check --policy-url (the OpenAI root, ending in /v1), --model and $LEGATO_POLICY_KEY")
-		r.Trainable = false
 		return
 	}
 	if !r.Logprobs {
