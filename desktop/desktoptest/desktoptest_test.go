@@ -374,7 +374,11 @@ func TestCheck(t *testing.T) {
 			"BlockingDoesNotBlock",
 			wrap(func(d desktop.Desktop) desktop.Desktop { return d }),
 			Options{Blocking: func(context.Context, Method) (desktop.Desktop, error) { return newFake(), nil }},
-			checksWith("Cancel/During/", "Close/During/"),
+			// A plain fake's Observe now looks at its ctx while it takes
+			// a screen to render on (fake.screens), so the checker gets
+			// to Close it mid-call, which it survives; the others still
+			// fail for not blocking.
+			slices.DeleteFunc(checksWith("Cancel/During/", "Close/During/"), func(n string) bool { return n == "Close/During/Observe" }),
 		},
 		{
 			"LeaksGoroutine",
