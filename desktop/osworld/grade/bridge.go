@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/childenv"
 )
 
 // The bridge is the Python side of a grader worker: bridge.py, run by the
@@ -183,15 +184,16 @@ func startBridge(spec bridgeSpec) (*bridgeProc, error) {
 	return p, nil
 }
 
-// bridgeEnviron is the environment of the Python process: ours, minus the
-// model API key and PYTHONPYCACHEPREFIX, which would make Python ignore
-// the bytecode its distribution ships and compile every module it imports
-// again (the bridge caches the checkout's own bytecode itself).
+// bridgeEnviron is the environment of the Python process: what a Python
+// program may need of ours (childenv.Python: never the model API key nor
+// anything else the user exported), minus PYTHONPYCACHEPREFIX, which would
+// make Python ignore the bytecode its distribution ships and compile every
+// module it imports again (the bridge caches the checkout's own bytecode
+// itself).
 func bridgeEnviron(env []string) []string {
-	out := make([]string, 0, len(env)+1)
-	for _, kv := range env {
-		if strings.HasPrefix(kv, "LEGATO_POLICY_KEY=") || strings.HasPrefix(kv, "PYTHONPYCACHEPREFIX=") ||
-			strings.HasPrefix(kv, "PYTHONIOENCODING=") {
+	var out []string
+	for _, kv := range childenv.Python(env) {
+		if strings.HasPrefix(kv, "PYTHONPYCACHEPREFIX=") || strings.HasPrefix(kv, "PYTHONIOENCODING=") {
 			continue
 		}
 		out = append(out, kv)

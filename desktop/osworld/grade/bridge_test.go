@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -395,4 +397,41 @@ func TestParseMode(t *testing.T) {
 	if _, err := ParseMode("python"); err == nil {
 		t.Error("ParseMode(python) succeeded, want an error")
 	}
+}
+
+// TestBridgeWorkerEnvironment: the Python worker runs with what a Python
+// program needs of legato's environment, never the model key nor anything
+// else the user exported (read from the live worker's /proc/PID/environ).
+func TestBridgeWorkerEnvironment(t *testing.T) {
+	t.Setenv("LEGATO_POLICY_KEY", "sk-legato-test-key")
+	t.Setenv("SOME_SECRET_TOKEN", "tok-legato-test")
+	t.Setenv("PYTHONDONTWRITEBYTECODE", "1")
+	guest := newFakeGuest(t)
+	g := newBridgeGrader(t, guest, GraderConfig{Timeout: time.Hour})
+	task := desktop.Task{ID: "hang", Evaluator: evaluator(t, map[string]any{
+		"func": "sleep_forever", "result": map[string]any{"type": "signal_guest", "signal": "/signal/started"}})}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := g.Grade(context.Background(), task, desktop.DoneAction)
+		errc <- err
+	}()
+	<-guest.signals // the worker runs
+	pid := int(g.pool.workers[0].pid.Load())
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Split(string(raw), "\x00")
+	for _, kv := range env {
+		if strings.Contains(kv, "sk-legato-test-key") || strings.HasPrefix(kv, "SOME_SECRET_TOKEN=") {
+			t.Errorf("the grader's worker has %q in its environment", kv)
+		}
+	}
+	if !slices.Contains(env, "PYTHONDONTWRITEBYTECODE=1") || !slices.Contains(env, "PYTHONIOENCODING=utf-8") {
+		t.Errorf("the worker's environment %q lacks the Python variables it needs", env)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-errc
 }

@@ -129,8 +129,9 @@ func TestGuestClientSaysWhatTheGuestAnswered(t *testing.T) {
 }
 
 func TestBridgeEnvironmentKeepsTheKeyOut(t *testing.T) {
-	got := bridgeEnviron([]string{"PATH=/bin", "LEGATO_POLICY_KEY=sk-secret", "PYTHONPYCACHEPREFIX=/elsewhere", "HOME=/root", "PYTHONIOENCODING=latin-1"})
-	want := []string{"PATH=/bin", "HOME=/root", "PYTHONIOENCODING=utf-8"}
+	got := bridgeEnviron([]string{"PATH=/bin", "LEGATO_POLICY_KEY=sk-secret", "PYTHONPYCACHEPREFIX=/elsewhere", "HOME=/root",
+		"PYTHONIOENCODING=latin-1", "AWS_SECRET_ACCESS_KEY=x", "OPENAI_API_KEY=y", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "LEGATO_OTHER=z"})
+	want := []string{"PATH=/bin", "HOME=/root", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "PYTHONIOENCODING=utf-8"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("bridgeEnviron (-want +got):\n%s", diff)
 	}

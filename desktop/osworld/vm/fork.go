@@ -22,6 +22,8 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"golang.org/x/sys/unix"
+
+	"legato/rl/internal/childenv"
 )
 
 // The fork path: a Template is a VM's state (guest RAM, device state,
@@ -159,8 +161,8 @@ func newTemplate(cfg Config, p qemuProcess) (*Template, error) {
 		return nil, err
 	}
 	name := cfg.NamePrefix + forkDirPrefix + hex.EncodeToString(suffix[:])
-	if err := os.MkdirAll(cfg.ForkDir, 0o755); err != nil {
-		return nil, fmt.Errorf("fork dir: %w", err)
+	if err := ensureForkDir(cfg.ForkDir, p.gid); err != nil {
+		return nil, err
 	}
 	// Made under a name no sweep matches, locked, then renamed: a sweep
 	// never sees it unlocked.
@@ -194,7 +196,7 @@ func newTemplate(cfg Config, p qemuProcess) (*Template, error) {
 // lockDir creates and flocks dir's lock file: while it is held, SweepForks
 // leaves the directory alone.
 func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := openNoFollow(filepath.Join(dir, "lock"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -446,8 +448,10 @@ func statRAM(path string) (ramStat, error) {
 // migration flushed QEMU's caches).
 func (t *Template) copyDisk(ctx context.Context, v *VM) error {
 	base := v.images[RoleBase]
-	out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2",
-		"-B", base, "-F", "qcow2", v.overlay, t.diskPath()).CombinedOutput()
+	convert := exec.CommandContext(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2",
+		"-B", base, "-F", "qcow2", v.overlay, t.diskPath())
+	convert.Env = childenv.Minimal()
+	out, err := convert.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("qemu-img convert: %w: %s", err, bytes.TrimSpace(out))
 	}
@@ -457,12 +461,21 @@ func (t *Template) copyDisk(ctx context.Context, v *VM) error {
 	return os.Chown(t.diskPath(), -1, t.gid)
 }
 
+// cloneEnv is a clone QEMU's environment: libvirt starts its QEMUs with
+// little more (a PATH, the C locale, a HOME of the domain's own).
+func cloneEnv(dir string) []string { return childenv.Minimal("HOME=" + dir) }
+
 // writeFileAs writes a file the QEMU user's group can read.
 func writeFileAs(path string, b []byte, gid int) error {
-	if err := os.WriteFile(path, b, 0o640); err != nil {
+	f, err := openNoFollow(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
+	if err != nil {
 		return err
 	}
-	return os.Chown(path, -1, gid)
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chown(-1, gid)
+	}
+	return errors.Join(err, f.Close())
 }
 
 // monitorQMP runs a QMP command in the domain's QEMU through libvirt.
@@ -633,7 +646,9 @@ func (t *Template) startClone(ctx context.Context) (*Clone, error) {
 		return fail(err)
 	}
 	overlay := filepath.Join(dir, "disk.qcow2")
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", t.diskPath(), overlay).CombinedOutput()
+	create := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", t.diskPath(), overlay)
+	create.Env = childenv.Minimal()
+	out, err := create.CombinedOutput()
 	if err != nil {
 		return fail(fmt.Errorf("qemu-img create: %w: %s", err, bytes.TrimSpace(out)))
 	}
@@ -685,6 +700,8 @@ func (c *Clone) startQEMU(ctx context.Context, overlay string) error {
 	var stderr bytes.Buffer
 	cmd := exec.Command(t.argv[0], args...)
 	cmd.Dir = c.dir
+	// Not ours: the clone runs as QEMU's user, who can read it.
+	cmd.Env = cloneEnv(c.dir)
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// The clone dies with this process, whatever ends it (kill -9
@@ -863,6 +880,10 @@ func ForkLeftovers(dir, prefix string) ([]ForkLeftover, error) {
 	if err := checkPrefix(prefix); err != nil {
 		return nil, err
 	}
+	// A directory that is not ours is not read, let alone swept.
+	if err := checkForkDir(dir); err != nil {
+		return nil, err
+	}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -894,7 +915,8 @@ func ForkLeftovers(dir, prefix string) ([]ForkLeftover, error) {
 
 // held reports whether a live process holds the template directory's lock.
 func held(dir string) bool {
-	f, err := os.Open(filepath.Join(dir, "lock"))
+	// Never blocks: a FIFO (or anything but a file) named lock is no lock.
+	f, err := openNoFollow(filepath.Join(dir, "lock"), os.O_RDONLY, 0)
 	if err != nil {
 		return false
 	}

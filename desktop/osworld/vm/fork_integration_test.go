@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -110,6 +111,8 @@ func TestIntegrationFork(t *testing.T) {
 	cfg.Fork = true
 	cfg.ForkDir = "/dev/shm/legato-itfork"
 	t.Cleanup(func() { os.Remove(cfg.ForkDir) })
+	// What the clones must not inherit.
+	t.Setenv("LEGATO_POLICY_KEY", "sk-legato-itfork")
 	sweepFirst(t, cfg)
 	ctx := t.Context()
 	v, err := Start(ctx, cfg, 0)
@@ -166,6 +169,15 @@ func TestIntegrationFork(t *testing.T) {
 	}
 	if err := eg.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	// A clone runs as QEMU's user: it gets none of this process's
+	// environment (LEGATO_POLICY_KEY was set above), only its own.
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", clones[0].cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00"), cloneEnv(clones[0].dir); !slices.Equal(got, want) {
+		t.Errorf("a clone's environment is %q; want only %q", got, want)
 	}
 	for i, c := range clones {
 		started, spare := c.Started()

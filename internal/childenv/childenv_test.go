@@ -1,0 +1,48 @@
+package childenv
+
+import (
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPython(t *testing.T) {
+	env := []string{"PATH=/usr/bin", "HOME=/root", "LEGATO_POLICY_KEY=sk-x", "LEGATO_PYTHON=y", "OPENAI_API_KEY=z",
+		"LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "VIRTUAL_ENV=/venv", "OMP_NUM_THREADS=1", "SSH_AUTH_SOCK=/tmp/s", "BROKEN"}
+	got := Python(env, "PYTHONIOENCODING=utf-8")
+	want := []string{"PATH=/usr/bin", "HOME=/root", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "VIRTUAL_ENV=/venv",
+		"OMP_NUM_THREADS=1", "PYTHONIOENCODING=utf-8"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Python (-want +got):\n%s", diff)
+	}
+}
+
+// TestMinimalReachesTheChild: a child started with Minimal sees it and
+// nothing of ours (its /proc/PID/environ).
+func TestMinimalReachesTheChild(t *testing.T) {
+	t.Setenv("LEGATO_POLICY_KEY", "sk-legato-test")
+	cmd := exec.Command("sleep", "60")
+	cmd.Env = Minimal("HOME=/nonexistent")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sleep here:", err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ")
+	if err != nil {
+		t.Skip("no /proc here:", err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+	slices.Sort(got)
+	want := []string{"HOME=/nonexistent", "LC_ALL=C", "PATH=" + SystemPath}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the child's environment (-want +got):\n%s", diff)
+	}
+}
