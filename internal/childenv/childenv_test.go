@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
@@ -35,7 +36,20 @@ func TestMinimalReachesTheChild(t *testing.T) {
 		t.Skip("no sleep here:", err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ")
+	// Until the child has exec'd sleep, /proc shows the environment of the
+	// fork it was, which is ours: wait for the exec.
+	proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	for {
+		comm, err := os.ReadFile(proc + "/comm")
+		if err != nil {
+			t.Skip("no /proc here:", err)
+		}
+		if string(comm) == "sleep\n" {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	raw, err := os.ReadFile(proc + "/environ")
 	if err != nil {
 		t.Skip("no /proc here:", err)
 	}
