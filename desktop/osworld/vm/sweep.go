@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"golang.org/x/sys/unix"
 )
 
 // Leftover is a VM of a name prefix that exists on a host: a libvirt
@@ -213,4 +218,107 @@ func eachHost(cfg Config, fn func(h *Host) error) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ForkLeftover is a template directory a run that ended left behind.
+type ForkLeftover struct {
+	Dir string
+	// Processes are the QEMU pids of its clones still running.
+	Processes []int
+}
+
+// ForkLeftovers lists the template directories of prefix under dir
+// (Config.ForkDir) that no running process holds.
+func ForkLeftovers(dir, prefix string) ([]ForkLeftover, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	// A directory that is not ours is not read, let alone swept.
+	if err := checkForkDir(dir); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []ForkLeftover
+	for _, e := range ents {
+		name, making := strings.CutPrefix(e.Name(), ".new-")
+		if !e.IsDir() || !strings.HasPrefix(name, prefix+forkDirPrefix) {
+			continue
+		}
+		d := filepath.Join(dir, e.Name())
+		if making {
+			// Being made: locked and renamed within moments. One left
+			// for a minute is a run's that died in between.
+			if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < time.Minute {
+				continue
+			}
+		}
+		if held(d) {
+			continue
+		}
+		out = append(out, ForkLeftover{Dir: d, Processes: cloneProcesses(e.Name())})
+	}
+	return out, nil
+}
+
+// held reports whether a live process holds the template directory's lock.
+func held(dir string) bool {
+	// Never blocks: a FIFO (or anything but a file) named lock is no lock.
+	f, err := openNoFollow(filepath.Join(dir, "lock"), os.O_RDONLY, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
+// cloneProcesses finds the running clones of a template by their -name.
+func cloneProcesses(template string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if n := nameArg(argv); strings.HasPrefix(n, template+"-c") {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			pids = append(pids, pid)
+		}
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// SweepForks kills the clones of templates of prefix under dir that no
+// running process holds and removes their directories; it returns what
+// it removed.
+func SweepForks(dir, prefix string) ([]ForkLeftover, error) {
+	left, err := ForkLeftovers(dir, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, l := range left {
+		for _, pid := range l.Processes {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("kill clone %d: %w", pid, err))
+			}
+		}
+		if err := os.RemoveAll(l.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return left, errors.Join(errs...)
 }
