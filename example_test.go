@@ -23,7 +23,7 @@ import (
 func ExampleCollect() {
 	ctx := context.Background()
 	// The scripted model server and in-memory desktops stand in for vLLM or
-	// SGLang and OSWorld VMs (osworld.NewFactory), so this runs anywhere.
+	// SGLang and OSWorld VMs (an osworld.NewPool's New), so this runs anywhere.
 	srv, err := policytest.Listen("127.0.0.1:0", policytest.Options{NoLatency: true})
 	if err != nil {
 		log.Fatal(err)

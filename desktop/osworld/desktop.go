@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -26,12 +25,11 @@ var (
 // took.
 type ResetReport struct {
 	TaskID string
-	// Kind is ResetNone, ResetFast, ResetLoadvm, ResetRevert,
-	// ResetFastThenLoadvm, ResetFastThenRevert, ResetFastIncomplete,
-	// ResetGolden, ResetGoldenFork or ResetGoldenBuild.
-	Kind string
-	// Why says why that reset: the rule or the measured costs that chose
-	// it, and for a fallback what the fast reset could not undo.
+	// Kind is the reset that ran (see ResetKind).
+	Kind ResetKind
+	// Why says why that reset: the rule or the measured costs that
+	// planned it, and for each step that failed on the way what it could
+	// not do (for a fast reset, what it could not undo).
 	Why string
 	// Restore is the time to the clean state: the fast reset with its
 	// checks, or the revert until the guest answered and its clock was
@@ -77,17 +75,12 @@ type Desktop struct {
 
 	// Attempt state, used only by the (sequential) methods.
 	lastAction desktop.Action
-	fresh      bool            // nothing ran since the clean snapshot
-	warned     map[string]bool // domains warned about (guests without snapshots)
-	noLoad     bool            // the guest's load cannot be measured
-	noDamage   bool            // the guest cannot watch its screen
-	exec       executor        // the attempt's action executor (executor.go)
+	noLoad     bool     // the guest's load cannot be measured
+	noDamage   bool     // the guest cannot watch its screen
+	exec       executor // the attempt's action executor (executor.go)
 	waits      waitCosts
-	chooser    resetChooser
-	prev       prevAttempt // the attempt since the last reset
-	golden     goldenSet
-	fork       forkState
-	forks      *forkTemplates // the pool's; nil without Golden.Fork
+	history    resetHistory // what the next reset plan needs to know
+	golden     goldenPath
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.
@@ -99,31 +92,9 @@ type Desktop struct {
 	execDir     string              // the last executor's directory, for Close
 }
 
-// VMDesktop is a Desktop on a VM this process started. It adds Revert.
+// VMDesktop is a Desktop on a VM this process started. It adds VM.
 type VMDesktop struct {
 	*Desktop
-}
-
-// Revert restores the VM's clean snapshot, then sets the guest clock,
-// which the snapshot turned back. It does not run any task's setup.
-func (d *VMDesktop) Revert(ctx context.Context) error {
-	ctx, done, err := d.begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	d.fresh = false
-	d.lastAction = desktop.Action{}
-	d.prev = prevAttempt{}
-	d.exec = executor{} // the snapshot has none
-	if err := d.endClone(ctx, false); err != nil {
-		return d.fail("revert", err)
-	}
-	d.fork.unparked = false
-	if _, err := d.revert(ctx); err != nil {
-		return d.fail("revert", err)
-	}
-	return nil
 }
 
 // VM returns the VM the desktop runs on.
@@ -178,18 +149,12 @@ func (d *Desktop) fail(op string, err error) error {
 	return &desktop.Error{Op: op, Desktop: d.name, Err: err}
 }
 
-// Reset brings the desktop to the task's initial state, then runs the
-// task's setup steps. On a VM, a task's golden state (see GoldenConfig)
-// comes first: loaded when this desktop has one, else taken after this
-// reset's setup. Otherwise it chooses between a fast reset and loading the
-// clean snapshot (see resetChooser): the snapshot for NoFastReset, for
-// tasks of RevertDomains and the attempt after one, and after a task whose
-// attempt a fast reset could not undo before; otherwise whichever measured
-// cheaper on this desktop. A golden state that does not load falls back to
-// the clean snapshot (one taken for another key is taken again after a
-// reset of that choice), a fast reset that cannot bring the guest back to
-// the snapshot, and a loadvm that fails to libvirt's revert. A guest given by
-// URL can only fast-reset. LastReset says which reset ran and why.
+// Reset brings the desktop to the task's initial state: planReset decides
+// which resets to try and in what order (a golden state on a VM, loaded or
+// forked, else taken after this reset's setup; a fast reset or the clean
+// snapshot, whichever the rules and the measured costs say; a guest given
+// by URL can only fast-reset), runPlan runs them until one succeeds, then
+// the task's setup. LastReset says which reset ran and why.
 func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
@@ -203,126 +168,14 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 	if err := d.checkTask(task); err != nil {
 		return d.fail("reset", err)
 	}
-	prev, cur := d.prev, prevAttempt{id: task.ID, domain: task.Domain}
-	gp := d.goldenPlan(ctx, task)
-	// The last attempt's clone goes; the VM takes its ports back unless
-	// another clone follows.
-	if err := d.endClone(ctx, gp.state != nil && d.forking(gp.key)); err != nil {
-		return d.fail("reset", err)
-	}
-	if gp.state != nil {
-		// Whatever the load does, the guest no longer holds the last
-		// attempt as it was.
-		d.prev = cur
-		rep, err := d.resetGolden(ctx, task, &gp)
-		if err != nil {
-			return d.fail("reset ("+ResetGolden+")", err)
-		}
-		if rep != nil {
-			d.fresh = false
-			d.fork.unparked = false
-			d.prev = cur
-			d.resumeExecutor(ctx, gp.execDir)
-			d.setLastReset(*rep)
-			return nil
-		}
-	}
-	c := d.choose(cur, prev)
-	if gp.build && !d.fresh && d.vm != nil {
-		// A fast reset restores files, not what running programs hold
-		// (clipboard, window manager, caches): every attempt from the
-		// golden state would inherit that.
-		c = choice{ResetLoadvm, "a golden state is taken from the clean snapshot"}
-	}
-	if d.fork.unparked {
-		// The VM waited paused while clones ran: it holds what it held
-		// before them, which the last attempt does not describe.
-		c = choice{ResetLoadvm, "the VM held an earlier attempt while clones ran: the clean snapshot brings it back"}
-	}
-	if gp.loadFailed {
-		// The failed load may have left the guest anywhere: only the
-		// clean snapshot brings it back.
-		c = choice{ResetLoadvm, "a failed load leaves the guest anywhere: the clean snapshot brings it back"}
-	}
-	d.fresh = false
-	// From here on the desktop holds this task's attempt (or a reset that
-	// failed on the way to it): the next reset undoes that.
-	d.prev = cur
-	rep := ResetReport{TaskID: task.ID, Kind: c.kind, Why: c.why}
-	d.exec = executor{} // the reset ends it
-	t0 := time.Now()
-	switch c.kind {
-	case ResetLoadvm:
-		rep.Kind, err = d.revert(ctx)
-	case ResetFast:
-		var r cleanResult
-		r, err = d.fastReset(ctx)
-		rep.Ended, rep.Spared, rep.Closed, rep.Left = r.Ended, r.Spared, r.Windows.Closed, append(r.Broken, r.Problems...)
-		for _, p := range r.Ended {
-			d.log.Info("fast reset ended a process of the last attempt", "task", task.ID, "pid", p.PID, "name", p.Name, "uid", p.UID)
-		}
-		d.log.Debug("fast reset in the guest", "seconds", r.Seconds, "restored", r.Restored)
-		if err != nil && errors.Is(err, ErrFastReset) {
-			left := strings.Join(rep.Left, "; ")
-			if left == "" {
-				left = err.Error()
-			}
-			if d.vm == nil && errors.Is(err, errLeft) {
-				d.log.Warn("the fast reset could not undo all of the last attempt, and a guest given by URL has no snapshot to fall back to: this attempt starts from what is left",
-					"task", task.ID, "left", left)
-				rep.Kind, rep.Why, err = ResetFastIncomplete, c.why+"; left of the earlier attempt: "+left, nil
-				break
-			}
-			if d.vm == nil {
-				break
-			}
-			d.log.Info("fast reset could not undo the last attempt; restoring the snapshot", "task", task.ID, "after_task", prev.id, "left", left)
-			var how string
-			how, err = d.revert(ctx)
-			rep.Kind = ResetFast + "+" + how
-			rep.Why = c.why + "; fell back to the snapshot: " + left
-			d.chooser.done(rep.Kind, time.Since(t0), prev, left)
-		}
-	}
+	facts := d.resetFacts(ctx, task)
+	rep, err := d.runPlan(ctx, task, facts, planReset(facts))
 	if err != nil {
-		return d.fail("reset ("+rep.Kind+")", err)
-	}
-	rep.Restore = time.Since(t0)
-	if c.kind == ResetLoadvm {
-		d.fork.unparked = false
-	}
-	if d.vm != nil && c.kind != ResetNone && rep.Kind != ResetFastThenLoadvm && rep.Kind != ResetFastThenRevert {
-		d.chooser.done(rep.Kind, rep.Restore, prev, "")
-	}
-	if gp.why != "" && !gp.build {
-		rep.Why = gp.why + "; " + rep.Why
-	}
-	t1 := time.Now()
-	d.startExecutor(ctx)
-	if err := d.setup.Run(ctx, task, task.Setup); err != nil {
-		return d.fail("setup", err)
-	}
-	rep.Setup = time.Since(t1)
-	if gp.build {
-		t2 := time.Now()
-		_, err := d.buildGolden(ctx, task, gp.key, gp.id, rep.Setup)
-		switch {
-		case err == nil:
-			rep.Why = fmt.Sprintf("%s (reset: %s, %s)", gp.why, rep.Kind, rep.Why)
-			rep.Kind = ResetGoldenBuild
-			rep.Golden = time.Since(t2)
-		case ctx.Err() != nil:
-			return d.fail("reset ("+ResetGoldenBuild+")", err)
-		default:
-			// The attempt goes on from the state the setup left; the task
-			// resets as without golden states on this desktop.
-			d.log.Warn("could not take the task's golden state; its attempts reset and run its setup instead", "task", task.ID, "err", err)
-			d.golden.markBroken(task.ID, "taking its golden state failed: "+err.Error())
-			rep.Why = fmt.Sprintf("%s; %s; taking the golden state failed: %s", gp.why, rep.Why, clip(err.Error()))
-		}
+		return err
 	}
 	d.setLastReset(rep)
-	d.log.Debug("reset", "task", task.ID, "kind", rep.Kind, "why", rep.Why, "restore", rep.Restore, "setup", rep.Setup, "golden", rep.Golden, "ended", rep.Ended, "closed", rep.Closed)
+	d.log.Debug("reset", "task", task.ID, "kind", rep.Kind, "why", rep.Why, "restore", rep.Restore, "setup", rep.Setup,
+		"golden", rep.Golden, "ended", rep.Ended, "closed", rep.Closed)
 	return nil
 }
 
@@ -330,23 +183,6 @@ func (d *Desktop) setLastReset(rep ResetReport) {
 	d.mu.Lock()
 	d.lastReset = rep
 	d.mu.Unlock()
-}
-
-// choose picks the reset before task; prev is the attempt since the last
-// reset.
-func (d *Desktop) choose(task, prev prevAttempt) choice {
-	if d.vm == nil {
-		if (d.cfg.NoFastReset || d.cfg.revertDomain(task.domain)) && !d.warned[task.domain] {
-			d.warned[task.domain] = true
-			d.log.Warn("this task needs a snapshot revert, which a guest given by URL cannot do: fast-resetting it, so state the fast reset does not restore may carry over between attempts",
-				"domain", task.domain, "task", task.id, "guest", d.name)
-		}
-		return choice{ResetFast, "a guest given by URL has no snapshot"}
-	}
-	if d.fresh {
-		return choice{ResetNone, "the VM was just made from its clean snapshot"}
-	}
-	return d.chooser.choose(d.cfg, task, prev)
 }
 
 // checkTask refuses what this desktop cannot set up, before touching it.
@@ -370,45 +206,20 @@ func checkBrowser(task desktop.Task, haveBrowser bool) error {
 	return nil
 }
 
-// fastReset brings the guest back to its recorded clean state.
-func (d *Desktop) fastReset(ctx context.Context) (cleanResult, error) {
-	cfg, err := d.cfg.cleanConfig()
-	if err != nil {
-		return cleanResult{}, err
-	}
-	return d.sh.resetClean(ctx, cfg)
-}
-
-// revert restores the VM's clean snapshot and thaws the guest (see
-// restore). It returns the kind of reset that ran: ResetLoadvm, or
-// ResetRevert when loadvm failed.
-func (d *Desktop) revert(ctx context.Context) (string, error) {
-	if d.vm == nil {
-		return "", fmt.Errorf("revert: a guest given by URL has no snapshot: %w", desktop.ErrUnsupported)
-	}
-	return d.restore(ctx, func(ctx context.Context) (string, error) {
-		err := d.vm.Revert(ctx)
-		if d.vm.Timings().LastResetHow == vm.ResetLibvirt {
-			return ResetRevert, err
-		}
-		return ResetLoadvm, err
-	}, newSeed())
-}
-
-// restore runs load, which restores a snapshot of the VM and returns the
-// kind of reset it was, then thaws the guest: it sets the guest clock,
+// restore runs load, which restores a snapshot of the VM (how names it in
+// the log), then thaws the guest: it sets the guest clock,
 // which the snapshot turned back to when it was taken, and reseeds the
 // guest kernel's random generator with seed, which the snapshot turned
 // back too.
-func (d *Desktop) restore(ctx context.Context, load func(context.Context) (string, error), seed []byte) (string, error) {
+func (d *Desktop) restore(ctx context.Context, how ResetKind, load func(context.Context) error, seed []byte) error {
 	// Connections kept alive across the restore lead to a guest that no
 	// longer knows them.
 	d.guest.CloseIdleConnections()
 	d.probe.forgetOffset()
-	how, err := load(ctx)
+	err := load(ctx)
 	d.guest.CloseIdleConnections()
 	if err != nil {
-		return how, err
+		return err
 	}
 	// The probe that found the guest answering read its clock: when that
 	// reading was quick enough to trust, one call sets it.
@@ -418,7 +229,7 @@ func (d *Desktop) restore(ctx context.Context, load func(context.Context) (strin
 	if reread {
 		again, rtt2, err := clockOffset(ctx, d.guest)
 		if err != nil {
-			return how, fmt.Errorf("set the guest clock: %w", err)
+			return fmt.Errorf("set the guest clock: %w", err)
 		}
 		if !ok || rtt2 < rtt {
 			off, rtt = again, rtt2
@@ -427,7 +238,7 @@ func (d *Desktop) restore(ctx context.Context, load func(context.Context) (strin
 	err = d.sh.thaw(ctx, off, seed)
 	d.log.Debug("restore", "how", how, "restore", d.vm.Timings().LastReset, "clock_offset", off, "clock_rtt", rtt,
 		"clock_reread", reread, "thaw", time.Since(t0), "helper", d.sh.helper != "" && !d.sh.noHelper)
-	return how, err
+	return err
 }
 
 // WaitAfterReset waits until the screen settled and the guest is idle after
@@ -543,21 +354,6 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 		return 0, d.fail("evaluate", err)
 	}
 	return r.Score, nil
-}
-
-// AccessibilityTree returns the screen's accessibility tree as OSWorld's
-// guest server gives it (XML).
-func (d *Desktop) AccessibilityTree(ctx context.Context) (string, error) {
-	ctx, done, err := d.begin(ctx)
-	if err != nil {
-		return "", err
-	}
-	defer done()
-	tree, err := d.guest.Accessibility(ctx)
-	if err != nil {
-		return "", d.fail("accessibility tree", err)
-	}
-	return tree, nil
 }
 
 // Close releases the desktop: it stops running calls, the grader's

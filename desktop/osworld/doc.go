@@ -45,7 +45,12 @@
 // VM desktop load the snapshot instead; ResetReport says which reset ran
 // and why.
 //
-// Before each task a VM desktop chooses: the snapshot for
+// Before each task one pure function, planReset (plan.go, with its table
+// test), decides which resets to try and in what order; the desktop runs
+// them until one succeeds, a failure that a later step can repair handing
+// over to the next (a fast reset to loadvm, loadvm to libvirt's revert, a
+// fork to the in-place load, a load to the clean snapshot). A VM desktop
+// plans: the snapshot for
 // Config.NoFastReset, for tasks of Config.RevertDomains (os, multi_apps)
 // and for the attempt after one (their changes live in the memory of the
 // session's programs, which a fast reset keeps), and after a task whose

@@ -13,12 +13,6 @@ import (
 	"legato/rl/desktop/osworld/vm"
 )
 
-// ResetGoldenFork started the attempt in a clone of the task's golden
-// state (GoldenConfig.Fork): a QEMU of its own that maps the state's guest
-// RAM copy-on-write and loads its device state, on the desktop's ports
-// while the desktop's VM waits paused.
-const ResetGoldenFork = "golden-fork"
-
 // maxSpareClones bounds the clones of one template started ahead.
 const maxSpareClones = 4
 
@@ -250,15 +244,10 @@ func (f *forkState) hold(set func()) bool {
 	return true
 }
 
-// forking reports whether the desktop forks the golden state of key.
-func (d *Desktop) forking(key string) bool {
-	return d.cfg.Golden.Fork && d.vm != nil && d.vm.Forkable() && d.forks.has(key)
-}
-
 // endClone closes the clone that held the last attempt. Unless another
 // clone follows (keepParked), the VM takes its ports back and runs again.
 func (d *Desktop) endClone(ctx context.Context, keepParked bool) error {
-	f := &d.fork
+	f := &d.golden.fork
 	f.mu.Lock()
 	c, ft := f.clone, f.using
 	f.clone, f.using = nil, nil
@@ -270,7 +259,7 @@ func (d *Desktop) endClone(ctx context.Context, keepParked bool) error {
 		d.dropConnections()
 	}
 	if ft != nil {
-		d.forks.release(ft)
+		d.golden.forks.release(ft)
 	}
 	if !f.parked || keepParked {
 		return nil
@@ -311,14 +300,14 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 	if err := d.endClone(ctx, true); err != nil {
 		return forkResult{}, err
 	}
-	ft, n := d.forks.acquire(key)
+	ft, n := d.golden.forks.acquire(key)
 	if ft == nil {
 		return forkResult{}, errors.New("the task's fork template went (another desktop's fork of it failed, or it was the least recently used)")
 	}
 	r := forkResult{ft: ft, n: n}
-	f := &d.fork
+	f := &d.golden.fork
 	if !f.hold(func() { f.using = ft }) {
-		d.forks.release(ft)
+		d.golden.forks.release(ft)
 		return r, desktop.ErrClosed
 	}
 	t0 := time.Now()
@@ -333,30 +322,30 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 	}
 	var c *vm.Clone
 	var t1, t2, t3 time.Time
-	_, err := d.restore(ctx, func(ctx context.Context) (string, error) {
+	err := d.restore(ctx, ResetGoldenFork, func(ctx context.Context) error {
 		t1 = time.Now()
 		var err error
 		if c, err = ft.t.Fork(ctx); err != nil {
 			r.templateFault = !errors.Is(err, vm.ErrClosed)
-			return ResetGoldenFork, err
+			return err
 		}
 		if !f.hold(func() { f.clone = c }) {
 			c.Close()
-			return ResetGoldenFork, desktop.ErrClosed
+			return desktop.ErrClosed
 		}
 		t2 = time.Now()
 		if err := c.Forward(ctx, d.vm.Ports()); err != nil {
-			return ResetGoldenFork, fmt.Errorf("forward the desktop's ports to clone %s: %w", c.Name(), err)
+			return fmt.Errorf("forward the desktop's ports to clone %s: %w", c.Name(), err)
 		}
 		d.dropConnections()
 		err = d.waitGuest(ctx)
 		t3 = time.Now()
-		return ResetGoldenFork, err
+		return err
 	}, newSeed())
 	if c != nil && ctx.Err() == nil && d.closeCtx.Err() == nil && !r.templateFault {
 		// The clone started: whether it served says something about the
 		// state, unless it failed for the desktop's ports alone (once).
-		if d.forks.forkDone(ft, err == nil) {
+		if d.golden.forks.forkDone(ft, err == nil) {
 			r.templateFault = true
 		}
 	}
@@ -399,28 +388,28 @@ func (d *Desktop) waitGuest(ctx context.Context) error {
 // as many as desktops run in its clones now (they will want another), at
 // least one.
 func (d *Desktop) spare(ft *forkTemplate) {
-	f := &d.fork
+	f := &d.golden.fork
 	// Under mu, so that no Add races closeFork's Wait.
 	if !f.hold(func() { f.spares.Add(1) }) {
 		return
 	}
-	d.forks.mu.Lock()
+	d.golden.forks.mu.Lock()
 	n := min(max(ft.inUse, 1), maxSpareClones)
-	d.forks.mu.Unlock()
+	d.golden.forks.mu.Unlock()
 	go func() {
 		defer f.spares.Done()
 		// The template's RAM content is checked once, here, off the
 		// reset's path (each fork compares the file's stat): a file
 		// changed since it was taken makes the next fork fail, which
 		// loads the state in place instead.
-		if d.forks.needsCheck(ft) {
+		if d.golden.forks.needsCheck(ft) {
 			t0 := time.Now()
 			if err := ft.t.CheckRAM(d.closeCtx); err != nil {
 				if !errors.Is(err, vm.ErrBadTemplate) {
 					// Cut off or unread: another spare checks it.
-					d.forks.mu.Lock()
+					d.golden.forks.mu.Lock()
 					ft.checked = false
-					d.forks.mu.Unlock()
+					d.golden.forks.mu.Unlock()
 				}
 				if !errors.Is(err, vm.ErrClosed) && d.closeCtx.Err() == nil {
 					d.log.Warn("the fork template does not check out; the task's next attempt loads its golden state in place", "template", ft.t.Name(), "err", err)
@@ -449,7 +438,7 @@ func (d *Desktop) takeTemplate(ctx context.Context, g *goldenState) {
 		return
 	}
 	ft := &forkTemplate{t: t, key: g.key, task: g.task, by: d.name, built: g.built, setup: g.setup, execDir: g.execDir}
-	d.forks.add(ft)
+	d.golden.forks.add(ft)
 	tt := t.Timings()
 	d.log.Info("took the task's fork template", "task", g.task, "template", t.Name(), "took", time.Since(t0),
 		"paused", tt.Paused, "ram_mib", tt.RAMBytes>>20, "state_kib", tt.StateBytes>>10)
@@ -459,7 +448,7 @@ func (d *Desktop) takeTemplate(ctx context.Context, g *goldenState) {
 // closeFork ends the fork path for Close: the clone, its hold on the
 // template, the background starts. The templates are the pool's.
 func (d *Desktop) closeFork() error {
-	f := &d.fork
+	f := &d.golden.fork
 	f.mu.Lock()
 	f.closed = true
 	c, ft := f.clone, f.using
@@ -470,7 +459,7 @@ func (d *Desktop) closeFork() error {
 		err = c.Close()
 	}
 	if ft != nil {
-		d.forks.release(ft)
+		d.golden.forks.release(ft)
 	}
 	f.spares.Wait()
 	return err

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -15,18 +14,6 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
-)
-
-// Reset kinds of golden states (see GoldenConfig).
-const (
-	// ResetGolden loaded the task's golden state in place: the state its
-	// setup left, taken on this desktop the first time it ran the task.
-	ResetGolden = "golden"
-	// ResetGoldenBuild reset the desktop as without golden states
-	// (ResetReport.Why says how), ran the task's setup, waited until the
-	// screen settled and took the task's golden state; the attempt goes
-	// on from it.
-	ResetGoldenBuild = "golden-build"
 )
 
 // goldenPrefix starts the name of every golden snapshot.
@@ -49,9 +36,6 @@ type goldenState struct {
 	// execDir is the directory of the action executor that ran when it
 	// was taken ("" for none): loading the state brings it back.
 	execDir string
-	// forkOnly says the desktop has no snapshot of the state: another
-	// desktop of the pool took it, and this one forks its template.
-	forkOnly bool
 	// used is the desktop's golden count when it was last built or
 	// loaded: the least recently used state goes first.
 	used int
@@ -64,6 +48,15 @@ type goldenSet struct {
 	// desktop (a snapshot or a load that failed): it resets as without.
 	broken map[string]string
 	uses   int
+}
+
+// goldenPath is a desktop's golden states and its side of the fork path.
+type goldenPath struct {
+	goldenSet
+	fork forkState
+	// forks are the pool's fork templates; nil when this desktop does not
+	// fork (the pool decides that once, when it makes the desktop).
+	forks *forkTemplates
 }
 
 func (g *goldenSet) get(task string) *goldenState {
@@ -114,106 +107,6 @@ func (g *goldenSet) evict(max int, keep string) []*goldenState {
 	}
 	slices.SortFunc(all, func(a, b *goldenState) int { return a.used - b.used })
 	return all[:min(n, len(all))]
-}
-
-// goldenPlan is what Reset does about the task's golden state: load
-// state, build one after the setup (key and id say for what), or neither
-// (why says why, for the report).
-type goldenPlan struct {
-	state *goldenState
-	build bool
-	key   string
-	id    vm.Identity
-	why   string
-	// loadFailed says the state's loadvm failed: the guest may be
-	// anywhere, and only the clean snapshot brings it back.
-	loadFailed bool
-	// execDir is the action executor the loaded state holds (set by
-	// resetGolden: a fork's is its template's).
-	execDir string
-}
-
-// goldenPlan decides what Reset does about the task's golden state.
-func (d *Desktop) goldenPlan(ctx context.Context, task desktop.Task) goldenPlan {
-	if d.vm == nil {
-		return goldenPlan{}
-	}
-	if why := goldenRefusal(task, d.cfg.Golden); why != "" {
-		if d.cfg.Golden.Off || len(task.Setup) == 0 {
-			return goldenPlan{}
-		}
-		return goldenPlan{why: "no golden state: " + why}
-	}
-	if why, ok := d.golden.broken[task.ID]; ok {
-		return goldenPlan{why: "no golden state on this desktop: " + clip(why)}
-	}
-	t0 := time.Now()
-	id, err := d.vm.Identity(ctx)
-	d.log.Debug("vm identity", "took", time.Since(t0), "identity", id)
-	if err == nil {
-		var key string
-		key, err = goldenKey(task, d.cfg, id)
-		if err == nil {
-			if g := d.golden.get(task.ID); g != nil {
-				return goldenPlan{state: g, key: key, id: id}
-			}
-			if d.forking(key) {
-				return goldenPlan{state: &goldenState{task: task.ID, key: key, forkOnly: true}, key: key, id: id}
-			}
-			return goldenPlan{build: true, key: key, id: id, why: "first attempt of the task on this desktop: taking its golden state"}
-		}
-	}
-	if ctx.Err() == nil {
-		d.log.Warn("cannot key the task's golden state; resetting as without", "task", task.ID, "err", err)
-	}
-	return goldenPlan{why: "no golden state: " + clip(err.Error())}
-}
-
-// resetGolden loads the task's golden state, gp.state. It returns the
-// reset's report, or nil and gp rewritten for the reset that takes over:
-// a state taken for another key is deleted and taken again after that
-// reset's setup (it never loads); a state that fails to load is deleted,
-// the task resets without golden states on this desktop from then on,
-// and the clean snapshot is loaded first. An error only when ctx ended.
-func (d *Desktop) resetGolden(ctx context.Context, task desktop.Task, gp *goldenPlan) (*ResetReport, error) {
-	g := gp.state
-	t0 := time.Now()
-	kind, fr, forkErr, err := d.loadGolden(ctx, g, gp.key)
-	if err == nil {
-		d.golden.touch(g)
-		why := fmt.Sprintf("loaded the task's golden state, taken on this desktop at %s (load %d; its setup took %s)", g.built.Format(time.TimeOnly), g.loads, secs(g.setup))
-		gp.execDir = g.execDir
-		switch {
-		case kind == ResetGoldenFork:
-			ft := fr.ft // by, built, setup and execDir never change
-			gp.execDir = ft.execDir
-			why = fmt.Sprintf("forked a clone of the task's golden state, taken by %s at %s (fork %d; its setup took %s)", ft.by, ft.built.Format(time.TimeOnly), fr.n, secs(ft.setup))
-		case forkErr != nil:
-			why += "; its fork failed: " + clip(forkErr.Error())
-		}
-		return &ResetReport{TaskID: task.ID, Kind: kind, Why: why, Restore: time.Since(t0)}, nil
-	}
-	if ctx.Err() != nil || errors.Is(err, errUnpark) {
-		return nil, err
-	}
-	if errors.Is(err, errForkOnly) {
-		// Another desktop's template did not fork, and this desktop has
-		// no snapshot of the state: it takes its own.
-		d.log.Warn("the fork of another desktop's golden state failed; taking the task's golden state on this desktop", "task", task.ID, "err", forkErr)
-		*gp = goldenPlan{build: true, key: gp.key, id: gp.id, why: "the fork of the task's golden state failed (" + clip(forkErr.Error()) + "): taking it on this desktop"}
-		return nil, nil
-	}
-	d.forgetGolden(ctx, g)
-	if errors.Is(err, errGoldenStale) {
-		// Taken for another setup or machine; the guest is untouched.
-		d.log.Info("the task's golden state is out of date; taking it again", "task", task.ID, "err", err)
-		*gp = goldenPlan{build: true, key: gp.key, id: gp.id, why: "its golden state was out of date (" + clip(err.Error()) + "): taking it again"}
-		return nil, nil
-	}
-	d.log.Warn("the task's golden state did not load; loading the clean snapshot and setting it up instead", "task", task.ID, "err", err)
-	d.golden.markBroken(task.ID, "its golden state did not load: "+err.Error())
-	*gp = goldenPlan{loadFailed: true, why: "the task's golden state did not load (" + clip(err.Error()) + ")"}
-	return nil, nil
 }
 
 // forgetGolden deletes a golden state's snapshot, which frees its space in
@@ -361,69 +254,13 @@ func newSeed() []byte {
 // goldenName names the snapshot of a key.
 func goldenName(key string) string { return goldenPrefix + key[:16] }
 
-// loadGolden starts the attempt from the task's golden state and thaws
-// the guest (clock, entropy): in a clone of the pool's template of its key
-// when there is one (ft), else (or when the fork fails: forkErr says why)
-// by loading the desktop's snapshot of it in place. A template that fails
-// to fork is dropped. It checks the state's key first: a state taken for
-// another key is deleted, and errGoldenStale returned; errForkOnly means
-// the fork failed and the desktop has no snapshot to load. kind is
-// ResetGoldenFork or ResetGolden.
-func (d *Desktop) loadGolden(ctx context.Context, g *goldenState, key string) (kind string, fr forkResult, forkErr, err error) {
-	if g.key != key {
-		// The reset that takes over runs on the VM.
-		if err := d.endClone(ctx, false); err != nil {
-			return "", fr, nil, fmt.Errorf("%w: %w", errUnpark, err)
-		}
-		return "", fr, nil, fmt.Errorf("%w: it was taken for key %s…, the task and VM now give %s…", errGoldenStale, g.key[:12], key[:12])
-	}
-	if d.forking(key) {
-		fr, forkErr = d.forkGolden(ctx, key)
-		if forkErr == nil || ctx.Err() != nil || d.closeCtx.Err() != nil {
-			return ResetGoldenFork, fr, forkErr, forkErr
-		}
-		if fr.templateFault {
-			d.forks.drop(fr.ft, "its fork failed: "+clip(forkErr.Error()))
-		}
-		d.log.Warn("the fork of the task's golden state failed", "task", g.task, "template_fault", fr.templateFault, "err", forkErr)
-	} else if g.forkOnly {
-		// The pool's template went between the plan and now.
-		forkErr = errors.New("the task's fork template went before this desktop forked it")
-	}
-	// The VM holds the attempt (again).
-	if err := d.endClone(ctx, false); err != nil {
-		return "", fr, forkErr, fmt.Errorf("%w: %w", errUnpark, err)
-	}
-	if g.forkOnly {
-		return "", fr, forkErr, errForkOnly
-	}
-	t0 := time.Now()
-	desc, err := d.vm.SnapshotDescription(ctx, g.name)
-	if err != nil {
-		return "", fr, forkErr, err
-	}
-	d.log.Debug("golden snapshot description", "took", time.Since(t0))
-	if got := goldenKeyOf(desc); got != key {
-		return "", fr, forkErr, fmt.Errorf("%w: snapshot %s carries key %q, want %s…", errGoldenStale, g.name, clip(got), key[:12])
-	}
-	_, err = d.restore(ctx, func(ctx context.Context) (string, error) {
-		return ResetGolden, d.vm.LoadSnapshot(ctx, g.name)
+// loadGolden loads the golden state g in place and thaws the guest
+// (clock, entropy), which the snapshot turned back.
+func (d *Desktop) loadGolden(ctx context.Context, g *goldenState) error {
+	return d.restore(ctx, ResetGolden, func(ctx context.Context) error {
+		return d.vm.LoadSnapshot(ctx, g.name)
 	}, newSeed())
-	return ResetGolden, fr, forkErr, err
 }
-
-// errForkOnly means a fork of another desktop's golden state failed, and
-// this desktop has no snapshot of it to load instead.
-var errForkOnly = errors.New("no golden snapshot on this desktop")
-
-// errUnpark means the desktop's VM could not take its ports back from its
-// clones: the reset fails (the next one tries again), and the golden
-// state, which did nothing wrong, stays.
-var errUnpark = errors.New("the VM did not come back from parking")
-
-// errGoldenStale means a golden state was taken for another key: it is
-// taken again, never loaded.
-var errGoldenStale = errors.New("golden state out of date")
 
 // buildGolden takes the task's golden state from the running guest, which
 // was just reset and set up: it waits until the screen settled, drops the
@@ -459,7 +296,7 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	}
 	took := time.Since(t0)
 	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), setup: setup, execDir: d.exec.running()}
-	if d.cfg.Golden.Fork && d.vm.Forkable() && !d.forks.has(key) {
+	if d.golden.forks != nil && !d.golden.forks.has(key) {
 		// The same settled screen, captured for clones right after
 		// the snapshot.
 		d.takeTemplate(ctx, g)

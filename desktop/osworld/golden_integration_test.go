@@ -60,7 +60,7 @@ func goldenSnapshots(t *testing.T, ctx context.Context, v *vm.VM) []string {
 // kind). Every attempt's first screenshot is the same bytes, no attempt
 // sees another's files, each draws its own random numbers and reads the
 // host's time, and runs its actions through the state's executor.
-func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, group int, load string, afterFirst func()) (first []byte) {
+func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, group int, load ResetKind, afterFirst func()) (first []byte) {
 	t.Helper()
 	sh := guestSh(t, d.Guest())
 	var randoms []string
@@ -84,7 +84,7 @@ func goldenGroup(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task,
 		if rep.Kind != want {
 			t.Fatalf("attempt %d: reset %s; want %s", i, rep.Kind, want)
 		}
-		if ar := d.AttemptReport(); ar.Reset != want || ar.ResetWhy == "" {
+		if ar := d.AttemptReport(); ar.Reset != string(want) || ar.ResetWhy == "" {
 			t.Errorf("attempt %d: attempt report says reset %q (%q); want %s with a reason", i, ar.Reset, ar.ResetWhy, want)
 		}
 		obs, err := d.Observe(ctx)
@@ -254,14 +254,14 @@ func TestIntegrationGolden(t *testing.T) {
 // does not need).
 func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Task, fork bool) {
 	n := *itReps
-	res := map[string]*measurement{}
-	m := func(k string) *measurement {
+	res := map[ResetKind]*measurement{}
+	m := func(k ResetKind) *measurement {
 		if res[k] == nil {
 			res[k] = &measurement{}
 		}
 		return res[k]
 	}
-	ready := func(kind string, t0 time.Time) {
+	ready := func(kind ResetKind, t0 time.Time) {
 		t.Helper()
 		if err := d.WaitAfterReset(ctx); err != nil {
 			t.Fatal(err)
@@ -273,11 +273,17 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 			m(kind + "_setup").add(rep.Setup)
 		}
 	}
-	viaReset := func(kind string, golden, noFast bool) {
+	forks := d.golden.forks
+	viaReset := func(kind ResetKind, golden, noFast bool) {
 		t.Helper()
 		d.cfg.Golden.Off, d.cfg.NoFastReset = !golden, noFast
-		d.cfg.Golden.Fork = fork && kind != ResetGolden
-		d.chooser = resetChooser{} // an unmeasured fast reset runs
+		// The pool decided the desktop forks: measuring the in-place
+		// load takes that back for one reset.
+		d.golden.forks = forks
+		if kind == ResetGolden {
+			d.golden.forks = nil
+		}
+		d.history.chooser = resetChooser{} // an unmeasured fast reset runs
 		dirty(t, ctx, d)
 		t0 := time.Now()
 		if err := d.Reset(ctx, tk); err != nil {
@@ -288,8 +294,8 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 		}
 		ready(kind, t0)
 		if kind == ResetGoldenFork {
-			m(kind + "_clone_restore").add(d.fork.clone.Restore())
-			if started, spare := d.fork.clone.Started(); spare {
+			m(kind + "_clone_restore").add(d.golden.fork.clone.Restore())
+			if started, spare := d.golden.fork.clone.Started(); spare {
 				m(kind + "_clone_prestart").add(started)
 			}
 		}
@@ -307,11 +313,11 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 		d.cfg.Golden.Off = true
 		dirty(t, ctx, d)
 		t0 := time.Now()
-		if _, err := d.restore(ctx, func(ctx context.Context) (string, error) { return ResetRevert, d.vm.RevertLibvirt(ctx) }, newSeed()); err != nil {
+		if err := d.restore(ctx, ResetRevert, d.vm.RevertLibvirt, newSeed()); err != nil {
 			t.Fatal(err)
 		}
 		d.exec = executor{} // the clean snapshot holds none, as Reset knows
-		d.fresh = false
+		d.history.fresh = false
 		restore := time.Since(t0)
 		if err := d.setup.Run(ctx, tk, tk.Setup); err != nil {
 			t.Fatal(err)
@@ -319,7 +325,7 @@ func measureGolden(t *testing.T, ctx context.Context, d *Desktop, tk desktop.Tas
 		d.setLastReset(ResetReport{TaskID: tk.ID, Kind: ResetRevert, Restore: restore, Setup: time.Since(t0) - restore})
 		ready(ResetRevert, t0)
 	}
-	d.cfg.Golden.Off, d.cfg.NoFastReset, d.cfg.Golden.Fork = false, false, fork
+	d.cfg.Golden.Off, d.cfg.NoFastReset, d.golden.forks = false, false, forks
 	for _, k := range slices.Sorted(maps.Keys(res)) {
 		t.Logf("golden measure %-24s %s", k, res[k])
 	}
@@ -383,10 +389,10 @@ func TestIntegrationGoldenFork(t *testing.T) {
 			t.Errorf("fork templates after the golden state was taken: %q; want one", got)
 		}
 	})
-	if !d.fork.parked || d.fork.clone == nil {
-		t.Fatalf("after forked attempts: parked %v, clone %v; want the VM parked and a clone", d.fork.parked, d.fork.clone)
+	if !d.golden.fork.parked || d.golden.fork.clone == nil {
+		t.Fatalf("after forked attempts: parked %v, clone %v; want the VM parked and a clone", d.golden.fork.parked, d.golden.fork.clone)
 	}
-	clonePID := d.fork.clone.PID()
+	clonePID := d.golden.fork.clone.PID()
 
 	// A second desktop of the pool forks the same state: no setup of its
 	// own, the same first screen.
@@ -431,8 +437,8 @@ func TestIntegrationGoldenFork(t *testing.T) {
 	if rep := d.LastReset(); rep.Kind != ResetLoadvm {
 		t.Errorf("first reset on the VM after clones: %s (%s); want %s", rep.Kind, rep.Why, ResetLoadvm)
 	}
-	if d.fork.parked || d.fork.clone != nil {
-		t.Errorf("after a reset on the VM: parked %v, clone %v", d.fork.parked, d.fork.clone)
+	if d.golden.fork.parked || d.golden.fork.clone != nil {
+		t.Errorf("after a reset on the VM: parked %v, clone %v", d.golden.fork.parked, d.golden.fork.clone)
 	}
 	if err := syscall.Kill(clonePID, 0); err == nil {
 		t.Errorf("the last attempt's clone (pid %d) runs on", clonePID)
@@ -478,8 +484,8 @@ func TestIntegrationGoldenFork(t *testing.T) {
 	if rep := d.LastReset(); rep.Kind != ResetGolden || !strings.Contains(rep.Why, "fork failed") {
 		t.Errorf("after the template's RAM file changed: reset %s (%s); want %s, fork failed", rep.Kind, rep.Why, ResetGolden)
 	}
-	if d.fork.parked || d.fork.clone != nil {
-		t.Errorf("after a failed fork: parked %v, clone %v; want the VM running the attempt", d.fork.parked, d.fork.clone)
+	if d.golden.fork.parked || d.golden.fork.clone != nil {
+		t.Errorf("after a failed fork: parked %v, clone %v; want the VM running the attempt", d.golden.fork.parked, d.golden.fork.clone)
 	}
 	if got := sh(`wmctrl -l | grep -c legato-term; true`); got != "1" {
 		t.Errorf("after the in-place load: %s terminals; want the setup's one", got)

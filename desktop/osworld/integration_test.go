@@ -443,7 +443,7 @@ func TestIntegrationResets(t *testing.T) {
 	plain := func(domain string) desktop.Task {
 		return desktop.Task{ID: "plain-" + domain, Domain: domain, Instruction: "x", Evaluator: json.RawMessage(`{"func":"infeasible"}`)}
 	}
-	check := func(what, wantKind string) {
+	check := func(what string, wantKind ResetKind) {
 		t.Helper()
 		if got := d.LastReset().Kind; got != wantKind {
 			t.Errorf("%s: reset kind %q, want %q", what, got, wantKind)
@@ -501,7 +501,7 @@ func TestIntegrationResets(t *testing.T) {
 		{"a world-writable directory", `echo x > /srv/legato-shared/left.txt`, "/srv/legato-shared"},
 		{"/etc through sudo", `echo x | sudo tee /etc/legato-left.conf >/dev/null`, "/etc/legato-left.conf"},
 	} {
-		d.chooser = resetChooser{} // the fast reset is not measured: it runs
+		d.history.chooser = resetChooser{} // the fast reset is not measured: it runs
 		dirty(t, ctx, d)
 		if res, err := c.Execute(ctx, guest.ShellLine(ch.cmd)); err != nil || res.ReturnCode != 0 {
 			t.Fatalf("%s: %v %+v", ch.cmd, err, res)
@@ -514,7 +514,7 @@ func TestIntegrationResets(t *testing.T) {
 			t.Errorf("fast reset after a change in %s: why %q; want it to name %s", ch.what, rep.Why, ch.want)
 		}
 	}
-	d.chooser = resetChooser{}
+	d.history.chooser = resetChooser{}
 
 	if *itMeasure {
 		measure(t, ctx, vd, clean)
@@ -527,8 +527,8 @@ func TestIntegrationResets(t *testing.T) {
 	if err := vd.Close(); err != nil {
 		t.Errorf("second close: %v", err)
 	}
-	if err := vd.Revert(ctx); !errors.Is(err, desktop.ErrClosed) {
-		t.Errorf("Revert after Close: %v; want ErrClosed", err)
+	if err := vd.Reset(ctx, plain("os")); !errors.Is(err, desktop.ErrClosed) {
+		t.Errorf("Reset after Close: %v; want ErrClosed", err)
 	}
 	left, err := vm.List(ctx, cfg.VM)
 	if err != nil {
@@ -606,7 +606,7 @@ for i in $(seq 300); do wmctrl -lx | grep -qi xedit && break; sleep 0.1; done
 wmctrl -lx | grep -qi xedit`)
 	}
 
-	scores := map[string][]float64{}
+	scores := map[ResetKind][]float64{}
 	r, rep := attempt("attempt 1")
 	if rep.Kind != ResetNone {
 		t.Errorf("first reset of a fresh VM: %s", rep.Kind)
@@ -706,7 +706,7 @@ func TestIntegrationCrashThenSweep(t *testing.T) {
 		t.Fatalf("the child did not get into its batch (vm %q, %d steps)", name, steps)
 	}
 	// The killed VM's overlay holds a golden state too.
-	if !slices.Equal(resets, []string{ResetGoldenBuild}) {
+	if !slices.Equal(resets, []string{string(ResetGoldenBuild)}) {
 		t.Errorf("the child's resets: %q; want it to have taken a golden state", resets)
 	}
 
@@ -870,7 +870,8 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 	for range n {
 		dirty(t, ctx, d)
 		t0 := time.Now()
-		r, err := d.fastReset(ctx)
+		res, err := d.fastStep(ctx, desktop.Task{}, resetStep{kind: ResetFast})
+		r := res.clean
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -881,7 +882,7 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 		offset("clock_offset_after_fast")
 		restored("fast reset")
 		t0 = time.Now()
-		if _, err := d.fastReset(ctx); err != nil {
+		if _, err := d.fastStep(ctx, desktop.Task{}, resetStep{kind: ResetFast}); err != nil {
 			t.Fatal(err)
 		}
 		m("reset_fast_nothing_to_undo").add(time.Since(t0))
@@ -889,7 +890,7 @@ func measure(t *testing.T, ctx context.Context, vd *VMDesktop, clean string) {
 	for range n {
 		dirty(t, ctx, d)
 		t0 := time.Now()
-		if _, err := d.revert(ctx); err != nil {
+		if err := d.restore(ctx, ResetLoadvm, d.vm.RevertLoadvm, newSeed()); err != nil {
 			t.Fatal(err)
 		}
 		m("reset_loadvm_with_clock_set").add(time.Since(t0))

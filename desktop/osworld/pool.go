@@ -112,16 +112,6 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	return p, nil
 }
 
-// NewFactory returns the desktop factory of a batch and the cleanup to run
-// after it: NewPool, then Pool.New and Pool.Close.
-func NewFactory(ctx context.Context, cfg Config) (desktop.Factory, func() error, error) {
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	return p.New, p.Close, nil
-}
-
 // graderConfig is the part of a grader's configuration shared by every
 // desktop.
 func (p *Pool) graderConfig() grade.GraderConfig {
@@ -392,7 +382,7 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v, dial)
 		}
 		if err == nil {
-			d.fresh = true
+			d.history.fresh = true
 			d.host = ph.name()
 			d.probe = prep
 			return d, nil
@@ -617,8 +607,11 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		log:    log,
 		tmpDir: tmp,
 		fwd:    fwd,
-		warned: map[string]bool{},
-		forks:  p.forks,
+	}
+	d.history.warned = map[string]bool{}
+	if v != nil && v.Forkable() {
+		// Decided once: this desktop forks the pool's templates.
+		d.golden.forks = p.forks
 	}
 	d.closeCtx, d.closeNow = context.WithCancel(context.Background())
 	// The ready signal plans its last screenshot to end by its bound: it

@@ -16,7 +16,7 @@ func (d *Desktop) AttemptReport() desktop.AttemptReport {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r := desktop.AttemptReport{
-		Reset:    d.lastReset.Kind,
+		Reset:    string(d.lastReset.Kind),
 		ResetWhy: d.lastReset.Why,
 		Grading:  slices.Clone(d.lastGrading),
 		Host:     d.host,

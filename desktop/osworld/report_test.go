@@ -57,7 +57,7 @@ func TestDesktopsShareOneGraderPool(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep = d.(desktop.Reporter).AttemptReport()
-		if rep.Grading != nil || rep.Reset != ResetFast || rep.ResetWhy != "a guest given by URL has no snapshot" {
+		if rep.Grading != nil || rep.Reset != string(ResetFast) || rep.ResetWhy != "a guest given by URL has no snapshot" {
 			t.Errorf("desktop %d: report after a reset = %+v, want the fast reset, why, and no grading", slot, rep)
 		}
 	}

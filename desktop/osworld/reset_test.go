@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/desktop"
-	"legato/rl/desktop/osworld/vm"
 )
 
 // homeState lists a home directory: each entry's path and, for files,
@@ -216,119 +215,6 @@ func TestFastResetWithoutBaselineFails(t *testing.T) {
 	var de *desktop.Error
 	if !errors.As(err, &de) || de.Desktop != g.URL || !strings.HasPrefix(de.Op, "reset") {
 		t.Errorf("error %#v: want a *desktop.Error naming the guest and the reset", err)
-	}
-}
-
-// TestChooseReset checks the rules before the costs, then the costs: a
-// VM desktop measures both kinds, then runs the cheaper one, and measures
-// the other again now and then.
-func TestChooseReset(t *testing.T) {
-	tk := func(id, domain string) prevAttempt { return prevAttempt{id: id, domain: domain} }
-	cfg := Config{}.withDefaults()
-	ms := time.Millisecond
-	tests := []struct {
-		name       string
-		cfg        Config
-		costs      resetChooser
-		task, prev prevAttempt
-		want       string
-		why        string
-	}{
-		{name: "no fast reset", cfg: Config{NoFastReset: true}.withDefaults(), task: tk("a", "chrome"), want: ResetLoadvm, why: "NoFastReset"},
-		{name: "os task", cfg: cfg, task: tk("a", "os"), prev: tk("b", "chrome"), want: ResetLoadvm, why: "domain os"},
-		{name: "after an os task", cfg: cfg, task: tk("a", "chrome"), prev: tk("b", "multi_apps"), want: ResetLoadvm, why: "task b of domain multi_apps"},
-		{name: "unmeasured", cfg: cfg, task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetFast, why: "not measured"},
-		{name: "loadvm unmeasured", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 1}, resets: 1},
-			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "loadvm not measured"},
-		{name: "fast cheaper", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 3, at: 5}, loadvm: resetCost{mean: 1100 * ms, n: 1, at: 2}, resets: 5},
-			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetFast, why: "fast 0.40s vs loadvm 1.10s"},
-		{name: "loadvm cheaper", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 1300 * ms, n: 3, at: 3}, loadvm: resetCost{mean: 1100 * ms, n: 2, at: 5}, resets: 5},
-			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "loadvm 1.10s vs fast 1.30s"},
-		{name: "refresh", cfg: cfg, costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 30, at: 25}, loadvm: resetCost{mean: 1100 * ms, n: 1, at: 2}, resets: 25},
-			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "measuring loadvm again"},
-		{name: "fell back after this task before", cfg: cfg,
-			costs: resetChooser{fast: resetCost{mean: 400 * ms, n: 3, at: 5}, loadvm: resetCost{mean: 1100 * ms, n: 1, at: 4}, resets: 5,
-				fellBack: map[string]string{"b": "changed outside what a fast reset restores: /etc/hosts"}},
-			task: tk("a", "chrome"), prev: tk("b", "gimp"), want: ResetLoadvm, why: "after task b fell back"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := tt.costs.choose(tt.cfg, tt.task, tt.prev)
-			if got.kind != tt.want || !strings.Contains(got.why, tt.why) {
-				t.Errorf("choose = %+v; want %s because of %q", got, tt.want, tt.why)
-			}
-		})
-	}
-}
-
-// TestResetCostsLearn: measured costs steer the choice, a fast reset that
-// fell back after a task sends the next reset after that task straight to
-// the snapshot and counts against the fast reset.
-func TestResetCostsLearn(t *testing.T) {
-	cfg := Config{}.withDefaults()
-	var c resetChooser
-	prev := prevAttempt{id: "b", domain: "gimp"}
-	next := prevAttempt{id: "c", domain: "gimp"}
-	c.done(ResetFast, 300*time.Millisecond, prev, "")
-	c.done(ResetLoadvm, time.Second, prev, "")
-	if got := c.choose(cfg, next, prev); got.kind != ResetFast {
-		t.Fatalf("after fast 0.3s and loadvm 1s: %+v; want fast", got)
-	}
-	c.done(ResetFastThenLoadvm, 4*time.Second, prev, "processes still running after SIGKILL: x")
-	if got := c.choose(cfg, next, prev); got.kind != ResetLoadvm || !strings.Contains(got.why, "processes still running") {
-		t.Errorf("after a fallback after task b: %+v; want loadvm naming the reason", got)
-	}
-	c.done(ResetRevert, 20*time.Second, prev, "")
-	if c.loadvm.n != 2 {
-		t.Errorf("a loadvm that failed over to libvirt's revert was not counted as loadvm: %+v", c.loadvm)
-	}
-	c.loadvm = resetCost{mean: time.Second, n: 2, at: c.resets}
-	other := prevAttempt{id: "d", domain: "gimp"}
-	if got := c.choose(cfg, next, other); got.kind != ResetLoadvm || !strings.Contains(got.why, "cheaper here: loadvm") {
-		t.Errorf("after task d, with fast now %v on average: %+v; want loadvm, the cheaper", c.fast.mean, got)
-	}
-}
-
-// TestDesktopChoose: a guest given by URL always fast-resets (and warns
-// once per domain that needs a revert); a fresh VM needs no reset.
-func TestDesktopChoose(t *testing.T) {
-	tests := []struct {
-		name        string
-		vm, fresh   bool
-		noFastReset bool
-		domain      string
-		want        string
-		wantWarn    bool
-	}{
-		{name: "vm fresh os", vm: true, fresh: true, domain: "os", want: ResetNone},
-		{name: "vm os", vm: true, domain: "os", want: ResetLoadvm},
-		{name: "guest chrome", domain: "chrome", want: ResetFast},
-		{name: "guest os warns", domain: "os", want: ResetFast, wantWarn: true},
-		{name: "guest no fast reset warns", noFastReset: true, domain: "gimp", want: ResetFast, wantWarn: true},
-		{name: "guest fresh is not trusted", fresh: true, domain: "gimp", want: ResetFast},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var logged strings.Builder
-			cfg := Config{NoFastReset: tt.noFastReset}.withDefaults()
-			d := &Desktop{cfg: cfg, fresh: tt.fresh, warned: map[string]bool{}, log: testLoggerTo(&logged)}
-			if tt.vm {
-				d.vm = &vm.VM{} // only compared with nil
-			}
-			got := d.choose(prevAttempt{id: "t", domain: tt.domain}, prevAttempt{})
-			if got.kind != tt.want {
-				t.Errorf("choose = %+v, want %q", got, tt.want)
-			}
-			if warned := strings.Contains(logged.String(), "level=WARN"); warned != tt.wantWarn {
-				t.Errorf("warned = %v, want %v; log:\n%s", warned, tt.wantWarn, logged.String())
-			}
-			// A second task of the domain is not warned about again.
-			logged.Reset()
-			d.choose(prevAttempt{id: "t2", domain: tt.domain}, prevAttempt{})
-			if strings.Contains(logged.String(), "level=WARN") {
-				t.Errorf("warned twice about domain %s", tt.domain)
-			}
-		})
 	}
 }
 
