@@ -230,23 +230,23 @@ func TestResetsLearn(t *testing.T) {
 		f.fellBack = h.chooser.fellBack[prev.id]
 		return f
 	}
-	d.learn(facts(), []ResetKind{ResetFast}, 300*time.Millisecond, "")
-	d.learn(facts(), []ResetKind{ResetLoadvm}, time.Second, "")
+	d.history.chooser.learn(facts(), []ResetKind{ResetFast}, 300*time.Millisecond, "")
+	d.history.chooser.learn(facts(), []ResetKind{ResetLoadvm}, time.Second, "")
 	if p := planReset(facts()); p.steps[0].kind != ResetFast {
 		t.Fatalf("after fast 0.3s and loadvm 1s: %+v; want fast", p.steps[0])
 	}
-	d.learn(facts(), []ResetKind{ResetFast, ResetLoadvm}, 4*time.Second, "processes still running after SIGKILL: x")
+	d.history.chooser.learn(facts(), []ResetKind{ResetFast, ResetLoadvm}, 4*time.Second, "processes still running after SIGKILL: x")
 	if p := planReset(facts()); p.steps[0].kind != ResetLoadvm || !strings.Contains(p.steps[0].why, "processes still running") {
 		t.Errorf("after a fallback after task b: %+v; want loadvm naming the reason", p.steps[0])
 	}
-	d.learn(facts(), []ResetKind{ResetLoadvm, ResetRevert}, 20*time.Second, "")
+	d.history.chooser.learn(facts(), []ResetKind{ResetLoadvm, ResetRevert}, 20*time.Second, "")
 	if d.history.chooser.loadvm.n != 2 {
 		t.Errorf("a loadvm that failed over to libvirt's revert was not counted as loadvm: %+v", d.history.chooser.loadvm)
 	}
 	n := d.history.chooser.resets
-	d.learn(facts(), []ResetKind{ResetGolden}, time.Second, "")
-	d.learn(facts(), []ResetKind{ResetNone}, time.Second, "")
-	d.learn(resetFacts{}, []ResetKind{ResetFast}, time.Second, "") // a guest given by URL
+	d.history.chooser.learn(facts(), []ResetKind{ResetGolden}, time.Second, "")
+	d.history.chooser.learn(facts(), []ResetKind{ResetNone}, time.Second, "")
+	d.history.chooser.learn(resetFacts{}, []ResetKind{ResetFast}, time.Second, "") // a guest given by URL
 	if d.history.chooser.resets != n {
 		t.Errorf("golden loads, a fresh VM or a guest given by URL counted as measured resets")
 	}

@@ -162,7 +162,7 @@ func (d *Desktop) runPlan(ctx context.Context, task desktop.Task, f resetFacts, 
 	}
 	rep.Why = strings.Join(append(whys, joinNonEmpty(step.why, res.detail)), "; ")
 	d.golden.fork.unparked = false
-	d.learn(f, tried, rep.Restore, fellBack)
+	d.history.chooser.learn(f, tried, rep.Restore, fellBack)
 	if !step.setup {
 		// A golden state: it holds the setup, and the executor that ran
 		// when it was taken.
@@ -306,12 +306,11 @@ func (d *Desktop) stepFailed(ctx context.Context, task desktop.Task, kind ResetK
 
 // learn records the cost of a reset to the clean state that ran on the VM,
 // and a fast reset that fell back to the snapshot after its task.
-func (d *Desktop) learn(f resetFacts, tried []ResetKind, took time.Duration, fellBack string) {
+func (c *resetChooser) learn(f resetFacts, tried []ResetKind, took time.Duration, fellBack string) {
 	first := tried[0]
 	if !f.vm || first == ResetNone || first == ResetGolden || first == ResetGoldenFork {
 		return
 	}
-	c := &d.history.chooser
 	c.resets++
 	if first == ResetLoadvm {
 		// A loadvm that failed over to libvirt's revert: choosing loadvm

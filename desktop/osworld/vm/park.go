@@ -29,35 +29,28 @@ func (t hmpText) Error() string { return string(t) }
 // process meanwhile: no port picked for another VM or clone is one of
 // them. On an error Park undoes what it did, so the VM runs as before.
 func (v *VM) Park(ctx context.Context) error {
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return v.fail("park", err)
-	}
-	reservePorts(v.ports, true)
-	undo := func(err error) error {
-		// Also after a stop cut off by ctx, which may have paused the
-		// guest all the same; unpark runs on a VM in any state of Park.
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
-		defer rcancel()
-		if uerr := v.unpark(rctx, dom); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+	return v.onDomain(ctx, "park", func(ctx context.Context, dom libvirt.Domain) error {
+		reservePorts(v.ports, true)
+		undo := func(err error) error {
+			// Also after a stop cut off by ctx, which may have paused the
+			// guest all the same; unpark runs on a VM in any state of Park.
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
+			defer rcancel()
+			if uerr := v.unpark(rctx, dom); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+			}
+			return v.fail("park", err)
 		}
-		return v.fail("park", err)
-	}
-	if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
-		return undo(err)
-	}
-	for _, f := range v.ports.forwards(v.cfg) {
-		if err := v.removeForward(ctx, dom, f.Host); err != nil {
+		if err := v.monitorQMP(ctx, dom, "stop", nil, nil); err != nil {
 			return undo(err)
 		}
-	}
-	return nil
+		for _, f := range v.ports.forwards(v.cfg) {
+			if err := v.removeForward(ctx, dom, f.Host); err != nil {
+				return undo(err)
+			}
+		}
+		return nil
+	})
 }
 
 // removeForward removes the forward of a host port; one that is not there
@@ -77,16 +70,9 @@ func (v *VM) removeForward(ctx context.Context, dom libvirt.Domain, port int) er
 // must be free: the clone that held them closed. It can be called again
 // after it failed half way.
 func (v *VM) Unpark(ctx context.Context) error {
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return v.fail("unpark", err)
-	}
-	return v.fail("unpark", v.unpark(ctx, dom))
+	return v.onDomain(ctx, "unpark", func(ctx context.Context, dom libvirt.Domain) error {
+		return v.fail("unpark", v.unpark(ctx, dom))
+	})
 }
 
 func (v *VM) unpark(ctx context.Context, dom libvirt.Domain) error {

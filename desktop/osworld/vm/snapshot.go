@@ -99,48 +99,34 @@ func (v *VM) Snapshot(ctx context.Context, name, description string) error {
 // SnapshotDescription returns the description snapshot name was taken
 // with; an error wrapping ErrNoSnapshot when there is none of that name.
 func (v *VM) SnapshotDescription(ctx context.Context, name string) (string, error) {
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return "", err
-	}
-	defer cancel()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return "", v.fail("read snapshot "+name, err)
-	}
-	var x string
-	err = v.conn.do(ctx, "read snapshot", func(lv *libvirt.Libvirt) error {
-		snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
-		if err != nil {
+	return withDomain(ctx, v, "read snapshot "+name, func(ctx context.Context, dom libvirt.Domain) (string, error) {
+		var x string
+		err := v.conn.do(ctx, "read snapshot", func(lv *libvirt.Libvirt) error {
+			snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
+			if err != nil {
+				return err
+			}
+			x, err = lv.DomainSnapshotGetXMLDesc(snap, 0)
 			return err
+		})
+		if isNoSnapshot(err) {
+			return "", v.fail("read snapshot "+name, fmt.Errorf("%w: %s", ErrNoSnapshot, name))
 		}
-		x, err = lv.DomainSnapshotGetXMLDesc(snap, 0)
-		return err
+		if err != nil {
+			return "", v.fail("read snapshot "+name, err)
+		}
+		d, err := snapshotDescription(x)
+		return d, v.fail("read snapshot "+name, err)
 	})
-	if isNoSnapshot(err) {
-		return "", v.fail("read snapshot "+name, fmt.Errorf("%w: %s", ErrNoSnapshot, name))
-	}
-	if err != nil {
-		return "", v.fail("read snapshot "+name, err)
-	}
-	d, err := snapshotDescription(x)
-	return d, v.fail("read snapshot "+name, err)
 }
 
 // Snapshots lists the names of the domain's snapshots, the clean one
 // included.
 func (v *VM) Snapshots(ctx context.Context) ([]string, error) {
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer cancel()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return nil, v.fail("list snapshots", err)
-	}
-	names, err := snapshotNames(ctx, v.conn, dom)
-	return names, v.fail("list snapshots", err)
+	return withDomain(ctx, v, "list snapshots", func(ctx context.Context, dom libvirt.Domain) ([]string, error) {
+		names, err := snapshotNames(ctx, v.conn, dom)
+		return names, v.fail("list snapshots", err)
+	})
 }
 
 func snapshotNames(ctx context.Context, c *conn, dom libvirt.Domain) ([]string, error) {
@@ -161,26 +147,19 @@ func (v *VM) DeleteSnapshot(ctx context.Context, name string) error {
 	if err := checkSnapshotName(name); err != nil {
 		return err
 	}
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return v.fail("delete snapshot "+name, err)
-	}
-	err = v.conn.do(ctx, "delete snapshot", func(lv *libvirt.Libvirt) error {
-		snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
-		if err != nil {
-			return err
+	return v.onDomain(ctx, "delete snapshot "+name, func(ctx context.Context, dom libvirt.Domain) error {
+		err := v.conn.do(ctx, "delete snapshot", func(lv *libvirt.Libvirt) error {
+			snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
+			if err != nil {
+				return err
+			}
+			return lv.DomainSnapshotDelete(snap, 0)
+		})
+		if isNoSnapshot(err) {
+			return nil
 		}
-		return lv.DomainSnapshotDelete(snap, 0)
+		return v.fail("delete snapshot "+name, err)
 	})
-	if isNoSnapshot(err) {
-		return nil
-	}
-	return v.fail("delete snapshot "+name, err)
 }
 
 // LoadSnapshot loads snapshot name into the running QEMU through its
@@ -261,36 +240,29 @@ func (i Identity) String() string {
 
 // Identity returns the VM's Identity.
 func (v *VM) Identity(ctx context.Context) (Identity, error) {
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return Identity{}, err
-	}
-	defer cancel()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return Identity{}, v.fail("identity", err)
-	}
-	// The running QEMU's own word: libvirt's version of the hypervisor is
-	// that of the binary on disk, which an upgrade may have replaced
-	// since this QEMU started (libvirt's revert starts a new one).
-	var ver string
-	err = v.conn.do(ctx, "qemu version", func(lv *libvirt.Libvirt) error {
-		var err error
-		ver, err = lv.QEMUDomainMonitorCommand(dom, "info version", monitorHMP)
-		return err
+	return withDomain(ctx, v, "identity", func(ctx context.Context, dom libvirt.Domain) (Identity, error) {
+		// The running QEMU's own word: libvirt's version of the hypervisor is
+		// that of the binary on disk, which an upgrade may have replaced
+		// since this QEMU started (libvirt's revert starts a new one).
+		var ver string
+		err := v.conn.do(ctx, "qemu version", func(lv *libvirt.Libvirt) error {
+			var err error
+			ver, err = lv.QEMUDomainMonitorCommand(dom, "info version", monitorHMP)
+			return err
+		})
+		if err != nil {
+			return Identity{}, v.fail("identity", err)
+		}
+		m, err := machineHash(v.spec())
+		if err != nil {
+			return Identity{}, v.fail("identity", err)
+		}
+		return Identity{
+			QEMU:    strings.Join(strings.Fields(ver), " "),
+			Machine: m,
+			Image:   v.images[RoleBase],
+		}, nil
 	})
-	if err != nil {
-		return Identity{}, v.fail("identity", err)
-	}
-	m, err := machineHash(v.spec())
-	if err != nil {
-		return Identity{}, v.fail("identity", err)
-	}
-	return Identity{
-		QEMU:    strings.Join(strings.Fields(ver), " "),
-		Machine: m,
-		Image:   v.images[RoleBase],
-	}, nil
 }
 
 // machineHash hashes the domain definition with what differs between VMs

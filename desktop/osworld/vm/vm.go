@@ -255,6 +255,30 @@ func (v *VM) opCtx(ctx context.Context) (context.Context, context.CancelFunc, er
 	return ctx, func() { stop(); cancel(context.Canceled) }, nil
 }
 
+// withDomain runs f on v's domain, within opCtx; a domain that cannot be
+// looked up fails as op.
+func withDomain[T any](ctx context.Context, v *VM, op string, f func(context.Context, libvirt.Domain) (T, error)) (T, error) {
+	var zero T
+	ctx, cancel, err := v.opCtx(ctx)
+	if err != nil {
+		return zero, err
+	}
+	defer cancel()
+	dom, err := v.domain(ctx)
+	if err != nil {
+		return zero, v.fail(op, err)
+	}
+	return f(ctx, dom)
+}
+
+// onDomain is withDomain for a call that returns only an error.
+func (v *VM) onDomain(ctx context.Context, op string, f func(context.Context, libvirt.Domain) error) error {
+	_, err := withDomain(ctx, v, op, func(ctx context.Context, dom libvirt.Domain) (struct{}, error) {
+		return struct{}{}, f(ctx, dom)
+	})
+	return err
+}
+
 // createOverlay makes a fresh qcow2 overlay volume backed by the base
 // image's volume, replacing an old one.
 func (v *VM) createOverlay(ctx context.Context) error {
@@ -569,57 +593,50 @@ func (v *VM) RevertLoadvm(ctx context.Context) error {
 // snapshot again. It is the slowest reset and the one that needs no
 // snapshot to work.
 func (v *VM) ColdBoot(ctx context.Context) error {
-	ctx, cancel, err := v.opCtx(ctx)
-	if err != nil {
-		return err
-	}
-	defer cancel()
 	t0 := time.Now()
-	dom, err := v.domain(ctx)
-	if err != nil {
-		return v.fail("cold boot", err)
-	}
-	// The snapshots live in the overlay about to be replaced: drop
-	// libvirt's record of them first.
-	names, err := snapshotNames(ctx, v.conn, dom)
-	if err != nil {
-		return v.fail("cold boot", err)
-	}
-	for _, name := range names {
-		err = v.conn.do(ctx, "delete snapshot metadata", func(lv *libvirt.Libvirt) error {
-			snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
-			if err != nil {
-				return err
-			}
-			return lv.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly)
-		})
-		if err != nil && !isNoSnapshot(err) {
+	return v.onDomain(ctx, "cold boot", func(ctx context.Context, dom libvirt.Domain) error {
+		// The snapshots live in the overlay about to be replaced: drop
+		// libvirt's record of them first.
+		names, err := snapshotNames(ctx, v.conn, dom)
+		if err != nil {
 			return v.fail("cold boot", err)
 		}
-	}
-	err = v.conn.do(ctx, "destroy domain", func(lv *libvirt.Libvirt) error { return lv.DomainDestroyFlags(dom, 0) })
-	if err != nil && !isNotRunning(err) {
-		return v.fail("cold boot", err)
-	}
-	if err := v.createOverlay(ctx); err != nil {
-		return err
-	}
-	err = v.conn.do(ctx, "start domain", func(lv *libvirt.Libvirt) error { return lv.DomainCreate(dom) })
-	if err != nil {
-		return v.fail("cold boot", err)
-	}
-	v.mu.Lock()
-	v.noSavevm = nil // a new QEMU
-	v.mu.Unlock()
-	if err := v.waitReady(ctx); err != nil {
-		return err
-	}
-	d := time.Since(t0)
-	v.mu.Lock()
-	v.timings.LastReset, v.timings.LastResetHow = d, ResetColdBoot
-	v.mu.Unlock()
-	v.log.Info("cold boot done", "took", d)
-	return v.snapshot(ctx)
+		for _, name := range names {
+			err = v.conn.do(ctx, "delete snapshot metadata", func(lv *libvirt.Libvirt) error {
+				snap, err := lv.DomainSnapshotLookupByName(dom, name, 0)
+				if err != nil {
+					return err
+				}
+				return lv.DomainSnapshotDelete(snap, libvirt.DomainSnapshotDeleteMetadataOnly)
+			})
+			if err != nil && !isNoSnapshot(err) {
+				return v.fail("cold boot", err)
+			}
+		}
+		err = v.conn.do(ctx, "destroy domain", func(lv *libvirt.Libvirt) error { return lv.DomainDestroyFlags(dom, 0) })
+		if err != nil && !isNotRunning(err) {
+			return v.fail("cold boot", err)
+		}
+		if err := v.createOverlay(ctx); err != nil {
+			return err
+		}
+		err = v.conn.do(ctx, "start domain", func(lv *libvirt.Libvirt) error { return lv.DomainCreate(dom) })
+		if err != nil {
+			return v.fail("cold boot", err)
+		}
+		v.mu.Lock()
+		v.noSavevm = nil // a new QEMU
+		v.mu.Unlock()
+		if err := v.waitReady(ctx); err != nil {
+			return err
+		}
+		d := time.Since(t0)
+		v.mu.Lock()
+		v.timings.LastReset, v.timings.LastResetHow = d, ResetColdBoot
+		v.mu.Unlock()
+		v.log.Info("cold boot done", "took", d)
+		return v.snapshot(ctx)
+	})
 }
 
 func isNoSnapshot(err error) bool {
