@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 	"legato/rl/schema"
 )
 
@@ -263,21 +264,22 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 }
 
 // retryBackoff is the first wait before retrying a 5xx or a connection
-// error; it doubles with each retry. A timeout is retried at once (the
-// attempt already waited StepTimeout) and a 429 after its Retry-After.
-const retryBackoff = 500 * time.Millisecond
+// error; it doubles with each retry, ten times at most. A timeout is
+// retried at once (the attempt already waited StepTimeout) and a 429 after
+// its Retry-After. No wait exceeds StepTimeout.
+const (
+	retryBackoff    = 500 * time.Millisecond
+	maxRetryBackoff = retryBackoff << 10
+)
 
 func (c *Client) backoff(e *Error, retries int) time.Duration {
-	var d time.Duration
 	switch {
 	case errors.Is(e.Err, ErrTimeout):
 		return 0
 	case errors.Is(e.Err, ErrRateLimited) && e.retryAfter > 0:
-		d = e.retryAfter
-	default:
-		d = retryBackoff << min(retries, 10)
+		return min(e.retryAfter, c.cfg.StepTimeout)
 	}
-	return min(d, c.cfg.StepTimeout)
+	return backoff.Policy{Base: retryBackoff, Max: min(maxRetryBackoff, c.cfg.StepTimeout)}.Wait(retries)
 }
 
 // errAttemptTimeout is the cause of an attempt's context when StepTimeout
