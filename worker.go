@@ -56,7 +56,7 @@ func (w *worker) desktop(ctx context.Context) (desktop.Desktop, error) {
 			failures++
 			lastErr = err
 			w.log.Warn("create desktop", "slot", w.slot, "try", failures, "err", err)
-			if desktop.Sleep(ctx, desktopRetry.Wait(failures-1)) != nil {
+			if backoff.Sleep(ctx, desktopRetry.Wait(failures-1)) != nil {
 				return nil, nil
 			}
 			continue

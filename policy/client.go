@@ -18,7 +18,6 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"golang.org/x/sync/semaphore"
 
-	"legato/rl/desktop"
 	"legato/rl/internal/backoff"
 	"legato/rl/schema"
 )
@@ -255,7 +254,7 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 		}
 		c.log.Warn("policy call failed; retrying", "url", c.endpoint, "attempt", attempt,
 			"error", e.Error(), "wait", wait)
-		if desktop.Sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			res.Model.Seconds = time.Since(start).Seconds()
 			return res, c.fail(attempt, 0, ctx.Err(), "", nil)
 		}

@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"legato/rl/desktop"
 	"legato/rl/internal/backoff"
 )
 
@@ -141,7 +140,7 @@ func (c *Cache) Fetch(ctx context.Context, rawURL string) (string, error) {
 		if attempt > 1 {
 			wait := downloadRetry.Wait(attempt - 2)
 			c.log.Info("retrying download", "url", rawURL, "attempt", attempt, "after", last)
-			if err := desktop.Sleep(ctx, wait); err != nil {
+			if err := backoff.Sleep(ctx, wait); err != nil {
 				return "", &DownloadError{URL: rawURL, Err: fmt.Errorf("%w (after: %v)", err, last)}
 			}
 		}
