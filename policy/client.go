@@ -60,11 +60,6 @@ type Result struct {
 	PromptTokenIDs []int64
 }
 
-// Reply is the part of r a Harness reads.
-func (r *Result) Reply() Reply {
-	return Reply{Content: r.Response.Content, Reasoning: r.Response.Reasoning, ToolCalls: r.ToolCalls}
-}
-
 // Client calls one model on one server. It is safe for concurrent use, and
 // meant to be shared by every worker of a batch. Close it when done.
 type Client struct {
