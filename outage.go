@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 	"legato/rl/policy"
 )
 
@@ -169,7 +169,7 @@ func (o *outage) probe(ctx context.Context) {
 			o.end(cause)
 			return
 		}
-		if desktop.Sleep(ctx, min(o.backoff(n), o.limit-time.Since(ep.start))) != nil {
+		if backoff.Sleep(ctx, min(o.backoff(n), o.limit-time.Since(ep.start))) != nil {
 			o.end(ctx.Err())
 			return
 		}

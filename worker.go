@@ -8,11 +8,16 @@ import (
 	"time"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 )
 
 // maxDesktopStarts bounds how often in a row a worker tries to create a
 // desktop before it gives up its slot.
 const maxDesktopStarts = 3
+
+// desktopRetry is the wait after each failed try to create a desktop: 1 s,
+// then doubling (the cap is never reached within maxDesktopStarts).
+var desktopRetry = backoff.Policy{Base: time.Second, Max: time.Minute}
 
 // worker owns one desktop slot for the whole batch: it creates the slot's
 // desktop, replaces it when it failed, and closes it at the end.
@@ -51,7 +56,7 @@ func (w *worker) desktop(ctx context.Context) (desktop.Desktop, error) {
 			failures++
 			lastErr = err
 			w.log.Warn("create desktop", "slot", w.slot, "try", failures, "err", err)
-			if desktop.Sleep(ctx, time.Duration(failures)*time.Second) != nil {
+			if backoff.Sleep(ctx, desktopRetry.Wait(failures-1)) != nil {
 				return nil, nil
 			}
 			continue

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"legato/rl/internal/backoff"
 )
 
 // ReadyWaiter is implemented by desktops that know when their screen is
@@ -103,7 +105,7 @@ func WaitReady(ctx context.Context, d Desktop, o ReadyOptions) (Ready, error) {
 	stableSince, same := prev.At, 1
 	deadline := start.Add(o.Max)
 	for same < o.Stable && time.Now().Before(deadline) {
-		if err := Sleep(ctx, min(o.Interval, time.Until(deadline))); err != nil {
+		if err := backoff.Sleep(ctx, min(o.Interval, time.Until(deadline))); err != nil {
 			return Ready{Observation: prev}, err
 		}
 		cur, err := d.Observe(ctx)
@@ -121,35 +123,6 @@ func WaitReady(ctx context.Context, d Desktop, o ReadyOptions) (Ready, error) {
 		return Ready{Observation: prev, After: stableSince.Sub(start), Settled: true}, nil
 	}
 	return Ready{Observation: prev, After: time.Since(start)}, nil
-}
-
-// Sleep waits for d, or until ctx is done and then returns an error that
-// wraps ctx's cause. Every wait of a backend should be one, so that a call
-// returns promptly when its caller gives up, as the contract requires.
-func Sleep(ctx context.Context, d time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return causeErr(ctx)
-	}
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return causeErr(ctx)
-	}
-}
-
-// causeErr is ctx's error, with its cause when that says more.
-func causeErr(ctx context.Context) error {
-	err, cause := ctx.Err(), context.Cause(ctx)
-	if cause == nil || cause == err {
-		return err
-	}
-	return fmt.Errorf("%w: %w", err, cause)
 }
 
 // FixedWaits replaces every wait of a desktop by a fixed sleep, as
@@ -195,17 +168,17 @@ type fixedWaitDesktop struct {
 }
 
 func (d *fixedWaitDesktop) WaitAfterReset(ctx context.Context) error {
-	return Sleep(ctx, d.w.AfterReset)
+	return backoff.Sleep(ctx, d.w.AfterReset)
 }
 
 func (d *fixedWaitDesktop) WaitBeforeEval(ctx context.Context) error {
-	return Sleep(ctx, d.w.BeforeEval)
+	return backoff.Sleep(ctx, d.w.BeforeEval)
 }
 
 // WaitReady sleeps the fixed wait, whatever max says (the baseline is the
 // fixed wait), then looks once.
 func (d *fixedWaitDesktop) WaitReady(ctx context.Context, _ time.Duration) (Ready, error) {
-	if err := Sleep(ctx, d.w.AfterAction); err != nil {
+	if err := backoff.Sleep(ctx, d.w.AfterAction); err != nil {
 		return Ready{}, err
 	}
 	obs, err := d.Observe(ctx)

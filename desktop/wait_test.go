@@ -2,7 +2,6 @@ package desktop_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -106,19 +105,6 @@ func TestWithFixedWaits(t *testing.T) {
 			t.Errorf("WaitBeforeEval took %v, want 0 (not set)", got)
 		}
 	})
-}
-
-func TestSleepReturnsCause(t *testing.T) {
-	cause := errors.New("batch stopped")
-	ctx, cancel := context.WithCancelCause(t.Context())
-	go cancel(cause)
-	err := desktop.Sleep(ctx, time.Hour)
-	if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
-		t.Errorf("Sleep = %v; want it to wrap context.Canceled and the cause", err)
-	}
-	if err := desktop.Sleep(t.Context(), 0); err != nil {
-		t.Errorf("Sleep(0) = %v", err)
-	}
 }
 
 func TestAttemptInContext(t *testing.T) {

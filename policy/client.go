@@ -18,7 +18,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"golang.org/x/sync/semaphore"
 
-	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 	"legato/rl/schema"
 )
 
@@ -58,11 +58,6 @@ type Result struct {
 	// them (vLLM at the top level, SGLang on the choice). Store them with
 	// schema.Run.PutTokenIDs into Step.PromptTokenChunks.
 	PromptTokenIDs []int64
-}
-
-// Reply is the part of r a Harness reads.
-func (r *Result) Reply() Reply {
-	return Reply{Content: r.Response.Content, Reasoning: r.Response.Reasoning, ToolCalls: r.ToolCalls}
 }
 
 // Client calls one model on one server. It is safe for concurrent use, and
@@ -254,7 +249,7 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 		}
 		c.log.Warn("policy call failed; retrying", "url", c.endpoint, "attempt", attempt,
 			"error", e.Error(), "wait", wait)
-		if desktop.Sleep(ctx, wait) != nil {
+		if backoff.Sleep(ctx, wait) != nil {
 			res.Model.Seconds = time.Since(start).Seconds()
 			return res, c.fail(attempt, 0, ctx.Err(), "", nil)
 		}
@@ -263,21 +258,22 @@ func (c *Client) Complete(ctx context.Context, msgs []schema.Message) (*Result, 
 }
 
 // retryBackoff is the first wait before retrying a 5xx or a connection
-// error; it doubles with each retry. A timeout is retried at once (the
-// attempt already waited StepTimeout) and a 429 after its Retry-After.
-const retryBackoff = 500 * time.Millisecond
+// error; it doubles with each retry, ten times at most. A timeout is
+// retried at once (the attempt already waited StepTimeout) and a 429 after
+// its Retry-After. No wait exceeds StepTimeout.
+const (
+	retryBackoff    = 500 * time.Millisecond
+	maxRetryBackoff = retryBackoff << 10
+)
 
 func (c *Client) backoff(e *Error, retries int) time.Duration {
-	var d time.Duration
 	switch {
 	case errors.Is(e.Err, ErrTimeout):
 		return 0
 	case errors.Is(e.Err, ErrRateLimited) && e.retryAfter > 0:
-		d = e.retryAfter
-	default:
-		d = retryBackoff << min(retries, 10)
+		return min(e.retryAfter, c.cfg.StepTimeout)
 	}
-	return min(d, c.cfg.StepTimeout)
+	return backoff.Policy{Base: retryBackoff, Max: min(maxRetryBackoff, c.cfg.StepTimeout)}.Wait(retries)
 }
 
 // errAttemptTimeout is the cause of an attempt's context when StepTimeout

@@ -212,7 +212,8 @@ func TestCompleteToolCallsAndReasoning(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if diff := cmp.Diff(want, res.Reply()); diff != "" {
+				got := policy.Reply{Content: res.Response.Content, Reasoning: res.Response.Reasoning, ToolCalls: res.ToolCalls}
+				if diff := cmp.Diff(want, got); diff != "" {
 					t.Errorf("reply (-want +got):\n%s", diff)
 				}
 				// Ids and logprobs cover everything generated, reasoning

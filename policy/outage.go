@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"legato/rl/internal/backoff"
 )
 
 // IsOutage reports whether err, from Complete, may be the server failing
@@ -43,9 +45,9 @@ const MaxProbeInterval = 2 * time.Second
 
 // ProbeBackoff is the wait before the n-th probe (from 0) of a server that
 // is down: from 250 ms, doubling, up to MaxProbeInterval.
-func ProbeBackoff(n int) time.Duration {
-	return min(250*time.Millisecond<<min(n, 8), MaxProbeInterval)
-}
+func ProbeBackoff(n int) time.Duration { return probeBackoff.Wait(n) }
+
+var probeBackoff = backoff.Policy{Base: 250 * time.Millisecond, Max: MaxProbeInterval}
 
 // maxPingTimeout bounds one Ping (and StepTimeout too): a generation of
 // one token is quick on a serving engine, but may queue behind the calls

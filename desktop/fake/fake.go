@@ -559,7 +559,7 @@ func (d *Desktop) latency(l Latency, what string, c drawKey) time.Duration {
 }
 
 // sleep waits for dur, or until ctx is done or the desktop closed. Not
-// desktop.Sleep: Close must end a call in flight (the contract), and the
+// backoff.Sleep: Close must end a call in flight (the contract), and the
 // call's ctx does not end on Close.
 func (d *Desktop) sleep(ctx context.Context, dur time.Duration) error {
 	if dur <= 0 {

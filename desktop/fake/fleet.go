@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 )
 
 var _ desktop.Factory = (&Fleet{}).New
@@ -90,7 +91,7 @@ func (f *Fleet) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 	}
 	seed := deriveSeed(f.cfg.Seed, slot, gen)
 	if l := f.cfg.Latency.Create; l != (Latency{}) {
-		if err := desktop.Sleep(ctx, l.Sample(draw(seed, "latency", "create", 0))); err != nil {
+		if err := backoff.Sleep(ctx, l.Sample(draw(seed, "latency", "create", 0))); err != nil {
 			return nil, fail(err)
 		}
 	}

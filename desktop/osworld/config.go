@@ -41,9 +41,15 @@ const (
 
 // Defaults of ReadyConfig.
 const (
-	DefaultReadyInterval = 500 * time.Millisecond
-	DefaultReadyStable   = 2
-	DefaultReadyMaxLoad  = 0.25
+	// DefaultGuestReadyInterval is the guest's window, longer than
+	// desktop.DefaultReadyInterval (300 ms, between two screenshots of any
+	// desktop): each look at an OSWorld guest is a round trip to it, a
+	// probe that measures its CPU load and redrawn area over the whole
+	// interval, then a screenshot; a short window would mean more round
+	// trips and a load taken over too few scheduler ticks to say much.
+	DefaultGuestReadyInterval = 500 * time.Millisecond
+	DefaultReadyStable        = 2
+	DefaultReadyMaxLoad       = 0.25
 	// DefaultReadyMaxDamage is an 8×8 square: a blinking text caret (2×20)
 	// is below it, a typed character above.
 	DefaultReadyMaxDamage = 64
@@ -503,7 +509,7 @@ func (c Config) withDefaults() Config {
 
 func (r ReadyConfig) withDefaults() ReadyConfig {
 	if r.Interval <= 0 {
-		r.Interval = DefaultReadyInterval
+		r.Interval = DefaultGuestReadyInterval
 	}
 	if r.Stable <= 1 {
 		r.Stable = DefaultReadyStable

@@ -19,6 +19,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/internal/backoff"
 )
 
 // frameCost reads the whole screen back from the X server (GetImage, as
@@ -161,7 +162,7 @@ func TestIntegrationExecutor(t *testing.T) {
 				t0 := time.Now()
 				settled := false
 				if mode == "fixed_3s" {
-					if err := desktop.Sleep(ctx, 3*time.Second); err != nil {
+					if err := backoff.Sleep(ctx, 3*time.Second); err != nil {
 						t.Fatal(err)
 					}
 					if _, err := d.Observe(ctx); err != nil {

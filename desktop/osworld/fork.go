@@ -11,6 +11,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/internal/backoff"
 )
 
 // maxSpareClones bounds the clones of one template started ahead.
@@ -378,7 +379,7 @@ func (d *Desktop) waitGuest(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if serr := desktop.Sleep(ctx, 20*time.Millisecond); serr != nil {
+		if serr := backoff.Sleep(ctx, 20*time.Millisecond); serr != nil {
 			return fmt.Errorf("%w (last probe: %v)", context.Cause(ctx), err)
 		}
 	}

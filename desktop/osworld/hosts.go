@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/internal/backoff"
 )
 
 // Defaults of the host fleet's knobs in Config.
@@ -43,6 +44,9 @@ type poolHost struct {
 	down    bool
 	err     error
 	retryAt time.Time
+	// downs counts the tries that found the host down since it last
+	// answered; backoff is the wait after the last of them.
+	downs   int
 	backoff time.Duration
 	probing bool
 	// unclean: desktops were lost on the host while it was down; the
@@ -268,17 +272,18 @@ func (p *Pool) hostDown(ph *poolHost, err error) {
 	}
 	first := !ph.down
 	ph.down, ph.err = true, err
-	ph.backoff = min(max(2*ph.backoff, hostRetryMin), p.cfg.HostRetryMax)
+	ph.backoff = backoff.Policy{Base: hostRetryMin, Max: p.cfg.HostRetryMax}.Wait(ph.downs)
+	ph.downs++
 	ph.retryAt = time.Now().Add(ph.backoff)
 	if ph.inUse > 0 {
 		ph.unclean = true
 	}
-	inUse, backoff := ph.inUse, ph.backoff
+	inUse, retryIn := ph.inUse, ph.backoff
 	p.notifyLocked()
 	p.mu.Unlock()
 	if first {
 		p.log.Warn("host down: its desktops fail and it gets no new ones until it answers again",
-			"host", ph.name(), "desktops", inUse, "err", err, "retry_in", backoff)
+			"host", ph.name(), "desktops", inUse, "err", err, "retry_in", retryIn)
 	}
 	ph.h.Drop()
 }
@@ -337,7 +342,7 @@ func (p *Pool) probe(ph *poolHost) {
 		}
 		return
 	}
-	ph.down, ph.err, ph.backoff, ph.unclean = false, nil, 0, false
+	ph.down, ph.err, ph.downs, ph.backoff, ph.unclean = false, nil, 0, 0, false
 	p.notifyLocked()
 	p.mu.Unlock()
 	p.log.Warn("host answers again: it takes desktops again", "host", ph.name())

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 )
 
 // minProbe is the shortest quiet probe worth a round trip.
@@ -179,7 +180,7 @@ func (d *Desktop) watch(ctx context.Context, deadline time.Time, interval time.D
 			p, err = quietProbe{Why: err.Error()}, nil
 		}
 	case d.noLoad:
-		err = desktop.Sleep(pctx, interval)
+		err = backoff.Sleep(pctx, interval)
 	default:
 		p.Load, err = d.sh.load(pctx, interval)
 		if errors.Is(err, errNoLoad) {

@@ -88,7 +88,7 @@ func TestReadySignal(t *testing.T) {
 	}
 	g.WaitWindow(t, "legato-clock")
 	waitChanging(t, d)
-	d.cfg.Ready.Interval = DefaultReadyInterval
+	d.cfg.Ready.Interval = DefaultGuestReadyInterval
 	const short = 1500 * time.Millisecond
 	r, err = d.WaitReady(ctx, short)
 	if err != nil {

@@ -221,7 +221,7 @@ func (s *Server) answer(w http.ResponseWriter, n int, fault Fault, resp *wireRes
 }
 
 // sleep waits d unless ctx is done or the server closes first; it reports
-// whether the full wait elapsed. Not desktop.Sleep: Close must release the
+// whether the full wait elapsed. Not backoff.Sleep: Close must release the
 // requests the server holds (a hang, the latency model), and a request's
 // ctx does not end on Close.
 func sleep(ctx context.Context, closed <-chan struct{}, d time.Duration) bool {

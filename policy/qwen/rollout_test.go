@@ -76,7 +76,7 @@ func runRollout(tb testing.TB, eviction Eviction, steps int) rolloutStats {
 		}
 		st.recordBytes += fieldBytes(tb, "prompt_token_chunks", chunks)
 		st.inlineBytes += fieldBytes(tb, "prompt_token_ids", res.PromptTokenIDs)
-		ep.Reply(res.Reply())
+		ep.Reply(policy.Reply{Content: res.Response.Content, Reasoning: res.Response.Reasoning, ToolCalls: res.ToolCalls})
 	}
 	if err := run.Close(); err != nil {
 		tb.Fatal(err)

@@ -15,12 +15,18 @@ import (
 	"sync"
 	"time"
 
-	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 )
 
 // DefaultDownloadAttempts is how many times Cache tries a download that
 // fails transiently (network error, 429, 5xx).
 const DefaultDownloadAttempts = 3
+
+// downloadRetry is the wait before each further try of a download: 1 s,
+// then doubling. The cap only matters to a cache told to try many times:
+// a file server that keeps failing for minutes is better reported than
+// waited for.
+var downloadRetry = backoff.Policy{Base: time.Second, Max: time.Minute}
 
 // Cache downloads task files on the host once per URL and keeps them, so
 // that every attempt of every task reuses them. Files are named by the
@@ -132,9 +138,9 @@ func (c *Cache) Fetch(ctx context.Context, rawURL string) (string, error) {
 	var last *DownloadError
 	for attempt := 1; attempt <= c.attempts; attempt++ {
 		if attempt > 1 {
-			wait := time.Duration(1<<(attempt-2)) * time.Second
+			wait := downloadRetry.Wait(attempt - 2)
 			c.log.Info("retrying download", "url", rawURL, "attempt", attempt, "after", last)
-			if err := desktop.Sleep(ctx, wait); err != nil {
+			if err := backoff.Sleep(ctx, wait); err != nil {
 				return "", &DownloadError{URL: rawURL, Err: fmt.Errorf("%w (after: %v)", err, last)}
 			}
 		}

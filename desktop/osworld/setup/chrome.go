@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/cdp"
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/internal/backoff"
 )
 
 // dialBrowser connects to the guest's browser, waiting for it to answer: the
@@ -31,7 +31,7 @@ func (c *Controller) dialBrowser(ctx context.Context) (*cdp.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if desktop.Sleep(wctx, 500*time.Millisecond) != nil {
+		if backoff.Sleep(wctx, 500*time.Millisecond) != nil {
 			return nil, fmt.Errorf("browser at %s did not answer within %v (%d tries): %w", c.Browser.Endpoint(), wait, tries, err)
 		}
 	}

@@ -33,6 +33,7 @@ import (
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/cdp"
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/internal/backoff"
 )
 
 // Defaults for Controller's zero fields.
@@ -348,7 +349,7 @@ func (c *Controller) execute(ctx context.Context, p executeParams) error {
 			return fmt.Errorf("command %q did not reach its until condition in %v (%d polls; last exit %d)",
 				cmd.String(), orDefault(c.UntilTimeout, DefaultUntilTimeout), polls, res.ReturnCode)
 		}
-		if err := desktop.Sleep(ctx, orDefault(c.UntilInterval, DefaultUntilInterval)); err != nil {
+		if err := backoff.Sleep(ctx, orDefault(c.UntilInterval, DefaultUntilInterval)); err != nil {
 			return err
 		}
 	}
@@ -399,5 +400,5 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func sleep(ctx context.Context, seconds float64) error {
-	return desktop.Sleep(ctx, time.Duration(seconds*float64(time.Second)))
+	return backoff.Sleep(ctx, time.Duration(seconds*float64(time.Second)))
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
-	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 )
 
 // SnapshotName is the internal snapshot (disk and memory) Start takes once
@@ -413,7 +413,7 @@ func (v *VM) waitReady(ctx context.Context) error {
 				return v.fail("wait for guest", fmt.Errorf("%w while booting; console: %s", ErrNotRunning, v.consoleTail()))
 			}
 		}
-		if err := desktop.Sleep(ctx, pause); err != nil {
+		if err := backoff.Sleep(ctx, pause); err != nil {
 			cause := context.Cause(ctx)
 			switch {
 			case errors.Is(cause, ErrNotReady):
