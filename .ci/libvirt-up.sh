@@ -18,10 +18,11 @@ set -euo pipefail
 
 STATE=${LEGATO_CI_STATE:-/run/legato-ci}
 URI=qemu:///system
-# Host packages: the daemons and tools, plus what the guest image build
-# (desktop/osworld/testdata/image/build.sh) runs on the host.
+# Host packages: the daemons and tools, plus what the guest image builds
+# (desktop/osworld/testdata/image/build.sh, apps-image/build.sh: sfdisk
+# from fdisk) run on the host.
 PKGS=(qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
-      debootstrap e2fsprogs iproute2 ca-certificates)
+      debootstrap e2fsprogs fdisk iproute2 ca-certificates)
 
 [ "$(id -u)" = 0 ] || { echo "libvirt-up: must run as root" >&2; exit 1; }
 mkdir -p "$STATE"
