@@ -189,11 +189,12 @@ func failure(kind ResetKind, err error, left []string) string {
 	return fmt.Sprintf("%s failed: %s", kind, clip(err.Error()))
 }
 
+// joinNonEmpty adds a step's detail to its reason.
 func joinNonEmpty(a, b string) string {
 	if b == "" {
 		return a
 	}
-	return a + " (" + b + ")"
+	return a + ": " + b
 }
 
 // runStep runs one reset of a plan. Every reset but a fork runs on the

@@ -91,6 +91,12 @@ install -m 0644 "$F/legato-session.service" "$ROOT/etc/systemd/system/"
 install -m 0644 "$F/legato.tmpfiles" "$ROOT/etc/tmpfiles.d/legato.conf"
 install -m 0644 "$F/10-qemu.network" "$ROOT/etc/systemd/network/"
 install -m 0644 "$F/grub.default" "$ROOT/etc/default/grub"
+# LibreOffice's tip of the day and "what's new" bar would greet the first
+# attempt of every task (a golden state would keep them).
+lo=$ROOT/home/user/.config/libreoffice/4/user
+mkdir -p "$lo"
+install -m 0644 "$F/registrymodifications.xcu" "$lo/"
+chroot "$ROOT" chown -R user:user /home/user/.config
 # Chromium's first-run page and keyring prompt would greet every attempt.
 printf 'export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --no-first-run --password-store=basic"\n' \
   >"$ROOT/etc/chromium.d/legato"
