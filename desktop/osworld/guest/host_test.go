@@ -307,6 +307,38 @@ func TestHostGuest(t *testing.T) {
 		}
 	})
 
+	// A launched program that quits is gone when the next request asks,
+	// not a zombie of the server's: a grader looking for it with pgrep
+	// would take it for running (GIMP after Ctrl+Q did).
+	t.Run("launched program that quits is reaped", func(t *testing.T) {
+		dir := t.TempDir()
+		name := fmt.Sprintf("lgreap%d", time.Now().UnixNano()%1e8)
+		prog, stop := filepath.Join(dir, name), filepath.Join(dir, "stop")
+		sh, err := os.ReadFile("/bin/sh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(prog, sh, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Launch(ctx, guest.Argv(prog, "-c", "while [ ! -e "+stop+" ]; do sleep 0.05; done")); err != nil {
+			t.Fatal(err)
+		}
+		// Stop it, and wait in the guest until it is no longer running
+		// (a zombie or gone).
+		wait := fmt.Sprintf("pgrep -x %s >/dev/null || exit 3; touch %s; while pgrep -x %s -r R,S,D >/dev/null; do sleep 0.05; done", name, stop, name)
+		if r, err := c.Execute(ctx, guest.ShellLine(wait)); err != nil || r.ReturnCode != 0 {
+			t.Fatalf("stop the launched program: %v %+v", err, r)
+		}
+		r, err := c.Execute(ctx, guest.ShellLine("pgrep -a -x "+name+"; ps -o stat= -C "+name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(r.Output) != "" {
+			t.Errorf("the launched program that quit is still in the process table: %q", r.Output)
+		}
+	})
+
 	t.Run("close window", func(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {

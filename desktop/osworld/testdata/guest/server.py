@@ -92,9 +92,17 @@ class State:
 
     def track(self, proc):
         with self.lock:
-            # Reap the programs that ended so none lingers as a zombie.
             self.launched = [p for p in self.launched if p.poll() is None]
             self.launched.append(proc)
+
+    def reap(self):
+        """Reap the launched programs that ended, so none lingers as a zombie.
+
+        Every request does it first: a program that quit (GIMP after Ctrl+Q) must be gone
+        from the process table when a grader's command looks for it, as with OSWorld's
+        server, whose Python reaps its dropped children at each new subprocess."""
+        with self.lock:
+            self.launched = [p for p in self.launched if p.poll() is None]
 
     def kill_launched(self):
         with self.lock:
@@ -548,6 +556,7 @@ class Handler(BaseHTTPRequestHandler):
         })
 
     def dispatch(self, routes):
+        self.state.reap()
         path = urllib.parse.urlsplit(self.path).path
         handler = routes.get(path)
         if handler is None:

@@ -1,0 +1,231 @@
+//go:build integration
+
+package osworld
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/vm"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+var itAppsImage = flag.String("osworld.apps-image", envOr("LEGATO_APPS_IMAGE", "/var/tmp/legato-apps-guest"),
+	"directory of the real-apps guest image, built there by testdata/apps-image/build.sh if needed")
+
+var (
+	appsImageOnce sync.Once
+	appsImageErr  error
+)
+
+// appsConfig is a desktop configuration for the real-apps guest, booted as
+// users boot OSWorld's image: from the disk, through its bootloader.
+func appsConfig(t *testing.T, prefix string) Config {
+	t.Helper()
+	appsImageOnce.Do(func() {
+		out, err := exec.Command("bash", filepath.Join("testdata", "apps-image", "build.sh"), *itAppsImage).CombinedOutput()
+		if err != nil {
+			appsImageErr = fmt.Errorf("build the real-apps guest image (run .ci/libvirt-up.sh first, as root): %v\n%s", err, out)
+			return
+		}
+		t.Logf("real-apps guest image: %s", lastLine(string(out)))
+	})
+	if appsImageErr != nil {
+		t.Fatal(appsImageErr)
+	}
+	return Config{
+		VM: vm.Config{
+			NamePrefix: prefix,
+			BaseImage:  filepath.Join(*itAppsImage, "base.qcow2"),
+			VCPUs:      2,
+		},
+		BootTimeout: 5 * time.Minute,
+		CacheDir:    t.TempDir(),
+		Grade:       GradeConfig{Mode: grade.NativeOnly},
+		Logger:      slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+}
+
+// appsSolutions plays a known solution of each task of
+// testdata/apps-tasks/smoke.json: keyboard shortcuts, which do not depend
+// on where a window happens to draw a button.
+func appsSolutions(req policytest.Request) string {
+	key := func(keys ...string) string {
+		b, _ := json.Marshal(map[string]any{"action": "key", "keys": keys})
+		return string(b)
+	}
+	typ := func(text string) string {
+		b, _ := json.Marshal(map[string]any{"action": "type", "text": text})
+		return string(b)
+	}
+	var plan []string
+	switch in := req.Instruction; {
+	case strings.Contains(in, "GIMP is open"):
+		plan = []string{key("ctrl", "q")}
+	case strings.Contains(in, "Writer document"):
+		plan = []string{typ("Hello legato"), key("ctrl", "s")}
+	case strings.Contains(in, "titled Two"):
+		plan = []string{key("ctrl", "1"), key("ctrl", "w")}
+	}
+	return appsCall(req.Step, plan)
+}
+
+// appsNoop ends every attempt at once: each task must then score 0.
+func appsNoop(req policytest.Request) string { return appsCall(req.Step, nil) }
+
+func appsCall(step int, plan []string) string {
+	call := `{"action": "terminate", "status": "success"}`
+	if step < len(plan) {
+		call = plan[step]
+	}
+	return fmt.Sprintf("Action: step %d.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": %s}\n</tool_call>", step, call)
+}
+
+// firstScreens is a VM desktop that keeps, per task, the hash of the first
+// screenshot after each reset, and the reset's kind.
+type firstScreens struct {
+	*VMDesktop
+	mu      *sync.Mutex
+	pending *string
+	shots   map[string][]string
+}
+
+func (f firstScreens) Reset(ctx context.Context, task desktop.Task) error {
+	err := f.VMDesktop.Reset(ctx, task)
+	f.mu.Lock()
+	*f.pending = task.ID
+	f.mu.Unlock()
+	return err
+}
+
+func (f firstScreens) Observe(ctx context.Context) (desktop.Observation, error) {
+	obs, err := f.VMDesktop.Observe(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if id := *f.pending; id != "" && err == nil {
+		h := sha256.Sum256(obs.Screenshot)
+		kind := f.LastReset().Kind
+		f.shots[id] = append(f.shots[id], string(kind)+":"+hex.EncodeToString(h[:8]))
+		os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("legato-apps-%s-%d.png", id, len(f.shots[id]))), obs.Screenshot, 0o644)
+		*f.pending = ""
+	}
+	return obs, err
+}
+
+// Evaluate keeps the end screen and the guest's windows for a grade that
+// goes wrong.
+func (f firstScreens) Evaluate(ctx context.Context, task desktop.Task) (float64, error) {
+	if obs, err := f.VMDesktop.Observe(ctx); err == nil {
+		os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("legato-apps-%s-end.png", task.ID)), obs.Screenshot, 0o644)
+	}
+	if res, err := f.sh.run(ctx, `wmctrl -l; pgrep -a -x 'gimp|gimp-2.10|soffice.bin|chromium'`); err == nil {
+		f.log.Info("before grading", "task", task.ID, "guest", res.Output)
+	}
+	return f.VMDesktop.Evaluate(ctx, task)
+}
+
+// TestIntegrationApps runs the real programs of the real-apps guest
+// (GRUB-booted, systemd, Xvfb): GIMP, LibreOffice Writer, Chromium driven
+// over DevTools. A group of two attempts per task starts from one golden
+// state with the same first screen; the known solutions score 1 and
+// attempts that do nothing score 0, graded by the tasks' evaluators.
+func TestIntegrationApps(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := appsConfig(t, "legato-itapps-")
+	ctx := t.Context()
+	tasks, err := rl.LoadTasks(filepath.Join("testdata", "apps-tasks", "smoke.json"), rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.CheckTasks(tasks); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []struct {
+		name   string
+		script func(policytest.Request) string
+		reward float64
+	}{
+		{"solutions", appsSolutions, 1},
+		{"no-op", appsNoop, 0},
+	} {
+		srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: run.script})
+		var mu sync.Mutex
+		var pending string
+		shots := map[string][]string{}
+		factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
+			d, err := p.New(ctx, slot)
+			if err != nil {
+				return nil, err
+			}
+			return firstScreens{VMDesktop: d.(*VMDesktop), mu: &mu, pending: &pending, shots: shots}, nil
+		}
+		start := time.Now()
+		sum, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-apps"}, rl.CollectOptions{
+			Out:        t.TempDir(),
+			NewDesktop: factory,
+			Desktops:   1,
+			Group:      2,
+			MaxSteps:   4,
+			EnvRetries: -1, // a desktop failure must show, not be retried away
+			Logger:     cfg.Logger,
+			OnGroup: func(g rl.Group) {
+				if !g.Closed || len(g.Finished) != 2 {
+					t.Errorf("%s: task %s: group closed %v with %d finished attempts; want 2", run.name, g.TaskID, g.Closed, len(g.Finished))
+				}
+				for _, r := range g.Finished {
+					if r.Status != schema.StatusOK || r.Reward == nil || *r.Reward != run.reward {
+						reward := "none"
+						if r.Reward != nil {
+							reward = fmt.Sprint(*r.Reward)
+						}
+						t.Errorf("%s: task %s attempt %d: status %s, reward %s; want ok, %v", run.name, r.TaskID, r.Attempt, r.Status, reward, run.reward)
+					}
+				}
+			},
+		})
+		srv.Close()
+		if err != nil {
+			t.Fatalf("%s: Collect: %v", run.name, err)
+		}
+		t.Logf("%s: %d tasks × 2 in %v; counts %+v", run.name, len(tasks), time.Since(start).Round(time.Second), sum.Counts)
+		for _, tk := range tasks {
+			got := shots[tk.ID]
+			t.Logf("%s: task %s: first screens %q", run.name, tk.ID, got)
+			if len(got) != 2 {
+				t.Errorf("%s: task %s: %d first screenshots; want 2", run.name, tk.ID, len(got))
+				continue
+			}
+			k0, h0, _ := strings.Cut(got[0], ":")
+			k1, h1, _ := strings.Cut(got[1], ":")
+			if k0 != string(ResetGoldenBuild) || k1 != string(ResetGolden) {
+				t.Errorf("%s: task %s: resets %s, %s; want %s then %s", run.name, tk.ID, k0, k1, ResetGoldenBuild, ResetGolden)
+			}
+			if h0 != h1 {
+				t.Errorf("%s: task %s: the two attempts' first screenshots differ (%s, %s; in %s as legato-apps-%s-N.png)", run.name, tk.ID, h0, h1, os.TempDir(), tk.ID)
+			}
+		}
+	}
+}
