@@ -91,6 +91,7 @@ install -m 0644 "$F/legato-session.service" "$ROOT/etc/systemd/system/"
 install -m 0644 "$F/legato.tmpfiles" "$ROOT/etc/tmpfiles.d/legato.conf"
 install -m 0644 "$F/10-qemu.network" "$ROOT/etc/systemd/network/"
 install -m 0644 "$F/grub.default" "$ROOT/etc/default/grub"
+install -D -m 0644 "$F/gtk-settings.ini" "$ROOT/etc/gtk-3.0/settings.ini"
 # LibreOffice's tip of the day and "what's new" bar would greet the first
 # attempt of every task (a golden state would keep them).
 lo=$ROOT/home/user/.config/libreoffice/4/user

@@ -19,10 +19,11 @@ BASE=$BASE,python-is-python3,procps,iproute2,rsync,ca-certificates,less,zstd
 # Debian package: its tasks stay out. file and desktop-file-utils: without a
 # desktop environment xdg-open (OSWorld's open_file) finds a file's type with
 # `file` and its program through the desktop files' MIME cache. librsvg2-common:
-# GTK's SVG loader, without which GIMP's icons are missing.
+# GTK's SVG loader, without which GIMP's icons are missing. libreoffice-gtk3: LibreOffice
+# draws with GTK, as on OSWorld's Ubuntu, and takes GTK's settings (no caret blink).
 APPS="xvfb xauth xfonts-base fonts-dejavu-core fonts-liberation openbox xdotool wmctrl x11-utils
   x11-apps x11-xserver-utils xdg-utils file desktop-file-utils dbus-x11 socat dconf-cli dconf-service libglib2.0-bin
-  librsvg2-common adwaita-icon-theme chromium libreoffice-calc libreoffice-writer libreoffice-impress gimp vlc vlc-plugin-base
+  librsvg2-common adwaita-icon-theme chromium libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc vlc-plugin-base
   thunderbird"
 
 mounted=()
