@@ -3,12 +3,15 @@
 package osworld
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"image"
+	"image/png"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -97,13 +100,23 @@ func appsCall(step int, plan []string) string {
 	return fmt.Sprintf("Action: step %d.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": %s}\n</tool_call>", step, call)
 }
 
-// firstScreens is a VM desktop that keeps, per task, the hash of the first
-// screenshot after each reset, and the reset's kind.
+// firstScreens is a VM desktop that keeps, per task, the first screenshot
+// after each reset, and the reset's kind.
 type firstScreens struct {
 	*VMDesktop
 	mu      *sync.Mutex
 	pending *string
-	shots   map[string][]string
+	shots   map[string][]firstScreen
+}
+
+type firstScreen struct {
+	reset ResetKind
+	png   []byte
+}
+
+func (s firstScreen) String() string {
+	h := sha256.Sum256(s.png)
+	return string(s.reset) + ":" + hex.EncodeToString(h[:8])
 }
 
 func (f firstScreens) Reset(ctx context.Context, task desktop.Task) error {
@@ -119,21 +132,15 @@ func (f firstScreens) Observe(ctx context.Context) (desktop.Observation, error) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id := *f.pending; id != "" && err == nil {
-		h := sha256.Sum256(obs.Screenshot)
-		kind := f.LastReset().Kind
-		f.shots[id] = append(f.shots[id], string(kind)+":"+hex.EncodeToString(h[:8]))
-		os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("legato-apps-%s-%d.png", id, len(f.shots[id]))), obs.Screenshot, 0o644)
+		f.shots[id] = append(f.shots[id], firstScreen{f.LastReset().Kind, obs.Screenshot})
 		*f.pending = ""
 	}
 	return obs, err
 }
 
-// Evaluate keeps the end screen and the guest's windows for a grade that
+// Evaluate logs the guest's windows and programs first, for a grade that
 // goes wrong.
 func (f firstScreens) Evaluate(ctx context.Context, task desktop.Task) (float64, error) {
-	if obs, err := f.VMDesktop.Observe(ctx); err == nil {
-		os.WriteFile(filepath.Join(os.TempDir(), fmt.Sprintf("legato-apps-%s-end.png", task.ID)), obs.Screenshot, 0o644)
-	}
 	if res, err := f.sh.run(ctx, `wmctrl -l; pgrep -a -x 'gimp|gimp-2.10|soffice.bin|chromium'`); err == nil {
 		f.log.Info("before grading", "task", task.ID, "guest", res.Output)
 	}
@@ -174,7 +181,7 @@ func TestIntegrationApps(t *testing.T) {
 		srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: run.script})
 		var mu sync.Mutex
 		var pending string
-		shots := map[string][]string{}
+		shots := map[string][]firstScreen{}
 		factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
 			d, err := p.New(ctx, slot)
 			if err != nil {
@@ -213,19 +220,45 @@ func TestIntegrationApps(t *testing.T) {
 		t.Logf("%s: %d tasks × 2 in %v; counts %+v", run.name, len(tasks), time.Since(start).Round(time.Second), sum.Counts)
 		for _, tk := range tasks {
 			got := shots[tk.ID]
-			t.Logf("%s: task %s: first screens %q", run.name, tk.ID, got)
+			t.Logf("%s: task %s: first screens %v", run.name, tk.ID, got)
 			if len(got) != 2 {
 				t.Errorf("%s: task %s: %d first screenshots; want 2", run.name, tk.ID, len(got))
 				continue
 			}
-			k0, h0, _ := strings.Cut(got[0], ":")
-			k1, h1, _ := strings.Cut(got[1], ":")
-			if k0 != string(ResetGoldenBuild) || k1 != string(ResetGolden) {
-				t.Errorf("%s: task %s: resets %s, %s; want %s then %s", run.name, tk.ID, k0, k1, ResetGoldenBuild, ResetGolden)
+			if got[0].reset != ResetGoldenBuild || got[1].reset != ResetGolden {
+				t.Errorf("%s: task %s: resets %s, %s; want %s then %s", run.name, tk.ID, got[0].reset, got[1].reset, ResetGoldenBuild, ResetGolden)
 			}
-			if h0 != h1 {
-				t.Errorf("%s: task %s: the two attempts' first screenshots differ (%s, %s; in %s as legato-apps-%s-N.png)", run.name, tk.ID, h0, h1, os.TempDir(), tk.ID)
+			if !bytes.Equal(got[0].png, got[1].png) {
+				t.Errorf("%s: task %s: the two attempts' first screenshots differ: %v, pixels in %s", run.name, tk.ID, got, diffBox(got[0].png, got[1].png))
 			}
 		}
 	}
+}
+
+// diffBox says where two screenshots differ: the bounding box of the
+// pixels that do, so that a failure names what changed (a caret, a clock).
+func diffBox(a, b []byte) string {
+	ia, err := png.Decode(bytes.NewReader(a))
+	if err != nil {
+		return err.Error()
+	}
+	ib, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		return err.Error()
+	}
+	if ia.Bounds() != ib.Bounds() {
+		return fmt.Sprintf("sizes %v and %v", ia.Bounds(), ib.Bounds())
+	}
+	var box image.Rectangle
+	n := 0
+	r := ia.Bounds()
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			if ia.At(x, y) != ib.At(x, y) {
+				box = box.Union(image.Rect(x, y, x+1, y+1))
+				n++
+			}
+		}
+	}
+	return fmt.Sprintf("%v (%d pixels)", box, n)
 }
