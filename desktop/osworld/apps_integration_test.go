@@ -86,19 +86,11 @@ func appsSolutions(req policytest.Request) string {
 	case strings.Contains(in, "titled Two"):
 		plan = []string{key("ctrl", "1"), key("ctrl", "w")}
 	}
-	return appsCall(req.Step, plan)
+	return planCall(req.Step, plan)
 }
 
 // appsNoop ends every attempt at once: each task must then score 0.
-func appsNoop(req policytest.Request) string { return appsCall(req.Step, nil) }
-
-func appsCall(step int, plan []string) string {
-	call := `{"action": "terminate", "status": "success"}`
-	if step < len(plan) {
-		call = plan[step]
-	}
-	return fmt.Sprintf("Action: step %d.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": %s}\n</tool_call>", step, call)
-}
+func appsNoop(req policytest.Request) string { return planCall(req.Step, nil) }
 
 // firstScreens is a VM desktop that keeps, per task, the first screenshot
 // after each reset, and the reset's kind.
@@ -158,18 +150,7 @@ func TestIntegrationApps(t *testing.T) {
 	}
 	cfg := appsConfig(t, "legato-itapps-")
 	ctx := t.Context()
-	tasks, err := rl.LoadTasks(filepath.Join("testdata", "apps-tasks", "smoke.json"), rl.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if err := p.CheckTasks(tasks); err != nil {
-		t.Fatal(err)
-	}
+	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "smoke.json"))
 	for _, run := range []struct {
 		name   string
 		script func(policytest.Request) string

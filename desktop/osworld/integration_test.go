@@ -165,11 +165,36 @@ func guestScript(req policytest.Request) string {
 	default:
 		plan = []string{done}
 	}
-	call := done
-	if req.Step < len(plan) {
-		call = plan[req.Step]
+	return planCall(req.Step, plan)
+}
+
+// planCall is the scripted model's reply at step: the step's computer_use
+// call of plan, and a successful terminate once plan is done.
+func planCall(step int, plan []string) string {
+	call := `{"action": "terminate", "status": "success"}`
+	if step < len(plan) {
+		call = plan[step]
 	}
-	return "Action: step " + fmt.Sprint(req.Step) + ".\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": " + call + "}\n</tool_call>"
+	return fmt.Sprintf("Action: step %d.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": %s}\n</tool_call>", step, call)
+}
+
+// itPool makes the pool of cfg, closed when the test ends, and loads the
+// tasks of file, checked against it.
+func itPool(t *testing.T, cfg Config, file string) (*Pool, []desktop.Task) {
+	t.Helper()
+	tasks, err := rl.LoadTasks(file, rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPool(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.CheckTasks(tasks); err != nil {
+		t.Fatal(err)
+	}
+	return p, tasks
 }
 
 // resetLog records, per task, the kind of each Reset of a batch.
@@ -231,18 +256,7 @@ func TestIntegrationCollect(t *testing.T) {
 	}
 	cfg := itConfig(t, "legato-itosw-collect-")
 	ctx := t.Context()
-	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := NewPool(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if err := p.CheckTasks(tasks); err != nil {
-		t.Fatal(err)
-	}
+	p, tasks := itPool(t, cfg, filepath.Join("testdata", "tasks", "guest_tasks.json"))
 	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
 	defer srv.Close()
 

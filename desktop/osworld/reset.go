@@ -160,7 +160,7 @@ func (d *Desktop) runPlan(ctx context.Context, task desktop.Task, f resetFacts, 
 	if res.kind != "" {
 		rep.Kind = res.kind
 	}
-	rep.Why = strings.Join(append(whys, joinNonEmpty(step.why, res.detail)), "; ")
+	rep.Why = strings.Join(append(whys, withDetail(step.why, res.detail)), "; ")
 	d.golden.fork.unparked = false
 	d.history.chooser.learn(f, tried, rep.Restore, fellBack)
 	if !step.setup {
@@ -189,12 +189,13 @@ func failure(kind ResetKind, err error, left []string) string {
 	return fmt.Sprintf("%s failed: %s", kind, clip(err.Error()))
 }
 
-// joinNonEmpty adds a step's detail to its reason.
-func joinNonEmpty(a, b string) string {
-	if b == "" {
-		return a
+// withDetail adds a step's detail (which golden state, what was left) to
+// its reason.
+func withDetail(why, detail string) string {
+	if detail == "" {
+		return why
 	}
-	return a + ": " + b
+	return why + ": " + detail
 }
 
 // runStep runs one reset of a plan. Every reset but a fork runs on the
