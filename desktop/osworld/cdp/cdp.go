@@ -235,27 +235,3 @@ func (c *Conn) CloseTab(ctx context.Context, id string) error {
 	}
 	return nil
 }
-
-// SameURL reports whether two URLs name the same page the way OSWorld's
-// compare_urls does: scheme (http when missing) and host compared without
-// case and without "www.", a path of "/" equal to none; query and fragment
-// must match exactly.
-func SameURL(a, b string) bool {
-	return normalizeURL(a) == normalizeURL(b)
-}
-
-func normalizeURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return s
-	}
-	if u.Scheme == "" {
-		u.Scheme = "http"
-	}
-	u.Scheme = strings.ToLower(u.Scheme)
-	u.Host = strings.ReplaceAll(strings.ToLower(u.Host), "www.", "")
-	if u.Path == "/" {
-		u.Path = ""
-	}
-	return u.String()
-}

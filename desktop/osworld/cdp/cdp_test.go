@@ -72,6 +72,8 @@ func TestVersionNotReady(t *testing.T) {
 	}
 }
 
+// TestSameURL's expectations are what OSWorld's compare_urls answered for
+// each pair (Python 3.11, tldextract 3.1.2 with its bundled suffix list).
 func TestSameURL(t *testing.T) {
 	tests := []struct {
 		a, b string
@@ -83,6 +85,33 @@ func TestSameURL(t *testing.T) {
 		{"https://example.com/x", "https://example.com/x/", false},
 		{"https://example.com/?q=1", "https://example.com/?q=2", false},
 		{"http://example.com", "https://example.com", false},
+		{"www.airbnb.com", "http://airbnb.com", true},
+		{"https://www.airbnb.com.sg/rooms", "https://airbnb.com/rooms", true},
+		{"https://www.airbnb.co.uk", "https://airbnb.com", true},
+		{"https://example.com:8443/a", "https://example.com/a", true},
+		{"https://user:pw@example.com/a", "https://example.com/a", true},
+		{"https://maps.google.com", "https://google.com", false},
+		{"https://www.maps.google.com", "https://maps.google.com", false},
+		{"https://foo.blogspot.com", "https://bar.blogspot.com", false},
+		{"file:///home/user/pages/one.html", "file:///home/user/pages/one.html", true},
+		{"file:///home/user/pages/one.html", "file:///home/user/pages/two.html", false},
+		{"http://127.0.0.1:8000/x", "http://127.0.0.1/x", true},
+		{"http://localhost:8000/", "http://localhost", true},
+		{"http://www.localhost/", "http://localhost", true},
+		{"https://example.com/a;p?q#f", "https://example.com/a;p?q#f", true},
+		{"https://example.com/a;p", "https://example.com/a;q", false},
+		{"https://example.com/a#f", "https://example.com/a#g", false},
+		{"https://example.com/a?", "https://example.com/a", true},
+		{"chrome://newtab/", "chrome://newtab", true},
+		{"about:blank", "http://about:blank", true},
+		{"https://example.com/A", "https://example.com/a", false},
+		{"  https://example.com/a", "https://example.com/a", false},
+		{"https://exa\tmple.com/a", "https://example.com/a", true},
+		{"https://sub.example.co.uk/x", "https://sub.example.com/x", true},
+		{"https://www.www.example.com", "https://www.example.com", false},
+		{"https://[::1]:8080/a", "https://[::1]/a", true},
+		{"https://example.com/;p", "https://example.com;p", false},
+		{"example.com/path", "https://example.com/path", false},
 	}
 	for _, tt := range tests {
 		if got := cdp.SameURL(tt.a, tt.b); got != tt.want {

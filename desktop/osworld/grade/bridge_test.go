@@ -326,7 +326,7 @@ func TestLoadCatalogListsTheCheckout(t *testing.T) {
 		{task("t-probe", "value_equals", "env_probe"), nil},
 		{task("t-broken", "needs_missing_dependency", "rule"), []string{"t-broken", `metric "needs_missing_dependency"`, "legato_fixture_module_that_does_not_exist"}},
 		{task("t-absent", "compare_csv", "rule"), []string{"t-absent", `metric "compare_csv"`, `has no metric "compare_csv"`}},
-		{task("t-getter", "exact_match", "open_tabs_info"), []string{"t-getter", `getter "open_tabs_info"`}},
+		{task("t-getter", "exact_match", "default_search_engine"), []string{"t-getter", `getter "default_search_engine"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.task.ID, func(t *testing.T) {

@@ -33,9 +33,13 @@
 // of one worker, at its first grade through Python.
 //
 // The simplest and most used getters (vm_file, vm_command_line, rule,
-// cloud_file, cache_file, accessibility_tree) and metrics (exact_match,
-// check_include_exclude, match_in_list, is_in_list, literal_match,
-// check_direct_json_object, compare_text_file, diff_text_file) are also
+// cloud_file, cache_file, accessibility_tree), those of the offline
+// application tasks (vlc_playing_info, vlc_config, gimp_config_file,
+// open_tabs_info) and their metrics (exact_match, check_include_exclude,
+// match_in_list, is_in_list, literal_match, check_direct_json_object,
+// compare_text_file, diff_text_file, is_vlc_playing, the check_qt_* and
+// check_global_key_play_pause / check_one_instance_when_started_from_file
+// VLC settings, check_config_status, is_expected_tabs) are also
 // implemented in Go with CPython 3.11's semantics, down to where the Python
 // code raises: str methods as package pystr gives them (the final sigma of
 // str.lower, Unicode 14's tables), json.loads as decodePy does (NaN and
@@ -62,6 +66,16 @@
 //     asserts, which fails the grade.
 //   - A null entry in a list of expected getters calls that metric without
 //     an expected value; null options mean none (OSWorld would crash).
+//   - vlc_playing_info and open_tabs_info need the guest's VLC and DevTools
+//     ports: a desktop without them is refused before the batch, where
+//     OSWorld would score 0 (or launch a browser of its own).
+//   - open_tabs_info lists the browser's page targets as DevTools reports
+//     them (Target.getTargets: order and titles as they are at that moment);
+//     OSWorld's Playwright waits for each page's network to go idle first.
+//     When the browser does not answer it is an empty list: OSWorld first
+//     launches a new browser and lists that one's tab. compare_urls uses the
+//     public suffix list of golang.org/x/net (ICANN section), tldextract
+//     its own copy.
 //   - Each grade starts from an empty task cache directory, so a file left
 //     by an earlier attempt (a postconfig output) is never graded again.
 //     Cloud files are cached by URL in GraderConfig.DownloadDir.

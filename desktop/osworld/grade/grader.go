@@ -149,10 +149,13 @@ type Grader struct {
 	tempRoot bool
 	download string
 	client   *http.Client
-	timeout  time.Duration
-	pool     *Pool // nil without a checkout or in NativeOnly mode
-	ownPool  bool  // the pool is the grader's, closed with it
-	now      func() time.Time
+	// guestHTTP reaches the guest's own ports (VLC, DevTools): no proxy,
+	// no connection kept past a request.
+	guestHTTP *http.Client
+	timeout   time.Duration
+	pool      *Pool // nil without a checkout or in NativeOnly mode
+	ownPool   bool  // the pool is the grader's, closed with it
+	now       func() time.Time
 
 	catMu   sync.Mutex
 	catalog *Catalog
@@ -188,6 +191,7 @@ func New(cfg GraderConfig) (*Grader, error) {
 	if g.client == nil {
 		g.client = http.DefaultClient
 	}
+	g.guestHTTP = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 	if g.timeout == 0 {
 		g.timeout = DefaultTimeout
 	}
@@ -391,20 +395,32 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 // checkRunnable refuses what the catalog cannot know about: native getters
 // that need a guest when the grader has none.
 func (g *Grader) checkRunnable(taskID string, ev *Evaluator, runners []runner) error {
-	if g.cfg.Guest != nil {
-		return nil
-	}
 	for i, m := range ev.Metrics {
 		if runners[i] != runNative {
 			continue
 		}
 		for _, gt := range m.getters() {
-			if getterNeedsGuest(gt.Type) {
+			if getterNeedsGuest(gt.Type) && g.cfg.Guest == nil {
 				return &UnsupportedError{TaskID: taskID, Metric: m.Func, Getter: gt.Type, Reason: "the grader has no Guest to read the desktop"}
+			}
+			if port, ok := g.getterPort(gt.Type); ok && port == 0 {
+				return &UnsupportedError{TaskID: taskID, Metric: m.Func, Getter: gt.Type,
+					Reason: "the desktop has no forward of the guest's port it reads (for --guest-url, add ,vlc=PORT or ,devtools=PORT)"}
 			}
 		}
 	}
 	return nil
+}
+
+// getterPort returns the guest port a native getter connects to, if any.
+func (g *Grader) getterPort(typ string) (int, bool) {
+	switch typ {
+	case "vlc_playing_info":
+		return g.cfg.Env.VLCPort, true
+	case "open_tabs_info":
+		return g.cfg.Env.ChromiumPort, true
+	}
+	return 0, false
 }
 
 // loadCatalog returns the grader's catalog, listing its checkout through
@@ -439,7 +455,8 @@ func (g *Grader) runMetric(parent context.Context, taskID string, index int, m M
 	began := time.Now()
 	ctx, cancel := context.WithTimeoutCause(parent, g.timeout, ErrTimeout)
 	defer cancel()
-	env := &nativeEnv{guest: g.cfg.Guest, cacheDir: cacheDir, client: g.client, now: g.now, downloads: g.download}
+	env := &nativeEnv{guest: g.cfg.Guest, ports: g.cfg.Env, guestHTTP: g.guestHTTP, cacheDir: cacheDir,
+		client: g.client, now: g.now, downloads: g.download}
 
 	s, err := func() (float64, error) {
 		// Cloud files are fetched here for the bridge too (Python's getter

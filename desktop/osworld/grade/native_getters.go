@@ -49,10 +49,14 @@ type ExecResult struct {
 // nativeEnv is what native getters read: the Go counterpart of the env
 // object OSWorld passes to its getters.
 type nativeEnv struct {
-	guest    Guest
-	cacheDir string // the task's, OSWorld's env.cache_dir
-	client   *http.Client
-	now      func() time.Time
+	guest Guest
+	// ports are the guest's ports as this machine reaches them (VLC's HTTP
+	// interface, Chrome's DevTools), and guestHTTP the client for them.
+	ports     Env
+	guestHTTP *http.Client
+	cacheDir  string // the task's, OSWorld's env.cache_dir
+	client    *http.Client
+	now       func() time.Time
 	// downloads caches cloud files by URL across tasks and attempts.
 	downloads string
 }
@@ -61,7 +65,8 @@ type nativeGetter func(ctx context.Context, env *nativeEnv, cfg *pyDict) (any, e
 
 // NativeGetters lists the getter types the grader implements in Go.
 func NativeGetters() []string {
-	return []string{"accessibility_tree", "cache_file", "cloud_file", "rule", "vm_command_line", "vm_file"}
+	return []string{"accessibility_tree", "cache_file", "cloud_file", "gimp_config_file", "open_tabs_info",
+		"rule", "vlc_config", "vlc_playing_info", "vm_command_line", "vm_file"}
 }
 
 func nativeGetterFor(typ string) (nativeGetter, bool) {
@@ -78,6 +83,14 @@ func nativeGetterFor(typ string) (nativeGetter, bool) {
 		return getCacheFile, true
 	case "accessibility_tree":
 		return getAccessibilityTree, true
+	case "vlc_playing_info":
+		return getVLCPlayingInfo, true
+	case "vlc_config":
+		return getVLCConfig, true
+	case "gimp_config_file":
+		return getGIMPConfigFile, true
+	case "open_tabs_info":
+		return getOpenTabsInfo, true
 	}
 	return nil, false
 }
@@ -85,7 +98,7 @@ func nativeGetterFor(typ string) (nativeGetter, bool) {
 // getterNeedsGuest reports whether a native getter talks to the guest.
 func getterNeedsGuest(typ string) bool {
 	switch typ {
-	case "vm_file", "vm_command_line", "accessibility_tree":
+	case "vm_file", "vm_command_line", "accessibility_tree", "vlc_config", "gimp_config_file":
 		return true
 	}
 	return false

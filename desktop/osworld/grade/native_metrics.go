@@ -28,12 +28,20 @@ type nativeMetric struct {
 // NativeMetrics lists the metrics the grader implements in Go.
 func NativeMetrics() []string {
 	return []string{
+		"check_config_status",
 		"check_direct_json_object",
+		"check_global_key_play_pause",
 		"check_include_exclude",
+		"check_one_instance_when_started_from_file",
+		"check_qt_bgcone",
+		"check_qt_max_volume",
+		"check_qt_minimal_view",
 		"compare_text_file",
 		"diff_text_file",
 		"exact_match",
+		"is_expected_tabs",
 		"is_in_list",
+		"is_vlc_playing",
 		"literal_match",
 		"match_in_list",
 	}
@@ -57,6 +65,22 @@ func nativeMetricFor(name string) (nativeMetric, bool) {
 		return nativeMetric{params: []string{"actual", "expected"}, varKW: true, run: compareTextFile}, true
 	case "diff_text_file":
 		return nativeMetric{params: []string{"result", "expect"}, run: diffTextFile}, true
+	case "is_vlc_playing":
+		return nativeMetric{params: []string{"actual_status_path", "rule"}, run: isVLCPlaying}, true
+	case "check_qt_bgcone":
+		return vlcMetric(vlcrcSetting("qt-bgcone", "expected_qt_bgcone", "1")), true
+	case "check_qt_max_volume":
+		return vlcMetric(vlcrcSetting("qt-max-volume", "expected_qt_max_volume", "125")), true
+	case "check_qt_minimal_view":
+		return vlcMetric(vlcrcSetting("qt-minimal-view", "expected_qt_minimal_view", "0")), true
+	case "check_one_instance_when_started_from_file":
+		return vlcMetric(vlcrcSetting("one-instance-when-started-from-file", "expected_one_instance_when_started_from_file", "1")), true
+	case "check_global_key_play_pause":
+		return vlcMetric(checkGlobalKeyPlayPause), true
+	case "check_config_status":
+		return nativeMetric{params: []string{"actual_config_path", "rule"}, run: checkConfigStatus}, true
+	case "is_expected_tabs":
+		return nativeMetric{params: []string{"open_tabs", "rule"}, run: isExpectedTabs}, true
 	}
 	return nativeMetric{}, false
 }
@@ -97,6 +121,10 @@ func (m nativeMetric) call(name string, result, expected any, hasExpected bool, 
 		}
 	}
 	return m.run(args, kw)
+}
+
+func vlcMetric(run func(args []any, kw *pyDict) (float64, error)) nativeMetric {
+	return nativeMetric{params: []string{"actual_config_path", "rule"}, run: run}
 }
 
 func (d *pyDict) keysOrNil() []string {

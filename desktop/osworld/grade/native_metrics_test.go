@@ -194,6 +194,77 @@ var metricCases = []metricCase{
 	{name: "diff: None", metric: "diff_text_file", result: `null`, expectedFile: text("a\n"), want: 0},
 	{name: "diff: options refused", metric: "diff_text_file", resultFile: text("a"), expectedFile: text("a"), options: `{"x":1}`, wantRaise: "TypeError"},
 	{name: "diff: missing result file", metric: "diff_text_file", resultFile: text("-"), expectedFile: text("a"), wantRaise: "FileNotFoundError"},
+
+	// is_vlc_playing(actual_status_path, rule): VLC's status.xml
+	{name: "vlc: playing the file", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "tone.wav")), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 1},
+	{name: "vlc: playing, full path", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "/home/user/tone.wav")), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 1},
+	{name: "vlc: playing, name's tail", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "mytone.wav")), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 1},
+	{name: "vlc: playing another file", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "other.wav")), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 0},
+	{name: "vlc: paused", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("paused", "tone.wav")), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 0},
+	{name: "vlc: no meta", metric: "is_vlc_playing", resultFile: text(`<root><state>playing</state></root>`), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 0},
+	{name: "vlc: title when no filename", metric: "is_vlc_playing", resultFile: text(`<root><state>playing</state><information><category name="meta"><info name="title">tone.wav</info></category></information></root>`), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 1},
+	{name: "vlc: url", metric: "is_vlc_playing", resultFile: text(`<root><state>playing</state><information><category name="meta"><info name="url">http://127.0.0.1:8000/live/s.m3u8</info></category></information></root>`), expected: `{"type":"url","url":"http://127.0.0.1:8000/live/s.m3u8"}`, want: 1},
+	{name: "vlc: url shown as its file name", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "s.m3u8")), expected: `{"type":"url","url":"http://127.0.0.1:8000/live/s.m3u8"}`, want: 1},
+	{name: "vlc: url of another host", metric: "is_vlc_playing", resultFile: text(`<root><state>playing</state><information><category name="meta"><info name="url">http://10.0.0.1/live/s.mp4</info></category></information></root>`), expected: `{"type":"url","url":"http://127.0.0.1:8000/live/s.m3u8"}`, want: 0},
+	{name: "vlc: unknown rule type", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "tone.wav")), expected: `{"type":"title","title":"tone.wav"}`, want: 0},
+	{name: "vlc: rule without type", metric: "is_vlc_playing", resultFile: text(vlcStatusXML("playing", "tone.wav")), expected: `{"file_name":"tone.wav"}`, wantRaise: "KeyError"},
+	{name: "vlc: no state", metric: "is_vlc_playing", resultFile: text(`<root><volume>256</volume></root>`), expected: `{"type":"file_name","file_name":"tone.wav"}`, wantRaise: "AttributeError"},
+	{name: "vlc: not XML", metric: "is_vlc_playing", resultFile: text(`<root><state>playing</root>`), expected: `{"type":"file_name","file_name":"tone.wav"}`, wantRaise: "ParseError"},
+	{name: "vlc: None", metric: "is_vlc_playing", result: `null`, expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 0},
+	{name: "vlc: no status file", metric: "is_vlc_playing", resultFile: text("-"), expected: `{"type":"file_name","file_name":"tone.wav"}`, want: 0},
+
+	// check_qt_* (actual_config_path, rule): the last line naming the key wins, commented or not
+	{name: "vlcrc: commented default only", metric: "check_qt_bgcone", resultFile: text("[qt]\n#qt-bgcone=1\n"), expected: `{"expected_qt_bgcone":0}`, want: 0},
+	{name: "vlcrc: set after the comment", metric: "check_qt_bgcone", resultFile: text("#qt-bgcone=1\nqt-bgcone=0\n"), expected: `{"expected_qt_bgcone":0}`, want: 1},
+	{name: "vlcrc: absent is the default", metric: "check_qt_bgcone", resultFile: text("[qt]\n"), expected: `{"expected_qt_bgcone":1}`, want: 1},
+	{name: "vlcrc: CRLF", metric: "check_qt_bgcone", resultFile: text("qt-bgcone=0\r\n"), expected: `{"expected_qt_bgcone":"0"}`, want: 1},
+	{name: "vlcrc: True is not 1", metric: "check_qt_bgcone", resultFile: text("qt-bgcone=1\n"), expected: `{"expected_qt_bgcone":true}`, want: 0},
+	{name: "vlcrc: a float is not a str", metric: "check_qt_bgcone", resultFile: text("qt-bgcone=0\n"), expected: `{"expected_qt_bgcone":0.0}`, want: 0},
+	{name: "vlcrc: rule without the key", metric: "check_qt_bgcone", resultFile: text("qt-bgcone=0\n"), expected: `{}`, wantRaise: "KeyError"},
+	{name: "vlcrc: None", metric: "check_qt_bgcone", result: `null`, expected: `{"expected_qt_bgcone":0}`, wantRaise: "TypeError"},
+	{name: "vlcrc: no file", metric: "check_qt_bgcone", resultFile: text("-"), expected: `{"expected_qt_bgcone":0}`, wantRaise: "FileNotFoundError"},
+	{name: "vlcrc: max volume default", metric: "check_qt_max_volume", resultFile: text(""), expected: `{"expected_qt_max_volume":125}`, want: 1},
+	{name: "vlcrc: max volume set", metric: "check_qt_max_volume", resultFile: text("qt-max-volume=200\n"), expected: `{"expected_qt_max_volume":200}`, want: 1},
+	{name: "vlcrc: minimal view", metric: "check_qt_minimal_view", resultFile: text("#qt-minimal-view=0\nqt-minimal-view=1\n"), expected: `{"expected_qt_minimal_view":1}`, want: 1},
+	{name: "vlcrc: one instance", metric: "check_one_instance_when_started_from_file", resultFile: text("one-instance-when-started-from-file=0\n"), expected: `{"expected_one_instance_when_started_from_file":0}`, want: 1},
+	{name: "vlcrc: global key empty", metric: "check_global_key_play_pause", resultFile: text("#global-key-play-pause=\n"), expected: `{"expected_global_key_play_pause":0}`, want: 1},
+	{name: "vlcrc: global key set", metric: "check_global_key_play_pause", resultFile: text("#global-key-play-pause=\nglobal-key-play-pause=Ctrl+Space\n"), expected: `{"expected_global_key_play_pause":1}`, want: 1},
+	{name: "vlcrc: global key set, want none", metric: "check_global_key_play_pause", resultFile: text("global-key-play-pause=Space\n"), expected: `{"expected_global_key_play_pause":"0"}`, want: 0},
+
+	// check_config_status(actual_config_path, rule): GIMP's gimprc and sessionrc
+	{name: "gimprc: key and value", metric: "check_config_status", resultFile: text("# GIMP gimprc\n\n(show-tooltips no)\n"), expected: `{"key":"show-tooltips","value":"no"}`, want: 1},
+	{name: "gimprc: other value", metric: "check_config_status", resultFile: text("(show-tooltips yes)\n"), expected: `{"key":"show-tooltips","value":"no"}`, want: 0},
+	{name: "gimprc: two-word key", metric: "check_config_status", resultFile: text("(default-grid (spacing 10))\n(undo-levels 5)\n"), expected: `{"key":["default-grid","(spacing"],"value":"10"}`, want: 1},
+	{name: "gimprc: quoted value", metric: "check_config_status", resultFile: text("(theme \"Dark\")\n"), expected: `{"key":"theme","value":"\"Dark\""}`, want: 1},
+	{name: "gimprc: no line", metric: "check_config_status", resultFile: text("(theme \"Dark\")\n"), expected: `{"key":"undo-levels","value":"5"}`, want: 0},
+	{name: "gimprc: blank line with spaces", metric: "check_config_status", resultFile: text("  \n(undo-levels 5)\n"), expected: `{"key":"undo-levels","value":"5"}`, wantRaise: "IndexError"},
+	{name: "gimprc: key matches, no value", metric: "check_config_status", resultFile: text("(undo-levels 5)\n"), expected: `{"key":"undo-levels"}`, wantRaise: "KeyError"},
+	{name: "gimprc: None", metric: "check_config_status", result: `null`, expected: `{"key":"undo-levels","value":"5"}`, want: 0},
+
+	// is_expected_tabs(open_tabs, rule)
+	{name: "tabs: same set", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://www.a.com/"},{"title":"B","url":"file:///home/user/b.html"}]`, expected: `{"type":"url","urls":["file:///home/user/b.html","https://a.com"]}`, want: 1},
+	{name: "tabs: one more", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://a.com"},{"title":"B","url":"https://b.com"}]`, expected: `{"type":"url","urls":["https://a.com"]}`, want: 0},
+	{name: "tabs: duplicates count once", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://a.com"},{"title":"B","url":"https://b.com"}]`, expected: `{"type":"url","urls":["https://a.com","https://a.com"]}`, want: 1},
+	{name: "tabs: none", metric: "is_expected_tabs", result: `[]`, expected: `{"type":"url","urls":[]}`, want: 0},
+	{name: "tabs: other rule type", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://a.com"}]`, expected: `{"type":"title","titles":["A"]}`, want: 0},
+	{name: "tabs: no urls", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://a.com"}]`, expected: `{"type":"url"}`, wantRaise: "KeyError"},
+	{name: "tabs: tab without url", metric: "is_expected_tabs", result: `[{"title":"A"}]`, expected: `{"type":"url","urls":["https://a.com"]}`, wantRaise: "KeyError"},
+}
+
+// vlcStatusXML is a status.xml as VLC 3's HTTP interface writes it.
+func vlcStatusXML(state, filename string) string {
+	return `<?xml version="1.0" encoding="utf-8" standalone="yes" ?>
+<root>
+<fullscreen>false</fullscreen>
+<volume>256</volume>
+<state>` + state + `</state>
+<information>
+    <category name="meta">
+    <info name='filename'>` + filename + `</info>
+    </category>
+  <category name='Stream 0'><info name='Type'>Audio</info></category>
+</information>
+</root>`
 }
 
 func TestNativeMetrics(t *testing.T) {
