@@ -291,6 +291,70 @@ func startSleepAs(t *testing.T, uid int, secs, display string) *sleeper {
 	return s
 }
 
+// TestCleanStateToolLetsSystemWorkersComeAndGo: root's udev workers that
+// end after the record, and new ones, are no sign of the attempt on a VM.
+func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: udev's workers run as root")
+	}
+	root := t.TempDir()
+	var b [6]byte
+	rand.Read(b[:])
+	display := ":legato-test-" + hex.EncodeToString(b[:])
+	p := func(s string) string { return filepath.Join(root, s) }
+	for _, d := range []string{"home", "tmp", "state"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A worker is a program whose name (comm) is "(udev-worker)".
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := p("(udev-worker)")
+	if err := os.WriteFile(worker, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func(secs string) *exec.Cmd {
+		c := exec.Command(worker, secs)
+		c.Env = []string{"DISPLAY=" + display}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		return c
+	}
+	cfg := map[string]any{
+		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
+		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{},
+		"skip": []string{"/"}, "display": display, "dedicated": true, "scope_display": true, "vm": true,
+	}
+	old := start("990")
+	keeper := startSleepAs(t, 0, "991", display) // a process of the clean state that stays
+	var rec recordResult
+	toolRun(t, "record", cfg, &rec)
+	if rec.Refused != "" || rec.Processes != 1 {
+		t.Fatalf("record: %+v; want the sleep alone recorded, not the worker", rec)
+	}
+	old.Process.Kill()
+	old.Wait()
+	start("989")
+	var res cleanResult
+	toolRun(t, "reset", cfg, &res)
+	if len(res.Problems) > 0 || len(res.Broken) > 0 || len(res.Ended) > 0 || !keeper.alive() {
+		t.Errorf("reset: problems %q, broken %q, ended %+v, the clean state's sleep alive %v; want no problem, nothing ended",
+			res.Problems, res.Broken, res.Ended, keeper.alive())
+	}
+}
+
 // TestCleanStateToolEndsOnlyTheDesktopsProcesses: a fast reset ends the
 // processes of the desktop's user (the home's owner) started since the
 // clean state, and leaves another user's and root's alone, naming them

@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -198,8 +200,10 @@ func stepDependence(s desktop.SetupStep) string {
 	case "update_browse_history":
 		return "dates the visits it writes from the wall clock"
 	case "chrome_open_tabs":
-		if u := urlRE.FindString(string(s.Parameters)); u != "" {
-			return "loads a web page (" + clip(u) + ")"
+		for _, u := range urlRE.FindAllString(string(s.Parameters), -1) {
+			if !loopbackURL(u) {
+				return "loads a web page (" + clip(u) + ")"
+			}
 		}
 		return ""
 	case "execute", "command", "execute_with_verification", "launch":
@@ -228,13 +232,18 @@ func stepDependence(s desktop.SetupStep) string {
 	}
 	walk(v)
 	for _, t := range texts {
-		if u := urlRE.FindString(t); u != "" {
-			return "names a network address (" + clip(u) + ")"
+		// A text whose addresses are all the guest's own (a command that
+		// asks VLC's HTTP interface whether it is up) names no network.
+		urls := urlRE.FindAllString(t, -1)
+		for _, u := range urls {
+			if !loopbackURL(u) {
+				return "names a network address (" + clip(u) + ")"
+			}
 		}
 		for _, w := range wordRE.FindAllString(t, -1) {
 			w = strings.ToLower(w)
 			switch {
-			case slices.Contains(networkTools, w):
+			case slices.Contains(networkTools, w) && len(urls) == 0:
 				return "runs " + w + ", which may use the network"
 			case slices.Contains(clockTools, w):
 				return "reads or sets the clock (" + w + ")"
@@ -242,6 +251,19 @@ func stepDependence(s desktop.SetupStep) string {
 		}
 	}
 	return ""
+}
+
+// loopbackURL reports whether a URL's host is the guest itself.
+func loopbackURL(s string) bool {
+	u, err := url.Parse(s)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(h, "localhost")
 }
 
 // newSeed draws the entropy a restored guest gets.

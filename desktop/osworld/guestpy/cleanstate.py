@@ -127,6 +127,17 @@ def kernel_thread(pid, info):
     return pid == 2 or info[1] == 2 or info[5] & PF_KTHREAD
 
 
+# Workers that system daemons start and end on their own, as root (systemd-udevd one per
+# device event, systemd-userdbd per lookup): their coming and going is not an attempt's
+# doing. Seen on the real-apps guest: a browser's or media player's device probing makes
+# udev workers come and go between two resets.
+SYSTEM_WORKERS = {"(udev-worker)", "systemd-userwor"}
+
+
+def system_worker(info):
+    return info[3] == 0 and info[4] in SYSTEM_WORKERS
+
+
 def key(pid, info):
     return "%d:%d" % (pid, info[0])
 
@@ -136,7 +147,8 @@ def clean_processes(cfg):
     own = own_processes(procs, cfg["nonce"], ancestors=False)
     out = {}
     for pid, info in procs.items():
-        if pid in own or kernel_thread(pid, info) or info[2] == "Z" or not in_scope(cfg, pid):
+        if (pid in own or kernel_thread(pid, info) or system_worker(info) or info[2] == "Z"
+                or not in_scope(cfg, pid)):
             continue
         out[key(pid, info)] = {"comm": info[4], "uid": info[3]}
     return out
@@ -190,7 +202,8 @@ def newcomers(cfg, base):
             if info[2] != "Z":  # a zombie is gone, whatever its parent did not reap
                 alive.add(k)
             continue
-        if pid in own or kernel_thread(pid, info) or info[2] == "Z" or not in_scope(cfg, pid):
+        if (pid in own or kernel_thread(pid, info) or system_worker(info) or info[2] == "Z"
+                or not in_scope(cfg, pid)):
             continue
         if belongs(procs, pid, uid, base):
             new[pid] = info
