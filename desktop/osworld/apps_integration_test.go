@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +26,9 @@ import (
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/grade"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/policy"
 	"legato/rl/policy/policytest"
+	"legato/rl/policy/qwen"
 	"legato/rl/schema"
 )
 
@@ -66,9 +69,16 @@ func appsConfig(t *testing.T, prefix string) Config {
 }
 
 // appsSolutions plays a known solution of each task of
-// testdata/apps-tasks/smoke.json: keyboard shortcuts, which do not depend
-// on where a window happens to draw a button.
+// testdata/apps-tasks/tasks.json: keyboard shortcuts where the programs have
+// them; clicks only in VLC's preferences, a dialog the window manager
+// centres on the screen.
 func appsSolutions(req policytest.Request) string {
+	return planCall(req.Step, appsPlan(req.Instruction))
+}
+
+// appsPlan returns the computer_use calls that solve the task with this
+// instruction.
+func appsPlan(instruction string) []string {
 	key := func(keys ...string) string {
 		b, _ := json.Marshal(map[string]any{"action": "key", "keys": keys})
 		return string(b)
@@ -77,16 +87,45 @@ func appsSolutions(req policytest.Request) string {
 		b, _ := json.Marshal(map[string]any{"action": "type", "text": text})
 		return string(b)
 	}
+	// click takes a point of the 1920×1080 screen to Qwen3-VL's 0–999 grid.
+	click := func(x, y int) string {
+		b, _ := json.Marshal(map[string]any{"action": "left_click",
+			"coordinate": []float64{(float64(x) + 0.5) * 999 / 1920, (float64(y) + 0.5) * 999 / 1080}})
+		return string(b)
+	}
+	wait := func(seconds int) string {
+		b, _ := json.Marshal(map[string]any{"action": "wait", "time": seconds})
+		return string(b)
+	}
 	var plan []string
-	switch in := req.Instruction; {
+	switch in := instruction; {
 	case strings.Contains(in, "GIMP is open"):
 		plan = []string{key("ctrl", "q")}
+	case strings.Contains(in, "single-window mode"):
+		// Windows ▸ Single-Window Mode (its mnemonic is M); GIMP writes
+		// sessionrc when it quits.
+		plan = []string{key("alt", "w"), key("m"), key("ctrl", "q")}
 	case strings.Contains(in, "Writer document"):
 		plan = []string{typ("Hello legato"), key("ctrl", "s")}
+	case strings.Contains(in, "cell A1"):
+		plan = []string{typ("42\n"), key("ctrl", "s")}
 	case strings.Contains(in, "titled Two"):
 		plan = []string{key("ctrl", "1"), key("ctrl", "w")}
+	case strings.Contains(in, "closed a tab by mistake"):
+		plan = []string{key("ctrl", "shift", "t")}
+	case strings.Contains(in, "tab that is open now"):
+		plan = []string{key("ctrl", "w")}
+	case strings.Contains(in, "open and paused"):
+		plan = []string{key("space")}
+	case strings.Contains(in, "minimal view mode"):
+		// Tools ▸ Preferences, Interface: "Start in minimal view mode", Save.
+		plan = []string{key("ctrl", "p"), click(737, 483), click(1224, 868)}
+	case strings.Contains(in, "save it as a draft"):
+		// The compose window takes seconds to open under emulation; Alt+S
+		// is its Subject field.
+		plan = []string{key("ctrl", "n"), wait(5), typ("bob@example.com"), key("alt", "s"), typ("Hello legato"), key("ctrl", "s")}
 	}
-	return planCall(req.Step, plan)
+	return plan
 }
 
 // appsNoop ends every attempt at once: each task must then score 0.
@@ -133,24 +172,53 @@ func (f firstScreens) Observe(ctx context.Context) (desktop.Observation, error) 
 // Evaluate logs the guest's windows and programs first, for a grade that
 // goes wrong.
 func (f firstScreens) Evaluate(ctx context.Context, task desktop.Task) (float64, error) {
-	if res, err := f.sh.run(ctx, `wmctrl -l; pgrep -a -x 'gimp|gimp-2.10|soffice.bin|chromium'`); err == nil {
+	if res, err := f.sh.run(ctx, `wmctrl -l; pgrep -a -x 'gimp|gimp-2.10|soffice.bin|chromium|vlc|thunderbird'`); err == nil {
 		f.log.Info("before grading", "task", task.ID, "guest", res.Output)
 	}
 	return f.VMDesktop.Evaluate(ctx, task)
 }
 
+// appsGroup is the group size: every attempt of a group starts from the
+// task's golden state (the first takes it).
+const appsGroup = 4
+
+// appsCITasks are the tasks of testdata/apps-tasks/tasks.json a CI run
+// takes: one per program.
+var appsCITasks = []string{"apps-gimp-single-window", "apps-writer-type", "apps-chrome-restore-tab", "apps-vlc-play", "apps-thunderbird-draft"}
+
+// appsTasks picks the tasks a run takes: LEGATO_APPS_TASKS=all runs every
+// task, a comma-separated list of ids those, and by default appsCITasks.
+func appsTasks(t *testing.T, tasks []desktop.Task) []desktop.Task {
+	t.Helper()
+	want := appsCITasks
+	switch env := os.Getenv("LEGATO_APPS_TASKS"); env {
+	case "all":
+		return tasks
+	case "":
+	default:
+		want = strings.Split(env, ",")
+	}
+	picked := slices.DeleteFunc(slices.Clone(tasks), func(tk desktop.Task) bool { return !slices.Contains(want, tk.ID) })
+	if len(picked) != len(want) {
+		t.Fatalf("tasks.json has %d of the %d tasks %v", len(picked), len(want), want)
+	}
+	return picked
+}
+
 // TestIntegrationApps runs the real programs of the real-apps guest
-// (GRUB-booted, systemd, Xvfb): GIMP, LibreOffice Writer, Chromium driven
-// over DevTools. A group of two attempts per task starts from one golden
-// state with the same first screen; the known solutions score 1 and
-// attempts that do nothing score 0, graded by the tasks' evaluators.
+// (GRUB-booted, systemd, Xvfb): GIMP, LibreOffice Writer and Calc, Chromium
+// driven over DevTools, VLC through its HTTP interface, Thunderbird. A
+// group of four attempts per task starts from one golden state with the same
+// first screen; the known solutions score 1 and attempts that do nothing
+// score 0, graded by the tasks' evaluators (natively: no OSWorld checkout).
 func TestIntegrationApps(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
 	cfg := appsConfig(t, "legato-itapps-")
 	ctx := t.Context()
-	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "smoke.json"))
+	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "tasks.json"))
+	tasks = appsTasks(t, tasks)
 	for _, run := range []struct {
 		name   string
 		script func(policytest.Request) string
@@ -175,13 +243,13 @@ func TestIntegrationApps(t *testing.T) {
 			Out:        t.TempDir(),
 			NewDesktop: factory,
 			Desktops:   1,
-			Group:      2,
-			MaxSteps:   4,
+			Group:      appsGroup,
+			MaxSteps:   8,
 			EnvRetries: -1, // a desktop failure must show, not be retried away
 			Logger:     cfg.Logger,
 			OnGroup: func(g rl.Group) {
-				if !g.Closed || len(g.Finished) != 2 {
-					t.Errorf("%s: task %s: group closed %v with %d finished attempts; want 2", run.name, g.TaskID, g.Closed, len(g.Finished))
+				if !g.Closed || len(g.Finished) != appsGroup {
+					t.Errorf("%s: task %s: group closed %v with %d finished attempts; want %d", run.name, g.TaskID, g.Closed, len(g.Finished), appsGroup)
 				}
 				for _, r := range g.Finished {
 					if r.Status != schema.StatusOK || r.Reward == nil || *r.Reward != run.reward {
@@ -198,19 +266,25 @@ func TestIntegrationApps(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: Collect: %v", run.name, err)
 		}
-		t.Logf("%s: %d tasks × 2 in %v; counts %+v", run.name, len(tasks), time.Since(start).Round(time.Second), sum.Counts)
+		t.Logf("%s: %d tasks × %d in %v; counts %+v", run.name, len(tasks), appsGroup, time.Since(start).Round(time.Second), sum.Counts)
 		for _, tk := range tasks {
 			got := shots[tk.ID]
 			t.Logf("%s: task %s: first screens %v", run.name, tk.ID, got)
-			if len(got) != 2 {
-				t.Errorf("%s: task %s: %d first screenshots; want 2", run.name, tk.ID, len(got))
+			if len(got) != appsGroup {
+				t.Errorf("%s: task %s: %d first screenshots; want %d", run.name, tk.ID, len(got), appsGroup)
 				continue
 			}
-			if got[0].reset != ResetGoldenBuild || got[1].reset != ResetGolden {
-				t.Errorf("%s: task %s: resets %s, %s; want %s then %s", run.name, tk.ID, got[0].reset, got[1].reset, ResetGoldenBuild, ResetGolden)
-			}
-			if !bytes.Equal(got[0].png, got[1].png) {
-				t.Errorf("%s: task %s: the two attempts' first screenshots differ: %v, pixels in %s", run.name, tk.ID, got, diffBox(got[0].png, got[1].png))
+			for i, shot := range got {
+				want := ResetGolden
+				if i == 0 {
+					want = ResetGoldenBuild
+				}
+				if shot.reset != want {
+					t.Errorf("%s: task %s attempt %d: reset %s; want %s", run.name, tk.ID, i, shot.reset, want)
+				}
+				if !bytes.Equal(got[0].png, shot.png) {
+					t.Errorf("%s: task %s: attempt %d's first screenshot differs from the first attempt's: %v, pixels in %s", run.name, tk.ID, i, got, diffBox(got[0].png, shot.png))
+				}
 			}
 		}
 	}
@@ -242,4 +316,146 @@ func diffBox(a, b []byte) string {
 		}
 	}
 	return fmt.Sprintf("%v (%d pixels)", box, n)
+}
+
+// preferReset makes the desktop's next reset plan pick kind (ResetFast or
+// ResetLoadvm) as the cheaper way back to the clean state.
+func preferReset(d *VMDesktop, kind ResetKind) {
+	c := &d.history.chooser
+	cheap := resetCost{mean: time.Millisecond, n: 1, at: c.resets}
+	dear := resetCost{mean: time.Hour, n: 1, at: c.resets}
+	c.fast, c.loadvm = cheap, dear
+	if kind == ResetLoadvm {
+		c.fast, c.loadvm = dear, cheap
+	}
+}
+
+// TestIntegrationAppsFastReset: on each program, an attempt that solves the
+// task (a setting saved, a draft written, a tab restored, a file playing)
+// leaves nothing behind under the fast reset: the grade right after it
+// equals the grade right after loading the clean snapshot. On the idle
+// program, the settle signal ends before its bound.
+func TestIntegrationAppsFastReset(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	cfg := appsConfig(t, "legato-itfast-")
+	cfg.Golden.Off = true // the resets under test are to the clean state
+	ctx := t.Context()
+	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "tasks.json"))
+	tasks = appsTasks(t, tasks)
+	dd, err := p.New(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := dd.(*VMDesktop)
+	defer d.Close()
+	screen := qwen.Config{}.Screen(1920, 1080)
+	const settleBound = 10 * time.Second
+
+	// reset resets to the task's set-up state (by kind, unless "") and
+	// returns its first screen and how long the reset took to a settled
+	// screen (setup included).
+	reset := func(t *testing.T, task desktop.Task, kind ResetKind) ([]byte, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		if kind != "" {
+			preferReset(d, kind)
+		}
+		if err := d.Reset(ctx, task); err != nil {
+			if res, derr := d.sh.run(ctx, `pgrep -a -u user; ss -tanp; ls -la /tmp`); derr == nil {
+				t.Logf("guest after the failed reset:\n%s", res.Output)
+			}
+			t.Fatalf("reset (%s): %v", kind, err)
+		}
+		rep := d.LastReset()
+		if kind != "" && (rep.Kind != kind || len(rep.Left) > 0) {
+			t.Errorf("reset %s (%s), left %q; want %s with nothing left", rep.Kind, rep.Why, rep.Left, kind)
+		}
+		if err := d.WaitAfterReset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		obs, err := d.Observe(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return obs.Screenshot, took
+	}
+	grade := func(t *testing.T, task desktop.Task) float64 {
+		t.Helper()
+		if err := d.WaitBeforeEval(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err := d.Evaluate(ctx, task)
+		if err != nil {
+			t.Fatalf("evaluate: %v", err)
+		}
+		return r
+	}
+	act := func(t *testing.T, call string) desktop.Ready {
+		t.Helper()
+		parsed := qwen.ParseReply(policy.Reply{Content: planCall(0, []string{call})}, screen)
+		if parsed.Err != nil || len(parsed.Actions) != 1 {
+			t.Fatalf("call %s: %v", call, parsed.Err)
+		}
+		switch a := parsed.Actions[0]; a.Kind {
+		case desktop.Code:
+			res, err := d.Act(ctx, a)
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("act %s: %+v, %v", call, res, err)
+			}
+		case desktop.Wait:
+			time.Sleep(5 * time.Second)
+		default:
+			t.Fatalf("call %s parsed to %s", call, a)
+		}
+		r, err := d.WaitReady(ctx, settleBound)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+
+	var table []string
+	for _, task := range tasks {
+		t.Run(task.ID, func(t *testing.T) {
+			reset(t, task, "")
+			// Idle program: a pointer move repaints nothing on the screen
+			// (Xvfb draws no cursor) and must settle before the bound.
+			settled := 0
+			var waits []string
+			for i := range 10 {
+				move, _ := json.Marshal(map[string]any{"action": "mouse_move", "coordinate": []int{5 + i%2, 995}})
+				r := act(t, string(move))
+				if r.Settled {
+					settled++
+				}
+				waits = append(waits, r.After.Round(10*time.Millisecond).String())
+			}
+			if settled < 9 {
+				t.Errorf("the settle signal ended before its bound on %d of 10 idle actions; want at least 9 (waits %v)", settled, waits)
+			}
+			for _, call := range appsPlan(task.Instruction) {
+				act(t, call)
+			}
+			if got := grade(t, task); got != 1 {
+				t.Fatalf("the solution scored %v, want 1", got)
+			}
+			fastShot, fastTook := reset(t, task, ResetFast)
+			afterFast := grade(t, task)
+			snapShot, snapTook := reset(t, task, ResetLoadvm)
+			afterSnap := grade(t, task)
+			if afterFast != afterSnap {
+				t.Errorf("grade after the fast reset %v, after the snapshot load %v: the fast reset left the solved attempt behind", afterFast, afterSnap)
+			}
+			same := "same first screen"
+			if !bytes.Equal(fastShot, snapShot) {
+				same = "first screens differ in " + diffBox(fastShot, snapShot)
+			}
+			table = append(table, fmt.Sprintf("%-26s settled %2d/10 (waits %v); solved 1; fast reset + setup %v: grade %v; loadvm + setup %v: grade %v; %s",
+				task.ID, settled, waits, fastTook.Round(100*time.Millisecond), afterFast, snapTook.Round(100*time.Millisecond), afterSnap, same))
+		})
+	}
+	t.Logf("fast reset on real programs:\n%s", strings.Join(table, "\n"))
 }

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"legato/rl/desktop"
-
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/vm"
 )
 
 // guestTool is legato's in-guest program: it records the clean state,
@@ -195,6 +195,10 @@ type cleanConfig struct {
 	// KeepSameBoot keeps a record made earlier in the same boot (a guest
 	// given by URL that an earlier run attached to).
 	KeepSameBoot bool `json:"keep_same_boot"`
+	// ForwardedPorts are the guest ports a VM forwards for tasks
+	// (DevTools, VLC): connections the attempt's programs left on them are
+	// dropped, so that a setup can listen there again.
+	ForwardedPorts []int `json:"forwarded_ports,omitempty"`
 }
 
 // recordResult is what recording the clean state found.
@@ -242,20 +246,37 @@ type cleanResult struct {
 func (c Config) cleanConfig() (cleanConfig, error) {
 	fr := c.FastReset
 	return cleanConfig{
-		Nonce:        newNonce(),
-		Home:         c.Home,
-		HomeBaseline: c.BaselineDir,
-		StateDir:     fr.StateDir,
-		Restore:      fr.Restore,
-		Check:        fr.Check,
-		Skip:         fr.Skip,
-		Dedicated:    c.vmMode() || fr.Dedicated,
-		VM:           c.vmMode(),
-		ScopeDisplay: fr.Shared,
-		CheckOutside: !fr.Shared,
-		Helper:       c.helperDir(),
-		Cache:        c.toolCacheDir(),
+		Nonce:          newNonce(),
+		Home:           c.Home,
+		HomeBaseline:   c.BaselineDir,
+		StateDir:       fr.StateDir,
+		Restore:        fr.Restore,
+		Check:          fr.Check,
+		Skip:           fr.Skip,
+		Dedicated:      c.vmMode() || fr.Dedicated,
+		VM:             c.vmMode(),
+		ScopeDisplay:   fr.Shared,
+		CheckOutside:   !fr.Shared,
+		Helper:         c.helperDir(),
+		Cache:          c.toolCacheDir(),
+		ForwardedPorts: c.forwardedTaskPorts(),
 	}, nil
+}
+
+// forwardedTaskPorts are the guest ports a VM forwards for tasks; none for
+// a guest given by URL (its ports are not the desktop's alone).
+func (c Config) forwardedTaskPorts() []int {
+	if !c.vmMode() {
+		return nil
+	}
+	devtools, vlc := c.VM.DevToolsPort, c.VM.VLCPort
+	if devtools == 0 {
+		devtools = vm.DefaultDevToolsPort
+	}
+	if vlc == 0 {
+		vlc = vm.DefaultVLCPort
+	}
+	return []int{devtools, vlc}
 }
 
 // runTool runs the tool's command cmd as root and decodes its answer into

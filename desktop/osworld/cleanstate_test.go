@@ -4,6 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -352,6 +355,86 @@ func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
 	if len(res.Problems) > 0 || len(res.Broken) > 0 || len(res.Ended) > 0 || !keeper.alive() {
 		t.Errorf("reset: problems %q, broken %q, ended %+v, the clean state's sleep alive %v; want no problem, nothing ended",
 			res.Problems, res.Broken, res.Ended, keeper.alive())
+	}
+}
+
+// TestCleanStateToolDropsLingeringConnections: a connection its program
+// closed first stays in TIME-WAIT on the program's port, which a program
+// that listens there again without SO_REUSEADDR cannot bind; the reset
+// drops those on the forwarded ports it is given, and only there.
+func TestCleanStateToolDropsLingeringConnections(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	if _, err := exec.LookPath("ss"); err != nil {
+		t.Skip("ss (iproute2) not installed")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: dropping sockets does")
+	}
+	// timeWait leaves a TIME-WAIT socket on a listener's port and returns
+	// the port: the listener's side closes first.
+	timeWait := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		io.Copy(io.Discard, c) // until the FIN: the server's side is now in TIME-WAIT or on its way
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	lingers := func(port int) bool {
+		out, err := exec.Command("ss", "-t", "-n", "-H", "state", "time-wait", fmt.Sprintf("( sport = :%d )", port)).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out)) != ""
+	}
+	forwarded, other := timeWait(), timeWait()
+	if !lingers(forwarded) || !lingers(other) {
+		t.Fatalf("no TIME-WAIT sockets on ports %d and %d to drop; the test cannot tell", forwarded, other)
+	}
+	root := t.TempDir()
+	var b [6]byte
+	rand.Read(b[:])
+	p := func(s string) string { return filepath.Join(root, s) }
+	for _, d := range []string{"home", "tmp", "state"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	display := ":legato-test-" + hex.EncodeToString(b[:])
+	cfg := map[string]any{
+		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
+		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{},
+		"skip": []string{"/"}, "display": display, "dedicated": true, "scope_display": true, "vm": true,
+		"forwarded_ports": []int{forwarded},
+	}
+	var rec recordResult
+	toolRun(t, "record", cfg, &rec)
+	var res struct {
+		cleanResult
+		Dropped int `json:"dropped_connections"`
+	}
+	toolRun(t, "reset", cfg, &res)
+	if len(res.Problems) > 0 || len(res.Broken) > 0 || res.Dropped < 1 {
+		t.Errorf("reset: problems %q, broken %q, dropped %d; want none, none, at least 1", res.Problems, res.Broken, res.Dropped)
+	}
+	if lingers(forwarded) {
+		t.Errorf("a TIME-WAIT socket is left on the forwarded port %d", forwarded)
+	}
+	if !lingers(other) {
+		t.Errorf("the TIME-WAIT socket on port %d, not forwarded, was dropped too", other)
 	}
 }
 

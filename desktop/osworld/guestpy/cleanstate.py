@@ -59,6 +59,56 @@ class Problems(list):
         self.append(what)
 
 
+# ---- connections -------------------------------------------------------------------------
+
+# TCP states of a connection whose program is gone but whose socket the kernel keeps (for 60 s
+# in TIME-WAIT, while the peer stays open in FIN-WAIT-2), /proc/net/tcp's hex codes.
+LINGERING = {"04": "fin-wait-1", "05": "fin-wait-2", "06": "time-wait", "09": "last-ack",
+             "0B": "closing"}
+
+
+def lingering(ports):
+    """The lingering sockets whose local port is one of ports, as "state port" strings."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            port, state = int(fields[1].rsplit(":", 1)[1], 16), fields[3]
+            if port in ports and state in LINGERING:
+                found.append("%s :%d" % (LINGERING[state], port))
+    return found
+
+
+def drop_lingering(cfg, problems):
+    """Drops the connections that ended programs left on the guest ports the desktop forwards
+    (Chrome's DevTools, VLC's HTTP interface). Those stay bound in the kernel after the
+    programs: a setup that listens on the port again without SO_REUSEADDR (OSWorld's `socat
+    tcp-listen:9222,fork ...`) then fails to start, where the snapshot has no such socket.
+    Only those ports: they are the desktop's own connections by construction."""
+    ports = set(cfg.get("forwarded_ports") or [])
+    left = lingering(ports)
+    if not left:
+        return 0
+    ss = shutil.which("ss") or next((p for p in ("/usr/sbin/ss", "/sbin/ss") if os.path.exists(p)), None)
+    if ss:
+        states = []
+        for name in sorted(set(LINGERING.values())):
+            states += ["state", name]
+        match = " or ".join("sport = :%d" % p for p in sorted(ports))
+        subprocess.run([ss, "-K", "-t", "-n"] + states + ["( %s )" % match],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    still = lingering(ports)
+    if still:
+        problems.add("connections of the attempt linger on forwarded guest ports (no `ss -K` "
+                     "to drop them): a program listening there again would fail", still)
+    return len(left) - len(still)
+
+
 # ---- processes ----------------------------------------------------------------------------
 
 def read_procs():
@@ -127,11 +177,12 @@ def kernel_thread(pid, info):
     return pid == 2 or info[1] == 2 or info[5] & PF_KTHREAD
 
 
-# Workers that system daemons start and end on their own, as root (systemd-udevd one per
-# device event, systemd-userdbd per lookup): their coming and going is not an attempt's
-# doing. Seen on the real-apps guest: a browser's or media player's device probing makes
-# udev workers come and go between two resets.
-SYSTEM_WORKERS = {"(udev-worker)", "systemd-userwor"}
+# Workers and on-demand daemons that the system starts and ends on its own, as root
+# (systemd-udevd's worker per device event, systemd-userdbd's per lookup, systemd-fsckd,
+# which a boot's fsck starts and which exits once idle): their coming and going is not an
+# attempt's doing. Seen on the real-apps guest: device probing makes udev workers come and
+# go between two resets, and systemd-fsckd ends a minute after boot, after the record.
+SYSTEM_WORKERS = {"(udev-worker)", "systemd-userwor", "systemd-fsckd"}
 
 
 def system_worker(info):
@@ -802,6 +853,7 @@ def reset(cfg):
     res = {}
     res["ended"], res["spared"] = end_newcomers(cfg, clean["processes"], problems,
                                                 time.monotonic() + 5)
+    res["dropped_connections"] = drop_lingering(cfg, problems)
     t["processes"] = time.monotonic()
     res["windows"] = restore_windows(cfg, clean, problems, time.monotonic() + 3)
     t["windows"] = time.monotonic()

@@ -97,7 +97,15 @@ install -D -m 0644 "$F/gtk-settings.ini" "$ROOT/etc/gtk-3.0/settings.ini"
 lo=$ROOT/home/user/.config/libreoffice/4/user
 mkdir -p "$lo"
 install -m 0644 "$F/registrymodifications.xcu" "$lo/"
-chroot "$ROOT" chown -R user:user /home/user/.config
+install -D -m 0644 "$F/vlcrc" "$ROOT/home/user/.config/vlc/vlcrc"
+install -m 0644 "$F/asound.conf" "$ROOT/etc/asound.conf"
+# Thunderbird would open its account setup on every start without an
+# account; this profile has one that never connects (the guest has no network).
+tb=$ROOT/home/user/.thunderbird
+mkdir -p "$tb/legato.default"
+install -m 0644 "$F/thunderbird/profiles.ini" "$F/thunderbird/installs.ini" "$tb/"
+install -m 0644 "$F/thunderbird/user.js" "$tb/legato.default/"
+chroot "$ROOT" chown -R user:user /home/user/.config /home/user/.thunderbird
 # Chromium's first-run page and keyring prompt would greet every attempt.
 printf 'export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --no-first-run --password-store=basic"\n' \
   >"$ROOT/etc/chromium.d/legato"

@@ -21,8 +21,9 @@ BASE=$BASE,python-is-python3,procps,iproute2,rsync,ca-certificates,less,zstd
 # `file` and its program through the desktop files' MIME cache. librsvg2-common:
 # GTK's SVG loader, without which GIMP's icons are missing. libreoffice-gtk3: LibreOffice
 # draws with GTK, as on OSWorld's Ubuntu, and takes GTK's settings (no caret blink).
+# curl: OSWorld's own task configs call it in the guest.
 APPS="xvfb xauth xfonts-base fonts-dejavu-core fonts-liberation openbox xdotool wmctrl x11-utils
-  x11-apps x11-xserver-utils xdg-utils file desktop-file-utils dbus-x11 socat dconf-cli dconf-service libglib2.0-bin
+  x11-apps x11-xserver-utils xdg-utils file desktop-file-utils dbus-x11 socat curl dconf-cli dconf-service libglib2.0-bin
   librsvg2-common adwaita-icon-theme chromium libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc vlc-plugin-base
   thunderbird"
 
