@@ -294,6 +294,28 @@ func startSleepAs(t *testing.T, uid int, secs, display string) *sleeper {
 	return s
 }
 
+// vmToolLayout makes home, tmp and state directories for the tool and its
+// configuration as a dedicated VM's desktop has it, scoped to a display of
+// the test's own.
+func vmToolLayout(t *testing.T) (cfg map[string]any, display string) {
+	t.Helper()
+	root := t.TempDir()
+	var b [6]byte
+	rand.Read(b[:])
+	display = ":legato-test-" + hex.EncodeToString(b[:])
+	p := func(s string) string { return filepath.Join(root, s) }
+	for _, d := range []string{"home", "tmp", "state"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return map[string]any{
+		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
+		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{},
+		"skip": []string{"/"}, "display": display, "dedicated": true, "scope_display": true, "vm": true,
+	}, display
+}
+
 // TestCleanStateToolLetsSystemWorkersComeAndGo: root's udev workers that
 // end after the record, and new ones, are no sign of the attempt on a VM.
 func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
@@ -303,16 +325,7 @@ func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: udev's workers run as root")
 	}
-	root := t.TempDir()
-	var b [6]byte
-	rand.Read(b[:])
-	display := ":legato-test-" + hex.EncodeToString(b[:])
-	p := func(s string) string { return filepath.Join(root, s) }
-	for _, d := range []string{"home", "tmp", "state"} {
-		if err := os.MkdirAll(p(d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfg, display := vmToolLayout(t)
 	// A worker is a program whose name (comm) is "(udev-worker)".
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
@@ -322,7 +335,7 @@ func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	worker := p("(udev-worker)")
+	worker := filepath.Join(t.TempDir(), "(udev-worker)")
 	if err := os.WriteFile(worker, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -334,11 +347,6 @@ func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
 		return c
-	}
-	cfg := map[string]any{
-		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
-		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{},
-		"skip": []string{"/"}, "display": display, "dedicated": true, "scope_display": true, "vm": true,
 	}
 	old := start("990")
 	keeper := startSleepAs(t, 0, "991", display) // a process of the clean state that stays
@@ -404,22 +412,8 @@ func TestCleanStateToolDropsLingeringConnections(t *testing.T) {
 	if !lingers(forwarded) || !lingers(other) {
 		t.Fatalf("no TIME-WAIT sockets on ports %d and %d to drop; the test cannot tell", forwarded, other)
 	}
-	root := t.TempDir()
-	var b [6]byte
-	rand.Read(b[:])
-	p := func(s string) string { return filepath.Join(root, s) }
-	for _, d := range []string{"home", "tmp", "state"} {
-		if err := os.MkdirAll(p(d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	display := ":legato-test-" + hex.EncodeToString(b[:])
-	cfg := map[string]any{
-		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
-		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{},
-		"skip": []string{"/"}, "display": display, "dedicated": true, "scope_display": true, "vm": true,
-		"forwarded_ports": []int{forwarded},
-	}
+	cfg, _ := vmToolLayout(t)
+	cfg["forwarded_ports"] = []int{forwarded}
 	var rec recordResult
 	toolRun(t, "record", cfg, &rec)
 	var res struct {

@@ -393,13 +393,9 @@ func isVLCPlaying(args []any, _ *pyDict) (float64, error) {
 		if info == nil {
 			return 0, nil
 		}
-		want, err := subscript(rule, "file_name")
+		w, err := ruleText(rule, "file_name", "endswith first arg must be str or a tuple of str, not %s")
 		if err != nil {
 			return 0, err
-		}
-		w, ok := want.(string)
-		if !ok {
-			return 0, raise("TypeError", "endswith first arg must be str or a tuple of str, not %s", pyTypeName(want))
 		}
 		base := *info
 		if i := strings.LastIndexByte(base, '/'); i >= 0 {
@@ -412,13 +408,9 @@ func isVLCPlaying(args []any, _ *pyDict) (float64, error) {
 		if info == nil {
 			return 0, nil
 		}
-		want, err := subscript(rule, "url")
+		w, err := ruleText(rule, "url", "'in <string>' requires string as left operand, not %s")
 		if err != nil {
 			return 0, err
-		}
-		w, ok := want.(string)
-		if !ok {
-			return 0, raise("TypeError", "'in <string>' requires string as left operand, not %s", pyTypeName(want))
 		}
 		if strings.Contains(*info, w) {
 			return 1, nil
@@ -439,6 +431,20 @@ func isVLCPlaying(args []any, _ *pyDict) (float64, error) {
 		return 0, nil
 	}
 	return 0, nil
+}
+
+// ruleText is rule[key] where the metric needs a str: the TypeError
+// notStr (a format for the value's type name) otherwise.
+func ruleText(rule any, key, notStr string) (string, error) {
+	v, err := subscript(rule, key)
+	if err != nil {
+		return "", err
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", raise("TypeError", notStr, pyTypeName(v))
+	}
+	return s, nil
 }
 
 // vlcrcSetting is the shape of OSWorld's check_qt_* VLC metrics: the last
