@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -153,12 +154,7 @@ func cacheDest(env *nativeEnv, cfg *pyDict) (string, error) {
 	return pyJoin(env.cacheDir, dest), nil
 }
 
-func hostPort(host string, port int) string {
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	return host + ":" + strconv.Itoa(port)
-}
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 
 // getOpenTabsInfo lists the browser's tabs ({"title", "url"} each) over
 // the guest's DevTools port; an empty list when the browser does not

@@ -290,7 +290,7 @@ func (p *Pool) Stats() PoolStats {
 	return s
 }
 
-// workerChanged wakes waitRunning.
+// workerChanged wakes waitStats.
 func (p *Pool) workerChanged() {
 	p.mu.Lock()
 	close(p.changed)
@@ -300,11 +300,17 @@ func (p *Pool) workerChanged() {
 
 // waitRunning waits until every worker has a warm process.
 func (p *Pool) waitRunning(ctx context.Context) error {
+	return p.waitStats(ctx, func(st PoolStats) bool { return st.Running == st.Workers })
+}
+
+// waitStats waits until the pool's stats satisfy cond, looking again at
+// each change of a worker.
+func (p *Pool) waitStats(ctx context.Context, cond func(PoolStats) bool) error {
 	for {
 		p.mu.Lock()
 		changed := p.changed
 		p.mu.Unlock()
-		if st := p.Stats(); st.Running == st.Workers {
+		if cond(p.Stats()) {
 			return nil
 		}
 		select {
