@@ -179,10 +179,13 @@ def kernel_thread(pid, info):
 
 # Workers and on-demand daemons that the system starts and ends on its own, as root
 # (systemd-udevd's worker per device event, systemd-userdbd's per lookup, systemd-fsckd,
-# which a boot's fsck starts and which exits once idle): their coming and going is not an
-# attempt's doing. Seen on the real-apps guest: device probing makes udev workers come and
-# go between two resets, and systemd-fsckd ends a minute after boot, after the record.
-SYSTEM_WORKERS = {"(udev-worker)", "systemd-userwor", "systemd-fsckd"}
+# which a boot's fsck starts, and the D-Bus-activated timedated, hostnamed and localed,
+# which a program's question starts; each exits once idle): their coming and going is not
+# an attempt's doing (what they change lives in files the reset checks). Seen on the
+# real-apps guest: udev workers come and go between two resets, systemd-fsckd ends a minute
+# after boot, after the record, and Thunderbird's start wakes timedated.
+SYSTEM_WORKERS = {"(udev-worker)", "systemd-userwor", "systemd-fsckd", "systemd-timedat",
+                  "systemd-hostnam", "systemd-localed"}
 
 
 def system_worker(info):
