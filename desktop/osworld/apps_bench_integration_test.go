@@ -3,19 +3,15 @@
 package osworld
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"legato/rl/desktop"
-	"legato/rl/policy"
-	"legato/rl/policy/qwen"
 )
 
 // TestIntegrationAppsBench measures, per program of the real-apps guest,
@@ -33,15 +29,7 @@ func TestIntegrationAppsBench(t *testing.T) {
 	const reps = 3
 	cfg := appsConfig(t, "legato-itbench-")
 	ctx := t.Context()
-	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "tasks.json"))
-	tasks = appsTasks(t, tasks)
-	dd, err := p.New(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := dd.(*VMDesktop)
-	defer d.Close()
-	screen := qwen.Config{}.Screen(1920, 1080)
+	d, tasks := appsDesktop(t, cfg)
 
 	// timeReset resets (by kind, unless "") and waits for the settled first
 	// screen.
@@ -68,16 +56,8 @@ func TestIntegrationAppsBench(t *testing.T) {
 		var waits []time.Duration
 		settled := 0
 		for i := range n {
-			move, _ := json.Marshal(map[string]any{"action": "mouse_move", "coordinate": []int{5 + i%2, 995}})
-			parsed := qwen.ParseReply(policy.Reply{Content: planCall(0, []string{string(move)})}, screen)
 			start := time.Now()
-			if _, err := d.Act(ctx, parsed.Actions[0]); err != nil {
-				t.Fatal(err)
-			}
-			r, err := d.WaitReady(ctx, 10*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := appsAct(t, d, idleMove(i))
 			if r.Settled {
 				settled++
 			}

@@ -330,6 +330,55 @@ func preferReset(d *VMDesktop, kind ResetKind) {
 	}
 }
 
+// appsDesktop makes one VM desktop of cfg for the tasks the run takes
+// (appsTasks), closed when the test ends.
+func appsDesktop(t *testing.T, cfg Config) (*VMDesktop, []desktop.Task) {
+	t.Helper()
+	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "tasks.json"))
+	d, err := p.New(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d.(*VMDesktop), appsTasks(t, tasks)
+}
+
+// appsSettleBound bounds the wait after each action of the apps tests.
+const appsSettleBound = 10 * time.Second
+
+// appsAct plays one computer_use call on d (a wait sleeps 5 s) and waits
+// for the screen to settle, at most appsSettleBound.
+func appsAct(t *testing.T, d *VMDesktop, call string) desktop.Ready {
+	t.Helper()
+	parsed := qwen.ParseReply(policy.Reply{Content: planCall(0, []string{call})}, qwen.Config{}.Screen(1920, 1080))
+	if parsed.Err != nil || len(parsed.Actions) != 1 {
+		t.Fatalf("call %s: %v", call, parsed.Err)
+	}
+	switch a := parsed.Actions[0]; a.Kind {
+	case desktop.Code:
+		res, err := d.Act(t.Context(), a)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("act %s: %+v, %v", call, res, err)
+		}
+	case desktop.Wait:
+		time.Sleep(5 * time.Second)
+	default:
+		t.Fatalf("call %s parsed to %s", call, a)
+	}
+	r, err := d.WaitReady(t.Context(), appsSettleBound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// idleMove is the i-th of a series of pointer moves that repaint nothing
+// (Xvfb draws no cursor): between two points of the bottom-left corner.
+func idleMove(i int) string {
+	b, _ := json.Marshal(map[string]any{"action": "mouse_move", "coordinate": []int{5 + i%2, 995}})
+	return string(b)
+}
+
 // TestIntegrationAppsFastReset: on each program, an attempt that solves the
 // task (a setting saved, a draft written, a tab restored, a file playing)
 // leaves nothing behind under the fast reset: the grade right after it
@@ -342,16 +391,7 @@ func TestIntegrationAppsFastReset(t *testing.T) {
 	cfg := appsConfig(t, "legato-itfast-")
 	cfg.Golden.Off = true // the resets under test are to the clean state
 	ctx := t.Context()
-	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "tasks.json"))
-	tasks = appsTasks(t, tasks)
-	dd, err := p.New(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := dd.(*VMDesktop)
-	defer d.Close()
-	screen := qwen.Config{}.Screen(1920, 1080)
-	const settleBound = 10 * time.Second
+	d, tasks := appsDesktop(t, cfg)
 
 	// reset resets to the task's set-up state (by kind, unless "") and
 	// returns its first screen and how long the reset took to a settled
@@ -393,30 +433,6 @@ func TestIntegrationAppsFastReset(t *testing.T) {
 		}
 		return r
 	}
-	act := func(t *testing.T, call string) desktop.Ready {
-		t.Helper()
-		parsed := qwen.ParseReply(policy.Reply{Content: planCall(0, []string{call})}, screen)
-		if parsed.Err != nil || len(parsed.Actions) != 1 {
-			t.Fatalf("call %s: %v", call, parsed.Err)
-		}
-		switch a := parsed.Actions[0]; a.Kind {
-		case desktop.Code:
-			res, err := d.Act(ctx, a)
-			if err != nil || res.ExitCode != 0 {
-				t.Fatalf("act %s: %+v, %v", call, res, err)
-			}
-		case desktop.Wait:
-			time.Sleep(5 * time.Second)
-		default:
-			t.Fatalf("call %s parsed to %s", call, a)
-		}
-		r, err := d.WaitReady(ctx, settleBound)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-
 	var table []string
 	for _, task := range tasks {
 		t.Run(task.ID, func(t *testing.T) {
@@ -426,8 +442,7 @@ func TestIntegrationAppsFastReset(t *testing.T) {
 			settled := 0
 			var waits []string
 			for i := range 10 {
-				move, _ := json.Marshal(map[string]any{"action": "mouse_move", "coordinate": []int{5 + i%2, 995}})
-				r := act(t, string(move))
+				r := appsAct(t, d, idleMove(i))
 				if r.Settled {
 					settled++
 				}
@@ -437,7 +452,7 @@ func TestIntegrationAppsFastReset(t *testing.T) {
 				t.Errorf("the settle signal ended before its bound on %d of 10 idle actions; want at least 9 (waits %v)", settled, waits)
 			}
 			for _, call := range appsPlan(task.Instruction) {
-				act(t, call)
+				appsAct(t, d, call)
 			}
 			if got := grade(t, task); got != 1 {
 				t.Fatalf("the solution scored %v, want 1", got)
