@@ -156,6 +156,12 @@ func (d *Desktop) fail(op string, err error) error {
 // by URL can only fast-reset), runPlan runs them until one succeeds, then
 // the task's setup. LastReset says which reset ran and why.
 func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
+	return d.reset(ctx, task, planReset)
+}
+
+// reset is Reset with the plan made by plan from the desktop's facts: the
+// benchmark plans each reset kind in turn.
+func (d *Desktop) reset(ctx context.Context, task desktop.Task, plan func(resetFacts) resetPlan) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
 		return err
@@ -169,7 +175,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		return d.fail("reset", err)
 	}
 	facts := d.resetFacts(ctx, task)
-	rep, err := d.runPlan(ctx, task, facts, planReset(facts))
+	rep, err := d.runPlan(ctx, task, facts, plan(facts))
 	if err != nil {
 		return err
 	}

@@ -448,7 +448,7 @@ func ruleText(rule any, key, notStr string) (string, error) {
 // else the default; an int in the rule compares as its str().
 func vlcrcSetting(key, ruleKey, def string) func(args []any, _ *pyDict) (float64, error) {
 	return func(args []any, _ *pyDict) (float64, error) {
-		text, err := readVLCConfig(args[0])
+		text, err := readBytesText(args[0])
 		if err != nil {
 			return 0, err
 		}
@@ -469,7 +469,7 @@ func vlcrcSetting(key, ruleKey, def string) func(args []any, _ *pyDict) (float64
 // checkGlobalKeyPlayPause: "1" when the last global-key-play-pause= line
 // sets a key, "0" when it is empty or absent.
 func checkGlobalKeyPlayPause(args []any, _ *pyDict) (float64, error) {
-	text, err := readVLCConfig(args[0])
+	text, err := readBytesText(args[0])
 	if err != nil {
 		return 0, err
 	}
@@ -487,23 +487,6 @@ func checkGlobalKeyPlayPause(args []any, _ *pyDict) (float64, error) {
 		}
 	}
 	return score(pyEqual(got, intAsStr(want))), nil
-}
-
-// readVLCConfig is open(path, 'rb').read().decode('utf-8'): no newline
-// translation.
-func readVLCConfig(p any) (string, error) {
-	ps, ok := p.(string)
-	if !ok {
-		return "", raise("TypeError", "expected str, bytes or os.PathLike object, not %s", pyTypeName(p))
-	}
-	data, err := os.ReadFile(ps)
-	if err != nil {
-		return "", raise("FileNotFoundError", "[Errno 2] No such file or directory: %s", pystr.Repr(ps))
-	}
-	if !utf8.Valid(data) {
-		return "", raise("UnicodeDecodeError", "'utf-8' codec can't decode %s", pystr.Repr(ps))
-	}
-	return string(data), nil
 }
 
 // intAsStr is `str(v) if isinstance(v, int) else v` (a bool is an int).

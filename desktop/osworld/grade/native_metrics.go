@@ -448,6 +448,17 @@ func diffTextFile(args []any, _ *pyDict) (float64, error) {
 // readText is open(path).read() in text mode: UTF-8, strict, with
 // universal newlines.
 func readText(path any) (string, error) {
+	s, err := readBytesText(path)
+	if err != nil {
+		return "", err
+	}
+	s = strings.ReplaceAll(s, "\r\n", "\n")
+	return strings.ReplaceAll(s, "\r", "\n"), nil
+}
+
+// readBytesText is open(path, 'rb').read().decode('utf-8'): no newline
+// translation (VLC's metrics read vlcrc so).
+func readBytesText(path any) (string, error) {
 	p, ok := path.(string)
 	if !ok {
 		return "", raise("TypeError", "expected str, bytes or os.PathLike object, not %s", pyTypeName(path))
@@ -461,6 +472,5 @@ func readText(path any) (string, error) {
 	case !utf8.Valid(data):
 		return "", raise("UnicodeDecodeError", "'utf-8' codec can't decode %s", pystr.Repr(p))
 	}
-	s := strings.ReplaceAll(string(data), "\r\n", "\n")
-	return strings.ReplaceAll(s, "\r", "\n"), nil
+	return string(data), nil
 }

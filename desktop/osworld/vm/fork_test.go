@@ -100,6 +100,24 @@ func TestCloneArgs(t *testing.T) {
 	}
 }
 
+// TestCloneArgsAfterRevert: libvirt starts a VM it reverted to a snapshot
+// with -loadvm, which QEMU refuses next to -incoming ("'incoming' and
+// 'loadvm' options are mutually exclusive"): a template taken after a
+// revert must still fork.
+func TestCloneArgsAfterRevert(t *testing.T) {
+	argv := append(libvirtArgv(t)[1:], "-loadvm", "legato-clean")
+	got, err := cloneArgs(argv, cloneSpec{Name: "c1", Netdev: "user,id=legatonet"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(got, "-loadvm") || slices.Contains(got, "legato-clean") {
+		t.Errorf("the clone's argv keeps the revert's -loadvm: %q", got)
+	}
+	if !slices.Contains(got, "-incoming") {
+		t.Errorf("the clone's argv has no -incoming: %q", got)
+	}
+}
+
 func TestCloneArgsRefusesUnforkable(t *testing.T) {
 	argv := libvirtArgv(t)[1:]
 	replace := func(old, new string) []string {

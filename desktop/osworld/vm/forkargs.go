@@ -132,8 +132,8 @@ var errNotForkable = errors.New("not forkable")
 // mapped privately (share=off: the clone's writes stay its own); the
 // disk's top file becomes the clone's overlay, which names its own
 // backing chain; the NIC gets the clone's forwards; libvirt's master key
-// (it holds no secret this VM uses) goes; -incoming defer waits for the
-// device state.
+// (it holds no secret this VM uses) and a -loadvm go; -incoming defer
+// waits for the device state.
 func cloneArgs(argv []string, s cloneSpec) ([]string, error) {
 	var out []string
 	var seen struct{ name, ram, monitor, disk, netdev bool }
@@ -159,6 +159,11 @@ func cloneArgs(argv []string, s cloneSpec) ([]string, error) {
 		val := argv[i+1]
 		i++
 		switch opt {
+		case "-loadvm":
+			// libvirt starts a VM it reverted to a snapshot with -loadvm;
+			// a clone gets its state from -incoming, which QEMU refuses
+			// alongside it.
+			continue
 		case "-name":
 			seen.name = true
 			val = "guest=" + s.Name + ",debug-threads=on"
