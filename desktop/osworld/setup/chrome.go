@@ -111,12 +111,16 @@ except OSError:
     pass
 `
 
-// chromeEpoch is where Chrome's timestamps (microseconds) start.
-var chromeEpoch = time.Date(1601, 1, 1, 0, 0, 0, 0, time.UTC)
+// unixInChromeTime is where Unix time starts in Chrome's time, which
+// counts microseconds from 1601-01-01 UTC.
+const unixInChromeTime = 11_644_473_600 * 1_000_000
 
-// chromeTime converts t to Chrome's history timestamp.
+// chromeTime converts t to Chrome's history timestamp, as OSWorld does:
+// (t - datetime(1601, 1, 1)).total_seconds() * 1e6. Not t.Sub(1601): a
+// time.Duration ends after 292 years, and such a visit lands in 1893,
+// where Chrome's address bar never suggests it.
 func chromeTime(t time.Time) int64 {
-	return t.Sub(chromeEpoch).Microseconds()
+	return t.UnixMicro() + unixInChromeTime
 }
 
 // updateHistory replaces the guest's Chrome history with OSWorld's empty

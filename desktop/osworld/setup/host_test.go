@@ -219,10 +219,10 @@ func TestRunOnGuest(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &rows); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		// Chrome time: microseconds since 1601-01-01 UTC.
-		epoch := time.Date(1601, 1, 1, 0, 0, 0, 0, time.UTC)
-		ta := float64(now.Add(-time.Hour).Sub(epoch).Microseconds())
-		tb := float64(now.Sub(epoch).Microseconds())
+		// Chrome time: microseconds since 1601-01-01 UTC, 11644473600 s
+		// before Unix time.
+		ta := float64(now.Add(-time.Hour).UnixMicro() + 11644473600e6)
+		tb := float64(now.UnixMicro() + 11644473600e6)
 		want := [][]any{
 			{"https://a.example/", "A", 1.0, ta, ta, 805306368.0},
 			{"https://b.example/x", "B", 1.0, tb, tb, 805306368.0},

@@ -14,7 +14,8 @@
 #   - legato's OSWorld-compatible guest server (../guest) on port 5000, as
 #     `user`, started by systemd (legato-session.service) after X;
 #   - Chromium, also as `google-chrome` (OSWorld's launch commands and their
-#     --remote-debugging-port), LibreOffice Calc/Writer/Impress, GIMP, VLC
+#     --remote-debugging-port; its profile in Chrome's ~/.config/google-chrome,
+#     where OSWorld's history setup and getters look), LibreOffice Calc/Writer/Impress, GIMP, VLC
 #     (with its HTTP interface, `vlc --extraintf http`), Thunderbird, socat,
 #     dconf-cli and gsettings;
 #   - the NIC at 10.0.2.15 (QEMU user networking) with no route and no DNS.
