@@ -23,7 +23,7 @@ import (
 // in host RAM (a fork template's RAM file, a clone's own pages), and the
 // wait after an action that changes nothing, by the executor's settle
 // signal, by comparing screenshots, and OSWorld's fixed 3 s. Not in CI
-// (about 20 minutes here):
+// (about 21 minutes here):
 //
 //	LEGATO_APPS_BENCH=1 go test -tags integration -p 1 -run TestIntegrationAppsBench -v ./desktop/osworld/
 func TestIntegrationAppsBench(t *testing.T) {
