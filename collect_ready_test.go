@@ -23,6 +23,7 @@ func TestCollectReady(t *testing.T) {
 	tests := []struct {
 		name        string
 		readyWaiter bool
+		stepper     bool
 		ready       desktop.ReadyOptions
 		fixed       *desktop.FixedWaits
 		// check gets each click's action record.
@@ -84,6 +85,20 @@ func TestCollectReady(t *testing.T) {
 			wantAfterReset: 1, wantBeforeEval: 0.6, wantReadies: 2, wantUnsettled: true,
 		},
 		{
+			name:        "backend step",
+			readyWaiter: true, stepper: true,
+			ready: desktop.ReadyOptions{Max: 10 * time.Second},
+			check: func(t *testing.T, ar schema.ActionRecord) {
+				// Act 0.5 s, the wait 1 s, the screenshot 0.25 s, all
+				// in one call; the screenshot's capture is its time.
+				if ar.ActS != 0.5 || ar.ReadyS != 1 || ar.WaitS != 1 || ar.ObsS != 0.25 || ar.CaptureS != 0.25 || ar.TransferS != 0 {
+					t.Errorf("act_s %v, ready_s %v, wait_s %v, obs_s %v, capture_s %v, transfer_s %v: want 0.5, 1, 1, 0.25, 0.25, 0",
+						ar.ActS, ar.ReadyS, ar.WaitS, ar.ObsS, ar.CaptureS, ar.TransferS)
+				}
+			},
+			wantAfterReset: 1, wantReadies: 2,
+		},
+		{
 			name:        "fixed waits",
 			readyWaiter: true, // and yet not used
 			fixed:       &desktop.FixedWaits{AfterAction: 3 * time.Second, AfterReset: 60 * time.Second, BeforeEval: 20 * time.Second},
@@ -110,7 +125,11 @@ func TestCollectReady(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				cfg := fake.Config{ReadyWaiter: tt.readyWaiter, Latency: fake.Latencies{Settle: fake.Latency{Fixed: settle}}}
+				cfg := fake.Config{ReadyWaiter: tt.readyWaiter, Stepper: tt.stepper, Latency: fake.Latencies{Settle: fake.Latency{Fixed: settle}}}
+				if tt.stepper {
+					cfg.Latency.Act = fake.Latency{Fixed: 500 * time.Millisecond}
+					cfg.Latency.Observe = fake.Latency{Fixed: 250 * time.Millisecond}
+				}
 				e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(2)}, cfg)
 				e.opts.Desktops, e.opts.Group = 1, 1
 				e.opts.Ready = tt.ready

@@ -345,6 +345,18 @@ func (t *try) act(ctx context.Context, step *schema.Step, p policy.Parsed, obs *
 		if i < len(p.Calls) {
 			ar.Call = p.Calls[i]
 		}
+		if st, ok := d.(desktop.Stepper); ok && !action.Terminal() {
+			o, err := t.step(ctx, st, action, &ar)
+			tm.ActS += ar.ActS
+			tm.WaitS += ar.WaitS
+			tm.ObsS += ar.ObsS
+			step.Actions = append(step.Actions, ar)
+			if err != nil {
+				return false, err
+			}
+			*obs = &o
+			continue
+		}
 		var res desktop.ActResult
 		err := timed(&ar.ActS, func() (err error) { res, err = d.Act(ctx, action); return err })
 		tm.ActS += ar.ActS
@@ -369,6 +381,37 @@ func (t *try) act(ctx context.Context, step *schema.Step, p policy.Parsed, obs *
 		*obs = &o
 	}
 	return false, nil
+}
+
+// step runs an action, the wait until the screen is ready and the
+// screenshot in one call of a desktop that does them in one go, and fills
+// ar's phases from what it measured: act_s, wait_s (from the end of the
+// action until the screenshot) and obs_s (the rest of the call: the
+// screenshot, and where it was taken in the guest, its capture, encoding
+// and the round trip), so that they add up to the call's time.
+func (t *try) step(ctx context.Context, st desktop.Stepper, action desktop.Action, ar *schema.ActionRecord) (desktop.Observation, error) {
+	start := time.Now()
+	res, err := st.Step(ctx, action, t.b.opts.Ready.WithDefaults().Max)
+	total := time.Since(start)
+	actT := min(res.ActTime, total)
+	waitT := min(res.WaitTime, total-actT)
+	ar.ActS, ar.WaitS = actT.Seconds(), waitT.Seconds()
+	ar.ObsS = (total - actT - waitT).Seconds()
+	if err != nil {
+		return desktop.Observation{}, desk(ctx, "step "+shorten(action.String()), err)
+	}
+	if res.Act.ExitCode != 0 {
+		t.b.log.Debug("action failed in the guest", "task", t.task.ID, "exit", res.Act.ExitCode, "stderr", shorten(res.Act.Error))
+	}
+	r := res.Ready
+	ar.ReadyS = r.After.Seconds()
+	ar.Unsettled = !r.Settled && r.After > 0
+	if r.Capture > 0 || r.Encode > 0 {
+		obs := total - actT - waitT
+		ar.CaptureS, ar.EncodeS = min(r.Capture, obs).Seconds(), min(r.Encode, obs-min(r.Capture, obs)).Seconds()
+		ar.TransferS = max(0, ar.ObsS-ar.CaptureS-ar.EncodeS)
+	}
+	return r.Observation, nil
 }
 
 // waitReady waits after an action until the screen is ready and returns the

@@ -36,6 +36,29 @@ type Ready struct {
 	// Settled is false when max passed before the screen settled, or when
 	// nothing looked (a fixed sleep).
 	Settled bool
+	// Capture and Encode are how long the screenshot's capture and its
+	// encoding as PNG took where it was taken, when the desktop knows
+	// (a screenshot taken in the guest with the wait); zero otherwise.
+	Capture, Encode time.Duration
+}
+
+// Stepper is implemented by desktops that run an action, wait until the
+// screen is ready and take the screenshot to continue from in one go (one
+// round trip to the guest instead of three). Step does what Act followed
+// by WaitReady(max) does, in one call; for a terminal action (DONE, FAIL)
+// it only acts, and the returned Ready is empty.
+type Stepper interface {
+	Step(ctx context.Context, a Action, max time.Duration) (StepResult, error)
+}
+
+// StepResult is what a Step did.
+type StepResult struct {
+	Act   ActResult
+	Ready Ready
+	// ActTime is how long the action ran; WaitTime the time from its end
+	// until the screenshot of Ready was taken. Where the desktop measured
+	// them in the guest, the rest of the step's time is the round trip.
+	ActTime, WaitTime time.Duration
 }
 
 // Defaults of ReadyOptions.

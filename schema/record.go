@@ -266,6 +266,13 @@ type ActionRecord struct {
 	WaitS  float64         `json:"wait_s"`
 	ReadyS float64         `json:"ready_s"`
 	ObsS   float64         `json:"obs_s"`
+	// CaptureS, EncodeS and TransferS split obs_s where the screenshot
+	// was taken in the guest with the wait (one round trip per step):
+	// the capture from the X server, its encoding as PNG, and the rest,
+	// the round trip of the step's request and answer. Absent otherwise.
+	CaptureS  float64 `json:"capture_s,omitempty"`
+	EncodeS   float64 `json:"encode_s,omitempty"`
+	TransferS float64 `json:"transfer_s,omitempty"`
 	// Unsettled is set when the wait after the action reached its bound
 	// while the screen was still changing: the next observation may show
 	// it mid-change (an animation, a progress bar, a blinking element).

@@ -54,6 +54,11 @@ type Config struct {
 	// implement desktop.ReadyWaiter, so that the scheduler uses the
 	// backend's own ready signal instead of comparing screenshots.
 	ReadyWaiter bool
+	// Stepper makes them implement desktop.Stepper too (with ReadyWaiter):
+	// a Step is Act, then WaitReady, reported as one call whose screenshot
+	// was captured where the desktop runs (Ready.Capture is the Observe
+	// time).
+	Stepper bool
 }
 
 // Latencies holds one Latency per phase. A phase whose Latency is zero takes

@@ -83,6 +83,7 @@ var (
 var (
 	_ desktop.Desktop     = (*Desktop)(nil)
 	_ desktop.ReadyWaiter = readyWaiter{}
+	_ desktop.Stepper     = stepper{}
 )
 
 // Desktop is a fake desktop. Its methods keep the desktop.Desktop contract:
@@ -221,13 +222,40 @@ func (d *Desktop) Stats() Stats {
 // *Desktop itself does not, so that a type assertion on it never finds a
 // capability the config did not ask for.)
 func (d *Desktop) AsConfigured() desktop.Desktop {
-	if d.cfg.ReadyWaiter {
+	switch {
+	case d.cfg.ReadyWaiter && d.cfg.Stepper:
+		return stepper{readyWaiter{d}}
+	case d.cfg.ReadyWaiter:
 		return readyWaiter{d}
 	}
 	return d
 }
 
 type readyWaiter struct{ *Desktop }
+
+type stepper struct{ readyWaiter }
+
+// Step acts, then waits until the screen settled (at most max) and looks
+// once; a terminal action only acts.
+func (s stepper) Step(ctx context.Context, a desktop.Action, max time.Duration) (desktop.StepResult, error) {
+	start := time.Now()
+	res, err := s.Act(ctx, a)
+	actTime := time.Since(start)
+	if err != nil || a.Terminal() {
+		return desktop.StepResult{Act: res, ActTime: actTime}, err
+	}
+	waited, settled, err := s.waitReady(ctx, max)
+	if err != nil {
+		return desktop.StepResult{Act: res, ActTime: actTime}, err
+	}
+	t0 := time.Now()
+	obs, err := s.Observe(ctx)
+	if err != nil {
+		return desktop.StepResult{Act: res, ActTime: actTime}, err
+	}
+	r := desktop.Ready{Observation: obs, After: waited, Settled: settled, Capture: time.Since(t0)}
+	return desktop.StepResult{Act: res, Ready: r, ActTime: actTime, WaitTime: waited}, nil
+}
 
 // WaitReady waits until the screen has settled, at most max, and looks
 // once.

@@ -81,6 +81,15 @@ type Desktop struct {
 	waits      waitCosts
 	history    resetHistory // what the next reset plan needs to know
 	golden     goldenPath
+	// pending is the screen the wait after the reset ended on, which the
+	// first Observe returns; any other call drops it.
+	pending *desktop.Observation
+	// shots says whether the executor's screenshots are trusted (one
+	// check per desktop: they depend on the guest server);
+	// testShotLevel sets their zlib level in tests.
+	shots         shotTrust
+	shotDiffs     int // settled screens the two differed on
+	testShotLevel *int
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.
@@ -168,6 +177,7 @@ func (d *Desktop) reset(ctx context.Context, task desktop.Task, plan func(resetF
 	}
 	defer done()
 	d.lastAction = desktop.Action{}
+	d.pending = nil
 	d.mu.Lock()
 	d.lastGrading = nil
 	d.mu.Unlock()
@@ -253,23 +263,34 @@ func (d *Desktop) restore(ctx context.Context, how ResetKind, load func(context.
 // after the load can make programs redraw (a panel's clock, timers), and
 // the first observation must not race them.
 func (d *Desktop) WaitAfterReset(ctx context.Context) error {
-	return d.wait(ctx, "wait after reset", d.cfg.Ready.AfterResetMax)
-}
-
-// WaitBeforeEval waits until the screen settled and the guest is idle
-// before grading, at most Ready.BeforeEvalMax.
-func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
-	return d.wait(ctx, "wait before eval", d.cfg.Ready.BeforeEvalMax)
-}
-
-func (d *Desktop) wait(ctx context.Context, op string, max time.Duration) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	if _, err := d.readySignal(ctx, max); err != nil {
-		return d.fail(op, err)
+	d.pending = nil
+	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, true)
+	if err != nil {
+		return d.fail("wait after reset", err)
+	}
+	// The first observation: the screen the wait ended on, with no second
+	// screenshot of it.
+	d.pending = &r.Observation
+	return nil
+}
+
+// WaitBeforeEval waits until the screen settled and the guest is idle
+// before grading, at most Ready.BeforeEvalMax.
+func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	d.pending = nil
+	// Grading needs no screenshot.
+	if _, err := d.readySignal(ctx, d.cfg.Ready.BeforeEvalMax, false); err != nil {
+		return d.fail("wait before eval", err)
 	}
 	return nil
 }
@@ -283,20 +304,26 @@ func (d *Desktop) WaitReady(ctx context.Context, max time.Duration) (desktop.Rea
 		return desktop.Ready{}, err
 	}
 	defer done()
-	r, err := d.readySignal(ctx, max)
+	d.pending = nil
+	r, err := d.readySignal(ctx, max, true)
 	if err != nil {
 		return r, d.fail("wait ready", err)
 	}
 	return r, nil
 }
 
-// Observe takes a screenshot.
+// Observe takes a screenshot; right after WaitAfterReset, it returns the
+// screen that wait ended on.
 func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
 		return desktop.Observation{}, err
 	}
 	defer done()
+	if p := d.pending; p != nil && p.Screenshot != nil {
+		d.pending = nil
+		return *p, nil
+	}
 	obs, err := d.screenshot(ctx)
 	if err != nil {
 		return obs, d.fail("observe", err)
@@ -325,23 +352,22 @@ func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActRe
 		return desktop.ActResult{}, err
 	}
 	defer done()
+	d.pending = nil
 	d.lastAction = action
 	if action.Kind != desktop.Code {
 		return desktop.ActResult{}, nil
 	}
-	res, ran, err := d.actExecutor(ctx, action.Code)
+	return d.act(ctx, action)
+}
+
+// act runs a Code action through the executor, else through `python -c`.
+func (d *Desktop) act(ctx context.Context, action desktop.Action) (desktop.ActResult, error) {
+	res, _, _, ran, err := d.actExecutor(ctx, action.Code, nil)
 	if !ran && err == nil {
 		res, err = d.guest.RunPyautogui(ctx, action.Code)
 	}
-	var gerr *guest.Error
-	if err != nil && errors.As(err, &gerr) && gerr.Status != 0 && ctx.Err() == nil {
-		// The guest answered: it is up, the action is what failed.
-		return desktop.ActResult{ExitCode: -1, Error: err.Error()}, nil
-	}
-	if err != nil {
-		return desktop.ActResult{}, d.fail("act", err)
-	}
-	return desktop.ActResult{ExitCode: res.ReturnCode, Output: res.Output, Error: res.Error}, nil
+	act, err := d.actResult(ctx, res, err)
+	return act, d.fail("act", err)
 }
 
 // Evaluate grades the attempt with the task's evaluator (its postconfig
@@ -352,6 +378,7 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 		return 0, err
 	}
 	defer done()
+	d.pending = nil
 	r, err := d.grader.Evaluate(ctx, task, d.lastAction)
 	d.mu.Lock()
 	d.lastGrading = r.Metrics

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/guest"
 )
 
@@ -35,9 +34,11 @@ import (
 var (
 	//go:embed guestpy/executor.py
 	executorPySrc string
-	// executorSrc is the program's text: the X protocol (x11.py) and the
-	// load reading (quiet.py) come first.
-	executorSrc = strings.Join([]string{x11Src, quietSrc, executorPySrc}, "\n")
+	//go:embed guestpy/shot.py
+	shotPySrc string
+	// executorSrc is the program's text: the X protocol (x11.py), the
+	// load reading (quiet.py) and the screenshot (shot.py) come first.
+	executorSrc = strings.Join([]string{x11Src, quietSrc, shotPySrc, executorPySrc}, "\n")
 )
 
 // executorCall hands one request to the executor: $1 is its directory, $2
@@ -218,6 +219,11 @@ type executorRequest struct {
 	// Window says from when the load and the damage count; "" is the
 	// executor's default (see guestpy/executor.py).
 	Window string `json:"window,omitempty"`
+	// Shot asks for the settled screen as PNG, at this zlib level.
+	Shot *int `json:"shot,omitempty"`
+	// Then is the settle request an act request runs right after the
+	// action: act, wait and screenshot in one round trip.
+	Then *executorRequest `json:"then,omitempty"`
 }
 
 // errExecutorDied means the executor ended while it ran a request.
@@ -296,26 +302,40 @@ func (d *Desktop) executorDown(ctx context.Context, what string) {
 
 // actExecutor runs code through the executor. ran is false when no
 // executor took it: the caller runs it through `python -c`. The result is
-// what the guest's /execute would give for `python -c PREFIX+code`.
-func (d *Desktop) actExecutor(ctx context.Context, code string) (res guest.ExecResult, ran bool, err error) {
+// what the guest's /execute would give for `python -c PREFIX+code`. With
+// then, the executor runs that settle request right after the action and
+// its answer comes back (nil when the action did not end normally);
+// actTime is how long the action ran in the guest.
+func (d *Desktop) actExecutor(ctx context.Context, code string, then *executorRequest) (res guest.ExecResult, settle *settleAnswer, actTime time.Duration, ran bool, err error) {
 	var reply struct {
-		Output     string   `json:"output"`
-		Error      string   `json:"error"`
-		ReturnCode int      `json:"returncode"`
-		Timeout    *float64 `json:"timeout"`
+		Output     string        `json:"output"`
+		Error      string        `json:"error"`
+		ReturnCode int           `json:"returncode"`
+		Timeout    *float64      `json:"timeout"`
+		ActS       float64       `json:"act_s"`
+		Settle     *settleAnswer `json:"settle"`
 	}
-	ran, err = d.callExecutor(ctx, executorRequest{Op: "act", Code: code, Limit: executorActLimit.Seconds()}, &reply)
+	ran, err = d.callExecutor(ctx, executorRequest{Op: "act", Code: code, Limit: executorActLimit.Seconds(), Then: then}, &reply)
 	if !ran || err != nil {
 		if errors.Is(err, errExecutorDied) {
-			return guest.ExecResult{Status: "error", ReturnCode: -1, Error: err.Error()}, true, nil
+			return guest.ExecResult{Status: "error", ReturnCode: -1, Error: err.Error()}, nil, 0, true, nil
 		}
-		return res, ran, err
+		return res, nil, 0, ran, err
 	}
 	if reply.Timeout != nil {
 		return guest.ExecResult{Status: "error", ReturnCode: -1,
-			Error: fmt.Sprintf("the action ran past %ss and was stopped", strconv.FormatFloat(*reply.Timeout, 'f', -1, 64))}, true, nil
+			Error: fmt.Sprintf("the action ran past %ss and was stopped", strconv.FormatFloat(*reply.Timeout, 'f', -1, 64))}, nil, 0, true, nil
 	}
-	return guest.ExecResult{Status: "success", Output: reply.Output, Error: reply.Error, ReturnCode: reply.ReturnCode}, true, nil
+	return guest.ExecResult{Status: "success", Output: reply.Output, Error: reply.Error, ReturnCode: reply.ReturnCode},
+		reply.Settle, seconds(reply.ActS), true, nil
+}
+
+// seconds converts a duration the guest reported in seconds.
+func seconds(s float64) time.Duration {
+	if !(s > 0) {
+		return 0
+	}
+	return time.Duration(s * float64(time.Second))
 }
 
 // settleAnswer is the executor's reply to a settle request.
@@ -334,6 +354,15 @@ type settleAnswer struct {
 	// the CPUs busy and the screen changing.
 	HeldLoad   int `json:"held_load"`
 	HeldDamage int `json:"held_damage"`
+	// The screenshot asked for (Shot): a PNG in base64, its size, and
+	// the seconds its capture and its encoding took in the guest; or
+	// why it could not be taken.
+	PNG       []byte  `json:"png"`
+	Width     int     `json:"width"`
+	Height    int     `json:"height"`
+	CaptureS  float64 `json:"capture_s"`
+	EncodeS   float64 `json:"encode_s"`
+	ShotError string  `json:"shot_error"`
 }
 
 // firstSettleOverhead is the guess of a settle request's round trip
@@ -344,55 +373,3 @@ const firstSettleOverhead = 300 * time.Millisecond
 // minSettleOverhead is the least time a settle request leaves for its
 // round trip: its cost varies with the guest's and the host's load.
 const minSettleOverhead = 100 * time.Millisecond
-
-// waitExecutor is the ready signal with the executor watching the screen:
-// one request that returns once the guest settled (or by the bound), then
-// one screenshot. It reports done=false when no executor can watch the
-// screen; the caller probes then.
-func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time) (r desktop.Ready, err error, done bool) {
-	if !d.exec.usable() || d.exec.noWatch {
-		return desktop.Ready{}, nil, false
-	}
-	cfg := d.cfg.Ready
-	// The request, its round trip and the last screenshot end by the
-	// bound.
-	overhead := max(d.waits.settle, minSettleOverhead)
-	if d.waits.settle == 0 {
-		overhead = firstSettleOverhead
-	}
-	wait := time.Until(deadline) - d.waits.shot - overhead
-	if wait < 0 {
-		return desktop.Ready{}, nil, false
-	}
-	pctx, cancel := context.WithDeadline(ctx, deadline.Add(-d.waits.shot))
-	defer cancel()
-	t0 := time.Now()
-	var a settleAnswer
-	delivered, err := d.callExecutor(pctx, executorRequest{Op: "settle", Max: wait.Seconds(), Interval: cfg.Interval.Seconds(),
-		MaxLoad: cfg.MaxLoad, MaxDamage: cfg.MaxDamage, Window: d.exec.window}, &a)
-	answered := time.Now()
-	switch {
-	case err != nil && ctx.Err() == nil && pctx.Err() != nil:
-		// Cut off at the bound: the screen as it is.
-	case err != nil:
-		return desktop.Ready{}, err, true
-	case !delivered:
-		return desktop.Ready{}, nil, false
-	case a.Error != "":
-		d.log.Warn("the action executor cannot watch the screen; the ready signal probes the guest instead", "why", a.Error)
-		d.exec.noWatch = true
-		return desktop.Ready{}, nil, false
-	default:
-		d.waits.settle = ewma(d.waits.settle, max(0, answered.Sub(t0)-time.Duration(a.Waited*float64(time.Second))))
-		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "repeated", a.Repeated, "held_load", a.HeldLoad, "held_damage", a.HeldDamage,
-			"round_trip", answered.Sub(t0))
-	}
-	obs, err := d.timedShot(ctx)
-	if err != nil {
-		return desktop.Ready{}, err, true
-	}
-	if a.Settled {
-		return desktop.Ready{Observation: obs, After: answered.Sub(start), Settled: true}, nil, true
-	}
-	return desktop.Ready{Observation: obs, After: time.Since(start)}, nil, true
-}

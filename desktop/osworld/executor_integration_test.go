@@ -100,7 +100,7 @@ func TestIntegrationExecutor(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q through python -c: %v", code, err)
 		}
-		got, ran, err := d.actExecutor(ctx, code)
+		got, _, _, ran, err := d.actExecutor(ctx, code, nil)
 		if err != nil || !ran {
 			t.Fatalf("%q through the executor: ran %v, %v", code, ran, err)
 		}

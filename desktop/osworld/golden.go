@@ -289,7 +289,7 @@ func (d *Desktop) loadGolden(ctx context.Context, g *goldenState) error {
 // guest's page cache, takes the snapshot and sets the guest clock, then
 // deletes the least recently used golden states beyond Golden.Max.
 func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string, id vm.Identity, setup time.Duration) (*goldenState, error) {
-	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax)
+	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, false)
 	if err != nil {
 		return nil, fmt.Errorf("wait for a settled screen: %w", err)
 	}

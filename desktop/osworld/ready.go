@@ -21,8 +21,10 @@ type waitCosts struct {
 	shot time.Duration
 	// probe is a quiet probe's round trip beyond the interval it watches.
 	probe time.Duration
-	// settle is a settle request's round trip beyond the executor's wait.
-	settle time.Duration
+	// settle is a settle request's round trip beyond the executor's wait;
+	// settleShot that of one that brings the screenshot (its capture,
+	// encoding and transfer).
+	settle, settleShot time.Duration
 }
 
 func ewma(old, d time.Duration) time.Duration {
@@ -34,7 +36,8 @@ func ewma(old, d time.Duration) time.Duration {
 
 // readySignal waits until the desktop is ready and returns the screen it
 // ended on, at most max after it started (its last screenshot is planned to
-// end by then, and every call before it is cut off there).
+// end by then, and every call before it is cut off there). Without shot
+// the caller needs no screen: the wait takes none it can do without.
 //
 // Where the guest can watch its own screen (the X DAMAGE extension, through
 // the quiet probe), the desktop is ready once, over one Ready.Interval, the
@@ -44,14 +47,14 @@ func ewma(old, d time.Duration) time.Duration {
 // be identical, with the guest idle in between; no screenshot is taken
 // while the guest is busy. When max passes first the screen is taken as it
 // is (not an error), from the last screenshot if nothing happened after it.
-func (d *Desktop) readySignal(ctx context.Context, max time.Duration) (desktop.Ready, error) {
+func (d *Desktop) readySignal(ctx context.Context, max time.Duration, shot bool) (desktop.Ready, error) {
 	start := time.Now()
 	deadline := start.Add(max)
 	if !d.cfg.Ready.NoDamage && !d.noDamage {
-		if r, err, done := d.waitExecutor(ctx, start, deadline); done {
+		if r, err, done := d.waitExecutor(ctx, start, deadline, shot); done {
 			return r, err
 		}
-		r, err, done := d.waitDamage(ctx, start, deadline)
+		r, err, done := d.waitDamage(ctx, start, deadline, shot)
 		if done {
 			return r, err
 		}
@@ -62,10 +65,14 @@ func (d *Desktop) readySignal(ctx context.Context, max time.Duration) (desktop.R
 // waitDamage is the ready signal with the guest watching its screen. It
 // reports done=false when the guest cannot watch it; the caller then
 // compares screenshots for the rest of the wait.
-func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time) (r desktop.Ready, err error, done bool) {
+func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time, shot bool) (r desktop.Ready, err error, done bool) {
 	cfg := d.cfg.Ready
+	lastShot := d.waits.shot
+	if !shot {
+		lastShot = 0
+	}
 	for {
-		interval := d.probeInterval(deadline)
+		interval := min(cfg.Interval, time.Until(deadline)-lastShot-d.waits.probe)
 		if interval < minProbe {
 			break
 		}
@@ -83,18 +90,18 @@ func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time) (r 
 			return desktop.Ready{}, nil, false
 		}
 		if p.Load <= cfg.MaxLoad && *p.Damage <= cfg.MaxDamage {
-			obs, err := d.timedShot(ctx)
-			if err != nil {
-				return desktop.Ready{}, err, true
+			r := desktop.Ready{After: t0.Sub(start), Settled: true}
+			if shot {
+				r.Observation, err = d.timedShot(ctx)
 			}
-			return desktop.Ready{Observation: obs, After: t0.Sub(start), Settled: true}, nil, true
+			return r, err, true
 		}
 	}
-	obs, err := d.timedShot(ctx)
-	if err != nil {
-		return desktop.Ready{}, err, true
+	r = desktop.Ready{After: time.Since(start)}
+	if shot {
+		r.Observation, err = d.timedShot(ctx)
 	}
-	return desktop.Ready{Observation: obs, After: time.Since(start)}, nil, true
+	return r, err, true
 }
 
 // waitScreens is the ready signal that compares screenshots.

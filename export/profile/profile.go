@@ -30,6 +30,73 @@ type Report struct {
 	Latencies []float64
 	// Desktops are the desktops that ran attempts, by slot.
 	Desktops []Desktop
+	// Steps breaks an average step down into its phases.
+	Steps StepBreakdown
+}
+
+// StepBreakdown is where an average step's time went: the model call, and
+// per action the action, the wait for the screen and the screenshot (split
+// into capture, encoding and the round trip where the desktop took it in
+// the guest with the wait).
+type StepBreakdown struct {
+	// Steps counts the model calls; Actions the actions after which the
+	// screen was waited for (not DONE, FAIL); Split those whose
+	// screenshot was split into capture, encoding and transfer.
+	Steps, Actions, Split int
+	// Per step, mean seconds.
+	QueueS, ModelS float64
+	// Per action, mean seconds; the capture, encoding and transfer means
+	// are over Split actions.
+	ActS, WaitS, ObsS, CaptureS, EncodeS, TransferS float64
+	// NonModelS is the attempt time besides queueing and model calls,
+	// per step: resets, waits and grading spread over the steps.
+	NonModelS float64
+}
+
+// add counts rec's steps into b (as sums; mean divides).
+func (b *StepBreakdown) add(rec *schema.Record) {
+	b.Steps += len(rec.Steps)
+	b.NonModelS += max(0, rec.Timing.TotalS-rec.Timing.QueueS-rec.Timing.ModelS-rec.Timing.ServerDownS)
+	for i := range rec.Steps {
+		st := &rec.Steps[i]
+		b.QueueS += st.Model.QueueS
+		b.ModelS += st.Model.Seconds
+		for _, a := range st.Actions {
+			if a.ActS == 0 && a.WaitS == 0 && a.ObsS == 0 {
+				continue // a terminal action: nothing ran
+			}
+			b.Actions++
+			b.ActS += a.ActS
+			b.WaitS += a.WaitS
+			b.ObsS += a.ObsS
+			if a.CaptureS > 0 || a.EncodeS > 0 {
+				b.Split++
+				b.CaptureS += a.CaptureS
+				b.EncodeS += a.EncodeS
+				b.TransferS += a.TransferS
+			}
+		}
+	}
+}
+
+// mean turns the sums into means.
+func (b *StepBreakdown) mean() {
+	div := func(v *float64, n int) {
+		if n > 0 {
+			*v /= float64(n)
+		} else {
+			*v = 0
+		}
+	}
+	for _, v := range []*float64{&b.QueueS, &b.ModelS, &b.NonModelS} {
+		div(v, b.Steps)
+	}
+	for _, v := range []*float64{&b.ActS, &b.WaitS, &b.ObsS} {
+		div(v, b.Actions)
+	}
+	for _, v := range []*float64{&b.CaptureS, &b.EncodeS, &b.TransferS} {
+		div(v, b.Split)
+	}
 }
 
 // Desktop is one desktop's row of the timeline.
@@ -83,7 +150,9 @@ func Build(dir string) (*Report, error) {
 		spans      []span
 	}
 	var rows []raw
+	var steps StepBreakdown
 	b, st, err := export.SummarizeEach(dir, func(rec *schema.Record) {
+		steps.add(rec)
 		if rec.StartedAt.IsZero() || !rec.EndedAt.After(rec.StartedAt.Time) {
 			return // never ran (skipped): nothing to draw
 		}
@@ -101,7 +170,8 @@ func Build(dir string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Dir: dir, Summary: b.Summary(), Read: st, Latencies: b.ModelLatencies()}
+	steps.mean()
+	rep := &Report{Dir: dir, Summary: b.Summary(), Read: st, Latencies: b.ModelLatencies(), Steps: steps}
 	if prev, err := schema.ReadSummary(dir); err == nil {
 		rep.Summary.Final, rep.Summary.GroupsClosed = prev.Final, prev.GroupsClosed
 	} else if !errors.Is(err, fs.ErrNotExist) {

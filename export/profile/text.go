@@ -92,6 +92,18 @@ func WriteText(w io.Writer, r *Report) error {
 	}
 	p("\n")
 
+	if st := r.Steps; st.Steps > 0 {
+		p("Per step (mean seconds over %d steps; per action over %d actions)\n", st.Steps, st.Actions)
+		p("  queue %.3f  model %.3f  not the model %.3f (resets, waits and grading spread over the steps)\n", st.QueueS, st.ModelS, st.NonModelS)
+		if st.Actions > 0 {
+			p("  action: act %.3f  wait %.3f  screenshot %.3f\n", st.ActS, st.WaitS, st.ObsS)
+		}
+		if st.Split > 0 {
+			p("  screenshot taken with the wait (%d actions): capture %.3f  encode %.3f  transfer %.3f\n", st.Split, st.CaptureS, st.EncodeS, st.TransferS)
+		}
+		p("\n")
+	}
+
 	p("Model calls\n")
 	p("  %d calls, %d retried\n", s.ModelCalls, s.RetriedCalls)
 	p("  latency p50 %s  p95 %s  p99 %s\n", duration(s.ModelLatency.P50), duration(s.ModelLatency.P95), duration(s.ModelLatency.P99))

@@ -16,6 +16,10 @@ reached wherever the guest API is):
            pyautogui's settings as the import left them.
   settle   answer once the screen and the CPUs have been still for an interval (see Watcher),
            or when the request's bound passed: the wait after an action in one round trip.
+           With "shot" (a zlib level), the answer holds the screen it settled on, as PNG in
+           base64 (shot.py), with the time its capture and its encoding took.
+  act + "then": a settle request run right after the action: an action, the wait for the
+           screen and the screenshot to continue from in one round trip.
 
 DIR is a new directory for its FIFOs (made here, mode 0700). CONFIG is a JSON object:
 "prefix", the code every action starts with. Files in DIR:
@@ -25,6 +29,7 @@ DIR is a new directory for its FIFOs (made here, mode 0700). CONFIG is a JSON ob
   r-NONCE  the answer FIFO of one request, made by the caller, removed here
   failed   why it stopped, when it could not start
 """
+import base64
 import builtins
 import collections
 import io
@@ -167,6 +172,7 @@ class Executor:
         self.pyautogui = None
         self.act_end = None  # when the last action ended, until a settle request used it
         self.cpu = collections.deque()  # (time, busy, total) samples
+        self.shooter = Shooter(*server_screen(os.getppid()))
 
     def start(self):
         g = {"__name__": "__main__", "__builtins__": builtins}
@@ -199,6 +205,7 @@ class Executor:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         timed_out = False
+        started = time.monotonic()
         try:
             rc, timed_out = self.run(code, limit)
         finally:
@@ -215,7 +222,11 @@ class Executor:
             self.act_end = self.sample()
         if timed_out:
             return {"timeout": limit}
-        return {"output": text(out), "error": text(err), "returncode": rc}
+        out = {"output": text(out), "error": text(err), "returncode": rc, "act_s": self.act_end - started}
+        then = req.get("then")
+        if isinstance(then, dict):
+            out["settle"] = self.settle(then)
+        return out
 
     def run(self, code, limit):
         """Runs code as `python -c` would; returns (exit status, timed out)."""
@@ -265,6 +276,20 @@ class Executor:
     # ---- settle -------------------------------------------------------------------------
 
     def settle(self, req):
+        """settle_wait, then the screenshot the request asks for."""
+        out = self.settle_wait(req)
+        level = req.get("shot")
+        if isinstance(level, int) and not isinstance(level, bool) and "error" not in out:
+            try:
+                png, w, h, capture, encode = self.shooter.shot(level)
+            except Exception as e:  # XError is an OSError
+                out["shot_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+            else:
+                out.update(png=base64.b64encode(png).decode("ascii"), width=w, height=h,
+                           capture_s=capture, encode_s=encode)
+        return out
+
+    def settle_wait(self, req):
         """Waits until, over an interval, the CPUs were at most max_load busy and at most
         max_damage pixels were redrawn besides repeats; at most max seconds. The screen counts
         from the last action's end on. The CPUs count, with "window" "split" (the default),
@@ -354,7 +379,7 @@ class Executor:
             elif op == "settle":
                 out = self.settle(req)
             elif op == "ping":
-                out = {"pid": os.getpid()}
+                out = {"pid": os.getpid(), "pointer": self.shooter.style}
             else:
                 raise ValueError("unknown request %r" % op)
         except Exception as e:

@@ -88,6 +88,9 @@ class X:
         vendor = struct.unpack("<H", data[16:18])[0]
         off = 32 + vendor + xpad(vendor) + 8 * data[21]
         self.root = struct.unpack("<I", data[off:off + 4])[0]
+        self.width, self.height = struct.unpack("<HH", data[off + 20:off + 24])
+        self.root_depth = data[off + 38]
+        self.image_byte_order = data[22]  # 0: LSB first
 
     def close(self):
         self.sock.close()
@@ -113,6 +116,27 @@ class X:
         if b[0] == 1:
             b += self.recv(struct.unpack("<I", b[4:8])[0] * 4)
         return b
+
+    def image(self, x, y, w, h):
+        """The pixels of an area of the root window (GetImage, ZPixmap), read into one buffer:
+        megabytes, which recv() would copy again and again."""
+        self.sock.sendall(struct.pack("<BBHIhhHHI", 73, 2, 5, self.root, x, y, w, h, 0xFFFFFFFF))
+        while True:
+            b = self.recv(32)
+            if b[0] == 0:
+                raise XError("X error %d (request %d)" % (b[1], b[10]))
+            if b[0] == 1:
+                break
+            if self.on_event:
+                self.on_event(b)
+        buf = bytearray(struct.unpack("<I", b[4:8])[0] * 4)
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = self.sock.recv_into(view[got:])
+            if not n:
+                raise XError("the X server closed the connection")
+            got += n
+        return buf
 
     def request(self, data):
         """Sends a request and returns its reply."""

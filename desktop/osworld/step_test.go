@@ -1,0 +1,175 @@
+package osworld
+
+import (
+	"bytes"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"legato/rl/desktop"
+)
+
+// countingProxy forwards to the guest server at target and counts the
+// requests by path.
+type countingProxy struct {
+	mu    sync.Mutex
+	paths []string
+}
+
+func (c *countingProxy) start(t *testing.T, target string) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.mu.Lock()
+		c.paths = append(c.paths, r.URL.Path)
+		c.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// take returns the paths requested since the last take.
+func (c *countingProxy) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.paths
+	c.paths = nil
+	return p
+}
+
+// TestStepOneRoundTrip: with the executor, an action, the wait for the
+// screen and the screenshot are one request to the guest server, and the
+// first observation after a reset is the screen the wait after it ended
+// on. The executor's screenshots show what /screenshot shows, pixel for
+// pixel (the pointer too), and the same screen gives the same bytes.
+func TestStepOneRoundTrip(t *testing.T) {
+	g := startHostGuest(t)
+	var proxy countingProxy
+	d := g.desktop(t, g.config(t, proxy.start(t, g.URL)))
+	ctx := t.Context()
+	term := task(t, "term", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Type.",
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40"]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+	if err := d.Reset(ctx, term); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitWindow(t, "legato-term")
+	if err := d.WaitAfterReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d.shots != shotsAgree {
+		t.Fatalf("after the first screenshot the executor's are %v, want trusted (%v)", d.shots, shotsAgree)
+	}
+	proxy.take()
+	first, err := d.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := proxy.take(); len(p) != 0 {
+		t.Errorf("the first Observe after the wait after reset asked the guest %q; want the wait's screen", p)
+	}
+	if first.Screenshot == nil || first.Width == 0 {
+		t.Fatalf("first observation: %d bytes, %dx%d", len(first.Screenshot), first.Width, first.Height)
+	}
+	for i, code := range []string{
+		`pyautogui.click(120, 90)`,
+		`pyautogui.typewrite("echo one trip")`,
+		`pyautogui.press("enter")`,
+		`pyautogui.moveTo(700, 500)`,
+	} {
+		proxy.take()
+		res, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: code}, 20*time.Second)
+		if err != nil || res.Act.ExitCode != 0 {
+			t.Fatalf("%q: %+v, %v", code, res.Act, err)
+		}
+		if p := proxy.take(); len(p) != 1 || p[0] != "/execute" {
+			t.Errorf("%q: the step asked the guest %q; want one /execute", code, p)
+		}
+		r := res.Ready
+		if !r.Settled || r.Capture <= 0 || r.Encode <= 0 || res.ActTime <= 0 {
+			t.Errorf("%q: settled %v, capture %v, encode %v, act %v: want a settled screen taken in the guest", code, r.Settled, r.Capture, r.Encode, res.ActTime)
+		}
+		if i == 0 {
+			// An RGB PNG of the executor's, not the server's RGBA one.
+			if cfg, err := png.DecodeConfig(bytes.NewReader(r.Observation.Screenshot)); err != nil || cfg.ColorModel != color.RGBAModel {
+				t.Errorf("%q: the screenshot is not the executor's RGB PNG: %v", code, err)
+			}
+		}
+		theirs, err := d.guest.Screenshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why, err := diffPixels(r.Observation.Screenshot, theirs.PNG); why != "" || err != nil {
+			t.Errorf("%q: the step's screenshot and /screenshot differ: %s %v", code, why, err)
+		}
+		// The same screen, taken again: the same bytes.
+		again, err := d.WaitReady(ctx, 20*time.Second)
+		if err != nil || !again.Settled {
+			t.Fatalf("%q: wait again: %v", code, err)
+		}
+		if !bytes.Equal(again.Observation.Screenshot, r.Observation.Screenshot) {
+			t.Errorf("%q: two screenshots of the same screen differ in their bytes", code)
+		}
+	}
+	// Without the executor a step still works, in more round trips.
+	d.cfg.NoExecutor = true
+	if err := d.Reset(ctx, term); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitWindow(t, "legato-term")
+	proxy.take()
+	res, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.moveTo(700, 500)`}, 20*time.Second)
+	if err != nil || res.Act.ExitCode != 0 || res.Ready.Observation.Screenshot == nil {
+		t.Fatalf("without the executor: %+v, %v", res, err)
+	}
+	if p := proxy.take(); len(p) < 3 || !strings.Contains(strings.Join(p, " "), "/screenshot") {
+		t.Errorf("without the executor the step asked %q; want the action, the wait and /screenshot", p)
+	}
+}
+
+func TestDiffPixels(t *testing.T) {
+	enc := func(img image.Image) []byte {
+		var b bytes.Buffer
+		if err := png.Encode(&b, img); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	rgba := image.NewRGBA(image.Rect(0, 0, 5, 4))
+	nrgba := image.NewNRGBA(image.Rect(0, 0, 5, 4))
+	for y := range 4 {
+		for x := range 5 {
+			c := color.RGBA{uint8(40 * x), uint8(50 * y), 7, 255}
+			rgba.Set(x, y, c)
+			nrgba.Set(x, y, c)
+		}
+	}
+	if why, err := diffPixels(enc(rgba), enc(nrgba)); why != "" || err != nil {
+		t.Errorf("the same pixels, RGB and RGBA PNGs: %q %v", why, err)
+	}
+	nrgba.Set(3, 2, color.RGBA{1, 2, 3, 255})
+	if why, _ := diffPixels(enc(rgba), enc(nrgba)); why != "1 pixels differ, the first at (3, 2)" {
+		t.Errorf("one pixel changed: %q", why)
+	}
+	if why, _ := diffPixels(enc(rgba), enc(image.NewRGBA(image.Rect(0, 0, 5, 5)))); !strings.Contains(why, "sizes") {
+		t.Errorf("other sizes: %q", why)
+	}
+	if _, err := diffPixels([]byte("not a png"), enc(rgba)); err == nil {
+		t.Error("no error for a broken PNG")
+	}
+}
