@@ -193,14 +193,27 @@ func (t *try) steps(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
 		}
-		hashes, err := t.storePrompt(msgs)
-		if err != nil {
-			return &storeFailure{fmt.Errorf("store messages: %w", err)}
+		// The prompt is stored (its new screenshot hashed and written)
+		// while the model answers, not between the screenshot and the
+		// request.
+		type storeResult struct {
+			hashes []string
+			err    error
 		}
+		stored := make(chan storeResult, 1)
+		go func() {
+			h, err := t.storePrompt(msgs)
+			stored <- storeResult{h, err}
+		}()
 		res, downS, err := t.call(ctx, msgs)
+		st := <-stored
 		if err != nil {
 			return err
 		}
+		if st.err != nil {
+			return &storeFailure{fmt.Errorf("store messages: %w", st.err)}
+		}
+		hashes := st.hashes
 		step := schema.Step{
 			Request:     hashes,
 			StartedAt:   schema.Time{Time: res.StartedAt},

@@ -326,6 +326,12 @@ func TestIntegrationCollect(t *testing.T) {
 				if a.Action != desktop.DoneCode && a.Action != desktop.FailCode {
 					readyS = append(readyS, a.ReadyS)
 					actS = append(actS, a.ActS)
+					// One round trip per step: the screenshot came
+					// with the wait, from the executor.
+					if a.CaptureS <= 0 || a.EncodeS <= 0 {
+						t.Errorf("task %s attempt %d: action %q has no screenshot taken with its wait (capture_s %v, encode_s %v, obs_s %v)",
+							r.TaskID, r.Attempt, a.Action, a.CaptureS, a.EncodeS, a.ObsS)
+					}
 				}
 			}
 		}
