@@ -67,13 +67,16 @@ func (r revertEach) Reset(ctx context.Context, task desktop.Task) error {
 // and the rest side by side:
 //
 //   - legato: golden states, the executor, one round trip per step;
+//
 //   - three trips: the same with the executor's screenshots off (an
 //     action, the wait, /screenshot);
+//
 //   - no executor, no golden: `python -c` per action, fast reset + setup;
+//
 //   - OSWorld-style: libvirt revert + setup, `python -c`, fixed waits of
 //     3 s after an action, 60 s after the reset, 20 s before grading.
 //
-//	go test -tags integration -run TestIntegrationStepBench ./desktop/osworld/ -osworld.stepbench -timeout 0 -v
+//     go test -tags integration -run TestIntegrationStepBench ./desktop/osworld/ -osworld.stepbench -timeout 0 -v
 func TestIntegrationStepBench(t *testing.T) {
 	if !*itStepBench {
 		t.Skip("the step benchmark runs with -osworld.stepbench")
