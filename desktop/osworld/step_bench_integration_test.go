@@ -66,17 +66,14 @@ func (r revertEach) Reset(ctx context.Context, task desktop.Task) error {
 // after the other, and prints per attempt and per step the model's time
 // and the rest side by side:
 //
-//   - legato: golden states, the executor, one round trip per step;
+//	go test -tags integration -run TestIntegrationStepBench ./desktop/osworld/ -osworld.stepbench -timeout 0 -v
 //
-//   - three trips: the same with the executor's screenshots off (an
-//     action, the wait, /screenshot);
-//
-//   - no executor, no golden: `python -c` per action, fast reset + setup;
-//
-//   - OSWorld-style: libvirt revert + setup, `python -c`, fixed waits of
-//     3 s after an action, 60 s after the reset, 20 s before grading.
-//
-//     go test -tags integration -run TestIntegrationStepBench ./desktop/osworld/ -osworld.stepbench -timeout 0 -v
+// The ways: legato (golden states, the executor, one round trip per step);
+// three trips (the same with the executor's screenshots off: an action,
+// the wait, /screenshot); no executor, no golden (`python -c` per action,
+// fast reset + setup); OSWorld-style (libvirt revert + setup, `python -c`,
+// fixed waits of 3 s after an action, 60 s after the reset, 20 s before
+// grading).
 func TestIntegrationStepBench(t *testing.T) {
 	if !*itStepBench {
 		t.Skip("the step benchmark runs with -osworld.stepbench")
