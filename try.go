@@ -420,9 +420,19 @@ func (t *try) step(ctx context.Context, st desktop.Stepper, action desktop.Actio
 	ar.ReadyS = r.After.Seconds()
 	ar.Unsettled = !r.Settled && r.After > 0
 	if r.Capture > 0 || r.Encode > 0 {
-		obs := total - actT - waitT
-		ar.CaptureS, ar.EncodeS = min(r.Capture, obs).Seconds(), min(r.Encode, obs-min(r.Capture, obs)).Seconds()
-		ar.TransferS = max(0, ar.ObsS-ar.CaptureS-ar.EncodeS)
+		// The screenshot's parts lie within the phase they ran in: the
+		// wait's, or the rest of the call's.
+		in := total - actT - waitT
+		if r.ShotInWait {
+			in = waitT
+			ar.ShotInWait = true
+		}
+		capture := min(r.Capture, in)
+		ar.CaptureS, ar.EncodeS = capture.Seconds(), min(r.Encode, in-capture).Seconds()
+		ar.TransferS = ar.ObsS
+		if !r.ShotInWait {
+			ar.TransferS = max(0, ar.ObsS-ar.CaptureS-ar.EncodeS)
+		}
 	}
 	return r.Observation, nil
 }

@@ -40,6 +40,10 @@ type Ready struct {
 	// encoding as PNG took where it was taken, when the desktop knows
 	// (a screenshot taken in the guest with the wait); zero otherwise.
 	Capture, Encode time.Duration
+	// ShotInWait says the screenshot was taken while the wait ran (the
+	// screen was quiet, and stayed so until it counted as settled): its
+	// capture and encoding are part of After, not after it.
+	ShotInWait bool
 }
 
 // Stepper is implemented by desktops that run an action, wait until the

@@ -270,9 +270,14 @@ type ActionRecord struct {
 	// was taken in the guest with the wait (one round trip per step):
 	// the capture from the X server, its encoding as PNG, and the rest,
 	// the round trip of the step's request and answer. Absent otherwise.
-	CaptureS  float64 `json:"capture_s,omitempty"`
-	EncodeS   float64 `json:"encode_s,omitempty"`
-	TransferS float64 `json:"transfer_s,omitempty"`
+	// With ShotInWait the screenshot was taken while the wait ran (the
+	// screen was quiet and stayed so until it counted as settled): its
+	// capture and encoding are then part of wait_s, and obs_s is all
+	// transfer.
+	CaptureS   float64 `json:"capture_s,omitempty"`
+	EncodeS    float64 `json:"encode_s,omitempty"`
+	TransferS  float64 `json:"transfer_s,omitempty"`
+	ShotInWait bool    `json:"shot_in_wait,omitempty"`
 	// Unsettled is set when the wait after the action reached its bound
 	// while the screen was still changing: the next observation may show
 	// it mid-change (an animation, a progress bar, a blinking element).

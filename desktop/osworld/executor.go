@@ -363,6 +363,10 @@ type settleAnswer struct {
 	CaptureS  float64 `json:"capture_s"`
 	EncodeS   float64 `json:"encode_s"`
 	ShotError string  `json:"shot_error"`
+	// Early says the screenshot was taken while the executor waited out
+	// its quiet interval, nothing drawn since: its capture and encoding
+	// are part of Waited.
+	Early bool `json:"early"`
 }
 
 // firstSettleOverhead is the guess of a settle request's round trip

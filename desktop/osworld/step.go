@@ -221,7 +221,7 @@ func (d *Desktop) readyFrom(ctx context.Context, a settleAnswer, waitStart, answ
 			d.waits.settle = ewma(d.waits.settle, max(0, overhead))
 		}
 		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "repeated", a.Repeated,
-			"held_load", a.HeldLoad, "held_damage", a.HeldDamage, "overhead", overhead, "capture", a.CaptureS, "encode", a.EncodeS, "png", len(a.PNG))
+			"held_load", a.HeldLoad, "held_damage", a.HeldDamage, "overhead", overhead, "capture", a.CaptureS, "encode", a.EncodeS, "early", a.Early, "png", len(a.PNG))
 	}
 	if !shot {
 		return r, nil
@@ -233,7 +233,7 @@ func (d *Desktop) readyFrom(ctx context.Context, a settleAnswer, waitStart, answ
 		}
 		r.Observation = obs
 		if trusted {
-			r.Capture, r.Encode = seconds(a.CaptureS), seconds(a.EncodeS)
+			r.Capture, r.Encode, r.ShotInWait = seconds(a.CaptureS), seconds(a.EncodeS), a.Early
 		}
 		return r, nil
 	}

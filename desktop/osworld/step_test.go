@@ -86,6 +86,7 @@ func TestStepOneRoundTrip(t *testing.T) {
 	if first.Screenshot == nil || first.Width == 0 {
 		t.Fatalf("first observation: %d bytes, %dx%d", len(first.Screenshot), first.Width, first.Height)
 	}
+	inWait := 0
 	for i, code := range []string{
 		`pyautogui.click(120, 90)`,
 		`pyautogui.typewrite("echo one trip")`,
@@ -101,6 +102,9 @@ func TestStepOneRoundTrip(t *testing.T) {
 			t.Errorf("%q: the step asked the guest %q; want one /execute", code, p)
 		}
 		r := res.Ready
+		if r.ShotInWait {
+			inWait++
+		}
 		if !r.Settled || r.Capture <= 0 || r.Encode <= 0 || res.ActTime <= 0 {
 			t.Errorf("%q: settled %v, capture %v, encode %v, act %v: want a settled screen taken in the guest", code, r.Settled, r.Capture, r.Encode, res.ActTime)
 		}
@@ -125,6 +129,11 @@ func TestStepOneRoundTrip(t *testing.T) {
 		if !bytes.Equal(again.Observation.Screenshot, r.Observation.Screenshot) {
 			t.Errorf("%q: two screenshots of the same screen differ in their bytes", code)
 		}
+	}
+	// The screenshot of a screen that went quiet is taken while the wait
+	// makes sure it stays so (and checked against /screenshot above).
+	if inWait == 0 {
+		t.Errorf("no step took its screenshot while its wait ran")
 	}
 	// Without the executor a step still works, in more round trips.
 	d.cfg.NoExecutor = true

@@ -17,7 +17,8 @@ reached wherever the guest API is):
   settle   answer once the screen and the CPUs have been still for an interval (see Watcher),
            or when the request's bound passed: the wait after an action in one round trip.
            With "shot" (a zlib level), the answer holds the screen it settled on, as PNG in
-           base64 (shot.py), with the time its capture and its encoding took.
+           base64 (shot.py), with the time its capture and its encoding took; "early" when
+           it was taken while the wait ran (see shoot_early).
   act + "then": a settle request run right after the action: an action, the wait for the
            screen and the screenshot to continue from in one round trip.
 
@@ -52,6 +53,9 @@ REPEAT_MEMORY = 2.5  # seconds a region's past contents are remembered
 TICK = 0.05  # how often a settle request looks at the CPUs
 LOAD_MIN = 0.2  # seconds, the least time the load of a settle is measured over
 ACT_LIMIT = 120  # seconds, as OSWorld's /execute
+EARLY_QUIET = 0.1  # seconds without damage before a settle takes its screenshot early
+EARLY_MAX = 3  # early screenshots a settle request takes at most
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/stat and of os.times() * CLK_TCK
 
 
 class ActionTimeout(BaseException):
@@ -148,6 +152,16 @@ class Watcher(threading.Thread):
             for k in [k for k, v in self.regions.items() if not v or v[-1][0] < now - REPEAT_MEMORY]:
                 del self.regions[k]
 
+    def last_damage(self):
+        """When the last damage of any kind (repeats too) arrived, or None."""
+        with self.lock:
+            return self.events[-1][0] if self.events else None
+
+    def damaged_since(self, t):
+        """Whether any damage (repeats too) arrived after t."""
+        last = self.last_damage()
+        return last is not None and last >= t
+
     def damage(self, since, until):
         """The area damaged in [since, until] besides repeats, and that of the repeats."""
         area = repeated = 0
@@ -173,6 +187,8 @@ class Executor:
         self.act_end = None  # when the last action ended, until a settle request used it
         self.cpu = collections.deque()  # (time, busy, total) samples
         self.shooter = Shooter(*server_screen(os.getppid()))
+        self.early = None  # (time, shot) taken while a settle waited
+        self.early_tries = 0
 
     def start(self):
         g = {"__name__": "__main__", "__builtins__": builtins}
@@ -184,7 +200,11 @@ class Executor:
         self.watcher.started.wait(10)
 
     def sample(self):
+        """Samples the CPUs' busy time besides this process's own: the screenshot it takes
+        while a settle waits is not the guest's work."""
         busy, total = cpu()
+        t = os.times()
+        busy -= (t.user + t.system) * CLK_TCK
         now = time.monotonic()
         self.cpu.append((now, busy, total))
         while len(self.cpu) > 1 and self.cpu[0][0] < now - 30:
@@ -277,11 +297,21 @@ class Executor:
 
     def settle(self, req):
         """settle_wait, then the screenshot the request asks for."""
-        out = self.settle_wait(req)
         level = req.get("shot")
-        if isinstance(level, int) and not isinstance(level, bool) and "error" not in out:
+        if not isinstance(level, int) or isinstance(level, bool):
+            level = None
+        self.early = None
+        out = self.settle_wait(req, level)
+        if level is not None and "error" not in out:
+            early, self.early = self.early, None
             try:
-                png, w, h, capture, encode = self.shooter.shot(level)
+                if early is not None and out.get("settled") and not self.watcher.damaged_since(early[0]):
+                    # Taken while the screen was quiet, and nothing was drawn since: it
+                    # shows the settled screen.
+                    png, w, h, capture, encode = early[1]
+                    out["early"] = True
+                else:
+                    png, w, h, capture, encode = self.shooter.shot(level)
             except Exception as e:  # XError is an OSError
                 out["shot_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
             else:
@@ -289,7 +319,29 @@ class Executor:
                            capture_s=capture, encode_s=encode)
         return out
 
-    def settle_wait(self, req):
+    def shoot_early(self, level, now):
+        """Takes the screenshot while a settle waits out its quiet interval, once nothing has
+        been drawn for EARLY_QUIET: if nothing is drawn until the screen counts as settled,
+        it is the settled screen, and its capture and encoding did not wait for the end of
+        the interval. Taken again after any damage, at most EARLY_MAX times a request. A
+        failure leaves it to the screenshot after the wait."""
+        if level is None or self.shooter.style not in ("legato", "none"):
+            return
+        last = self.watcher.last_damage()
+        if last is not None and last > now - EARLY_QUIET:
+            return
+        if self.early is not None and (last is None or last <= self.early[0]):
+            return  # the one taken is still the screen
+        if self.early_tries >= EARLY_MAX:
+            return
+        self.early_tries += 1
+        t = time.monotonic()
+        try:
+            self.early = (t, self.shooter.shot(level))
+        except Exception:
+            self.early = None
+
+    def settle_wait(self, req, level=None):
         """Waits until, over an interval, the CPUs were at most max_load busy and at most
         max_damage pixels were redrawn besides repeats; at most max seconds. The screen counts
         from the last action's end on. The CPUs count, with "window" "split" (the default),
@@ -304,6 +356,7 @@ class Executor:
         max_damage = int(req["max_damage"])
         window = req.get("window") or "split"
         start = self.sample()
+        self.early_tries = 0
         end = start + max(0.0, float(req["max"]))
         act_end = start if self.act_end is None else min(self.act_end, start)
         self.act_end = None
@@ -333,6 +386,9 @@ class Executor:
                             "held_load": held_load, "held_damage": held_damage}
                 held_load += load > max_load
                 held_damage += area > max_damage
+            if now < end:
+                self.shoot_early(level, now)
+                now = self.sample()
             if now >= end:
                 area, repeated = self.watcher.damage(now - interval, now)
                 return {"settled": False, "waited": now - start, "damage": area, "repeated": repeated,
