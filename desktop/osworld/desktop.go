@@ -90,6 +90,7 @@ type Desktop struct {
 	shots         shotTrust
 	shotDiffs     int // settled screens the two differed on
 	testShotLevel *int
+	testPointer   string // the executor's pointer style, in tests
 	// probe is the VM's readiness probe, which measures the guest clock's
 	// offset when the guest answers after a revert; nil for a guest given
 	// by URL.

@@ -146,7 +146,7 @@ func (d *Desktop) startExecutor(ctx context.Context) {
 		return
 	}
 	dir := path.Join(d.cfg.executorBase(), "legato-exec-"+strings.TrimPrefix(newNonce(), "legato-"))
-	conf, err := json.Marshal(map[string]string{"prefix": guest.PyautoguiPrefix})
+	conf, err := json.Marshal(map[string]string{"prefix": guest.PyautoguiPrefix, "pointer": d.testPointer})
 	if err != nil {
 		d.log.Warn("cannot start the action executor; actions run one python each", "err", err)
 		return

@@ -39,11 +39,10 @@ const (
 	shotsDiffer
 )
 
-// shotChecks is how many settled screens the executor's and the guest
-// server's screenshots must differ on before the desktop stops trusting
-// the executor's: the screen may change between the two (a blinking
-// caret).
-const shotChecks = 3
+// shotChecks is how many times the executor's screenshots must differ
+// from the guest server's on a still screen before the desktop stops
+// trusting them.
+const shotChecks = 2
 
 // Step runs an action, waits until the screen is ready (at most max after
 // the action) and returns the screen it ended on: with the executor, in
@@ -227,7 +226,7 @@ func (d *Desktop) readyFrom(ctx context.Context, a settleAnswer, waitStart, answ
 		return r, nil
 	}
 	if obs, ok := d.executorShot(a, waitStart.Add(seconds(a.Waited))); ok {
-		obs, trusted, err := d.trustShot(ctx, obs, a.Settled)
+		obs, trusted, err := d.trustShot(ctx, obs)
 		if err != nil {
 			return desktop.Ready{}, err
 		}
@@ -276,14 +275,15 @@ func (d *Desktop) executorShot(a settleAnswer, at time.Time) (desktop.Observatio
 // trustShot checks, until it knows, that the executor's screenshot shows
 // what the guest server's /screenshot shows, pixel for pixel (the pointer
 // drawn the same way): a trainer's data must not depend on which one took
-// it. Until the two agree once, every executor screenshot is followed by
-// one from /screenshot, which is the one used, and they are compared. Only
-// a settled screen's difference counts against the executor: otherwise
-// the screen may have changed between the two. After shotChecks such
-// differences the desktop takes every screenshot from /screenshot, and
-// says so. It returns the observation to use and whether it is the
-// executor's.
-func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation, settled bool) (desktop.Observation, bool, error) {
+// it. Until they agree once, every executor screenshot is followed by one
+// from /screenshot and compared. When the two differ, the executor takes
+// another right away: if that one agrees, they agree; if it differs from
+// its first, the screen changed meanwhile (a blinking caret) and nothing is
+// concluded; if the executor's two agree with each other and not with the
+// server's, the two draw the screen differently, and after shotChecks such
+// pairs the desktop takes every screenshot from /screenshot, and says so.
+// It returns the observation to use and whether it is the executor's.
+func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation) (desktop.Observation, bool, error) {
 	if d.shots == shotsAgree {
 		return mine, true, nil
 	}
@@ -292,6 +292,24 @@ func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation, settl
 		return desktop.Observation{}, false, err
 	}
 	why, err := diffPixels(mine.Screenshot, theirs.Screenshot)
+	if err == nil && why != "" {
+		var a settleAnswer
+		level := d.shotLevel()
+		delivered, cerr := d.callExecutor(ctx, executorRequest{Op: "settle", Max: 1e-3, Interval: d.cfg.Ready.Interval.Seconds(),
+			MaxLoad: 1, MaxDamage: 1, Shot: &level}, &a)
+		if cerr != nil {
+			return desktop.Observation{}, false, cerr
+		}
+		again, ok := d.executorShot(a, time.Now())
+		if !delivered || !ok {
+			return theirs, false, nil // no verdict from this
+		}
+		if w, _ := diffPixels(again.Screenshot, theirs.Screenshot); w == "" {
+			mine, why = again, ""
+		} else if w, _ := diffPixels(again.Screenshot, mine.Screenshot); w != "" {
+			return theirs, false, nil // the screen changes: no verdict
+		}
+	}
 	switch {
 	case err == nil && why == "":
 		d.shots = shotsAgree
@@ -300,7 +318,7 @@ func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation, settl
 	case err != nil:
 		why = err.Error()
 		d.shotDiffs = shotChecks
-	case settled:
+	default:
 		d.shotDiffs++
 	}
 	if d.shotDiffs >= shotChecks {

@@ -151,6 +151,44 @@ func TestStepOneRoundTrip(t *testing.T) {
 	}
 }
 
+// TestStepShotsDiffer: where the executor's screenshots do not show what
+// /screenshot shows (here: it draws no pointer, the server does), the
+// desktop finds out on a still screen, warns, and takes every screenshot
+// from /screenshot; steps go on.
+func TestStepShotsDiffer(t *testing.T) {
+	g := startHostGuest(t)
+	d := g.desktop(t, g.config(t, g.URL))
+	d.testPointer = "none"
+	ctx := t.Context()
+	term := task(t, "term", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Type.",
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40"]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+	if err := d.Reset(ctx, term); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitWindow(t, "legato-term")
+	for i := range 4 {
+		res, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: fmt.Sprintf("pyautogui.moveTo(%d, 300)", 500+40*i)}, 20*time.Second)
+		if err != nil || res.Act.ExitCode != 0 {
+			t.Fatalf("step %d: %+v, %v", i, res.Act, err)
+		}
+		if res.Ready.Capture > 0 {
+			t.Errorf("step %d: an executor screenshot was used although the check had not passed", i)
+		}
+		theirs, err := d.guest.Screenshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why, err := diffPixels(res.Ready.Observation.Screenshot, theirs.PNG); why != "" || err != nil {
+			t.Errorf("step %d: the observation is not /screenshot's screen: %s %v", i, why, err)
+		}
+	}
+	if d.shots != shotsDiffer {
+		t.Errorf("after 4 still screens the executor's screenshots are %v, want %v (not trusted)", d.shots, shotsDiffer)
+	}
+}
+
 func TestDiffPixels(t *testing.T) {
 	enc := func(img image.Image) []byte {
 		var b bytes.Buffer

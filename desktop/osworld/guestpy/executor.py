@@ -23,7 +23,8 @@ reached wherever the guest API is):
            screen and the screenshot to continue from in one round trip.
 
 DIR is a new directory for its FIFOs (made here, mode 0700). CONFIG is a JSON object:
-"prefix", the code every action starts with. Files in DIR:
+"prefix", the code every action starts with; "pointer", a pointer style for its screenshots
+instead of the one found from the guest server (shot.py). Files in DIR:
 
   pid      written first; the caller waits for req while this process lives
   req      the request FIFO, there once pyautogui is imported; one JSON object per line
@@ -532,6 +533,8 @@ def main(argv):
     sys.stdout.reconfigure(line_buffering=False)
     sys.stderr.reconfigure(line_buffering=True)
     ex = Executor(d, conf["prefix"])
+    if conf.get("pointer"):  # a pointer style given: the tests' way to make the two disagree
+        ex.shooter.style = conf["pointer"]
     try:
         ex.start()
     except BaseException as e:
