@@ -26,6 +26,7 @@ func checks() []check {
 	cs := []check{
 		{"Observe/AfterReset", (*checker).observeAfterReset},
 		{"Act/EveryKind", (*checker).everyKind},
+		{"Step/LikeActThenWait", (*checker).step},
 		{"Evaluate/Range", (*checker).evaluateRange},
 		{"Evaluate/Infeasible", (*checker).infeasible},
 	}
@@ -243,6 +244,47 @@ func (c *checker) checkObservation(obs desktop.Observation) error {
 		return errors.New("Observation.At is zero")
 	}
 	return nil
+}
+
+// step runs the options' Code actions, then DONE, through Step, for a
+// desktop that implements desktop.Stepper: each Code action's step returns
+// the screen to continue from, within the wait's bound, with an action and
+// a wait time that fit in the call; DONE returns no screen. A desktop
+// without Step passes.
+func (c *checker) step() {
+	d := c.desktop()
+	if d == nil {
+		return
+	}
+	st, ok := d.(desktop.Stepper)
+	if !ok || !c.prepare(d, MethodAct) {
+		return
+	}
+	const bound = 10 * time.Second
+	for _, a := range c.opts.Actions {
+		t0 := time.Now()
+		res, err := st.Step(c.ctx, a, bound)
+		took := time.Since(t0)
+		if err != nil {
+			c.errorf("Step(%q): %v", a, err)
+			return
+		}
+		if err := c.checkObservation(res.Ready.Observation); err != nil {
+			c.errorf("Step(%q): %v", a, err)
+		}
+		if res.ActTime < 0 || res.WaitTime < 0 || res.ActTime+res.WaitTime > took {
+			c.errorf("Step(%q): act %v and wait %v do not fit in the call's %v", a, res.ActTime, res.WaitTime, took)
+		}
+		if res.Ready.After > bound+c.opts.Bound {
+			c.errorf("Step(%q): ready after %v, past the bound %v", a, res.Ready.After, bound)
+		}
+	}
+	res, err := st.Step(c.ctx, desktop.DoneAction, bound)
+	if err != nil {
+		c.errorf("Step(DONE): %v", err)
+	} else if res.Ready.Observation.Screenshot != nil {
+		c.errorf("Step(DONE) returned a screen: a terminal action only counts as the attempt's last")
+	}
 }
 
 // everyKind runs an attempt with every Code action of the options, then

@@ -52,6 +52,31 @@ func wrapBlocking(w func(desktop.Desktop) desktop.Desktop) func(context.Context,
 
 // Broken desktops: each embeds a working one and breaks one rule.
 
+// badStepper steps by Act then Observe, but says the action took an hour
+// and hands back a screen for DONE.
+type badStepper struct{ desktop.Desktop }
+
+func (d badStepper) Step(ctx context.Context, a desktop.Action, _ time.Duration) (desktop.StepResult, error) {
+	res, err := d.Act(ctx, a)
+	if err != nil {
+		return desktop.StepResult{}, err
+	}
+	obs, err := d.Observe(ctx)
+	return desktop.StepResult{Act: res, Ready: desktop.Ready{Observation: obs}, ActTime: time.Hour}, err
+}
+
+// goodStepper steps by Act then Observe.
+type goodStepper struct{ desktop.Desktop }
+
+func (d goodStepper) Step(ctx context.Context, a desktop.Action, _ time.Duration) (desktop.StepResult, error) {
+	res, err := d.Act(ctx, a)
+	if err != nil || a.Terminal() {
+		return desktop.StepResult{Act: res}, err
+	}
+	obs, err := d.Observe(ctx)
+	return desktop.StepResult{Act: res, Ready: desktop.Ready{Observation: obs}}, err
+}
+
 // wrongSize declares a screen one pixel wider than its PNG.
 type wrongSize struct{ desktop.Desktop }
 
@@ -286,6 +311,8 @@ func TestCheck(t *testing.T) {
 			Options{Blocking: wrapBlocking(func(d desktop.Desktop) desktop.Desktop { return wrongSize{d} })},
 			[]string{"Observe/AfterReset", "Act/EveryKind"},
 		},
+		{"Stepper", wrap(func(d desktop.Desktop) desktop.Desktop { return goodStepper{d} }), Options{}, nil},
+		{"BadStepper", wrap(func(d desktop.Desktop) desktop.Desktop { return badStepper{d} }), Options{}, []string{"Step/LikeActThenWait"}},
 		{
 			"NotAPNG",
 			wrap(func(d desktop.Desktop) desktop.Desktop { return notPNG{d} }),
@@ -441,7 +468,7 @@ func TestCheckNamesUnique(t *testing.T) {
 		}
 		seen[n] = true
 	}
-	if len(names) != 4+2*len(methods())+3+len(methods()) {
+	if len(names) != 5+2*len(methods())+3+len(methods()) {
 		t.Errorf("%d checks: %v", len(names), names)
 	}
 }

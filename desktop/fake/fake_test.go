@@ -86,7 +86,7 @@ func TestConformance(t *testing.T) {
 			}},
 			desktoptest.Options{Tasks: tasks},
 		},
-		{"Capabilities", fake.Config{Width: 320, Height: 200, ReadyWaiter: true}, desktoptest.Options{}},
+		{"Capabilities", fake.Config{Width: 320, Height: 200, ReadyWaiter: true, Stepper: true}, desktoptest.Options{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := tc.opts
