@@ -284,12 +284,23 @@ func (d *Desktop) loadGolden(ctx context.Context, g *goldenState) error {
 	}, newSeed())
 }
 
+// goldenQuiet is the least quiet interval before a golden state is taken.
+const goldenQuiet = 1500 * time.Millisecond
+
 // buildGolden takes the task's golden state from the running guest, which
 // was just reset and set up: it waits until the screen settled, drops the
 // guest's page cache, takes the snapshot and sets the guest clock, then
 // deletes the least recently used golden states beyond Golden.Max.
 func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string, id vm.Identity, setup time.Duration) (*goldenState, error) {
+	// A state loaded for every attempt must be taken on a screen that is
+	// still, not in a pause of an animation (VLC's seek bar while it
+	// opens a file under a loaded host was caught in one: each load then
+	// showed another frame): the quiet interval is longer than an
+	// action's.
+	interval := d.cfg.Ready.Interval
+	d.cfg.Ready.Interval = max(interval, goldenQuiet)
 	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, false)
+	d.cfg.Ready.Interval = interval
 	if err != nil {
 		return nil, fmt.Errorf("wait for a settled screen: %w", err)
 	}
