@@ -54,7 +54,7 @@ REPEAT_MEMORY = 2.5  # seconds a region's past contents are remembered
 TICK = 0.05  # how often a settle request looks at the CPUs
 LOAD_MIN = 0.2  # seconds, the least time the load of a settle is measured over
 ACT_LIMIT = 120  # seconds, as OSWorld's /execute
-EARLY_QUIET = 0.1  # seconds without damage before a settle takes its screenshot early
+EARLY_QUIET = 0.05  # seconds without damage before a settle takes its screenshot early
 EARLY_MAX = 3  # early screenshots a settle request takes at most
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/stat and of os.times() * CLK_TCK
 
