@@ -289,8 +289,16 @@ func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
 	}
 	defer done()
 	d.pending = nil
-	// Grading needs no screenshot.
-	if _, err := d.readySignal(ctx, d.cfg.Ready.BeforeEvalMax, false); err != nil {
+	// After the agent ended the attempt, the executor knows the screen
+	// settled after the last action: it counts the quiet from then on,
+	// and one look tells whether it lasted. Grading needs no screenshot.
+	window := d.exec.window
+	if window == "" {
+		d.exec.window = "settled"
+	}
+	_, err = d.readySignal(ctx, d.cfg.Ready.BeforeEvalMax, false)
+	d.exec.window = window
+	if err != nil {
 		return d.fail("wait before eval", err)
 	}
 	return nil

@@ -73,7 +73,9 @@ func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time, sho
 	}
 	for {
 		interval := min(cfg.Interval, time.Until(deadline)-lastShot-d.waits.probe)
-		if interval < minProbe {
+		if interval < minProbe || interval < cfg.Interval {
+			// A shorter look cannot tell that the screen stayed still for
+			// an interval (a blinking caret's phase fits in it).
 			break
 		}
 		t0 := time.Now()

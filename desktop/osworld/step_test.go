@@ -130,6 +130,24 @@ func TestStepOneRoundTrip(t *testing.T) {
 			t.Errorf("%q: two screenshots of the same screen differ in their bytes", code)
 		}
 	}
+	// After a settled step, a settle that counts from that quiet ends at
+	// one look; one that counts from its own start waits an interval.
+	for _, tt := range []struct {
+		window string
+		long   bool
+	}{{"settled", false}, {"", true}} {
+		if _, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.moveTo(600, 400)`}, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		var a settleAnswer
+		const interval = 5.0
+		if _, err := d.callExecutor(ctx, executorRequest{Op: "settle", Max: 30, Interval: interval, MaxLoad: 1, MaxDamage: 1 << 20, Window: tt.window}, &a); err != nil {
+			t.Fatal(err)
+		}
+		if !a.Settled || (a.Waited >= interval) != tt.long {
+			t.Errorf("window %q: settled %v after %.2fs; want a wait of an interval (%vs): %v", tt.window, a.Settled, a.Waited, interval, tt.long)
+		}
+	}
 	// The screenshot of a screen that went quiet is taken while the wait
 	// makes sure it stays so (and checked against /screenshot above).
 	if inWait == 0 {

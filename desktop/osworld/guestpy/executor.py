@@ -186,6 +186,7 @@ class Executor:
         self.defaults = {}
         self.pyautogui = None
         self.act_end = None  # when the last action ended, until a settle request used it
+        self.quiet_since = None  # where the quiet began that the last settle found
         self.cpu = collections.deque()  # (time, busy, total) samples
         self.shooter = Shooter(*server_screen(os.getppid()))
         self.early = None  # (time, shot) taken while a settle waited
@@ -349,7 +350,10 @@ class Executor:
         from this request's arrival on, over LOAD_MIN at least: what ran before it includes
         the request's own delivery (the guest server, a shell, mkfifo, cat), busy work under
         software emulation. "act" counts both from the action's end, "request" both from the
-        request's arrival."""
+        request's arrival. "settled" is "split", except right after a settle that found the
+        screen settled, with no action since (the wait before grading after the agent ended
+        the attempt): the screen counts from the quiet found then, so one look after LOAD_MIN
+        can tell it stayed so."""
         if self.watcher.error or not self.watcher.is_alive():
             return {"error": self.watcher.error or "the screen watcher stopped"}
         interval = float(req["interval"])
@@ -359,6 +363,9 @@ class Executor:
         start = self.sample()
         self.early_tries = 0
         end = start + max(0.0, float(req["max"]))
+        # The quiet the last settle found, if no action ran since.
+        quiet = self.quiet_since if window == "settled" and self.act_end is None else None
+        self.quiet_since = None
         act_end = start if self.act_end is None else min(self.act_end, start)
         self.act_end = None
         lo_damage = start if window == "request" else act_end
@@ -368,7 +375,11 @@ class Executor:
             now = self.sample()
             since = now - interval
             load_from = max(since, lo_load)
-            if since >= lo_damage - 1e-6 and now - load_from >= min(interval, LOAD_MIN) - 1e-6:
+            ready = since >= lo_damage - 1e-6 and now - load_from >= min(interval, LOAD_MIN) - 1e-6
+            if quiet is not None:
+                since, load_from = quiet, lo_load
+                ready = now - load_from >= min(interval, LOAD_MIN) - 1e-6
+            if ready:
                 # The CPU sample the load counts from: the last one at or before load_from.
                 base = None
                 for s in self.cpu:
@@ -382,11 +393,13 @@ class Executor:
                 load = (cur[1] - base[1]) / (cur[2] - base[2]) if cur[2] > base[2] else 0.0
                 area, repeated = self.watcher.damage(since, now)
                 if load <= max_load and area <= max_damage:
+                    self.quiet_since = since
                     return {"settled": True, "waited": now - start, "quiet_from": since - start,
                             "load": load, "damage": area, "repeated": repeated,
                             "held_load": held_load, "held_damage": held_damage}
                 held_load += load > max_load
                 held_damage += area > max_damage
+                quiet = None  # something happened since: wait as usual
             if now < end:
                 self.shoot_early(level, now)
                 now = self.sample()
