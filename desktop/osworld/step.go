@@ -226,7 +226,7 @@ func (d *Desktop) readyFrom(ctx context.Context, a settleAnswer, waitStart, answ
 		return r, nil
 	}
 	if obs, ok := d.executorShot(a, waitStart.Add(seconds(a.Waited))); ok {
-		obs, trusted, err := d.trustShot(ctx, obs)
+		obs, trusted, err := d.trustShot(ctx, obs, a.Settled)
 		if err != nil {
 			return desktop.Ready{}, err
 		}
@@ -276,14 +276,14 @@ func (d *Desktop) executorShot(a settleAnswer, at time.Time) (desktop.Observatio
 // what the guest server's /screenshot shows, pixel for pixel (the pointer
 // drawn the same way): a trainer's data must not depend on which one took
 // it. Until they agree once, every executor screenshot is followed by one
-// from /screenshot and compared. When the two differ, the executor takes
-// another right away: if that one agrees, they agree; if it differs from
+// from /screenshot and compared. When the two differ on a settled screen,
+// the executor takes another right away: if that one agrees, they agree; if it differs from
 // its first, the screen changed meanwhile (a blinking caret) and nothing is
 // concluded; if the executor's two agree with each other and not with the
 // server's, the two draw the screen differently, and after shotChecks such
 // pairs the desktop takes every screenshot from /screenshot, and says so.
 // It returns the observation to use and whether it is the executor's.
-func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation) (desktop.Observation, bool, error) {
+func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation, settled bool) (desktop.Observation, bool, error) {
 	if d.shots == shotsAgree {
 		return mine, true, nil
 	}
@@ -292,6 +292,11 @@ func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation) (desk
 		return desktop.Observation{}, false, err
 	}
 	why, err := diffPixels(mine.Screenshot, theirs.Screenshot)
+	if err == nil && why != "" && !settled {
+		// A screen still changing tells nothing, and a second look would
+		// run past the wait's bound.
+		return theirs, false, nil
+	}
 	if err == nil && why != "" {
 		var a settleAnswer
 		level := d.shotLevel()

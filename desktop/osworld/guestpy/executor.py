@@ -54,7 +54,7 @@ REPEAT_MEMORY = 2.5  # seconds a region's past contents are remembered
 TICK = 0.05  # how often a settle request looks at the CPUs
 LOAD_MIN = 0.2  # seconds, the least time the load of a settle is measured over
 ACT_LIMIT = 120  # seconds, as OSWorld's /execute
-EARLY_QUIET = 0.05  # seconds without damage before a settle takes its screenshot early
+EARLY_QUIET = 0.1  # seconds without damage before a settle takes its screenshot early
 EARLY_MAX = 3  # early screenshots a settle request takes at most
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/stat and of os.times() * CLK_TCK
 
@@ -190,6 +190,7 @@ class Executor:
         self.cpu = collections.deque()  # (time, busy, total) samples
         self.shooter = Shooter(*server_screen(os.getppid()))
         self.early = None  # (time, shot) taken while a settle waited
+        self.shot_cost = 0.3  # seconds the last screenshot took, capture and encoding
         self.early_tries = 0
 
     def start(self):
@@ -321,7 +322,7 @@ class Executor:
                            capture_s=capture, encode_s=encode)
         return out
 
-    def shoot_early(self, level, now):
+    def shoot_early(self, level, now, end):
         """Takes the screenshot while a settle waits out its quiet interval, once nothing has
         been drawn for EARLY_QUIET: if nothing is drawn until the screen counts as settled,
         it is the settled screen, and its capture and encoding did not wait for the end of
@@ -334,12 +335,13 @@ class Executor:
             return
         if self.early is not None and (last is None or last <= self.early[0]):
             return  # the one taken is still the screen
-        if self.early_tries >= EARLY_MAX:
-            return
+        if self.early_tries >= EARLY_MAX or now + self.shot_cost > end:
+            return  # enough tries, or it would hold the answer past the request's bound
         self.early_tries += 1
         t = time.monotonic()
         try:
             self.early = (t, self.shooter.shot(level))
+            self.shot_cost = time.monotonic() - t
         except Exception:
             self.early = None
 
@@ -401,7 +403,7 @@ class Executor:
                 held_damage += area > max_damage
                 quiet = None  # something happened since: wait as usual
             if now < end:
-                self.shoot_early(level, now)
+                self.shoot_early(level, now, end)
                 now = self.sample()
             if now >= end:
                 area, repeated = self.watcher.damage(now - interval, now)
