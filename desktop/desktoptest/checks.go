@@ -246,11 +246,11 @@ func (c *checker) checkObservation(obs desktop.Observation) error {
 	return nil
 }
 
-// step runs the options' Code actions, then DONE, through Step, for a
-// desktop that implements desktop.Stepper: each Code action's step returns
-// the screen to continue from, within the wait's bound, with an action and
-// a wait time that fit in the call; DONE returns no screen. A desktop
-// without Step passes.
+// step runs the options' Code actions, then WAIT and DONE, through Step,
+// for a desktop that implements desktop.Stepper: each Code action's step
+// and WAIT's return the screen to continue from, within the wait's bound,
+// with an action and a wait time that fit in the call; DONE returns no
+// screen. A desktop without Step passes.
 func (c *checker) step() {
 	d := c.desktop()
 	if d == nil {
@@ -279,7 +279,15 @@ func (c *checker) step() {
 			c.errorf("Step(%q): ready after %v, past the bound %v", a, res.Ready.After, bound)
 		}
 	}
-	res, err := st.Step(c.ctx, desktop.DoneAction, bound)
+	res, err := st.Step(c.ctx, desktop.WaitAction, bound)
+	if err != nil {
+		c.errorf("Step(WAIT): %v", err)
+		return
+	}
+	if err := c.checkObservation(res.Ready.Observation); err != nil {
+		c.errorf("Step(WAIT): %v: WAIT is the wait alone, and the screen it ends on", err)
+	}
+	res, err = st.Step(c.ctx, desktop.DoneAction, bound)
 	if err != nil {
 		c.errorf("Step(DONE): %v", err)
 	} else if res.Ready.Observation.Screenshot != nil {

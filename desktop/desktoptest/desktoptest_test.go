@@ -77,6 +77,18 @@ func (d goodStepper) Step(ctx context.Context, a desktop.Action, _ time.Duration
 	return desktop.StepResult{Act: res, Ready: desktop.Ready{Observation: obs}}, err
 }
 
+// codeOnlyStepper returns no screen after WAIT: it steps Code actions only.
+type codeOnlyStepper struct{ desktop.Desktop }
+
+func (d codeOnlyStepper) Step(ctx context.Context, a desktop.Action, _ time.Duration) (desktop.StepResult, error) {
+	res, err := d.Act(ctx, a)
+	if err != nil || a.Kind != desktop.Code {
+		return desktop.StepResult{Act: res}, err
+	}
+	obs, err := d.Observe(ctx)
+	return desktop.StepResult{Act: res, Ready: desktop.Ready{Observation: obs}}, err
+}
+
 // wrongSize declares a screen one pixel wider than its PNG.
 type wrongSize struct{ desktop.Desktop }
 
@@ -313,6 +325,7 @@ func TestCheck(t *testing.T) {
 		},
 		{"Stepper", wrap(func(d desktop.Desktop) desktop.Desktop { return goodStepper{d} }), Options{}, nil},
 		{"BadStepper", wrap(func(d desktop.Desktop) desktop.Desktop { return badStepper{d} }), Options{}, []string{"Step/LikeActThenWait"}},
+		{"CodeOnlyStepper", wrap(func(d desktop.Desktop) desktop.Desktop { return codeOnlyStepper{d} }), Options{}, []string{"Step/LikeActThenWait"}},
 		{
 			"NotAPNG",
 			wrap(func(d desktop.Desktop) desktop.Desktop { return notPNG{d} }),

@@ -46,7 +46,8 @@ const shotChecks = 2
 
 // Step runs an action, waits until the screen is ready (at most max after
 // the action) and returns the screen it ended on: with the executor, in
-// one round trip. A terminal action only counts as the attempt's last.
+// one round trip. WAIT is the wait alone; a terminal action only counts as
+// the attempt's last.
 func (d *Desktop) Step(ctx context.Context, action desktop.Action, bound time.Duration) (desktop.StepResult, error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
@@ -55,8 +56,12 @@ func (d *Desktop) Step(ctx context.Context, action desktop.Action, bound time.Du
 	defer done()
 	d.pending = nil
 	d.lastAction = action
-	if action.Kind != desktop.Code {
+	switch {
+	case action.Terminal():
 		return desktop.StepResult{}, nil
+	case action.Kind != desktop.Code:
+		// WAIT runs nothing: the wait for the screen is all of it.
+		return d.stepWait(ctx, desktop.ActResult{}, 0, bound)
 	}
 	if req, ok := d.settleRequest(time.Now().Add(bound), true); ok && d.exec.usable() && !d.exec.noWatch && !d.cfg.Ready.NoDamage && !d.noDamage {
 		t0 := time.Now()
