@@ -72,8 +72,8 @@ func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time, sho
 		lastShot = 0
 	}
 	for {
-		interval := min(cfg.Interval, time.Until(deadline)-lastShot-d.waits.probe)
-		if interval < minProbe || interval < cfg.Interval {
+		interval := cfg.Interval
+		if interval < minProbe || time.Until(deadline)-lastShot-d.waits.probe < interval {
 			// A shorter look cannot tell that the screen stayed still for
 			// an interval (a blinking caret's phase fits in it).
 			break

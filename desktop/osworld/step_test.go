@@ -10,6 +10,9 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -61,10 +64,7 @@ func TestStepOneRoundTrip(t *testing.T) {
 	var proxy countingProxy
 	d := g.desktop(t, g.config(t, proxy.start(t, g.URL)))
 	ctx := t.Context()
-	term := task(t, "term", "legato_test", fmt.Sprintf(`{
-	  "instruction": "Type.",
-	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40"]}}],
-	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+	term := termTask(t, g)
 	if err := d.Reset(ctx, term); err != nil {
 		t.Fatal(err)
 	}
@@ -178,10 +178,7 @@ func TestStepShotsDiffer(t *testing.T) {
 	d := g.desktop(t, g.config(t, g.URL))
 	d.testPointer = "none"
 	ctx := t.Context()
-	term := task(t, "term", "legato_test", fmt.Sprintf(`{
-	  "instruction": "Type.",
-	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40"]}}],
-	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+	term := termTask(t, g)
 	if err := d.Reset(ctx, term); err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +201,52 @@ func TestStepShotsDiffer(t *testing.T) {
 	}
 	if d.shots != shotsDiffer {
 		t.Errorf("after 4 still screens the executor's screenshots are %v, want %v (not trusted)", d.shots, shotsDiffer)
+	}
+}
+
+// termTask opens a small terminal titled legato-term.
+func termTask(t *testing.T, g *hostGuest) desktop.Task {
+	return task(t, "term", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Type.",
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40"]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+}
+
+// TestStepUnsettled: a step whose screen never settles says so, with the
+// whole wait as its After (the record marks such a step unsettled).
+func TestStepUnsettled(t *testing.T) {
+	g := startHostGuest(t)
+	d := g.desktop(t, g.config(t, g.URL))
+	ctx := t.Context()
+	clock := task(t, "clock", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Watch.",
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.02; do date +%%s.%%N; done"]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+	if err := d.Reset(ctx, clock); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitWindow(t, "legato-clock")
+	res, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.moveTo(300, 300)`}, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Ready.Settled || res.Ready.After <= 0 || res.Ready.Observation.Screenshot == nil {
+		t.Errorf("settled %v after %v with %d bytes; want unsettled, a wait, a screen", res.Ready.Settled, res.Ready.After, len(res.Ready.Observation.Screenshot))
+	}
+}
+
+// TestArrowLikeServer: the executor draws the pointer of legato's guest
+// server; shot.py's arrow must be the server's, or the two screenshots
+// never agree.
+func TestArrowLikeServer(t *testing.T) {
+	server, err := os.ReadFile(filepath.Join("testdata", "guest", "server.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrow := regexp.MustCompile(`(?s)\nARROW = \[.*?\n\]`)
+	want, got := arrow.Find(server), arrow.Find([]byte(shotPySrc))
+	if want == nil || !bytes.Equal(want, got) {
+		t.Errorf("shot.py's ARROW:\n%s\nis not server.py's:\n%s", got, want)
 	}
 }
 
