@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/grade"
 	"legato/rl/desktop/osworld/guest"
 	"legato/rl/desktop/osworld/setup"
@@ -48,8 +49,15 @@ const (
 	// interval, then a screenshot; a short window would mean more round
 	// trips and a load taken over too few scheduler ticks to say much.
 	DefaultGuestReadyInterval = 500 * time.Millisecond
-	DefaultReadyStable        = 2
-	DefaultReadyMaxLoad       = 0.25
+	// DefaultExecutorReadyInterval is the quiet interval where the
+	// executor watches the screen inside the guest: a look there is no
+	// round trip and the load is measured from the kernel's counters
+	// over the whole interval, so the guest window's reasons do not hold,
+	// and the interval is the least time every step waits (on KVM, most of
+	// a step besides the model).
+	DefaultExecutorReadyInterval = desktop.DefaultReadyInterval
+	DefaultReadyStable           = 2
+	DefaultReadyMaxLoad          = 0.25
 	// DefaultReadyMaxDamage is an 8×8 square: a blinking text caret (2×20)
 	// is below it, a typed character above.
 	DefaultReadyMaxDamage = 64
@@ -372,6 +380,10 @@ type ReadyConfig struct {
 	// Interval is the time between two looks at the screen, during which
 	// the guest's load is measured (default 500ms).
 	Interval time.Duration
+	// ExecutorInterval is the time the screen must stay quiet, and the
+	// guest idle, where the action executor watches the screen inside the
+	// guest (default 300ms, or Interval where only that is set).
+	ExecutorInterval time.Duration
 	// Stable is the number of identical screenshots in a row that mean the
 	// screen settled (default 2).
 	Stable int
@@ -508,6 +520,12 @@ func (c Config) withDefaults() Config {
 }
 
 func (r ReadyConfig) withDefaults() ReadyConfig {
+	if r.ExecutorInterval <= 0 {
+		r.ExecutorInterval = r.Interval
+		if r.Interval <= 0 {
+			r.ExecutorInterval = DefaultExecutorReadyInterval
+		}
+	}
 	if r.Interval <= 0 {
 		r.Interval = DefaultGuestReadyInterval
 	}
@@ -641,7 +659,7 @@ func (r ReadyConfig) validate() []error {
 		name string
 		v    time.Duration
 	}{
-		{"Ready.Interval", r.Interval}, {"Ready.AfterResetMax", r.AfterResetMax},
+		{"Ready.Interval", r.Interval}, {"Ready.ExecutorInterval", r.ExecutorInterval}, {"Ready.AfterResetMax", r.AfterResetMax},
 		{"Ready.BeforeEvalMax", r.BeforeEvalMax},
 	} {
 		if d.v < 0 {

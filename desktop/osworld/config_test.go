@@ -115,3 +115,27 @@ func TestDefaultFastResetIsValid(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyIntervals: the executor's quiet interval is its own default,
+// unless only Interval is set: a user who asked for a longer quiet gets it
+// everywhere.
+func TestReadyIntervals(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		in             ReadyConfig
+		probe, watcher time.Duration
+	}{
+		{"defaults", ReadyConfig{}, DefaultGuestReadyInterval, DefaultExecutorReadyInterval},
+		{"interval set", ReadyConfig{Interval: time.Second}, time.Second, time.Second},
+		{"both set", ReadyConfig{Interval: time.Second, ExecutorInterval: 200 * time.Millisecond}, time.Second, 200 * time.Millisecond},
+		{"executor's set", ReadyConfig{ExecutorInterval: 400 * time.Millisecond}, DefaultGuestReadyInterval, 400 * time.Millisecond},
+	} {
+		got := tt.in.withDefaults()
+		if got.Interval != tt.probe || got.ExecutorInterval != tt.watcher {
+			t.Errorf("%s: Interval %v, ExecutorInterval %v; want %v, %v", tt.name, got.Interval, got.ExecutorInterval, tt.probe, tt.watcher)
+		}
+	}
+	if errs := (ReadyConfig{ExecutorInterval: -time.Second}).validate(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "Ready.ExecutorInterval") {
+		t.Errorf("a negative ExecutorInterval: %v; want one error naming it", errs)
+	}
+}

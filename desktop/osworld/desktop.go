@@ -270,7 +270,7 @@ func (d *Desktop) WaitAfterReset(ctx context.Context) error {
 	}
 	defer done()
 	d.pending = nil
-	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, true)
+	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, waitFor{shot: true})
 	if err != nil {
 		return d.fail("wait after reset", err)
 	}
@@ -292,12 +292,7 @@ func (d *Desktop) WaitBeforeEval(ctx context.Context) error {
 	// After the agent ended the attempt, the executor knows the screen
 	// settled after the last action: it counts the quiet from then on,
 	// and one look tells whether it lasted. Grading needs no screenshot.
-	window := d.exec.window
-	if window == "" {
-		d.exec.window = "settled"
-	}
-	_, err = d.readySignal(ctx, d.cfg.Ready.BeforeEvalMax, false)
-	d.exec.window = window
+	_, err = d.readySignal(ctx, d.cfg.Ready.BeforeEvalMax, waitFor{window: "settled"})
 	if err != nil {
 		return d.fail("wait before eval", err)
 	}
@@ -314,7 +309,7 @@ func (d *Desktop) WaitReady(ctx context.Context, max time.Duration) (desktop.Rea
 	}
 	defer done()
 	d.pending = nil
-	r, err := d.readySignal(ctx, max, true)
+	r, err := d.readySignal(ctx, max, waitFor{shot: true})
 	if err != nil {
 		return r, d.fail("wait ready", err)
 	}

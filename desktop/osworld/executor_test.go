@@ -96,7 +96,7 @@ func TestExecutorSameScreen(t *testing.T) {
 			t.Fatal(err)
 		}
 		g.WaitWindow(t, "legato-term")
-		if _, err := d.readySignal(ctx, 20*time.Second, true); err != nil {
+		if _, err := d.readySignal(ctx, 20*time.Second, waitFor{shot: true}); err != nil {
 			t.Fatal(err)
 		}
 		if d.exec.usable() == noExecutor {

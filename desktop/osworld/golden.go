@@ -297,10 +297,7 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	// opens a file under a loaded host was caught in one: each load then
 	// showed another frame): the quiet interval is longer than an
 	// action's.
-	interval := d.cfg.Ready.Interval
-	d.cfg.Ready.Interval = max(interval, goldenQuiet)
-	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, false)
-	d.cfg.Ready.Interval = interval
+	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, waitFor{quiet: goldenQuiet})
 	if err != nil {
 		return nil, fmt.Errorf("wait for a settled screen: %w", err)
 	}

@@ -500,7 +500,7 @@ func (v *vmPrep) prepare(ctx context.Context) error {
 	// caches) write to the home, and the baseline must hold what they
 	// wrote.
 	d := &Desktop{cfg: p.cfg, guest: v.client, sh: sh, log: p.log}
-	if _, err := d.readySignal(ctx, p.cfg.Ready.AfterResetMax, false); err != nil {
+	if _, err := d.readySignal(ctx, p.cfg.Ready.AfterResetMax, waitFor{}); err != nil {
 		return err
 	}
 	// The record's time stamp, and every later change's time, must come

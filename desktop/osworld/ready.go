@@ -34,10 +34,33 @@ func ewma(old, d time.Duration) time.Duration {
 	return time.Duration(0.3*float64(d) + 0.7*float64(old))
 }
 
+// waitFor says what a ready wait is for.
+type waitFor struct {
+	// shot: the caller needs the screen the wait ended on. Without it the
+	// wait takes no screenshot it can do without.
+	shot bool
+	// quiet is the least quiet interval that counts as settled, beyond
+	// the configured ones (a golden state is taken on a longer quiet).
+	quiet time.Duration
+	// window is the executor's settle window ("" for its default; see
+	// guestpy/executor.py).
+	window string
+}
+
+// executorInterval is the quiet interval of a settle the executor watches.
+func (d *Desktop) executorInterval(w waitFor) time.Duration {
+	return max(d.cfg.Ready.ExecutorInterval, w.quiet)
+}
+
+// quietInterval is the quiet interval of the probes and screenshots.
+func (d *Desktop) quietInterval(w waitFor) time.Duration {
+	return max(d.cfg.Ready.Interval, w.quiet)
+}
+
 // readySignal waits until the desktop is ready and returns the screen it
-// ended on, at most max after it started (its last screenshot is planned to
-// end by then, and every call before it is cut off there). Without shot
-// the caller needs no screen: the wait takes none it can do without.
+// ended on (with w.shot), at most max after it started (its last
+// screenshot is planned to end by then, and every call before it is cut
+// off there).
 //
 // Where the guest can watch its own screen (the X DAMAGE extension, through
 // the quiet probe), the desktop is ready once, over one Ready.Interval, the
@@ -47,32 +70,32 @@ func ewma(old, d time.Duration) time.Duration {
 // be identical, with the guest idle in between; no screenshot is taken
 // while the guest is busy. When max passes first the screen is taken as it
 // is (not an error), from the last screenshot if nothing happened after it.
-func (d *Desktop) readySignal(ctx context.Context, max time.Duration, shot bool) (desktop.Ready, error) {
+func (d *Desktop) readySignal(ctx context.Context, max time.Duration, w waitFor) (desktop.Ready, error) {
 	start := time.Now()
 	deadline := start.Add(max)
 	if !d.cfg.Ready.NoDamage && !d.noDamage {
-		if r, err, done := d.waitExecutor(ctx, start, deadline, shot); done {
+		if r, err, done := d.waitExecutor(ctx, start, deadline, w); done {
 			return r, err
 		}
-		r, err, done := d.waitDamage(ctx, start, deadline, shot)
+		r, err, done := d.waitDamage(ctx, start, deadline, w)
 		if done {
 			return r, err
 		}
 	}
-	return d.waitScreens(ctx, start, deadline)
+	return d.waitScreens(ctx, start, deadline, w)
 }
 
 // waitDamage is the ready signal with the guest watching its screen. It
 // reports done=false when the guest cannot watch it; the caller then
 // compares screenshots for the rest of the wait.
-func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time, shot bool) (r desktop.Ready, err error, done bool) {
+func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time, w waitFor) (r desktop.Ready, err error, done bool) {
 	cfg := d.cfg.Ready
 	lastShot := d.waits.shot
-	if !shot {
+	if !w.shot {
 		lastShot = 0
 	}
 	for {
-		interval := cfg.Interval
+		interval := d.quietInterval(w)
 		if interval < minProbe || time.Until(deadline)-lastShot-d.waits.probe < interval {
 			// A shorter look cannot tell that the screen stayed still for
 			// an interval (a blinking caret's phase fits in it).
@@ -93,21 +116,21 @@ func (d *Desktop) waitDamage(ctx context.Context, start, deadline time.Time, sho
 		}
 		if p.Load <= cfg.MaxLoad && *p.Damage <= cfg.MaxDamage {
 			r := desktop.Ready{After: t0.Sub(start), Settled: true}
-			if shot {
+			if w.shot {
 				r.Observation, err = d.timedShot(ctx)
 			}
 			return r, err, true
 		}
 	}
 	r = desktop.Ready{After: time.Since(start)}
-	if shot {
+	if w.shot {
 		r.Observation, err = d.timedShot(ctx)
 	}
 	return r, err, true
 }
 
 // waitScreens is the ready signal that compares screenshots.
-func (d *Desktop) waitScreens(ctx context.Context, start, deadline time.Time) (desktop.Ready, error) {
+func (d *Desktop) waitScreens(ctx context.Context, start, deadline time.Time, w waitFor) (desktop.Ready, error) {
 	cfg := d.cfg.Ready
 	prev, err := d.timedShot(ctx)
 	if err != nil {
@@ -117,7 +140,7 @@ func (d *Desktop) waitScreens(ctx context.Context, start, deadline time.Time) (d
 	// clean: nothing happened since prev was taken.
 	clean := true
 	for same < cfg.Stable {
-		interval := d.probeInterval(deadline)
+		interval := d.probeInterval(deadline, w)
 		if interval < minProbe {
 			break
 		}
@@ -164,8 +187,8 @@ func (d *Desktop) waitScreens(ctx context.Context, start, deadline time.Time) (d
 
 // probeInterval is how long the next quiet probe may watch so that it and
 // the last screenshot after it end by deadline.
-func (d *Desktop) probeInterval(deadline time.Time) time.Duration {
-	return min(d.cfg.Ready.Interval, time.Until(deadline)-d.waits.shot-d.waits.probe)
+func (d *Desktop) probeInterval(deadline time.Time, w waitFor) time.Duration {
+	return min(d.quietInterval(w), time.Until(deadline)-d.waits.shot-d.waits.probe)
 }
 
 // errPastDeadline means a call of the wait was cut off at its bound.

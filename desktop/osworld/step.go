@@ -63,7 +63,7 @@ func (d *Desktop) Step(ctx context.Context, action desktop.Action, bound time.Du
 		// WAIT runs nothing: the wait for the screen is all of it.
 		return d.stepWait(ctx, desktop.ActResult{}, 0, bound)
 	}
-	if req, ok := d.settleRequest(time.Now().Add(bound), true); ok && d.exec.usable() && !d.exec.noWatch && !d.cfg.Ready.NoDamage && !d.noDamage {
+	if req, ok := d.settleRequest(time.Now().Add(bound), waitFor{shot: true}); ok && d.executorWatches() {
 		t0 := time.Now()
 		res, a, actTime, ran, err := d.actExecutor(ctx, action.Code, &req)
 		answered := time.Now()
@@ -107,7 +107,7 @@ func (d *Desktop) Step(ctx context.Context, action desktop.Action, bound time.Du
 // stepWait is the rest of a step whose action ran without the wait.
 func (d *Desktop) stepWait(ctx context.Context, act desktop.ActResult, actTime, bound time.Duration) (desktop.StepResult, error) {
 	start := time.Now()
-	r, err := d.readySignal(ctx, bound, true)
+	r, err := d.readySignal(ctx, bound, waitFor{shot: true})
 	if err != nil {
 		return desktop.StepResult{Act: act, ActTime: actTime}, d.fail("step", err)
 	}
@@ -117,8 +117,9 @@ func (d *Desktop) stepWait(ctx context.Context, act desktop.ActResult, actTime, 
 // settleRequest plans a settle request whose answer, and the screenshot
 // after it when the executor does not take it, end by deadline; ok is
 // false when there is no time left for one.
-func (d *Desktop) settleRequest(deadline time.Time, shot bool) (req executorRequest, ok bool) {
+func (d *Desktop) settleRequest(deadline time.Time, w waitFor) (req executorRequest, ok bool) {
 	cfg := d.cfg.Ready
+	shot := w.shot
 	withShot := shot && d.shots != shotsDiffer
 	est := d.waits.settle
 	if withShot {
@@ -140,8 +141,12 @@ func (d *Desktop) settleRequest(deadline time.Time, shot bool) (req executorRequ
 	if wait < 0 {
 		return req, false
 	}
-	req = executorRequest{Op: "settle", Max: max(wait.Seconds(), 1e-3), Interval: cfg.Interval.Seconds(),
-		MaxLoad: cfg.MaxLoad, MaxDamage: cfg.MaxDamage, Window: d.exec.window}
+	window := w.window
+	if d.exec.window != "" {
+		window = d.exec.window
+	}
+	req = executorRequest{Op: "settle", Max: max(wait.Seconds(), 1e-3), Interval: d.executorInterval(w).Seconds(),
+		MaxLoad: cfg.MaxLoad, MaxDamage: cfg.MaxDamage, Window: window}
 	if withShot {
 		level := d.shotLevel()
 		req.Shot = &level
@@ -157,17 +162,24 @@ func (d *Desktop) shotLevel() int {
 	return shotLevel
 }
 
+// executorWatches says the ready signal is the executor's: it runs and can
+// watch the screen, and no baseline asks for screenshot comparisons.
+func (d *Desktop) executorWatches() bool {
+	return d.exec.usable() && !d.exec.noWatch && !d.cfg.Ready.NoDamage && !d.noDamage
+}
+
 // waitExecutor is the ready signal with the executor watching the screen:
 // one request that returns once the guest settled (or by the bound), with
 // the settled screen when shot asks for one and the executor's
 // screenshots are trusted, else followed by one screenshot. It reports
 // done=false when no executor can watch the screen; the caller probes
 // then.
-func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time, shot bool) (r desktop.Ready, err error, done bool) {
-	if !d.exec.usable() || d.exec.noWatch {
+func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time, w waitFor) (r desktop.Ready, err error, done bool) {
+	if !d.executorWatches() {
 		return desktop.Ready{}, nil, false
 	}
-	req, ok := d.settleRequest(deadline, shot)
+	shot := w.shot
+	req, ok := d.settleRequest(deadline, w)
 	if !ok {
 		return desktop.Ready{}, nil, false
 	}
@@ -305,7 +317,7 @@ func (d *Desktop) trustShot(ctx context.Context, mine desktop.Observation, settl
 	if err == nil && why != "" {
 		var a settleAnswer
 		level := d.shotLevel()
-		delivered, cerr := d.callExecutor(ctx, executorRequest{Op: "settle", Max: 1e-3, Interval: d.cfg.Ready.Interval.Seconds(),
+		delivered, cerr := d.callExecutor(ctx, executorRequest{Op: "settle", Max: 1e-3, Interval: d.cfg.Ready.ExecutorInterval.Seconds(),
 			MaxLoad: 1, MaxDamage: 1, Shot: &level}, &a)
 		if cerr != nil {
 			return desktop.Observation{}, false, cerr

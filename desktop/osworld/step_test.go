@@ -11,12 +11,15 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/desktop"
 )
@@ -279,5 +282,80 @@ func TestDiffPixels(t *testing.T) {
 	}
 	if _, err := diffPixels([]byte("not a png"), enc(rgba)); err == nil {
 		t.Error("no error for a broken PNG")
+	}
+}
+
+// deferredPauseTest drives the executor's DeferredPause on a module shaped
+// as pyautogui (each call ends in _handlePause) with a clock of its own:
+// it prints the sleeps the pause took, one line per case.
+const deferredPauseTest = `
+import sys, types
+ns = {"__name__": "legato_executor"}
+exec(compile(sys.argv[1], "<executor>", "exec"), ns)
+
+class Clock:
+    now = 100.0
+    slept = []
+    def monotonic(self):
+        return self.now
+    def sleep(self, s):
+        self.slept.append(round(s, 3))
+        self.now += s
+clock = Clock()
+ns["time"] = clock
+
+gui = types.ModuleType("gui")
+gui.PAUSE = 0.1
+def _handlePause(_pause=True):
+    assert isinstance(gui.PAUSE, (int, float)), "PAUSE"
+    if _pause:
+        clock.sleep(gui.PAUSE)
+gui._handlePause = _handlePause
+def click(_pause=True):
+    gui._handlePause(_pause)
+gui.click = click
+pause = ns["DeferredPause"](gui)
+
+def case(name, action):
+    clock.slept.clear()
+    try:
+        action()
+    except AssertionError as e:
+        clock.slept.append("AssertionError " + str(e))
+    pause.drop()
+    print(name, clock.slept)
+
+case("last call", lambda: click())
+case("two calls", lambda: (click(), click()))
+def then_print():
+    click()
+    clock.now += 0.04  # 40 ms of the action's own work
+    len("x")
+case("call then other work", then_print)
+case("no pause asked", lambda: (click(_pause=False), click(_pause=False)))
+def bad_pause():
+    gui.PAUSE = "x"
+    click()
+case("PAUSE not a number", bad_pause)
+`
+
+// TestDeferredPause: the pause pyautogui sleeps after a call is slept
+// before whatever the action does next, and not after its last call.
+func TestDeferredPause(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	out, err := exec.Command("python3", "-I", "-S", "-c", deferredPauseTest, executorSrc).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3: %v\n%s", err, out)
+	}
+	want := `last call []
+two calls [0.1]
+call then other work [0.06]
+no pause asked []
+PAUSE not a number ['AssertionError PAUSE']
+`
+	if diff := cmp.Diff(want, string(out)); diff != "" {
+		t.Errorf("the pauses slept (-want +got):\n%s", diff)
 	}
 }

@@ -13,7 +13,8 @@ reached wherever the guest API is):
   act      run an action's code as `python -c PREFIX+CODE` would: a fresh __main__
            namespace, the same stdout, stderr (file descriptors 1 and 2, so the programs it
            starts are captured too), exit status and tracebacks, the same 120 s limit, and
-           pyautogui's settings as the import left them.
+           pyautogui's settings as the import left them; but the pause pyautogui sleeps after
+           its last call is left to the settle (see DeferredPause).
   settle   answer once the screen and the CPUs have been still for an interval (see Watcher),
            or when the request's bound passed: the wait after an action in one round trip.
            With "shot" (a zlib level), the answer holds the screen it settled on, as PNG in
@@ -178,6 +179,53 @@ class Watcher(threading.Thread):
         return area, repeated
 
 
+def expire(signum, frame):
+    raise ActionTimeout()
+
+
+class DeferredPause:
+    """pyautogui sleeps PAUSE seconds (0.1) after each of its calls, so that programs respond
+    before the next one. After an action's last call that sleep only delays the settle, which
+    waits longer for the screen to be still anyway: the executor defers each pause until the
+    action does anything else (any call: pyautogui's next one, a sleep, a print, a program it
+    starts) and drops the pause still owed when the action ends. Whatever an action does
+    after a pyautogui call still comes PAUSE after it, as under `python -c`. Works where the
+    module pauses through its _handlePause(_pause), as pyautogui does."""
+
+    def __init__(self, module):
+        self.module = module
+        self.until = None  # the monotonic time the owed pause ends
+        self.original = getattr(module, "_handlePause", None)
+        self.skip = {self.owe.__code__, self.drop.__code__, expire.__code__}
+        if callable(self.original):
+            module._handlePause = self.owe
+
+    def owe(self, _pause=True):
+        pause = getattr(self.module, "PAUSE", None)
+        if not _pause or isinstance(pause, bool) or not isinstance(pause, (int, float)):
+            return self.original(_pause)  # nothing to defer, or pyautogui's own complaint
+        if pause <= 0:
+            return None
+        self.until = max(self.until or 0.0, time.monotonic() + pause)
+        sys.setprofile(self.profile)
+        return None
+
+    def profile(self, frame, event, arg):
+        if event not in ("call", "c_call") or frame.f_code in self.skip:
+            return
+        sys.setprofile(None)
+        until, self.until = self.until, None
+        if until is not None:
+            left = until - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+
+    def drop(self):
+        """Ends the action: the pause still owed is not slept."""
+        sys.setprofile(None)
+        self.until = None
+
+
 class Executor:
     def __init__(self, d, prefix):
         self.dir = d
@@ -198,6 +246,7 @@ class Executor:
         exec(compile(self.prefix, "<string>", "exec"), g)
         self.pyautogui = sys.modules.get("pyautogui")
         self.defaults = settings(self.pyautogui)
+        self.pause = DeferredPause(self.pyautogui)
         self.watcher = Watcher()
         self.watcher.start()
         self.watcher.started.wait(10)
@@ -259,16 +308,14 @@ class Executor:
         # Each `python -c` starts in the server's directory and environment: an
         # action's chdir or environment change must not reach the next one.
         cwd, env = os.getcwd(), dict(os.environ)
-
-        def expire(signum, frame):
-            raise ActionTimeout()
-
         old = signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, limit)
         try:
             try:
                 exec(compile(self.prefix + code, "<string>", "exec"), g)
             finally:
+                if self.pause is not None:
+                    self.pause.drop()
                 signal.setitimer(signal.ITIMER_REAL, 0)
             return 0, False
         except ActionTimeout:

@@ -135,8 +135,9 @@ def _failsafe_check():
                 "set pyautogui.FAILSAFE = False to disable it")
 
 
-def _after(pause=True):
-    """Sleeps PAUSE seconds after an action, as pyautogui does."""
+def _handlePause(pause=True):
+    """Sleeps PAUSE seconds after an action, as pyautogui does (and under its name, which
+    legato's executor looks for)."""
     if pause and PAUSE:
         time.sleep(PAUSE)
 
@@ -193,7 +194,7 @@ def moveTo(x=None, y=None, duration=0.0, tween=linear, logScreenshot=False, _pau
     args = []
     _glide(args, x, y, duration, tween)
     _xdotool(*args)
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def moveRel(xOffset=None, yOffset=None, duration=0.0, tween=linear, logScreenshot=False,
@@ -220,7 +221,7 @@ def click(x=None, y=None, clicks=1, interval=0.0, button="left", duration=0.0, t
         args += ["click", "--repeat", clicks, "--delay", int(interval * 1000) or 1, b]
     if args:
         _xdotool(*args)
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def leftClick(x=None, y=None, interval=0.0, duration=0.0, tween=linear, **kw):
@@ -251,7 +252,7 @@ def mouseDown(x=None, y=None, button="left", duration=0.0, tween=linear, logScre
         tx, ty = _xy(x, y)
         _glide(args, tx, ty, duration, tween)
     _xdotool(*(args + ["mousedown", _button(button)]))
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def mouseUp(x=None, y=None, button="left", duration=0.0, tween=linear, logScreenshot=None,
@@ -262,7 +263,7 @@ def mouseUp(x=None, y=None, button="left", duration=0.0, tween=linear, logScreen
         tx, ty = _xy(x, y)
         _glide(args, tx, ty, duration, tween)
     _xdotool(*(args + ["mouseup", _button(button)]))
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def dragTo(x=None, y=None, duration=0.0, tween=linear, button="left", logScreenshot=None,
@@ -277,7 +278,7 @@ def dragTo(x=None, y=None, duration=0.0, tween=linear, button="left", logScreens
     if mouseDownUp:
         args += ["mouseup", b]
     _xdotool(*args)
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def dragRel(xOffset=0, yOffset=0, duration=0.0, tween=linear, button="left", logScreenshot=None,
@@ -308,7 +309,7 @@ def _scroll(clicks, x, y, up, down):
 def scroll(clicks, x=None, y=None, logScreenshot=None, _pause=True):
     """Scrolls up for positive clicks, down for negative ones."""
     _scroll(clicks, x, y, "4", "5")
-    _after(_pause)
+    _handlePause(_pause)
 
 
 vscroll = scroll
@@ -317,19 +318,19 @@ vscroll = scroll
 def hscroll(clicks, x=None, y=None, logScreenshot=None, _pause=True):
     """Scrolls right for positive clicks, left for negative ones."""
     _scroll(clicks, x, y, "7", "6")
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def keyDown(key, logScreenshot=None, _pause=True):
     _failsafe_check()
     _xdotool("keydown", _keysym(key))
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def keyUp(key, logScreenshot=None, _pause=True):
     _failsafe_check()
     _xdotool("keyup", _keysym(key))
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def press(keys, presses=1, interval=0.0, logScreenshot=None, _pause=True):
@@ -343,7 +344,7 @@ def press(keys, presses=1, interval=0.0, logScreenshot=None, _pause=True):
                 args += ["sleep", "%.3f" % interval]
     if args:
         _xdotool(*args)
-    _after(_pause)
+    _handlePause(_pause)
 
 
 def hotkey(*args, **kwargs):
@@ -358,7 +359,7 @@ def hotkey(*args, **kwargs):
         cmd += ["keyup", k] + (["sleep", "%.3f" % interval] if interval else [])
     if cmd:
         _xdotool(*cmd)
-    _after(kwargs.get("_pause", True))
+    _handlePause(kwargs.get("_pause", True))
 
 
 def typewrite(message, interval=0.0, logScreenshot=None, _pause=True):
@@ -370,7 +371,7 @@ def typewrite(message, interval=0.0, logScreenshot=None, _pause=True):
             _xdotool("type", "--delay", delay, "--", message)
     else:
         press(list(message), interval=interval, _pause=False)
-    _after(_pause)
+    _handlePause(_pause)
 
 
 write = typewrite
