@@ -24,6 +24,7 @@ var (
 	itStepBench = flag.Bool("osworld.stepbench", false, "run the step benchmark: one group of 15-step attempts, each way of stepping side by side (tens of minutes under software emulation)")
 	itStepGroup = flag.Int("osworld.stepbench.group", 6, "attempts per way in the step benchmark")
 	itStepWays  = flag.String("osworld.stepbench.ways", "", "comma-separated names of the ways the step benchmark runs (default all)")
+	itStepApps  = flag.Bool("osworld.stepbench.apps", false, "run the step benchmark on the real-apps guest (LibreOffice Writer) instead of the test guest (a terminal)")
 )
 
 // stepBenchPlan types "echo hello legato > ~/out.txt" into the task's
@@ -38,6 +39,19 @@ var stepBenchPlan = func() []string {
 		plan = append(plan, string(b))
 	}
 	return plan
+}()
+
+// appsStepBenchPlan types "Hello legato!" into the open Writer document
+// of apps-writer-type a character per step, saves it, and ends the attempt
+// at step 15, graded 1 when done right.
+var appsStepBenchPlan = func() []string {
+	var plan []string
+	for _, c := range "Hello legato!" {
+		b, _ := json.Marshal(map[string]any{"action": "type", "text": string(c)})
+		plan = append(plan, string(b))
+	}
+	b, _ := json.Marshal(map[string]any{"action": "key", "keys": []string{"ctrl", "s"}})
+	return append(plan, string(b))
 }()
 
 // noStep hides a desktop's Step and has its screenshots taken by the guest
@@ -63,7 +77,8 @@ func (r revertEach) Reset(ctx context.Context, task desktop.Task) error {
 }
 
 // TestIntegrationStepBench runs the same group of 15-step attempts of one
-// task, a scripted model answering in 1 s, four ways on the test guest, one
+// task, a scripted model answering in 1 s, four ways on the test guest (a
+// terminal; with -osworld.stepbench.apps the real-apps guest's Writer), one
 // after the other, and prints per attempt and per step the model's time
 // and the rest side by side:
 //
@@ -94,8 +109,12 @@ func TestIntegrationStepBench(t *testing.T) {
 			wrap:  func(d *VMDesktop) desktop.Desktop { return revertEach{d} },
 			fixed: &desktop.FixedWaits{AfterAction: 3 * time.Second, AfterReset: 60 * time.Second, BeforeEval: 20 * time.Second}},
 	}
+	config, file, taskID, plan := itConfig, filepath.Join("testdata", "tasks", "guest_tasks.json"), "legato-term-echo", stepBenchPlan
+	if *itStepApps {
+		config, file, taskID, plan = appsConfig, filepath.Join("testdata", "apps-tasks", "tasks.json"), "apps-writer-type", appsStepBenchPlan
+	}
 	srv := policytest.NewServer(policytest.Options{Latency: policytest.Latency{Base: time.Second},
-		Script: func(req policytest.Request) string { return planCall(req.Step, stepBenchPlan) }})
+		Script: func(req policytest.Request) string { return planCall(req.Step, plan) }})
 	defer srv.Close()
 
 	type result struct {
@@ -107,10 +126,10 @@ func TestIntegrationStepBench(t *testing.T) {
 		ways = slices.DeleteFunc(ways, func(w way) bool { return !slices.Contains(strings.Split(*itStepWays, ","), w.name) })
 	}
 	for _, w := range ways {
-		cfg := itConfig(t, "legato-itstep-")
+		cfg := config(t, "legato-itstep-")
 		w.cfg(&cfg)
-		p, tasks := itPool(t, cfg, filepath.Join("testdata", "tasks", "guest_tasks.json"))
-		tasks = slices.DeleteFunc(tasks, func(tk desktop.Task) bool { return tk.ID != "legato-term-echo" })
+		p, tasks := itPool(t, cfg, file)
+		tasks = slices.DeleteFunc(tasks, func(tk desktop.Task) bool { return tk.ID != taskID })
 		factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
 			d, err := p.New(ctx, slot)
 			if err != nil || w.wrap == nil {
