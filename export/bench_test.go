@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -24,6 +25,9 @@ import (
 // syntheticRun describes a large run for the benchmark.
 type syntheticRun struct {
 	rollouts, steps, group int
+	// promptIDs stores each step's prompt token ids (2,000 + 300 per
+	// step), chunked as schema.Run.PutTokenIDs stores them.
+	promptIDs bool
 }
 
 // write writes the run into dir the way the content store lays it out,
@@ -34,7 +38,7 @@ type syntheticRun struct {
 // each rollout adds two new ones per step. Images are references only; the
 // benchmark exports references and never reads them.
 func (s syntheticRun) write(dir string) error {
-	for _, d := range []string{schema.MessagesDir, schema.ImagesDir} {
+	for _, d := range []string{schema.MessagesDir, schema.ImagesDir, schema.TokensDir} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
@@ -52,6 +56,24 @@ func (s syntheticRun) write(dir string) error {
 		sum := sha256.Sum256(canon)
 		h := hex.EncodeToString(sum[:])
 		return h, os.WriteFile(filepath.Join(dir, schema.MessagesDir, h), enc.EncodeAll(canon, nil), 0o644)
+	}
+	// putIDs stores ids as chunks of schema.TokenChunk: canonical JSON
+	// (encoding/json's), zstd, named by the JSON's sha256.
+	putIDs := func(ids []int64) ([]string, error) {
+		var hashes []string
+		for start := 0; start < len(ids); start += schema.TokenChunk {
+			canon, err := json.Marshal(ids[start:min(start+schema.TokenChunk, len(ids))])
+			if err != nil {
+				return nil, err
+			}
+			sum := sha256.Sum256(canon)
+			h := hex.EncodeToString(sum[:])
+			hashes = append(hashes, h)
+			if err := os.WriteFile(filepath.Join(dir, schema.TokensDir, h), enc.EncodeAll(canon, nil), 0o644); err != nil {
+				return nil, err
+			}
+		}
+		return hashes, nil
 	}
 	// A system prompt the size of a computer_use tool schema.
 	system, err := put(schema.Message{Role: "system", Content: []schema.Part{
@@ -116,9 +138,20 @@ func (s syntheticRun) write(dir string) error {
 					ids[j] = int64(1000 + (i*7+j*13)%150000)
 					lps[j] = -float64((i+j)%97) / 64
 				}
+				var chunks []string
+				if s.promptIDs {
+					prompt := make([]int64, 2000+300*k)
+					for j := range prompt {
+						prompt[j] = int64(100 + (i*31+j*17)%150000)
+					}
+					if chunks, err = putIDs(prompt); err != nil {
+						return err
+					}
+				}
 				rec.Steps = append(rec.Steps, schema.Step{
-					Request:   append([]string(nil), history...),
-					StartedAt: rec.StartedAt,
+					Request:           append([]string(nil), history...),
+					PromptTokenChunks: chunks,
+					StartedAt:         rec.StartedAt,
 					Response: schema.Response{Content: content, Reasoning: "The spreadsheet is open; column B holds the values.",
 						TokenIDs: ids, Logprobs: lps, FinishReason: "stop"},
 					Model:   schema.ModelCall{Seconds: 1.5, Attempts: 1, PromptTokens: 2000 + 1200*k, CompletionTokens: 80, CachedTokens: new(1200 * k)},
@@ -172,11 +205,24 @@ func peakHeap(stop <-chan struct{}) uint64 {
 // written per second and the peak heap in use during the export. Run it
 // with -benchtime=1x: one export writes about a gigabyte.
 func BenchmarkExportSteps(b *testing.B) {
-	run := syntheticRun{rollouts: 10_000, steps: 15, group: 8}
+	benchExport(b, syntheticRun{rollouts: 10_000, steps: 15, group: 8}, "LEGATO_EXPORT_BENCH_RUN")
+}
+
+// BenchmarkExportPromptIDs exports 2,000 rollouts × 15 steps whose samples
+// carry their prompts' token ids (2,000 + 300 a step), about a gigabyte
+// of JSONL, most of it ids. Run it with -benchtime=1x.
+func BenchmarkExportPromptIDs(b *testing.B) {
+	benchExport(b, syntheticRun{rollouts: 2_000, steps: 15, group: 8, promptIDs: true}, "LEGATO_EXPORT_BENCH_IDS_RUN")
+}
+
+// benchExport exports run and reports MB written per second of CPU, the
+// peak heap, and x-copy: the export's time over that of reading the file
+// it wrote and writing a copy (synced), the bound the disk sets.
+func benchExport(b *testing.B, run syntheticRun, keepEnv string) {
 	dir := filepath.Join(b.TempDir(), "run")
-	// LEGATO_EXPORT_BENCH_RUN names a directory to keep the generated run
-	// in between benchmark runs; it is generated there when missing.
-	keep := os.Getenv("LEGATO_EXPORT_BENCH_RUN")
+	// keepEnv names a directory to keep the generated run in between
+	// benchmark runs; it is generated there when missing.
+	keep := os.Getenv(keepEnv)
 	if keep != "" {
 		dir = keep
 	}
@@ -200,7 +246,7 @@ func BenchmarkExportSteps(b *testing.B) {
 	b.ResetTimer()
 	var peak uint64
 	var st export.Stats
-	cpu0 := cpuTime()
+	cpu0, t0 := cpuTime(), time.Now()
 	for range b.N {
 		stop, done := make(chan struct{}), make(chan uint64)
 		go func() { done <- peakHeap(stop) }()
@@ -212,15 +258,46 @@ func BenchmarkExportSteps(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	elapsed := time.Since(t0)
 	if cpu := cpuTime() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(st.Bytes)*float64(b.N)/1e6/cpu.Seconds(), "MB/cpu-s")
 	}
+	b.StopTimer()
 	b.SetBytes(st.Bytes)
 	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
 	b.ReportMetric(float64(st.Lines), "lines")
 	if st.Lines != run.rollouts*run.steps {
 		b.Fatalf("wrote %d lines, want %d", st.Lines, run.rollouts*run.steps)
 	}
+	if c := copyTime(b, out); c > 0 {
+		b.ReportMetric(elapsed.Seconds()/float64(b.N)/c.Seconds(), "x-copy")
+	}
+}
+
+// copyTime reads path and writes a synced copy of it beside it, and
+// returns how long that took.
+func copyTime(b *testing.B, path string) time.Duration {
+	t0 := time.Now()
+	src, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.Create(path + ".copy")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.Remove(dst.Name())
+	if _, err := io.Copy(struct{ io.Writer }{dst}, src); err != nil { // no copy_file_range: the bytes pass through memory
+		b.Fatal(err)
+	}
+	if err := dst.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(t0)
 }
 
 // BenchmarkSummaryBuilder feeds the records of 10,000 rollouts × 15 steps

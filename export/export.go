@@ -9,8 +9,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -326,16 +328,33 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	return st, nil
 }
 
-// writeSamples is the second pass of an export. It runs as two stages of
-// about equal cost: a reader goroutine parses the next records and reads
-// their new messages from disk into the store's cache, while a writer
-// builds and writes the lines.
+// writeSamples is the second pass of an export. A reader goroutine parses
+// the next records and reads their new messages from disk into the store's
+// cache; the samples of each record are built and encoded by one of
+// several workers (one per CPU) into a buffer of their own, which a writer
+// writes in the records' order. With inline images a record's samples are
+// too big to hold (a prompt's screenshots are tens of MB per line): one
+// worker streams them to w.
 func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.MessageStore, groups *groupTable, opts Options, st *Stats) error {
+	workers := runtime.GOMAXPROCS(0)
+	if opts.InlineImages {
+		workers = 1
+	}
 	g, ctx := errgroup.WithContext(ctx)
-	recs := make(chan *schema.Record, 4)
+	type job struct {
+		seq int
+		rec *schema.Record
+		buf *bytes.Buffer
+		err error
+	}
+	// slots bounds the records between the reader and the writer (parsed,
+	// being encoded or waiting for their turn).
+	slots := make(chan struct{}, 2*workers)
+	jobs, done := make(chan *job, workers), make(chan *job, workers)
 	g.Go(func() error {
-		defer close(recs)
+		defer close(jobs)
 		seen := make(map[string]struct{})
+		seq := 0
 		_, err := schema.ReadRecords(r, func(rec schema.Record) error {
 			if _, ok := groups.advantage(rec.GroupID, rec.RolloutID); !ok {
 				return nil // not finished, or finished without a reward
@@ -345,7 +364,7 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 				return nil
 			}
 			// Warm the cache with the rollout's distinct messages; the
-			// writer reports any error when it loads them.
+			// worker reports any error when it loads them.
 			clear(seen)
 			for i := range rec.Steps {
 				for _, h := range rec.Steps[i].Request {
@@ -356,7 +375,14 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 				}
 			}
 			select {
-			case recs <- &rec:
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			j := &job{seq: seq, rec: &rec}
+			seq++
+			select {
+			case jobs <- j:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
@@ -364,71 +390,131 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 		})
 		return err
 	})
-	// On an error of the writer, g cancels ctx, which stops the reader.
-	g.Go(func() error { return writeRecords(ctx, recs, w, store, groups, opts, st) })
+	if workers == 1 {
+		// One record at a time, straight to w.
+		g.Go(func() error {
+			sw := newSampleWriter(w)
+			exported := make(map[string]struct{})
+			defer func() { st.Groups = len(exported) }()
+			for j := range jobs {
+				lines, err := writeRecord(ctx, j.rec, sw, store, groups, opts)
+				st.Lines += lines
+				if err != nil {
+					return err
+				}
+				st.Rollouts++
+				exported[j.rec.GroupID] = struct{}{}
+				<-slots
+			}
+			return nil
+		})
+		return g.Wait()
+	}
+	var encoders sync.WaitGroup
+	for range workers {
+		encoders.Add(1)
+		g.Go(func() error {
+			defer encoders.Done()
+			sw := newSampleWriter(nil)
+			for j := range jobs {
+				j.buf = new(bytes.Buffer)
+				sw.w = j.buf
+				_, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
+				select {
+				case done <- j:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		encoders.Wait()
+		close(done)
+		return nil
+	})
+	g.Go(func() error {
+		exported := make(map[string]struct{})
+		defer func() { st.Groups = len(exported) }()
+		waiting := make(map[int]*job)
+		next := 0
+		for j := range done {
+			waiting[j.seq] = j
+			for j := waiting[next]; j != nil; j = waiting[next] {
+				delete(waiting, next)
+				next++
+				if j.err != nil {
+					return j.err
+				}
+				if _, err := w.Write(j.buf.Bytes()); err != nil {
+					return err
+				}
+				st.Lines += len(j.rec.Steps)
+				st.Rollouts++
+				exported[j.rec.GroupID] = struct{}{}
+				<-slots
+			}
+		}
+		return nil
+	})
 	return g.Wait()
 }
 
-// writeRecords writes the samples of the records from recs.
-func writeRecords(ctx context.Context, recs <-chan *schema.Record, w io.Writer, store *schema.MessageStore, groups *groupTable, opts Options, st *Stats) error {
-	sw := newSampleWriter(w)
-	exported := make(map[string]struct{})
-	defer func() { st.Groups = len(exported) }()
-	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
-	for rec := range recs {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		adv, _ := groups.advantage(rec.GroupID, rec.RolloutID)
-		head := sampleHead{
-			RolloutID:     rec.RolloutID,
-			TaskID:        rec.TaskID,
-			GroupID:       rec.GroupID,
-			Attempt:       rec.Attempt,
-			Status:        rec.Status,
-			PolicyVersion: rec.Policy.Version,
-			Reward:        *rec.Reward,
-			Advantage:     adv,
-		}
-		for i := range rec.Steps {
-			step := &rec.Steps[i]
-			msgs, err := store.LoadRequest(*step, load)
-			if err != nil {
-				return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
-			}
-			promptIDs, err := store.PromptTokenIDs(*step)
-			if err != nil {
-				return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
-			}
-			head.Step = i
-			tail := sampleTail{
-				PromptTokenIDs:    promptIDs,
-				ResponseText:      step.Response.Content,
-				ResponseReasoning: step.Response.Reasoning,
-				ResponseTokenIDs:  step.Response.TokenIDs,
-				ResponseLogprobs:  step.Response.Logprobs,
-				ResponseTokens:    step.Response.Tokens,
-				TokenIDsSource:    step.Response.TokenIDsSource,
-				FinishReason:      step.Response.FinishReason,
-				Warnings:          step.Warnings,
-			}
-			if d := step.LogprobDefect(); d != "" {
-				// Only with AllowBadLogprobs: the first pass refused them
-				// otherwise.
-				tail.ResponseLogprobs = nil
-				if !slices.Contains(tail.Warnings, d) {
-					tail.Warnings = append(slices.Clone(tail.Warnings), d)
-				}
-			}
-			if err := sw.write(&head, msgs, &tail); err != nil {
-				return err
-			}
-			st.Lines++
-		}
-		st.Rollouts++
-		exported[rec.GroupID] = struct{}{}
+// writeRecord writes the samples of rec with sw and returns how many it
+// wrote.
+func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, store *schema.MessageStore, groups *groupTable, opts Options) (lines int, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
 	}
-	return nil
+	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
+	adv, _ := groups.advantage(rec.GroupID, rec.RolloutID)
+	head := sampleHead{
+		RolloutID:     rec.RolloutID,
+		TaskID:        rec.TaskID,
+		GroupID:       rec.GroupID,
+		Attempt:       rec.Attempt,
+		Status:        rec.Status,
+		PolicyVersion: rec.Policy.Version,
+		Reward:        *rec.Reward,
+		Advantage:     adv,
+	}
+	for i := range rec.Steps {
+		step := &rec.Steps[i]
+		msgs, err := store.LoadRequest(*step, load)
+		if err != nil {
+			return lines, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+		}
+		promptIDs, err := store.PromptTokenIDs(*step)
+		if err != nil {
+			return lines, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+		}
+		head.Step = i
+		tail := sampleTail{
+			PromptTokenIDs:    promptIDs,
+			ResponseText:      step.Response.Content,
+			ResponseReasoning: step.Response.Reasoning,
+			ResponseTokenIDs:  step.Response.TokenIDs,
+			ResponseLogprobs:  step.Response.Logprobs,
+			ResponseTokens:    step.Response.Tokens,
+			TokenIDsSource:    step.Response.TokenIDsSource,
+			FinishReason:      step.Response.FinishReason,
+			Warnings:          step.Warnings,
+		}
+		if d := step.LogprobDefect(); d != "" {
+			// Only with AllowBadLogprobs: the first pass refused them
+			// otherwise.
+			tail.ResponseLogprobs = nil
+			if !slices.Contains(tail.Warnings, d) {
+				tail.Warnings = append(slices.Clone(tail.Warnings), d)
+			}
+		}
+		if err := sw.write(&head, msgs, &tail); err != nil {
+			return lines, err
+		}
+		lines++
+	}
+	return lines, nil
 }
 
 // sampleWriter writes samples as JSON lines. HTML characters are not
@@ -438,6 +524,7 @@ type sampleWriter struct {
 	w       io.Writer
 	scratch bytes.Buffer
 	enc     *json.Encoder
+	tail    []byte // the tail's JSON, reused from line to line
 }
 
 func newSampleWriter(w io.Writer) *sampleWriter {
@@ -486,11 +573,11 @@ func (sw *sampleWriter) write(head *sampleHead, msgs []schema.Message, tail *sam
 	if _, err := io.WriteString(sw.w, "],"); err != nil {
 		return err
 	}
-	if b, err = sw.encode(tail); err != nil {
+	if sw.tail, err = appendTail(sw.tail[:0], tail, sw.encode); err != nil {
 		return err
 	}
-	b = append(b[1:], '\n') // without its "{"
-	_, err = sw.w.Write(b)
+	sw.tail = append(sw.tail, '\n')
+	_, err = sw.w.Write(sw.tail[1:]) // without its "{"
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -620,4 +621,51 @@ func TestTimelineQueueAnchored(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
+}
+
+// TestExportParallel: records encoded by several workers come out in the
+// order of rollouts.jsonl, byte for byte what one worker writes, prompt
+// token ids included.
+func TestExportParallel(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := (syntheticRun{rollouts: 96, steps: 3, group: 4, promptIDs: true}).write(dir); err != nil {
+		t.Fatal(err)
+	}
+	export1 := func(procs int) []byte {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		out := filepath.Join(t.TempDir(), "train.jsonl")
+		st, err := export.ExportSteps(dir, out, export.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Lines != 96*3 || st.Rollouts != 96 || st.Groups != 24 {
+			t.Errorf("GOMAXPROCS %d: %d lines, %d rollouts, %d groups; want 288, 96, 24", procs, st.Lines, st.Rollouts, st.Groups)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	one, four := export1(1), export1(4)
+	if !bytes.Equal(one, four) {
+		t.Fatalf("four workers wrote other bytes than one (%d vs %d bytes)", len(four), len(one))
+	}
+	samples := readSamples(t, writeTemp(t, one))
+	for i, s := range samples {
+		if want := fmt.Sprintf("r-%05d", i/3); s.RolloutID != want || s.Step != i%3 {
+			t.Fatalf("line %d: rollout %s step %d; want %s step %d", i+1, s.RolloutID, s.Step, want, i%3)
+		}
+		if len(s.PromptTokenIDs) != 2000+300*s.Step {
+			t.Fatalf("line %d: %d prompt ids; want %d", i+1, len(s.PromptTokenIDs), 2000+300*s.Step)
+		}
+	}
+}
+
+func writeTemp(t *testing.T, b []byte) string {
+	p := filepath.Join(t.TempDir(), "samples.jsonl")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -162,9 +163,61 @@ func (s *MessageStore) readTokenChunk(hash string, sum [32]byte) ([]int64, error
 	if sha256.Sum256(canon) != sum {
 		return nil, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
 	}
+	if ids, ok := parseCanonicalIDs(canon); ok {
+		return ids, nil
+	}
+	// Valid JSON of another shape (spaces, a "+" or "1e3" that the hash
+	// still vouches for): the decoder says whether it is ids.
 	var ids []int64
 	if err := json.Unmarshal(canon, &ids); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	return ids, nil
+}
+
+// parseCanonicalIDs parses what canonicalIDs writes, an order of magnitude
+// faster than encoding/json (whose reflection was half of an export's
+// CPU); ok is false for anything else, which the caller hands to
+// encoding/json.
+func parseCanonicalIDs(b []byte) (ids []int64, ok bool) {
+	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
+		return nil, false
+	}
+	b = b[1 : len(b)-1]
+	if len(b) == 0 {
+		return []int64{}, true
+	}
+	ids = make([]int64, 0, len(b)/5+1)
+	for len(b) > 0 {
+		neg := b[0] == '-'
+		if neg {
+			b = b[1:]
+		}
+		n, digits := int64(0), 0
+		for digits < len(b) && b[digits] >= '0' && b[digits] <= '9' {
+			d := int64(b[digits] - '0')
+			// Past int64 (or a leading zero, not canonical): let the
+			// decoder judge.
+			if n > (math.MaxInt64-d)/10 || (digits == 1 && n == 0) {
+				return nil, false
+			}
+			n = n*10 + d
+			digits++
+		}
+		if digits == 0 {
+			return nil, false
+		}
+		if neg {
+			n = -n
+		}
+		ids = append(ids, n)
+		b = b[digits:]
+		if len(b) > 0 {
+			if b[0] != ',' || len(b) == 1 {
+				return nil, false
+			}
+			b = b[1:]
+		}
+	}
+	return ids, true
 }

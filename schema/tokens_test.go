@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -221,6 +222,32 @@ func TestCanonicalIDs(t *testing.T) {
 		}
 		if got := canonicalIDs(ids); string(got) != string(want) {
 			t.Errorf("canonicalIDs(%v) = %s, want %s", ids, got, want)
+		}
+	}
+}
+
+// TestParseCanonicalIDs: the fast reader takes back what canonicalIDs
+// wrote, and refuses (for encoding/json to judge) anything else.
+func TestParseCanonicalIDs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cases := [][]int64{{}, {0}, {-1}, {math.MaxInt64}, {math.MinInt64 + 1}, {151644, 8948, 0, 198}}
+	for n := range 40 {
+		ids := make([]int64, n)
+		for i := range ids {
+			ids[i] = int64(rng.Uint64() >> rng.IntN(64))
+		}
+		cases = append(cases, ids)
+	}
+	for _, ids := range cases {
+		got, ok := parseCanonicalIDs(canonicalIDs(ids))
+		if !ok || !slices.Equal(got, ids) {
+			t.Errorf("parseCanonicalIDs(%s) = %v, %v; want %v", canonicalIDs(ids), got, ok, ids)
+		}
+	}
+	for _, in := range []string{"", "[", "]", "[1,]", "[,1]", "[1,,2]", "[ 1]", "[1 ]", "[01]", "[-]", "[--1]",
+		"[1.5]", "[1e3]", "[+1]", `["1"]`, "[9223372036854775808]", "[-9223372036854775809]", "{}", "[1]x", "null"} {
+		if got, ok := parseCanonicalIDs([]byte(in)); ok {
+			t.Errorf("parseCanonicalIDs(%q) = %v, ok; want it refused", in, got)
 		}
 	}
 }

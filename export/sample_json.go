@@ -1,0 +1,110 @@
+package export
+
+import (
+	"math"
+	"strconv"
+)
+
+// appendTail appends tail's JSON object, byte for byte what encoding/json
+// writes for it (HTML characters not escaped), with its number arrays
+// appended directly: the prompt's token ids are most of every line, and
+// encoding/json's reflection over them was a third of an export's CPU.
+// The strings go through enc (encoding/json), which knows their escapes.
+// TestAppendTail holds it to encoding/json; TestSampleWriterLayout holds
+// sampleTail to Sample.
+func appendTail(b []byte, t *sampleTail, enc func(any) ([]byte, error)) ([]byte, error) {
+	str := func(name string, v any) error {
+		s, err := enc(v)
+		if err != nil {
+			return err
+		}
+		b = append(b, name...)
+		b = append(b, s...)
+		return nil
+	}
+	b = append(b, '{')
+	if len(t.PromptTokenIDs) > 0 {
+		b = append(b, `"prompt_token_ids":`...)
+		b = appendInts(b, t.PromptTokenIDs)
+		b = append(b, ',')
+	}
+	if err := str(`"response_text":`, t.ResponseText); err != nil {
+		return b, err
+	}
+	if err := str(`,"response_reasoning":`, t.ResponseReasoning); err != nil {
+		return b, err
+	}
+	b = append(b, `,"response_token_ids":`...)
+	b = appendInts(b, t.ResponseTokenIDs)
+	b = append(b, `,"response_logprobs":`...)
+	var ok bool
+	if b, ok = appendFloats(b, t.ResponseLogprobs); !ok {
+		// NaN or ±Inf: encoding/json's error says which.
+		_, err := enc(t.ResponseLogprobs)
+		return b, err
+	}
+	if err := str(`,"response_tokens":`, t.ResponseTokens); err != nil {
+		return b, err
+	}
+	if t.TokenIDsSource != "" {
+		if err := str(`,"token_ids_source":`, t.TokenIDsSource); err != nil {
+			return b, err
+		}
+	}
+	if err := str(`,"finish_reason":`, t.FinishReason); err != nil {
+		return b, err
+	}
+	if len(t.Warnings) > 0 {
+		if err := str(`,"warnings":`, t.Warnings); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// appendInts appends ids as a JSON array; nil is null, as encoding/json
+// writes a nil slice.
+func appendInts(b []byte, ids []int64) []byte {
+	if ids == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return append(b, ']')
+}
+
+// appendFloats appends fs as a JSON array in encoding/json's number format
+// (ES6: exponents only below 1e-6 and from 1e21 on, two digits at least
+// dropped to one); ok is false for NaN or ±Inf, which JSON cannot hold.
+func appendFloats(b []byte, fs []float64) (_ []byte, ok bool) {
+	if fs == nil {
+		return append(b, "null"...), true
+	}
+	b = append(b, '[')
+	for i, f := range fs {
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return b, false
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		format := byte('f')
+		if a := math.Abs(f); a != 0 && (a < 1e-6 || a >= 1e21) {
+			format = 'e'
+		}
+		b = strconv.AppendFloat(b, f, format, -1, 64)
+		if format == 'e' {
+			// e-07 → e-7, as encoding/json writes it.
+			if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+				b[n-2] = b[n-1]
+				b = b[:n-1]
+			}
+		}
+	}
+	return append(b, ']'), true
+}

@@ -1,0 +1,69 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"legato/rl/schema"
+)
+
+// TestAppendTail: the hand-written tail is encoding/json's, byte for byte,
+// over random tails and the numbers whose format changes (exponents, -0,
+// the extremes), nil and empty slices, and strings that need escapes.
+func TestAppendTail(t *testing.T) {
+	sw := newSampleWriter(nil)
+	want := func(tail *sampleTail) []byte {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(tail); err != nil {
+			t.Fatal(err)
+		}
+		return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	}
+	floats := []float64{0, math.Copysign(0, -1), -0.5, 1, -1e-7, 1e-6, 9.99e-7, 1e20, 1e21, -1e21, 123456789e-30,
+		math.MaxFloat64, math.SmallestNonzeroFloat64, -3.4028234663852886e38, 0.1, -2.302585092994046, 1.5e-10}
+	ints := []int64{0, -1, 151644, math.MaxInt64, math.MinInt64}
+	tails := []sampleTail{
+		{},
+		{PromptTokenIDs: []int64{}, ResponseTokenIDs: []int64{}, ResponseLogprobs: []float64{}, ResponseTokens: []string{}, Warnings: []string{}},
+		{PromptTokenIDs: ints, ResponseTokenIDs: ints, ResponseLogprobs: floats, ResponseTokens: []string{"<a>", "\"", "\u2028", "\x01", "é", "\xff"},
+			ResponseText: "<tool_call>{\"a\": 1} & \n\t\\", ResponseReasoning: "think\u2029", TokenIDsSource: schema.SourceReturnTokenIDs,
+			FinishReason: "stop", Warnings: []string{schema.WarnLogprobsMismatch}},
+	}
+	rng := rand.New(rand.NewPCG(28, 1))
+	for range 200 {
+		var tl sampleTail
+		if rng.IntN(4) > 0 {
+			tl.PromptTokenIDs = make([]int64, rng.IntN(50))
+			for i := range tl.PromptTokenIDs {
+				tl.PromptTokenIDs[i] = rng.Int64N(200_000) - 10
+			}
+		}
+		n := rng.IntN(20)
+		tl.ResponseTokenIDs, tl.ResponseLogprobs = make([]int64, n), make([]float64, n)
+		for i := range n {
+			tl.ResponseTokenIDs[i] = rng.Int64()
+			tl.ResponseLogprobs[i] = -rng.ExpFloat64() * math.Pow(10, float64(rng.IntN(40)-30))
+		}
+		tl.ResponseText = string(rune(rng.IntN(0x3000)))
+		tails = append(tails, tl)
+	}
+	for i := range tails {
+		got, err := appendTail(nil, &tails[i], sw.encode)
+		if err != nil {
+			t.Fatalf("tail %d: %v", i, err)
+		}
+		if w := want(&tails[i]); !bytes.Equal(got, w) {
+			t.Errorf("tail %d:\n got %s\nwant %s", i, got, w)
+		}
+	}
+	for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		if _, err := appendTail(nil, &sampleTail{ResponseLogprobs: []float64{-1, bad}}, sw.encode); err == nil {
+			t.Errorf("logprob %v: no error; encoding/json refuses it", bad)
+		}
+	}
+}
