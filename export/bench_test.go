@@ -58,7 +58,9 @@ func (s syntheticRun) write(dir string) error {
 		return h, os.WriteFile(filepath.Join(dir, schema.MessagesDir, h), enc.EncodeAll(canon, nil), 0o644)
 	}
 	// putIDs stores ids as chunks of schema.TokenChunk: canonical JSON
-	// (encoding/json's), zstd, named by the JSON's sha256.
+	// (encoding/json's), zstd, named by the JSON's sha256. A chunk the
+	// step before stored (every full one) is not written again.
+	var stored sync.Map
 	putIDs := func(ids []int64) ([]string, error) {
 		var hashes []string
 		for start := 0; start < len(ids); start += schema.TokenChunk {
@@ -69,6 +71,9 @@ func (s syntheticRun) write(dir string) error {
 			sum := sha256.Sum256(canon)
 			h := hex.EncodeToString(sum[:])
 			hashes = append(hashes, h)
+			if _, dup := stored.LoadOrStore(h, struct{}{}); dup {
+				continue
+			}
 			if err := os.WriteFile(filepath.Join(dir, schema.TokensDir, h), enc.EncodeAll(canon, nil), 0o644); err != nil {
 				return nil, err
 			}

@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -331,30 +330,38 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 // writeSamples is the second pass of an export. A reader goroutine parses
 // the next records and reads their new messages from disk into the store's
 // cache; the samples of each record are built and encoded by one of
-// several workers (one per CPU) into a buffer of their own, which a writer
-// writes in the records' order. With inline images a record's samples are
-// too big to hold (a prompt's screenshots are tens of MB per line): one
-// worker streams them to w.
+// several workers (one per CPU) into a buffer of their own, and a writer
+// writes the buffers in the records' order. With inline images a record's
+// samples are too big to hold (a prompt's screenshots are tens of MB per
+// line): the writer encodes them itself, straight to w.
 func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.MessageStore, groups *groupTable, opts Options, st *Stats) error {
 	workers := runtime.GOMAXPROCS(0)
 	if opts.InlineImages {
-		workers = 1
+		workers = 0
+	}
+	type job struct {
+		rec  *schema.Record
+		buf  bytes.Buffer
+		err  error
+		done chan struct{} // closed once buf or err is set
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	type job struct {
-		seq int
-		rec *schema.Record
-		buf *bytes.Buffer
-		err error
+	// queue holds the records in the file's order, for the writer; its
+	// size bounds how far the reader and the workers run ahead of it.
+	queue := make(chan *job, 2*max(workers, 1))
+	jobs := make(chan *job, max(workers, 1))
+	send := func(ch chan<- *job, j *job) error {
+		select {
+		case ch <- j:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	// slots bounds the records between the reader and the writer (parsed,
-	// being encoded or waiting for their turn).
-	slots := make(chan struct{}, 2*workers)
-	jobs, done := make(chan *job, workers), make(chan *job, workers)
 	g.Go(func() error {
+		defer close(queue)
 		defer close(jobs)
 		seen := make(map[string]struct{})
-		seq := 0
 		_, err := schema.ReadRecords(r, func(rec schema.Record) error {
 			if _, ok := groups.advantage(rec.GroupID, rec.RolloutID); !ok {
 				return nil // not finished, or finished without a reward
@@ -364,7 +371,7 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 				return nil
 			}
 			// Warm the cache with the rollout's distinct messages; the
-			// worker reports any error when it loads them.
+			// encoder reports any error when it loads them.
 			clear(seen)
 			for i := range rec.Steps {
 				for _, h := range rec.Steps[i].Request {
@@ -374,76 +381,42 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 					}
 				}
 			}
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				return ctx.Err()
+			j := &job{rec: &rec, done: make(chan struct{})}
+			if err := send(queue, j); err != nil || workers == 0 {
+				return err
 			}
-			j := &job{seq: seq, rec: &rec}
-			seq++
-			select {
-			case jobs <- j:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return send(jobs, j)
 		})
 		return err
 	})
-	if workers == 1 {
-		// One record at a time, straight to w.
+	for range workers {
 		g.Go(func() error {
-			sw := newSampleWriter(w)
-			exported := make(map[string]struct{})
-			defer func() { st.Groups = len(exported) }()
+			sw := newSampleWriter(nil)
 			for j := range jobs {
+				sw.w = &j.buf
+				_, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
+				close(j.done)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		sw := newSampleWriter(w)
+		exported := make(map[string]struct{})
+		defer func() { st.Groups = len(exported) }()
+		for j := range queue {
+			if workers == 0 {
 				lines, err := writeRecord(ctx, j.rec, sw, store, groups, opts)
 				st.Lines += lines
 				if err != nil {
 					return err
 				}
-				st.Rollouts++
-				exported[j.rec.GroupID] = struct{}{}
-				<-slots
-			}
-			return nil
-		})
-		return g.Wait()
-	}
-	var encoders sync.WaitGroup
-	for range workers {
-		encoders.Add(1)
-		g.Go(func() error {
-			defer encoders.Done()
-			sw := newSampleWriter(nil)
-			for j := range jobs {
-				j.buf = new(bytes.Buffer)
-				sw.w = j.buf
-				_, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
+			} else {
 				select {
-				case done <- j:
+				case <-j.done:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-			}
-			return nil
-		})
-	}
-	g.Go(func() error {
-		encoders.Wait()
-		close(done)
-		return nil
-	})
-	g.Go(func() error {
-		exported := make(map[string]struct{})
-		defer func() { st.Groups = len(exported) }()
-		waiting := make(map[int]*job)
-		next := 0
-		for j := range done {
-			waiting[j.seq] = j
-			for j := waiting[next]; j != nil; j = waiting[next] {
-				delete(waiting, next)
-				next++
 				if j.err != nil {
 					return j.err
 				}
@@ -451,10 +424,9 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 					return err
 				}
 				st.Lines += len(j.rec.Steps)
-				st.Rollouts++
-				exported[j.rec.GroupID] = struct{}{}
-				<-slots
 			}
+			st.Rollouts++
+			exported[j.rec.GroupID] = struct{}{}
 		}
 		return nil
 	})

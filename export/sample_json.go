@@ -3,6 +3,8 @@ package export
 import (
 	"math"
 	"strconv"
+
+	"legato/rl/schema"
 )
 
 // appendTail appends tail's JSON object, byte for byte what encoding/json
@@ -68,14 +70,7 @@ func appendInts(b []byte, ids []int64) []byte {
 	if ids == nil {
 		return append(b, "null"...)
 	}
-	b = append(b, '[')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, id, 10)
-	}
-	return append(b, ']')
+	return schema.AppendTokenIDs(b, ids)
 }
 
 // appendFloats appends fs as a JSON array in encoding/json's number format

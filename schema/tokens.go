@@ -79,7 +79,12 @@ func (r *Run) putTokenChunk(ids []int64) (string, error) {
 // canonicalIDs is json.Marshal of ids, without its reflection: a prompt
 // of 20 screenshots is tens of thousands of ids per step.
 func canonicalIDs(ids []int64) []byte {
-	b := make([]byte, 0, 2+7*len(ids))
+	return AppendTokenIDs(make([]byte, 0, 2+7*len(ids)), ids)
+}
+
+// AppendTokenIDs appends ids to b as the JSON array encoding/json writes
+// for a non-nil []int64 ([] when empty), without its reflection.
+func AppendTokenIDs(b []byte, ids []int64) []byte {
 	b = append(b, '[')
 	for i, id := range ids {
 		if i > 0 {

@@ -80,10 +80,7 @@ func TestExecutorSameScreen(t *testing.T) {
 	g := startHostGuest(t)
 	d := g.desktop(t, g.config(t, g.URL))
 	ctx := t.Context()
-	term := task(t, "term", "legato_test", fmt.Sprintf(`{
-	  "instruction": "Type.",
-	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40"]}}],
-	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
+	term := termTask(t, g)
 	steps := []string{
 		`pyautogui.click(120, 90)`,
 		`pyautogui.typewrite("echo same")`,

@@ -79,11 +79,7 @@ func TestReadySignal(t *testing.T) {
 	// signal looks for any quiet Interval: a terminal on a saturated host
 	// pauses for 100 ms now and then (0.24 s measured), not for the
 	// default 500 ms.
-	clock := task(t, "clock", "legato_test", fmt.Sprintf(`{
-	  "instruction": "Watch.",
-	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.02; do date +%%s.%%N; done"]}}],
-	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
-	if err := d.Reset(ctx, clock); err != nil {
+	if err := d.Reset(ctx, clockTask(t, g, "0.02")); err != nil {
 		t.Fatal(err)
 	}
 	g.WaitWindow(t, "legato-clock")
@@ -194,11 +190,7 @@ func TestWaitReadyHonoursItsBound(t *testing.T) {
 			cfg.Ready.Interval = 700 * time.Millisecond
 			d := g.desktop(t, cfg)
 			ctx := t.Context()
-			clock := task(t, "clock", "legato_test", fmt.Sprintf(`{
-			  "instruction": "Watch.",
-			  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.05; do date +%%s.%%N; done"]}}],
-			  "evaluator": {"func": "infeasible"}}`, g.AppPath))
-			if err := d.Reset(ctx, clock); err != nil {
+			if err := d.Reset(ctx, clockTask(t, g, "0.05")); err != nil {
 				t.Fatal(err)
 			}
 			g.WaitWindow(t, "legato-clock")

@@ -119,8 +119,7 @@ func (d *Desktop) stepWait(ctx context.Context, act desktop.ActResult, actTime, 
 // false when there is no time left for one.
 func (d *Desktop) settleRequest(deadline time.Time, w waitFor) (req executorRequest, ok bool) {
 	cfg := d.cfg.Ready
-	shot := w.shot
-	withShot := shot && d.shots != shotsDiffer
+	withShot := w.shot && d.shots != shotsDiffer
 	est := d.waits.settle
 	if withShot {
 		est = d.waits.settleShot
@@ -132,7 +131,7 @@ func (d *Desktop) settleRequest(deadline time.Time, w waitFor) (req executorRequ
 			overhead += d.waits.shot
 		}
 	}
-	if shot && (!withShot || d.shots == shotsUnchecked) {
+	if w.shot && (!withShot || d.shots == shotsUnchecked) {
 		// A screenshot from /screenshot follows: the only one, or the one
 		// the executor's is checked against.
 		overhead += d.waits.shot
@@ -178,13 +177,12 @@ func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time, w
 	if !d.executorWatches() {
 		return desktop.Ready{}, nil, false
 	}
-	shot := w.shot
 	req, ok := d.settleRequest(deadline, w)
 	if !ok {
 		return desktop.Ready{}, nil, false
 	}
 	lastShot := time.Duration(0)
-	if shot && (req.Shot == nil || d.shots == shotsUnchecked) {
+	if w.shot && (req.Shot == nil || d.shots == shotsUnchecked) {
 		lastShot = d.waits.shot
 	}
 	pctx, cancel := context.WithDeadline(ctx, deadline.Add(-lastShot))
@@ -205,7 +203,7 @@ func (d *Desktop) waitExecutor(ctx context.Context, start, deadline time.Time, w
 		d.noWatchAnymore(a.Error)
 		return desktop.Ready{}, nil, false
 	}
-	r, err = d.readyFrom(ctx, a, t0, answered, shot, answered.Sub(t0)-seconds(a.Waited))
+	r, err = d.readyFrom(ctx, a, t0, answered, w.shot, answered.Sub(t0)-seconds(a.Waited))
 	if err != nil {
 		return desktop.Ready{}, err, true
 	}
@@ -393,17 +391,16 @@ func rgb(img image.Image) []byte {
 	case *image.NRGBA:
 		pix = m.Pix
 	}
-	switch {
-	case pix != nil:
+	if pix != nil {
 		for i := 0; i < len(pix); i += 4 {
 			out = append(out, pix[i], pix[i+1], pix[i+2])
 		}
-	default:
-		for y := b.Min.Y; y < b.Max.Y; y++ {
-			for x := b.Min.X; x < b.Max.X; x++ {
-				r, g, bl, _ := img.At(x, y).RGBA()
-				out = append(out, byte(r>>8), byte(g>>8), byte(bl>>8))
-			}
+		return out
+	}
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			out = append(out, byte(r>>8), byte(g>>8), byte(bl>>8))
 		}
 	}
 	return out

@@ -215,17 +215,22 @@ func termTask(t *testing.T, g *hostGuest) desktop.Task {
 	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
 }
 
+// clockTask opens a terminal titled legato-clock that prints the time
+// every period (a sleep(1) argument): a screen that never settles.
+func clockTask(t *testing.T, g *hostGuest, period string) desktop.Task {
+	return task(t, "clock", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Watch.",
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep %s; do date +%%s.%%N; done"]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath, period))
+}
+
 // TestStepUnsettled: a step whose screen never settles says so, with the
 // whole wait as its After (the record marks such a step unsettled).
 func TestStepUnsettled(t *testing.T) {
 	g := startHostGuest(t)
 	d := g.desktop(t, g.config(t, g.URL))
 	ctx := t.Context()
-	clock := task(t, "clock", "legato_test", fmt.Sprintf(`{
-	  "instruction": "Watch.",
-	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-clock", "-e", "sh", "-c", "while sleep 0.02; do date +%%s.%%N; done"]}}],
-	  "evaluator": {"func": "infeasible"}}`, g.AppPath))
-	if err := d.Reset(ctx, clock); err != nil {
+	if err := d.Reset(ctx, clockTask(t, g, "0.02")); err != nil {
 		t.Fatal(err)
 	}
 	g.WaitWindow(t, "legato-clock")
