@@ -205,8 +205,11 @@ type Group struct {
 	ID     string
 	TaskID string
 	// Closed is true when G attempts finished; false when the group ended
-	// short because attempts failed for good.
+	// short because attempts failed for good, or was dropped.
 	Closed bool
+	// Dropped is true when its caller cancelled the group (a service's
+	// DELETE) before G attempts finished.
+	Dropped bool
 	// Finished are the records of the finished (ok, truncated) attempts
 	// that count for the group, at most G.
 	Finished []Record
@@ -327,7 +330,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 		return nil, err
 	}
 	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
-		sched: newScheduler(tasks, pol, opts)}
+		sched: newScheduler(tasks, pol, opts), gate: newPolicyGate(pol.Version)}
 	b.earlier = earlierRuns(opts.Out, opts.Logger)
 	b.sched.errorReruns = *m.ErrorReruns
 	stats, err := b.sched.resume(opts.Out, reruns)

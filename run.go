@@ -29,6 +29,7 @@ type batch struct {
 	log     *slog.Logger
 	sched   *scheduler
 	outage  *outage
+	gate    *policyGate
 	started time.Time
 	// earlier is what the batch's earlier runs left in summary.json that
 	// its records do not hold: outages and stops (see earlierRuns).
@@ -58,15 +59,22 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	b.stop = stop
 	b.mu.Unlock()
 	b.outage = newOutage(b.client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)
+	// Workers of an open scheduler wait for work with nothing running:
+	// only a broadcast makes them see that ctx ended.
+	defer context.AfterFunc(runCtx, b.sched.stop)()
 
-	ended := make(chan Group, len(b.sched.groups))
+	ended := newGroupQueue()
 	// Groups that ended in an earlier run of the batch are delivered
 	// first.
 	b.sched.deliverResumed(ended)
 
 	var helpers sync.WaitGroup
 	helpers.Go(func() {
-		for g := range ended {
+		for {
+			g, ok := ended.pop()
+			if !ok {
+				return
+			}
 			if b.opts.OnGroup != nil {
 				b.opts.OnGroup(g)
 			}
@@ -86,7 +94,7 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	_ = workers.Wait()
 	stop(nil) // ends the prober
 	stopTicker()
-	close(ended)
+	ended.close()
 	helpers.Wait()
 
 	b.mu.Lock()
@@ -163,8 +171,8 @@ func (b *batch) work(ctx context.Context, slot int) {
 		// The write syncs to disk; doing it outside the scheduler's lock
 		// keeps the other workers scheduling meanwhile, and lets the
 		// store commit their records together.
-		err = b.store.Append(rec)
-		b.sched.recorded(a, rec, err == nil)
+		off, err := b.store.AppendAt(rec)
+		b.sched.recorded(a, rec, off, err == nil)
 		if err != nil {
 			b.fail(&storeFailure{fmt.Errorf("write record: %w", err)})
 			return
@@ -175,15 +183,16 @@ func (b *batch) work(ctx context.Context, slot int) {
 
 // writeUnstarted records a try that never started (skipped, or no
 // desktop); the scheduler calls it under its lock.
-func (b *batch) writeUnstarted(a *attempt, v verdict, e ending) (*Record, error) {
+func (b *batch) writeUnstarted(a *attempt, v verdict, e ending) (*Record, int64, error) {
 	now := time.Now()
 	rec := b.newRecord(a, -1, now)
 	rec.EndedAt = schema.Time{Time: now}
 	fillOutcome(rec, v, e)
-	if err := b.store.Append(rec); err != nil {
-		return nil, &storeFailure{fmt.Errorf("write record: %w", err)}
+	off, err := b.store.AppendAt(rec)
+	if err != nil {
+		return nil, 0, &storeFailure{fmt.Errorf("write record: %w", err)}
 	}
-	return rec, nil
+	return rec, off, nil
 }
 
 // fillOutcome writes a verdict into the try's record.
@@ -258,6 +267,10 @@ func (b *batch) checkData(rec *Record) {
 
 // newRecord fills the identity of a record for a try of a.
 func (b *batch) newRecord(a *attempt, slot int, start time.Time) *Record {
+	pol := b.pol.Policy()
+	// A service's version changes while it runs: the attempt's is the
+	// one in force when it started (each step says its own).
+	pol.Version = b.gate.state().Version
 	return &Record{
 		Schema:    schema.Version,
 		RolloutID: newRolloutID(a.g.task.ID, a.index),
@@ -265,7 +278,7 @@ func (b *batch) newRecord(a *attempt, slot int, start time.Time) *Record {
 		Domain:    a.g.task.Domain,
 		GroupID:   a.g.id,
 		Attempt:   a.index,
-		Policy:    b.pol.Policy(),
+		Policy:    pol,
 		Desktop:   slot,
 		StartedAt: schema.Time{Time: start},
 	}

@@ -15,8 +15,11 @@ import (
 // each try ended with settle; records are written outside the lock, between
 // settle and recorded.
 type scheduler struct {
-	g        int // G
 	maxTries int // tries of an attempt that desktop failures may take
+	// open keeps the scheduler taking groups after the ones it began with
+	// (a service): workers wait for work instead of ending when the queue
+	// is empty, until stop.
+	open bool
 
 	mu      sync.Mutex
 	wake    *sync.Cond
@@ -38,18 +41,25 @@ type scheduler struct {
 	// runs again after an error record.
 	resumedGraded, resumedEnded, reran int
 
-	ended chan Group // to the OnGroup goroutine; nil until the batch runs
+	// ended takes the groups that end, in order, to the OnGroup
+	// goroutine; nil until the batch runs. It never blocks the lock.
+	ended *groupQueue
+	// byID finds a group by its id.
+	byID map[string]*group
 }
 
 type group struct {
 	id       string
 	task     Task
+	size     int // G: the finished attempts that close it
 	attempts []*attempt
 	finished []Record // the first G finished records, in finishing order
 	// reserved counts finished slots taken, including records still being
 	// written; it never exceeds G.
 	reserved int
-	closed   bool // G attempts finished
+	closed   bool // G attempts finished, or dropped
+	begun    bool // an attempt left the queue to run
+	dropped  bool // cancelled by the caller before G attempts finished
 	ended    bool // delivered to OnGroup
 	left     int  // attempts without a final record
 }
@@ -81,26 +91,106 @@ type attempt struct {
 	phase  attemptPhase
 	// cancel stops a stepping attempt when its group closes.
 	cancel context.CancelCauseFunc
+	// final is the offset in rollouts.jsonl of the attempt's latest final
+	// record (not retried); -1 while it has none.
+	final int64
 }
 
 func newScheduler(tasks []Task, pol PolicyConfig, opts CollectOptions) *scheduler {
 	s := &scheduler{
-		g:        opts.Group,
 		maxTries: opts.EnvRetries + 1,
 		slots:    opts.Desktops,
 		counts:   make(map[Status]int),
 		summary:  export.NewSummaryBuilder(pol.Policy(), len(tasks), len(tasks)),
+		byID:     make(map[string]*group, len(tasks)),
 	}
 	s.wake = sync.NewCond(&s.mu)
 	n := AttemptsPerTask(opts.Group, opts.Oversample)
 	for _, t := range tasks {
-		g := &group{id: groupID(pol.Version, t.ID), task: t, left: n, attempts: make([]*attempt, n)}
-		for a := range n {
-			g.attempts[a] = &attempt{g: g, index: a}
-		}
-		s.groups = append(s.groups, g)
+		s.addLocked0(newGroup(groupID(pol.Version, t.ID), t, opts.Group, n))
 	}
 	return s
+}
+
+// newGroup makes a group of n attempts at task t that closes when size of
+// them finished.
+func newGroup(id string, t Task, size, n int) *group {
+	g := &group{id: id, task: t, size: size, left: n, attempts: make([]*attempt, n)}
+	for a := range n {
+		g.attempts[a] = &attempt{g: g, index: a, final: -1}
+	}
+	return g
+}
+
+// addLocked0 adds a group before the scheduler runs (no queueing: resume
+// queues what is left).
+func (s *scheduler) addLocked0(g *group) {
+	s.groups = append(s.groups, g)
+	s.byID[g.id] = g
+}
+
+// add adds a group to a running open scheduler and queues its attempts.
+// It reports false when the scheduler stopped.
+func (s *scheduler) add(g *group) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return false
+	}
+	s.addLocked0(g)
+	for _, a := range g.attempts {
+		s.queue = append(s.queue, a)
+	}
+	s.wake.Broadcast()
+	return true
+}
+
+// started reports whether an attempt of group id has left the queue.
+func (s *scheduler) started(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.byID[id]
+	return g != nil && g.begun
+}
+
+// finals returns the offsets in rollouts.jsonl of the final records of
+// group id's attempts, in attempt order.
+func (s *scheduler) finals(id string) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.byID[id]
+	if g == nil {
+		return nil
+	}
+	var out []int64
+	for _, a := range g.attempts {
+		if a.final >= 0 {
+			out = append(out, a.final)
+		}
+	}
+	return out
+}
+
+// drop ends a group its caller no longer wants: queued attempts are
+// skipped, stepping ones cancelled, and grading ones finish as surplus, as
+// when a group closes. It reports false when there is no such group.
+func (s *scheduler) drop(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.byID[id]
+	if g == nil {
+		return false
+	}
+	if g.ended || g.closed {
+		return true
+	}
+	g.dropped = true
+	s.closeLocked(g)
+	if !anyActive(g) {
+		s.endGroupLocked(g)
+	}
+	s.wake.Broadcast()
+	return true
 }
 
 // groupID names a task's group in a batch; it includes the policy version so
@@ -112,18 +202,19 @@ func groupID(version, taskID string) string { return version + "/" + taskID }
 // a final record are queued, with those whose record is an error while
 // they have reruns left (reruns < 0: none).
 func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
-	byID := make(map[string]*group, len(s.groups))
-	for _, g := range s.groups {
-		byID[g.id] = g
-	}
+	byID := s.byID
 	errorsOf := make(map[*attempt]int)
 	rule := schema.NewAttemptRule()
-	stats, err := schema.ReadRunRecordLines(dir, func(r schema.Record, line int) error {
+	stats, err := schema.ReadRunRecordsAt(dir, func(r schema.Record, line int, off int64) error {
 		g := byID[r.GroupID]
 		if g == nil || r.Attempt < 0 || r.Attempt >= len(g.attempts) {
 			return fmt.Errorf("record %s: group %q attempt %d is not part of this batch", r.RolloutID, r.GroupID, r.Attempt)
 		}
 		a := g.attempts[r.Attempt]
+		g.begun = true
+		if r.Status != schema.StatusRetried {
+			a.final = off
+		}
 		s.summary.Add(&r)
 		s.counts[r.Status]++
 		if r.Status.Graded() {
@@ -150,7 +241,7 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 		} else {
 			delete(errorsOf, a)
 		}
-		if r.Status.Finished() && len(g.finished) < s.g {
+		if r.Status.Finished() && len(g.finished) < g.size {
 			g.finished = append(g.finished, r)
 			g.reserved++
 		}
@@ -160,7 +251,7 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 		return stats, fmt.Errorf("resume %s: %w", dir, err)
 	}
 	for _, g := range s.groups {
-		g.closed = len(g.finished) >= s.g
+		g.closed = g.closed || len(g.finished) >= g.size
 		for _, a := range g.attempts {
 			a.errors = errorsOf[a]
 			if n := errorsOf[a]; n > 0 && !g.closed && n <= reruns {
@@ -177,7 +268,7 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 }
 
 // writeFunc writes the record of a try that never started.
-type writeFunc func(*attempt, verdict, ending) (*Record, error)
+type writeFunc func(*attempt, verdict, ending) (*Record, int64, error)
 
 // next takes the next attempt to run, or returns nil when there is none
 // left or ctx is done. Attempts of closed groups are recorded skipped on the
@@ -199,7 +290,7 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 				a.phase = skipping
 				s.running++ // the batch is not over while it is written
 				s.mu.Unlock()
-				rec, err := write(a, v, ending{})
+				rec, off, err := write(a, v, ending{})
 				s.mu.Lock()
 				s.running--
 				if err != nil {
@@ -208,16 +299,18 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 					return nil, err
 				}
 				s.addLocked(rec)
+				a.final = off
 				a.tries++
 				a.phase = done
 				s.endAttemptLocked(a)
 				continue
 			}
 			a.phase = stepping
+			a.g.begun = true
 			s.running++
 			return a, nil
 		}
-		if s.running == 0 {
+		if s.running == 0 && !s.open {
 			return nil, nil // nothing queued and nothing that could be re-queued
 		}
 		s.wake.Wait()
@@ -257,7 +350,7 @@ func (s *scheduler) settle(a *attempt, e ending) verdict {
 
 func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
 	e.stopped = e.stopped || s.stopped
-	e.groupClosed = a.g.closed || a.g.reserved >= s.g
+	e.groupClosed = a.g.closed || a.g.reserved >= a.g.size
 	e.triesLeft = a.tries-a.tryBase+1 < s.maxTries
 	v := decide(e)
 	if v.status.Finished() {
@@ -269,7 +362,7 @@ func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
 // recorded updates the attempt's group once its record rec was written
 // (written reports whether it was). Retried attempts go back to the front
 // of the queue so that their group can still close soon.
-func (s *scheduler) recorded(a *attempt, rec *Record, written bool) {
+func (s *scheduler) recorded(a *attempt, rec *Record, off int64, written bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.running--
@@ -278,12 +371,15 @@ func (s *scheduler) recorded(a *attempt, rec *Record, written bool) {
 		return
 	}
 	s.addLocked(rec)
+	if rec.Status != schema.StatusRetried {
+		a.final = off
+	}
 	a.tries++
 	a.noteFinal(rec.Status)
 	g := a.g
 	if rec.Status.Finished() {
 		g.finished = append(g.finished, *rec)
-		if len(g.finished) >= s.g {
+		if len(g.finished) >= g.size {
 			s.closeLocked(g)
 		}
 	}
@@ -359,18 +455,19 @@ func (s *scheduler) endGroupLocked(g *group) {
 	}
 	g.ended = true
 	s.groupsEnded++
-	if g.closed {
+	if g.closed && !g.dropped {
 		s.groupsClosed++
 	}
 	if s.ended != nil {
 		fin := append([]Record(nil), g.finished...)
-		s.ended <- Group{ID: g.id, TaskID: g.task.ID, Closed: g.closed, Finished: fin, Advantages: groupAdvantages(fin)}
+		s.ended.push(Group{ID: g.id, TaskID: g.task.ID, Closed: g.closed && !g.dropped, Dropped: g.dropped,
+			Finished: fin, Advantages: groupAdvantages(fin)})
 	}
 }
 
 // deliverResumed ends, for OnGroup, the groups an earlier run of the batch
 // ended already.
-func (s *scheduler) deliverResumed(ended chan Group) {
+func (s *scheduler) deliverResumed(ended *groupQueue) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ended = ended
@@ -395,7 +492,7 @@ func (s *scheduler) stop() {
 func (s *scheduler) workLeft(ctx context.Context) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return ctx.Err() == nil && !s.stopped && (len(s.queue) > 0 || s.running > 0)
+	return ctx.Err() == nil && !s.stopped && (s.open || len(s.queue) > 0 || s.running > 0)
 }
 
 // slotLost is called by a worker that gave up its desktop slot for cause.
@@ -423,13 +520,14 @@ func (s *scheduler) slotLost(cause error, write writeFunc) error {
 // attempt. A write that fails stops the batch.
 func (s *scheduler) writeLocked(a *attempt, e ending, write writeFunc) error {
 	v := s.settleLocked(a, e)
-	rec, err := write(a, v, e)
+	rec, off, err := write(a, v, e)
 	if err != nil {
 		s.stopped = true
 		s.wake.Broadcast()
 		return err
 	}
 	s.addLocked(rec)
+	a.final = off
 	a.tries++
 	a.noteFinal(rec.Status)
 	a.phase = done
@@ -473,7 +571,7 @@ func (s *scheduler) rerunnable() int {
 func (s *scheduler) closedCount() int {
 	n := 0
 	for _, g := range s.groups {
-		if g.closed {
+		if g.closed && !g.dropped {
 			n++
 		}
 	}

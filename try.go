@@ -205,7 +205,7 @@ func (t *try) steps(ctx context.Context) error {
 			h, err := t.storePrompt(msgs)
 			stored <- storeResult{h, err}
 		}()
-		res, downS, err := t.call(ctx, msgs)
+		res, version, downS, err := t.call(ctx, msgs)
 		st := <-stored
 		if err != nil {
 			return err
@@ -214,13 +214,18 @@ func (t *try) steps(ctx context.Context) error {
 			return &storeFailure{fmt.Errorf("store messages: %w", st.err)}
 		}
 		hashes := st.hashes
+		if res.WeightVersion != "" {
+			// The server's own word on the weights that generated it.
+			version = res.WeightVersion
+		}
 		step := schema.Step{
-			Request:     hashes,
-			StartedAt:   schema.Time{Time: res.StartedAt},
-			Response:    res.Response,
-			Model:       res.Model,
-			Warnings:    res.Warnings,
-			ServerDownS: downS,
+			Request:       hashes,
+			PolicyVersion: version,
+			StartedAt:     schema.Time{Time: res.StartedAt},
+			Response:      res.Response,
+			Model:         res.Model,
+			Warnings:      res.Warnings,
+			ServerDownS:   downS,
 		}
 		if step.PromptTokenChunks, err = b.store.PutTokenIDs(res.PromptTokenIDs); err != nil {
 			return &storeFailure{fmt.Errorf("store prompt token ids: %w", err)}
@@ -249,7 +254,7 @@ func (t *try) steps(ctx context.Context) error {
 // time the step waited for it. The result's Model.Attempts counts every
 // HTTP request the step made, over the resends too: retried_calls counts
 // the steps with more than one.
-func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Result, downS float64, err error) {
+func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Result, version string, downS float64, err error) {
 	b, tm := t.b, &t.rec.Timing
 	sent := 0 // HTTP requests of the earlier sends
 	wait := func(f func() (time.Duration, error)) error {
@@ -261,8 +266,19 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		return err
 	}
 	for whileUp := 0; ; {
+		// A paused policy (a trainer swapping weights) holds the call,
+		// with the rollout clock stopped; the version in force when it
+		// goes is the step's.
+		t.clock.pause()
+		v, held, err := b.gate.enter(ctx)
+		t.clock.resume()
+		tm.PausedS += held.Seconds()
+		if err != nil {
+			return nil, "", downS, err
+		}
+		version = v
 		if err := wait(func() (time.Duration, error) { return b.outage.pause(ctx) }); err != nil {
-			return nil, downS, err
+			return nil, "", downS, err
 		}
 		res, err := b.client.Complete(ctx, t.a.g.id, msgs)
 		if res != nil {
@@ -274,20 +290,20 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		}
 		switch {
 		case err == nil:
-			return res, downS, nil
+			return res, version, downS, nil
 		case ctx.Err() != nil:
-			return nil, downS, context.Cause(ctx)
+			return nil, "", downS, context.Cause(ctx)
 		case !policy.IsOutage(err):
-			return nil, downS, &policyFailure{err}
+			return nil, "", downS, &policyFailure{err}
 		}
 		var down bool
 		cause := err
 		if werr := wait(func() (w time.Duration, err error) { down, w, err = b.outage.failed(ctx, cause); return w, err }); werr != nil {
-			return nil, downS, werr
+			return nil, "", downS, werr
 		}
 		if !down {
 			if whileUp >= maxCallsWhileUp {
-				return nil, downS, &policyFailure{err}
+				return nil, "", downS, &policyFailure{err}
 			}
 			whileUp++
 		}

@@ -161,7 +161,8 @@ type Sample struct {
 	Step      int           `json:"step"` // index into the record's steps, from 0
 	Status    schema.Status `json:"status"`
 	// PolicyVersion is the version of the weights that generated the
-	// response, so a trainer can correct for off-policy samples.
+	// response (the step's, see schema.Step.PolicyVersion), so a trainer
+	// can correct for off-policy samples.
 	PolicyVersion string  `json:"policy_version"`
 	Reward        float64 `json:"reward"`
 	Advantage     float64 `json:"advantage"`
@@ -462,31 +463,71 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 			return lines, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 		}
 		head.Step = i
-		tail := sampleTail{
-			PromptTokenIDs:    promptIDs,
-			ResponseText:      step.Response.Content,
-			ResponseReasoning: step.Response.Reasoning,
-			ResponseTokenIDs:  step.Response.TokenIDs,
-			ResponseLogprobs:  step.Response.Logprobs,
-			ResponseTokens:    step.Response.Tokens,
-			TokenIDsSource:    step.Response.TokenIDsSource,
-			FinishReason:      step.Response.FinishReason,
-			Warnings:          step.Warnings,
-		}
-		if d := step.LogprobDefect(); d != "" {
-			// Only with AllowBadLogprobs: the first pass refused them
-			// otherwise.
-			tail.ResponseLogprobs = nil
-			if !slices.Contains(tail.Warnings, d) {
-				tail.Warnings = append(slices.Clone(tail.Warnings), d)
-			}
-		}
+		head.PolicyVersion = step.Version(rec)
+		tail := stepTail(step, promptIDs)
 		if err := sw.write(&head, msgs, &tail); err != nil {
 			return lines, err
 		}
 		lines++
 	}
 	return lines, nil
+}
+
+// stepTail is the part of a step's sample after its messages. Logprobs
+// with a defect are left out and the defect named in its warnings: only
+// an export with AllowBadLogprobs gets that far.
+func stepTail(step *schema.Step, promptIDs []int64) sampleTail {
+	tail := sampleTail{
+		PromptTokenIDs:    promptIDs,
+		ResponseText:      step.Response.Content,
+		ResponseReasoning: step.Response.Reasoning,
+		ResponseTokenIDs:  step.Response.TokenIDs,
+		ResponseLogprobs:  step.Response.Logprobs,
+		ResponseTokens:    step.Response.Tokens,
+		TokenIDsSource:    step.Response.TokenIDsSource,
+		FinishReason:      step.Response.FinishReason,
+		Warnings:          step.Warnings,
+	}
+	if d := step.LogprobDefect(); d != "" {
+		tail.ResponseLogprobs = nil
+		if !slices.Contains(tail.Warnings, d) {
+			tail.Warnings = append(slices.Clone(tail.Warnings), d)
+		}
+	}
+	return tail
+}
+
+// RecordSamples returns the samples export writes for rec, one per step,
+// with advantage adv; rec must be graded (a reward). Images stay
+// references unless inline. A service hands them to a trainer one group
+// at a time.
+func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, inline bool) ([]Sample, error) {
+	if rec.Reward == nil {
+		return nil, fmt.Errorf("rollout %s: no reward (status %s): only graded attempts have samples", rec.RolloutID, rec.Status)
+	}
+	load := schema.LoadOptions{KeepImageRefs: !inline}
+	out := make([]Sample, 0, len(rec.Steps))
+	for i := range rec.Steps {
+		step := &rec.Steps[i]
+		msgs, err := store.LoadRequest(*step, load)
+		if err != nil {
+			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+		}
+		promptIDs, err := store.PromptTokenIDs(*step)
+		if err != nil {
+			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+		}
+		t := stepTail(step, promptIDs)
+		out = append(out, Sample{
+			RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt, Step: i,
+			Status: rec.Status, PolicyVersion: step.Version(rec), Reward: *rec.Reward, Advantage: adv,
+			Messages: msgs, PromptTokenIDs: t.PromptTokenIDs, ResponseText: t.ResponseText,
+			ResponseReasoning: t.ResponseReasoning, ResponseTokenIDs: t.ResponseTokenIDs,
+			ResponseLogprobs: t.ResponseLogprobs, ResponseTokens: t.ResponseTokens,
+			TokenIDsSource: t.TokenIDsSource, FinishReason: t.FinishReason, Warnings: t.Warnings,
+		})
+	}
+	return out, nil
 }
 
 // sampleWriter writes samples as JSON lines. HTML characters are not

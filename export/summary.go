@@ -543,3 +543,13 @@ func SummarizeEach(runDir string, fn func(*schema.Record)) (*SummaryBuilder, sch
 	b.setTornLines(st.TornLines)
 	return b, st, nil
 }
+
+// PhaseSeconds returns the seconds the tries added so far spent per timing
+// phase ("reset_s", ...).
+func (b *SummaryBuilder) PhaseSeconds() map[string]float64 {
+	out := make(map[string]float64, numPhases)
+	for p := range numPhases {
+		out[p.String()] = b.phaseS[p]
+	}
+	return out
+}

@@ -58,6 +58,10 @@ type Result struct {
 	// them (vLLM at the top level, SGLang on the choice). Store them with
 	// schema.Run.PutTokenIDs into Step.PromptTokenChunks.
 	PromptTokenIDs []int64
+	// WeightVersion is the version of the weights the server says
+	// generated the answer (SGLang's weight_version); empty when it does
+	// not say.
+	WeightVersion string
 }
 
 // Client calls one model on one server. It is safe for concurrent use, and
@@ -327,6 +331,8 @@ func (c *Client) classify(err error) *Error {
 		return e
 	case errors.Is(err, errBadCompletion):
 		return c.newError(0, ErrBadResponse, err.Error(), nil)
+	case errors.Is(err, errAborted):
+		return c.newError(0, ErrAborted, "the server aborted the generation (finish_reason \"abort\"): paused or cancelled midway; its tokens are not a reply", nil)
 	case isJSONError(err):
 		return c.newError(0, ErrBadResponse, "response is not valid JSON: "+err.Error(), nil)
 	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || isNetError(err):
@@ -402,6 +408,9 @@ func catchHTTPErrors(req *http.Request, next option.MiddlewareNext) (*http.Respo
 // chat completion.
 var errBadCompletion = errors.New("not a chat completion")
 
+// errAborted marks a 200 answer whose generation the engine aborted.
+var errAborted = errors.New("generation aborted")
+
 // fill copies what a trainer needs from the answer raw, to a request in
 // token-id mode with fields sent, into res. again reports that the
 // client's way of asking changed and the call should ask once more.
@@ -414,8 +423,11 @@ func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (agai
 		return false, fmt.Errorf("%w: the answer has no choices", errBadCompletion)
 	}
 	ch := &cc.Choices[0]
+	if ch.FinishReason == finishAbort {
+		return false, errAborted
+	}
 	msg := ch.Message
-	r := schema.Response{Content: deref(msg.Content), FinishReason: ch.FinishReason}
+	r := schema.Response{Content: deref(msg.Content), FinishReason: string(ch.FinishReason)}
 	r.Reasoning = deref(msg.Reasoning)
 	if r.Reasoning == "" {
 		r.Reasoning = deref(msg.ReasoningContent)
@@ -483,6 +495,10 @@ func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (agai
 	}
 
 	res.Response = r
+	res.WeightVersion = ""
+	if m := cc.Metadata; m != nil && m.WeightVersion != sglangDefaultVersion {
+		res.WeightVersion = m.WeightVersion
+	}
 	res.ToolCalls = calls
 	res.Warnings = warnings
 	res.PromptTokenIDs = promptIDs

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -377,6 +378,10 @@ func TestRetryPolicy(t *testing.T) {
 			wantAttempts: 2, wantElapsed: 500 * time.Millisecond},
 		{name: "body cut short every time", opts: policytest.Options{Faults: always(policytest.FaultTruncatedBody)}, retries: 1,
 			wantErr: policy.ErrConnection, wantMessage: "unexpected EOF", wantAttempts: 2, wantElapsed: 500 * time.Millisecond},
+		{name: "aborted once is sent again", opts: policytest.Options{Faults: seq(policytest.FaultAbort)}, retries: 1,
+			wantAttempts: 2, wantElapsed: 500 * time.Millisecond},
+		{name: "aborted every time (SGLang)", opts: policytest.Options{Dialect: policytest.SGLang, Faults: always(policytest.FaultAbort)}, retries: 1,
+			wantErr: policy.ErrAborted, wantMessage: `finish_reason "abort"`, wantAttempts: 2, wantElapsed: 500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -893,4 +898,44 @@ func TestTokenIDsFoundConcurrently(t *testing.T) {
 			t.Errorf("TokenIDSource() = %q, want tokens_as_ids", got)
 		}
 	})
+}
+
+// TestAbortedIsNeverAReply: an aborted generation is an outage (sent again
+// once the server serves), a ping that is aborted fails, and the fragment
+// is never returned as a reply.
+func TestAbortedIsNeverAReply(t *testing.T) {
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Faults: policytest.FaultAlways(policytest.FaultAbort)})
+	defer srv.Close()
+	c := newClient(t, srv, policy.Config{StepTimeout: 10 * time.Second, Retries: 0})
+	res, err := c.Complete(t.Context(), prompt())
+	if !errors.Is(err, policy.ErrAborted) || !policy.IsOutage(err) {
+		t.Fatalf("err = %v, want ErrAborted, an outage", err)
+	}
+	if res != nil && res.Response.Content != "" {
+		t.Errorf("the aborted fragment came back as a reply: %q", res.Response.Content)
+	}
+	if err := c.Ping(t.Context()); !errors.Is(err, policy.ErrAborted) {
+		t.Errorf("ping of an aborting server: %v, want ErrAborted", err)
+	}
+}
+
+// TestWeightVersion: SGLang's weight_version is the result's, except its
+// placeholder "default", which names no weights.
+func TestWeightVersion(t *testing.T) {
+	var version atomic.Value
+	version.Store("")
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Dialect: policytest.SGLang,
+		WeightVersion: func() string { return version.Load().(string) }})
+	defer srv.Close()
+	c := newClient(t, srv, policy.Config{StepTimeout: 10 * time.Second})
+	for _, tt := range []struct{ server, want string }{{"", ""}, {"step-42", "step-42"}, {"default", ""}} {
+		version.Store(tt.server)
+		res, err := c.Complete(t.Context(), prompt())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.WeightVersion != tt.want {
+			t.Errorf("server version %q: WeightVersion %q, want %q", tt.server, res.WeightVersion, tt.want)
+		}
+	}
 }

@@ -33,6 +33,11 @@ var (
 	ErrNotFound = errors.New("model or endpoint not found")
 	// ErrBadRequest: the server answered another 4xx.
 	ErrBadRequest = errors.New("policy server rejected the request")
+	// ErrAborted: the server answered with a generation it aborted
+	// (finish_reason "abort"), as vLLM and SGLang do while a trainer
+	// pauses them to swap weights. The fragment is dropped; the call is
+	// sent again once the server serves (IsOutage).
+	ErrAborted = errors.New("policy server aborted the generation")
 	// ErrInvalidMessages: the prompt cannot be sent as it is (unknown role,
 	// an image in a system message, an image not loaded as a data URL).
 	ErrInvalidMessages = errors.New("invalid prompt messages")

@@ -21,7 +21,8 @@ import (
 // worker died behind a live HTTP front), or answered 200 with a body that
 // is not a chat completion (a proxy's HTML page). A trainer restarting its
 // server, a CUDA OOM or a load balancer with no backend cause exactly
-// these. Whether the server is really broken is for Ping to tell: a caller
+// these, and so does an engine a trainer paused, which aborts what it is
+// sent (finish_reason "abort"). Whether the server is really broken is for Ping to tell: a caller
 // waits for Ping to succeed and sends the call again. A 4xx names the
 // request (or the key, or the model) and is never an outage.
 func IsOutage(err error) bool {
@@ -33,7 +34,7 @@ func IsOutage(err error) bool {
 		return false
 	}
 	return errors.Is(e.Err, ErrConnection) || errors.Is(e.Err, ErrTimeout) ||
-		errors.Is(e.Err, ErrServer) || errors.Is(e.Err, ErrBadResponse)
+		errors.Is(e.Err, ErrServer) || errors.Is(e.Err, ErrBadResponse) || errors.Is(e.Err, ErrAborted)
 }
 
 // MaxProbeInterval caps the backoff between two probes (Ping) of a server
@@ -97,6 +98,10 @@ func (c *Client) Ping(ctx context.Context) error {
 	var cc chatResponse
 	if err := json.Unmarshal(raw, &cc); err != nil || len(cc.Choices) == 0 {
 		return c.newError(res.StatusCode, ErrBadResponse, "ping: a one-token generation answered 200 with a body that is not a chat completion", nil)
+	}
+	if cc.Choices[0].FinishReason == finishAbort {
+		// A paused engine aborts what it is sent: it does not serve yet.
+		return c.newError(res.StatusCode, ErrAborted, "ping: the server aborted a one-token generation (paused?)", nil)
 	}
 	return nil
 }

@@ -115,7 +115,11 @@ func requestBody(req chatRequest, extra map[string]any) ([]byte, error) {
 type chatResponse struct {
 	Choices        []chatChoice `json:"choices"`
 	PromptTokenIDs *[]int64     `json:"prompt_token_ids"` // vLLM
-	Usage          *struct {
+	// Metadata is SGLang's: the version of the weights that answered.
+	Metadata *struct {
+		WeightVersion string `json:"weight_version"`
+	} `json:"metadata"`
+	Usage *struct {
 		PromptTokens        int                `json:"prompt_tokens"`
 		CompletionTokens    int                `json:"completion_tokens"`
 		PromptTokensDetails *chatTokensDetails `json:"prompt_tokens_details"`
@@ -147,9 +151,9 @@ type chatChoice struct {
 	Logprobs *struct {
 		Content []chatTokenLogprob `json:"content"`
 	} `json:"logprobs"`
-	FinishReason   string   `json:"finish_reason"`
-	TokenIDs       *[]int64 `json:"token_ids"`        // vLLM, SGLang
-	PromptTokenIDs *[]int64 `json:"prompt_token_ids"` // SGLang
+	FinishReason   finishReason `json:"finish_reason"`
+	TokenIDs       *[]int64     `json:"token_ids"`        // vLLM, SGLang
+	PromptTokenIDs *[]int64     `json:"prompt_token_ids"` // SGLang
 	MetaInfo       *struct {
 		// [logprob, id, text] per generated token.
 		OutputTokenLogprobs [][]json.RawMessage `json:"output_token_logprobs"`
@@ -211,3 +215,42 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// finishReason is a choice's finish_reason: a string as OpenAI sends it,
+// or an object {"type": ...} as SGLang's engine keeps it internally (its
+// meta_info), which a server might pass through.
+type finishReason string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (f *finishReason) UnmarshalJSON(b []byte) error {
+	*f = ""
+	switch {
+	case string(b) == "null":
+		return nil
+	case len(b) > 0 && b[0] == '{':
+		var obj struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(b, &obj); err != nil {
+			return err
+		}
+		*f = finishReason(obj.Type)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	*f = finishReason(s)
+	return nil
+}
+
+// finishAbort is the finish_reason of a generation the engine aborted
+// (vLLM and SGLang): a trainer paused it to swap weights, or it was
+// cancelled. Its tokens are a fragment, never a reply.
+const finishAbort = "abort"
+
+// sglangDefaultVersion is the weight_version SGLang reports until a
+// trainer sets one (--weight-version, or an update of the weights): it
+// says nothing about which weights answered.
+const sglangDefaultVersion = "default"

@@ -375,3 +375,35 @@ func TestAppendContentSyncFails(t *testing.T) {
 		t.Errorf("prompt (-want +got):\n%s", diff)
 	}
 }
+
+// TestAppendAtOffsets: the offset AppendAt returns is where its record's
+// line starts, for records that committed together in one write too.
+func TestAppendAtOffsets(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	const n = 24
+	offs := make([]int64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			off, err := r.AppendAt(&Record{RolloutID: fmt.Sprintf("r%d", i), Status: StatusOK, Steps: make([]Step, i%3)})
+			if err != nil {
+				t.Error(err)
+			}
+			offs[i] = off
+		})
+	}
+	wg.Wait()
+	for i, off := range offs {
+		rec, err := ReadRecordAt(dir, off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("r%d", i); rec.RolloutID != want {
+			t.Errorf("record at %d is %s, want %s", off, rec.RolloutID, want)
+		}
+	}
+	if _, err := ReadRecordAt(dir, offs[0]+1); err == nil {
+		t.Error("reading from the middle of a line found a record")
+	}
+}

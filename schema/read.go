@@ -62,13 +62,42 @@ func (s ReadStats) TornInside() *LineError {
 // with a different schema version is an error (ErrSchemaVersion): reading
 // it as this version would be wrong.
 func ReadRecords(r io.Reader, fn func(Record) error) (ReadStats, error) {
-	return readRecords(r, func(rec Record, _ int) error { return fn(rec) }, MaxRecordBytes)
+	return readRecords(r, func(rec Record, _ int, _ int64) error { return fn(rec) }, MaxRecordBytes)
 }
 
 // ReadRecordLines is ReadRecords passing each record's 1-based line number
 // too, so a reader can name the line of a record it refuses.
 func ReadRecordLines(r io.Reader, fn func(rec Record, line int) error) (ReadStats, error) {
-	return readRecords(r, fn, MaxRecordBytes)
+	return readRecords(r, func(rec Record, line int, _ int64) error { return fn(rec, line) }, MaxRecordBytes)
+}
+
+// ReadRunRecordsAt reads dir/rollouts.jsonl like ReadRunRecordLines,
+// passing each record's byte offset too, for ReadRecordAt.
+func ReadRunRecordsAt(dir string, fn func(rec Record, line int, off int64) error) (ReadStats, error) {
+	f, err := os.Open(filepath.Join(dir, RecordsFile))
+	if err != nil {
+		return ReadStats{}, fmt.Errorf("read records: %w", err)
+	}
+	defer f.Close()
+	return readRecords(f, fn, MaxRecordBytes)
+}
+
+// ReadRecordAt reads the record whose line starts at byte off of
+// dir/rollouts.jsonl (Run.AppendAt, ReadRunRecordsAt).
+func ReadRecordAt(dir string, off int64) (Record, error) {
+	f, err := os.Open(filepath.Join(dir, RecordsFile))
+	if err != nil {
+		return Record{}, fmt.Errorf("read record: %w", err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReaderSize(io.NewSectionReader(f, off, MaxRecordBytes), 64<<10).ReadBytes('\n')
+	if err == nil {
+		var rec Record
+		if rec, err = parseRecord(line); err == nil {
+			return rec, nil
+		}
+	}
+	return Record{}, fmt.Errorf("read the record at byte %d of %s: %w", off, RecordsFile, err)
 }
 
 // ReadRunRecords reads dir/rollouts.jsonl with ReadRecords. It may run while
@@ -92,7 +121,7 @@ var (
 	errNoSchema  = errors.New("not a legato record (no schema field)")
 )
 
-func readRecords(r io.Reader, fn func(Record, int) error, maxLine int) (ReadStats, error) {
+func readRecords(r io.Reader, fn func(Record, int, int64) error, maxLine int) (ReadStats, error) {
 	var st ReadStats
 	br := bufio.NewReaderSize(r, 64<<10)
 	var buf []byte
@@ -139,7 +168,7 @@ func readRecords(r io.Reader, fn func(Record, int) error, maxLine int) (ReadStat
 			}
 			st.TornTail = false
 			st.Records++
-			if err := fn(rec, st.Lines); err != nil {
+			if err := fn(rec, st.Lines, at.Offset); err != nil {
 				return st, err
 			}
 		}

@@ -40,7 +40,7 @@ type readResult struct {
 
 func read(r io.Reader, max int) readResult {
 	var res readResult
-	st, err := readRecords(r, func(rec Record, _ int) error { res.IDs = append(res.IDs, rec.RolloutID); return nil }, max)
+	st, err := readRecords(r, func(rec Record, _ int, _ int64) error { res.IDs = append(res.IDs, rec.RolloutID); return nil }, max)
 	if in := st.TornInside(); in != nil {
 		res.Inside = in.Line
 	}

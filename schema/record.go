@@ -135,6 +135,10 @@ type Timing struct {
 	// ServerDownS is the time the attempt's model calls waited for an
 	// absent model server to answer again (not part of model_s).
 	ServerDownS float64 `json:"server_down_s,omitempty"`
+	// PausedS is the time the attempt's model calls were held while its
+	// service's policy was paused (a trainer swapping weights; not part of
+	// model_s).
+	PausedS float64 `json:"paused_s,omitempty"`
 }
 
 // Step is one policy call and the actions its reply produced.
@@ -146,6 +150,11 @@ type Step struct {
 	// MessageStore.PromptTokenIDs); absent when the server did not return
 	// them.
 	PromptTokenChunks []string `json:"prompt_token_chunks,omitempty"`
+	// PolicyVersion is the version of the weights that generated the
+	// response: the server's own (SGLang's weight_version) when it says,
+	// else the version in force when the call was sent. Empty in records
+	// written before it existed: the record's Policy.Version then holds.
+	PolicyVersion string `json:"policy_version,omitempty"`
 	// StartedAt is when the step's model call was issued (after any
 	// queueing for --max-inflight).
 	StartedAt Time           `json:"started_at"`
@@ -314,4 +323,13 @@ func (t *Time) UnmarshalJSON(b []byte) error {
 	}
 	t.Time = v
 	return nil
+}
+
+// Version returns the policy version that generated the step's response,
+// rec's when the step does not say (records written before steps did).
+func (s *Step) Version(rec *Record) string {
+	if s.PolicyVersion != "" {
+		return s.PolicyVersion
+	}
+	return rec.Policy.Version
 }

@@ -24,6 +24,7 @@ const (
 	MessagesDir = "messages"       // messages/<sha256>: zstd canonical JSON
 	ImagesDir   = "images"         // images/<sha256>.png
 	TokensDir   = "tokens"         // tokens/<sha256>: zstd JSON chunks of prompt token ids
+	ServiceFile = "service.jsonl"  // a service's journal: its groups, policy changes and stream
 )
 
 // MaxRecordBytes bounds one line of rollouts.jsonl. A 15-step record with
@@ -238,41 +239,50 @@ func (r *Run) Close() error {
 // is in flight form the next group, which syncs the content stored so far,
 // writes its lines and syncs rollouts.jsonl once for all of them.
 func (r *Run) Append(rec *Record) error {
+	_, err := r.AppendAt(rec)
+	return err
+}
+
+// AppendAt is Append, returning the byte offset of rec's line in
+// rollouts.jsonl, for ReadRecordAt.
+func (r *Run) AppendAt(rec *Record) (int64, error) {
 	if rec == nil {
-		return errors.New("append record: nil record")
+		return 0, errors.New("append record: nil record")
 	}
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	if rec.Schema == "" {
 		rec.Schema = Version
 	}
 	if rec.Schema != Version {
-		return fmt.Errorf("append record %q: %w %q: leave Schema empty or set it to %q", rec.RolloutID, ErrSchemaVersion, rec.Schema, Version)
+		return 0, fmt.Errorf("append record %q: %w %q: leave Schema empty or set it to %q", rec.RolloutID, ErrSchemaVersion, rec.Schema, Version)
 	}
 	line, err := json.Marshal(rec)
 	if err != nil {
 		if where := nonFinite(rec); where != "" {
 			err = fmt.Errorf("%s is not a finite number, which JSON cannot hold: %w", where, err)
 		}
-		return fmt.Errorf("append record %q: %w", rec.RolloutID, err)
+		return 0, fmt.Errorf("append record %q: %w", rec.RolloutID, err)
 	}
 	if len(line)+1 > MaxRecordBytes {
-		return fmt.Errorf("append record %q: %w: %d bytes, limit %d", rec.RolloutID, ErrRecordTooLarge, len(line)+1, MaxRecordBytes)
+		return 0, fmt.Errorf("append record %q: %w: %d bytes, limit %d", rec.RolloutID, ErrRecordTooLarge, len(line)+1, MaxRecordBytes)
 	}
 	line = append(line, '\n')
-	if err := r.commitLine(line); err != nil {
-		return fmt.Errorf("append record %q: %w", rec.RolloutID, err)
+	off, err := r.commitLine(line)
+	if err != nil {
+		return 0, fmt.Errorf("append record %q: %w", rec.RolloutID, err)
 	}
-	return nil
+	return off, nil
 }
 
 // A commitGroup is the records that commit together: it takes lines until
 // its leader, the Append that opened it, starts the commit.
 type commitGroup struct {
 	lines []byte        // whole lines, in arrival order
+	base  int64         // where lines landed in the file, once committed
 	after *commitGroup  // the group before this one; nil for the first
 	done  chan struct{} // closed when the commit has ended; err is set then
 	err   error
@@ -284,15 +294,17 @@ type commitGroup struct {
 // them all; the others wait for it. So commits run one at a time, a group
 // never waits behind more than one commit, and no goroutine outlives its
 // Append.
-func (r *Run) commitLine(line []byte) error {
+func (r *Run) commitLine(line []byte) (int64, error) {
 	r.commitMu.Lock()
 	g := r.open
 	lead := g == nil
+	var at int64 // line's place in the group
 	if lead {
 		// line is ours (Append marshaled it), so the group may grow it.
 		g = &commitGroup{lines: line, after: r.last, done: make(chan struct{})}
 		r.open, r.last = g, g
 	} else {
+		at = int64(len(g.lines))
 		g.lines = append(g.lines, line...)
 	}
 	r.commitMu.Unlock()
@@ -301,7 +313,7 @@ func (r *Run) commitLine(line []byte) error {
 	}
 	if !lead {
 		<-g.done
-		return g.err
+		return g.base + at, g.err
 	}
 	if g.after != nil {
 		<-g.after.done
@@ -310,9 +322,10 @@ func (r *Run) commitLine(line []byte) error {
 	r.commitMu.Lock()
 	r.open = nil // later lines go to the next group, which commits after this one
 	r.commitMu.Unlock()
+	g.base = r.size
 	g.err = r.commit(g.lines)
 	close(g.done)
-	return g.err
+	return g.base, g.err
 }
 
 // commit makes the stored content durable, then writes lines to the end

@@ -120,93 +120,11 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := f.validate(fs); err != nil {
 		return err
 	}
-	level := slog.LevelWarn
-	if f.verbose {
-		level = slog.LevelInfo
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-
-	f.pol.APIKey = os.Getenv(policy.KeyEnv)
-	f.pol.Retries = f.retries
-	f.pol.Logger = log
-	f.opts.Out = f.out
-	f.opts.Logger = log
-	if f.opts.EnvRetries == 0 {
-		f.opts.EnvRetries = -1 // the flag's 0 means none; the library's zero means the default
-	}
-	if f.noRetryErr {
-		f.opts.ErrorReruns = -1
-	}
-	hcfg := qwen.Config{ImageMax: f.opts.ImageMax, Eviction: f.eviction}
-	if f.systemPrompt != "" {
-		text, err := os.ReadFile(f.systemPrompt)
-		if err != nil {
-			return usageErrorf("--system-prompt: %v", err)
-		}
-		hcfg.SystemPrompt = string(text)
-	}
-	h, err := qwen.NewFamily(f.harness, hcfg)
-	if err != nil {
-		return usageErrorf("--harness %s --system-prompt %q: %v", f.harness, f.systemPrompt, err)
-	}
-	f.opts.Harness = h
-	f.pol.Temperature, f.pol.TopP = f.sampling.temperature.v, f.sampling.topP.v
-
-	// checkTasks refuses, before anything runs, tasks the backend could
-	// not set up or grade.
-	checkTasks := func([]rl.Task) error { return nil }
-	switch f.backend {
-	case "fake":
-		cfg, err := f.fake.config()
-		if err != nil {
-			return err
-		}
-		f.opts.NewDesktop = fake.NewFleet(cfg).New
-	case "osworld":
-		pool, err := f.ow.Pool(ctx, log)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := pool.Close(); err != nil {
-				log.Warn("close desktops", "err", err)
-			}
-		}()
-		if n := pool.Config().Slots(); n > 0 && f.opts.Desktops > n {
-			what := "--guest-url given"
-			if len(pool.Config().Guests) == 0 {
-				what = "desktop slots on the --host hosts (desktops=N)"
-			}
-			fmt.Fprintf(stderr, "--desktops %d: only %d %s; using %d desktops\n", f.opts.Desktops, n, what, n)
-			f.opts.Desktops = n
-		}
-		f.opts.NewDesktop = pool.New
-		checkTasks = pool.CheckTasks
-	default:
-		return usageErrorf("--backend %q: want fake or osworld", f.backend)
-	}
-	if f.noReadySignal {
-		f.opts.NewDesktop = desktop.WithFixedWaits(f.opts.NewDesktop, f.fixed)
-	}
-	tasks, err := loadCollectTasks(f)
+	log := f.logger(stderr)
+	cleanup, tasks, err := f.setup(ctx, log, stderr, true)
+	defer cleanup()
 	if err != nil {
 		return err
-	}
-	if err := checkTasks(tasks); err != nil {
-		return err
-	}
-
-	if len(f.policyURLs) > 0 {
-		f.pol.BaseURL, f.pol.Replicas = f.policyURLs[0], f.policyURLs[1:]
-	}
-	if f.pol.BaseURL == "" {
-		srv, err := startBuiltinServer(f, stderr)
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-	} else if f.pol.Model == "" || f.pol.Version == "" {
-		return usageErrorf("--model and --version are required with --policy-url")
 	}
 
 	fmt.Fprintf(stderr, "collecting %d tasks × %d attempts on %d %s desktops into %s (policy %s %s)\n",
@@ -222,6 +140,115 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usage(err)
 	}
 	return err
+}
+
+// logger is the log of a run: warnings, or everything with -v.
+func (f *collectFlags) logger(stderr io.Writer) *slog.Logger {
+	level := slog.LevelWarn
+	if f.verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// setup turns the flags into the policy and options of a run: the harness,
+// the desktops of the backend, the built-in model server when no
+// --policy-url is given, and the tasks (loaded when needTasks or --tasks is
+// given). cleanup closes what it started, in reverse order; call it even on
+// error.
+func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Writer, needTasks bool) (cleanup func(), _ []rl.Task, err error) {
+	var closers []func()
+	cleanup = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	f.pol.APIKey = os.Getenv(policy.KeyEnv)
+	f.pol.Retries = f.retries
+	f.pol.Logger = log
+	f.opts.Out = f.out
+	f.opts.Logger = log
+	if f.opts.EnvRetries == 0 {
+		f.opts.EnvRetries = -1 // the flag's 0 means none; the library's zero means the default
+	}
+	if f.noRetryErr {
+		f.opts.ErrorReruns = -1
+	}
+	hcfg := qwen.Config{ImageMax: f.opts.ImageMax, Eviction: f.eviction}
+	if f.systemPrompt != "" {
+		text, err := os.ReadFile(f.systemPrompt)
+		if err != nil {
+			return cleanup, nil, usageErrorf("--system-prompt: %v", err)
+		}
+		hcfg.SystemPrompt = string(text)
+	}
+	h, err := qwen.NewFamily(f.harness, hcfg)
+	if err != nil {
+		return cleanup, nil, usageErrorf("--harness %s --system-prompt %q: %v", f.harness, f.systemPrompt, err)
+	}
+	f.opts.Harness = h
+	f.pol.Temperature, f.pol.TopP = f.sampling.temperature.v, f.sampling.topP.v
+
+	// checkTasks refuses, before anything runs, tasks the backend could
+	// not set up or grade.
+	checkTasks := func([]rl.Task) error { return nil }
+	switch f.backend {
+	case "fake":
+		cfg, err := f.fake.config()
+		if err != nil {
+			return cleanup, nil, err
+		}
+		f.opts.NewDesktop = fake.NewFleet(cfg).New
+	case "osworld":
+		pool, err := f.ow.Pool(ctx, log)
+		if err != nil {
+			return cleanup, nil, err
+		}
+		closers = append(closers, func() {
+			if err := pool.Close(); err != nil {
+				log.Warn("close desktops", "err", err)
+			}
+		})
+		if n := pool.Config().Slots(); n > 0 && f.opts.Desktops > n {
+			what := "--guest-url given"
+			if len(pool.Config().Guests) == 0 {
+				what = "desktop slots on the --host hosts (desktops=N)"
+			}
+			fmt.Fprintf(stderr, "--desktops %d: only %d %s; using %d desktops\n", f.opts.Desktops, n, what, n)
+			f.opts.Desktops = n
+		}
+		f.opts.NewDesktop = pool.New
+		checkTasks = pool.CheckTasks
+	default:
+		return cleanup, nil, usageErrorf("--backend %q: want fake or osworld", f.backend)
+	}
+	if f.noReadySignal {
+		f.opts.NewDesktop = desktop.WithFixedWaits(f.opts.NewDesktop, f.fixed)
+	}
+	var tasks []rl.Task
+	if needTasks || f.tasks != "" {
+		if tasks, err = loadCollectTasks(f); err != nil {
+			return cleanup, nil, err
+		}
+		if err := checkTasks(tasks); err != nil {
+			return cleanup, nil, err
+		}
+	}
+
+	if len(f.policyURLs) > 0 {
+		f.pol.BaseURL, f.pol.Replicas = f.policyURLs[0], f.policyURLs[1:]
+	}
+	if f.pol.BaseURL == "" {
+		srv, err := startBuiltinServer(f, stderr)
+		if err != nil {
+			return cleanup, nil, err
+		}
+		closers = append(closers, srv.Close)
+	} else if f.pol.Model == "" || f.pol.Version == "" {
+		return cleanup, nil, usageErrorf("--model and --version are required with --policy-url")
+	}
+
+	return cleanup, tasks, nil
 }
 
 // validate refuses flag values that cannot run a batch before anything

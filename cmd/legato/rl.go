@@ -28,6 +28,7 @@ func commands() []command {
 	return []command{
 		{"probe", "check that a model server returns logprobs, token ids and cached tokens", new(probeCommand).Run},
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
+		{"serve", "serve rollouts to a trainer over HTTP: groups submitted while it trains, a resumable stream, pause and version switches", runServe},
 		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
 		{"export", "write a run's training samples, with GRPO group advantages", new(exportCommand).Run},
 		{"repair", "move a run's damaged lines and duplicate final records to a quarantine file", new(repairCommand).Run},

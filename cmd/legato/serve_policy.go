@@ -37,7 +37,7 @@ func (c *servePolicyCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.opts.ToolCalls, "tool-calls", false, "return <tool_call> blocks as OpenAI tool_calls")
 	fs.BoolVar(&c.opts.SplitReasoning, "reasoning", false, "return a leading <think> block as the reasoning field")
 	intVar(fs, &c.opts.ImageTokens, "image-tokens", policytest.DefaultImageTokens, 1, 1<<20, "prompt tokens per image")
-	fs.TextVar(&c.fault, "fault", policytest.NoFault, "`fault` to inject: none, hang, 500, 429, refuse-field, ignore-field, flat-error, 401-string, malformed-json, truncated-body, slow-first-byte, no-logprobs, logprobs-mismatch, validation-400, null-logprobs, 503, html-200")
+	fs.TextVar(&c.fault, "fault", policytest.NoFault, "`fault` to inject: none, hang, 500, 429, refuse-field, ignore-field, flat-error, 401-string, malformed-json, truncated-body, slow-first-byte, no-logprobs, logprobs-mismatch, validation-400, null-logprobs, 503, html-200, abort")
 	intVar(fs, &c.every, "fault-every", 1, 1, math.MaxInt, "inject the fault on every n-th request")
 	fs.BoolVar(&c.requireKey, "require-key", false, "require the bearer key from $"+policy.KeyEnv)
 	setUsage(fs, `Usage: legato rl serve-policy [--addr 127.0.0.1:8000] [flags]

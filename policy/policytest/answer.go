@@ -59,14 +59,14 @@ func (s *Server) shape(n int, wr *wireRequest, g *generation, fault Fault) *wire
 			choice.PromptTokenIDs = mustJSON(g.promptIDs)
 		}
 		if s.rel.metaInfo && wr.ReturnMetaInfo {
-			choice.MetaInfo = mustJSON(sglangMetaInfo(id, g, logprobs))
+			choice.MetaInfo = mustJSON(sglangMetaInfo(id, g, logprobs, s.weightVersion()))
 		}
 		if g.finish == "stop" {
 			choice.MatchedStop = mustJSON(EndOfTurn)
 		} else {
 			choice.MatchedStop = jsonNull
 		}
-		resp.Metadata = &wireMetadata{WeightVersion: "default"}
+		resp.Metadata = &wireMetadata{WeightVersion: s.weightVersion()}
 	}
 	resp.Choices = []wireChoice{choice}
 	resp.Usage = s.usage(g)
@@ -106,14 +106,14 @@ func (s *Server) message(n int, g *generation) wireChoice {
 
 // sglangMetaInfo is the meta_info SGLang's engine keeps for a request, as
 // return_meta_info returns it.
-func sglangMetaInfo(id string, g *generation, logprobs bool) map[string]any {
+func sglangMetaInfo(id string, g *generation, logprobs bool, version string) map[string]any {
 	finish := map[string]any{"type": g.finish}
 	if g.finish == "stop" {
 		finish["matched"] = EndOfTurn
 	}
 	meta := map[string]any{
 		"id": id, "finish_reason": finish, "prompt_tokens": len(g.promptIDs),
-		"completion_tokens": len(g.toks), "cached_tokens": g.cached, "weight_version": "default",
+		"completion_tokens": len(g.toks), "cached_tokens": g.cached, "weight_version": version,
 	}
 	if logprobs {
 		out := make([][3]any, len(g.toks))
@@ -225,4 +225,14 @@ type wireUsage struct {
 type wireTokensDetails struct {
 	CachedTokens int `json:"cached_tokens"`
 	ImageTokens  int `json:"image_tokens,omitempty"` // SGLang, image prompts
+}
+
+// weightVersion is what the SGLang dialect reports as weight_version.
+func (s *Server) weightVersion() string {
+	if s.opts.WeightVersion != nil {
+		if v := s.opts.WeightVersion(); v != "" {
+			return v
+		}
+	}
+	return "default"
 }

@@ -175,6 +175,10 @@ func (s *Server) generate(ctx context.Context, wr *wireRequest, req Request, fau
 	if wr.MaxTokens > 0 && len(g.toks) > wr.MaxTokens {
 		g.toks, g.finish = g.toks[:wr.MaxTokens], "length"
 	}
+	if fault == FaultAbort {
+		// The engine stopped it midway: no end-of-turn token.
+		g.toks, g.finish = g.toks[:len(g.toks)/2], "abort"
+	}
 	g.text = spelled(g.toks)
 	var keys []uint64
 	g.promptIDs, keys = promptTokens(wr.Messages, s.opts.ImageTokens)

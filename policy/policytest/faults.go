@@ -60,6 +60,10 @@ const (
 	// FaultHTML answers 200 with an HTML page, as a proxy's error or login
 	// page does.
 	FaultHTML
+	// FaultAbort answers 200 with half the reply and finish_reason
+	// "abort", as vLLM and SGLang answer a request they aborted (a trainer
+	// pausing the engine to swap weights).
+	FaultAbort
 )
 
 var faultNames = [...]string{
@@ -80,6 +84,7 @@ var faultNames = [...]string{
 	FaultNullLogprobs:       "null-logprobs",
 	FaultUnavailable:        "503",
 	FaultHTML:               "html-200",
+	FaultAbort:              "abort",
 }
 
 func (f Fault) String() string {

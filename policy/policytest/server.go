@@ -117,6 +117,10 @@ type Options struct {
 	FirstByteDelay time.Duration
 	// KeepRequests keeps every request for Requests.
 	KeepRequests bool
+	// WeightVersion is the weight_version the SGLang dialect reports (in
+	// metadata and meta_info); empty means SGLang's own "default". A
+	// function, so a test can change it between requests.
+	WeightVersion func() string
 }
 
 // Stats are a server's counters.

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	rl "legato/rl"
+)
+
+// The HTTP front of `legato rl serve`: JSON in and out, errors as
+// {"error": "..."} with a 4xx naming what was wrong, never a crash.
+const (
+	maxBodyBytes = 1 << 20          // a task config is a few KB
+	maxWait      = 10 * time.Minute // bound on ?wait=
+)
+
+type serveHandler struct {
+	svc   *rl.Service
+	token string
+	log   *slog.Logger
+}
+
+func newServeHandler(svc *rl.Service, token string, log *slog.Logger) http.Handler {
+	h := &serveHandler{svc: svc, token: token, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/groups", h.submit)
+	mux.HandleFunc("GET /v1/groups/{id}", h.group)
+	mux.HandleFunc("DELETE /v1/groups/{id}", h.cancel)
+	mux.HandleFunc("GET /v1/stream", h.stream)
+	mux.HandleFunc("GET /v1/policy", h.policy)
+	mux.HandleFunc("POST /v1/policy", h.setPolicy)
+	mux.HandleFunc("GET /v1/blobs/{sha}", h.blob)
+	mux.HandleFunc("GET /v1/status", h.status)
+	mux.HandleFunc("GET /metrics", h.metrics)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s; see legato rl help serve", r.Method, r.URL.Path))
+	})
+	return h.auth(mux)
+}
+
+// auth checks the bearer token, when the service has one.
+func (h *serveHandler) auth(next http.Handler) http.Handler {
+	if h.token == "" {
+		return next
+	}
+	want := []byte("Bearer " + h.token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer $"+serveTokenEnv+")")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// serviceError answers err from the service with the status it calls for.
+func (h *serveHandler) serviceError(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case rl.IsUnknownTask(err), errors.Is(err, rl.ErrUnknownGroup), errors.Is(err, rl.ErrUnknownBlob):
+		status = http.StatusNotFound
+	case errors.Is(err, rl.ErrBadRequest):
+		status = http.StatusBadRequest
+	case errors.Is(err, rl.ErrKeyConflict):
+		status = http.StatusConflict
+	case errors.Is(err, rl.ErrServiceStopped):
+		status = http.StatusServiceUnavailable
+	}
+	if status == http.StatusInternalServerError {
+		h.log.Error("serve", "err", err)
+	}
+	writeError(w, status, err.Error())
+}
+
+// decode reads a JSON body of at most maxBodyBytes into v, refusing
+// unknown fields.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", maxBodyBytes))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "body: "+err.Error())
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "body: more than one JSON value")
+		return false
+	}
+	return true
+}
+
+// waitParam reads ?wait=SECONDS.
+func waitParam(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
+	s := r.URL.Query().Get("wait")
+	if s == "" {
+		return 0, true
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v < 0 || v > maxWait.Seconds() {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("wait=%q: want seconds from 0 to %.0f", s, maxWait.Seconds()))
+		return 0, false
+	}
+	return time.Duration(v * float64(time.Second)), true
+}
+
+func intParam(w http.ResponseWriter, r *http.Request, name string) (int, bool) {
+	s := r.URL.Query().Get(name)
+	if s == "" {
+		return 0, true
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s=%q: want a whole number ≥ 0", name, s))
+		return 0, false
+	}
+	return v, true
+}
+
+func (h *serveHandler) submit(w http.ResponseWriter, r *http.Request) {
+	var req rl.GroupRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	info, created, err := h.svc.Submit(req)
+	if err != nil {
+		h.serviceError(w, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, info)
+}
+
+// group answers the group, with its attempts once it ended; ?wait=S waits
+// up to S seconds for it to end.
+func (h *serveHandler) group(w http.ResponseWriter, r *http.Request) {
+	wait, ok := waitParam(w, r)
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	if _, err := h.svc.Wait(ctx, id); err != nil {
+		h.serviceError(w, err)
+		return
+	}
+	res, err := h.svc.Result(id, r.URL.Query().Get("images") == "inline")
+	if err != nil {
+		h.serviceError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (h *serveHandler) cancel(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	info, err := h.svc.Cancel(ctx, r.PathValue("id"))
+	if err != nil {
+		h.serviceError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// streamLine is one line of the stream.
+type streamLine struct {
+	Cursor int             `json:"cursor"`
+	Group  *rl.GroupResult `json:"group"`
+}
+
+// stream writes ended groups after ?after=CURSOR as JSON lines, in the
+// order they ended, then each group as it ends, until ?limit=N lines were
+// written, ?wait=S seconds pass with none, the caller goes away or the
+// service stops. A trainer that restarts reads on from the last cursor it
+// handled: no group is lost or repeated.
+func (h *serveHandler) stream(w http.ResponseWriter, r *http.Request) {
+	after, ok := intParam(w, r, "after")
+	if !ok {
+		return
+	}
+	limit, ok := intParam(w, r, "limit")
+	if !ok {
+		return
+	}
+	idle, ok := waitParam(w, r)
+	if !ok {
+		return
+	}
+	inline := r.URL.Query().Get("images") == "inline"
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	sent := 0
+	for {
+		for _, id := range h.svc.Ended(after, 0) {
+			res, err := h.svc.Result(id, inline)
+			if err != nil {
+				// The client sees the stream end early and reads on from
+				// its cursor; the log says why.
+				h.log.Error("stream", "group", id, "err", err)
+				return
+			}
+			if err := enc.Encode(streamLine{Cursor: res.Cursor, Group: res}); err != nil {
+				return
+			}
+			_ = rc.Flush()
+			after = res.Cursor
+			sent++
+			if limit > 0 && sent >= limit {
+				return
+			}
+		}
+		ctx, cancel := r.Context(), context.CancelFunc(func() {})
+		if idle > 0 {
+			ctx, cancel = context.WithTimeout(ctx, idle)
+		}
+		more := h.svc.WaitEnded(ctx, after)
+		cancel()
+		if !more {
+			return
+		}
+	}
+}
+
+// policyRequest is POST /v1/policy's body.
+type policyRequest struct {
+	Version string `json:"version"`
+	State   string `json:"state"`
+}
+
+// policyAnswer is the policy's state on the wire.
+type policyAnswer struct {
+	Version string    `json:"version"`
+	State   string    `json:"state"`
+	Since   time.Time `json:"since"`
+	Held    int       `json:"held_calls"`
+}
+
+func answerPolicy(st rl.PolicyState) policyAnswer {
+	state := "serving"
+	if st.Paused {
+		state = "paused"
+	}
+	return policyAnswer{Version: st.Version, State: state, Since: st.Since, Held: st.Held}
+}
+
+func (h *serveHandler) policy(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, answerPolicy(h.svc.Policy()))
+}
+
+func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
+	var req policyRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.State != "paused" && req.State != "serving" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`state %q: want "paused" or "serving"`, req.State))
+		return
+	}
+	if len(req.Version) > 256 || strings.ContainsAny(req.Version, "\n\r") {
+		writeError(w, http.StatusBadRequest, "version: want one line of at most 256 bytes")
+		return
+	}
+	st, err := h.svc.SetPolicy(req.Version, req.State == "paused")
+	if err != nil {
+		h.serviceError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, answerPolicy(st))
+}
+
+func (h *serveHandler) blob(w http.ResponseWriter, r *http.Request) {
+	data, ctype, err := h.svc.Blob(r.PathValue("sha"))
+	if err != nil {
+		h.serviceError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", ctype)
+	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable") // content-addressed
+	_, _ = w.Write(data)
+}
+
+func (h *serveHandler) status(w http.ResponseWriter, r *http.Request) {
+	st := h.svc.Status()
+	writeJSON(w, http.StatusOK, struct {
+		rl.ServiceStatus
+		Policy policyAnswer `json:"policy"`
+	}{st, answerPolicy(st.Policy)})
+}
+
+// metrics writes the Prometheus text format.
+func (h *serveHandler) metrics(w http.ResponseWriter, r *http.Request) {
+	st := h.svc.Status()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	gauge := func(name, help string, v float64, labels ...string) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+		if len(labels) == 0 {
+			fmt.Fprintf(w, "%s %g\n", name, v)
+		}
+	}
+	gauge("legato_desktops", "Desktops the service runs attempts on.", float64(st.Desktops))
+	gauge("legato_attempts_running", "Attempts on desktops now.", float64(st.Running))
+	gauge("legato_model_calls_in_flight", "Model calls in flight now.", float64(st.InFlight))
+	gauge("legato_policy_paused", "1 while the policy is paused.", b2f(st.Policy.Paused))
+	gauge("legato_policy_held_calls", "Model calls waiting for the policy to serve.", float64(st.Policy.Held))
+	gauge("legato_stream_cursor", "Groups ended so far: the stream's last cursor.", float64(st.Cursor))
+	gauge("legato_groups", "Groups by state.", 0, "state")
+	for _, s := range sortedKeys(st.Groups) {
+		fmt.Fprintf(w, "legato_groups{state=%q} %d\n", s, st.Groups[rl.GroupState(s)])
+	}
+	fmt.Fprintf(w, "# HELP legato_records_total Records written, by status.\n# TYPE legato_records_total counter\n")
+	for _, s := range sortedKeys(st.Counts) {
+		fmt.Fprintf(w, "legato_records_total{status=%q} %d\n", s, st.Counts[rl.Status(s)])
+	}
+	fmt.Fprintf(w, "# HELP legato_phase_seconds_total Seconds attempts spent per phase.\n# TYPE legato_phase_seconds_total counter\n")
+	for _, p := range sortedKeys(st.PhaseSeconds) {
+		fmt.Fprintf(w, "legato_phase_seconds_total{phase=%q} %g\n", p, st.PhaseSeconds[p])
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func sortedKeys[K ~string, V any](m map[K]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, string(k))
+	}
+	slices.Sort(out)
+	return out
+}

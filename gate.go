@@ -1,0 +1,92 @@
+package rl
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// policyGate holds the policy version in force and whether new model calls
+// may start. A trainer pauses it while it swaps weights on its servers: an
+// attempt that reaches its next model call waits there, its desktop up and
+// its rollout clock stopped, and the calls sent after the trainer resumes
+// carry the version it then names. Collect's gate is never paused and its
+// version is the batch's.
+type policyGate struct {
+	mu      sync.Mutex
+	version string
+	since   time.Time
+	// resumed is non-nil while paused, and closed when serving resumes.
+	resumed chan struct{}
+	held    int // calls waiting at the gate now
+}
+
+func newPolicyGate(version string) *policyGate {
+	return &policyGate{version: version, since: time.Now()}
+}
+
+// enter waits while the gate is paused and returns the version in force
+// when it let the call through, and how long it waited.
+func (g *policyGate) enter(ctx context.Context) (version string, waited time.Duration, err error) {
+	start := time.Now()
+	for {
+		g.mu.Lock()
+		resumed, v := g.resumed, g.version
+		g.mu.Unlock()
+		if resumed == nil {
+			return v, time.Since(start), nil
+		}
+		g.mu.Lock()
+		g.held++
+		g.mu.Unlock()
+		select {
+		case <-resumed:
+		case <-ctx.Done():
+		}
+		g.mu.Lock()
+		g.held--
+		g.mu.Unlock()
+		if ctx.Err() != nil {
+			return "", time.Since(start), context.Cause(ctx)
+		}
+	}
+}
+
+// PolicyState is the state of a service's policy gate.
+type PolicyState struct {
+	// Version is the policy version stamped on the model calls sent from
+	// now on.
+	Version string `json:"version"`
+	// Paused holds new model calls until serving resumes.
+	Paused bool `json:"paused"`
+	// Since is when the state last changed.
+	Since time.Time `json:"since"`
+	// Held counts the model calls waiting for serving to resume.
+	Held int `json:"held"`
+}
+
+// set changes the version and the state; it reports whether anything
+// changed.
+func (g *policyGate) set(version string, paused bool) (PolicyState, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	changed := version != g.version || paused != (g.resumed != nil)
+	if changed {
+		g.version = version
+		g.since = time.Now()
+	}
+	switch {
+	case paused && g.resumed == nil:
+		g.resumed = make(chan struct{})
+	case !paused && g.resumed != nil:
+		close(g.resumed)
+		g.resumed = nil
+	}
+	return PolicyState{Version: g.version, Paused: g.resumed != nil, Since: g.since, Held: g.held}, changed
+}
+
+func (g *policyGate) state() PolicyState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return PolicyState{Version: g.version, Paused: g.resumed != nil, Since: g.since, Held: g.held}
+}

@@ -1,0 +1,148 @@
+package rl
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"legato/rl/schema"
+)
+
+// JournalFile is a service's journal in its run directory: what the
+// service was asked (groups, cancellations, policy changes) and the order
+// in which groups ended, which is the order of its stream. rollouts.jsonl
+// holds the attempts, as in a batch.
+const JournalFile = schema.ServiceFile
+
+// Journal entry kinds.
+const (
+	opService = "service" // the first entry: the service's settings
+	opGroup   = "group"   // a group was submitted
+	opDrop    = "drop"    // its caller cancelled a group
+	opPolicy  = "policy"  // the policy version or state changed
+	opEnd     = "end"     // a group ended; its cursor is its place in the stream
+)
+
+// journalEntry is one line of the journal. Fields are set by kind.
+type journalEntry struct {
+	Op string    `json:"op"`
+	At time.Time `json:"at"`
+
+	Manifest *schema.Batch `json:"manifest,omitempty"`
+
+	ID   string `json:"id,omitempty"`
+	Key  string `json:"key,omitempty"`
+	Size int    `json:"size,omitempty"`
+	// Attempts is how many attempts the group runs (size plus
+	// oversampling).
+	Attempts int `json:"attempts,omitempty"`
+	// Task is the group's task as a tasks-file entry with its whole
+	// config, so a restart needs no tasks file.
+	Task json.RawMessage `json:"task,omitempty"`
+
+	Version string `json:"version,omitempty"`
+	Paused  *bool  `json:"paused,omitempty"`
+
+	Cursor int        `json:"cursor,omitempty"`
+	State  GroupState `json:"state,omitempty"`
+}
+
+// journal appends entries to the service's journal, each synced to disk
+// before append returns: what a service answered a caller survives a
+// crash.
+type journal struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+// openJournal reads the journal in dir, cutting a torn last line (a crash
+// mid-append: its caller never got an answer), and opens it for appending.
+func openJournal(dir string) (*journal, []journalEntry, error) {
+	path := filepath.Join(dir, JournalFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the service journal: %w", err)
+	}
+	entries, good, err := readJournal(f)
+	if err == nil {
+		err = f.Truncate(good)
+	}
+	if err == nil {
+		_, err = f.Seek(good, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return &journal{f: f}, entries, nil
+}
+
+// readJournal returns the entries of r and the length of its whole lines.
+// Only the last line may be torn; a bad line before it is damage nobody
+// should paper over.
+func readJournal(r io.Reader) ([]journalEntry, int64, error) {
+	br := bufio.NewReader(r)
+	var entries []journalEntry
+	var good int64
+	for n := 1; ; n++ {
+		line, err := br.ReadBytes('\n')
+		if errors.Is(err, io.EOF) {
+			// A last line without its newline is a torn append.
+			return entries, good, nil
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		var e journalEntry
+		if len(bytes.TrimSpace(line)) > 0 {
+			if err := json.Unmarshal(line, &e); err != nil || e.Op == "" {
+				if _, perr := br.Peek(1); errors.Is(perr, io.EOF) {
+					return entries, good, nil // the torn last line of a crash
+				}
+				return nil, 0, fmt.Errorf("line %d is not a journal entry (%v): the file is damaged; move the directory aside and serve into a new one", n, err)
+			}
+			entries = append(entries, e)
+		}
+		good += int64(len(line))
+	}
+}
+
+func (j *journal) append(e journalEntry) error {
+	if e.At.IsZero() {
+		e.At = time.Now().UTC()
+	}
+	line, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return schema.ErrClosed
+	}
+	if _, err := j.f.Write(append(line, '\n')); err != nil {
+		return fmt.Errorf("write the service journal: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("sync the service journal: %w", err)
+	}
+	return nil
+}
+
+func (j *journal) close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	err := j.f.Close()
+	j.f = nil
+	return err
+}

@@ -1,0 +1,638 @@
+package rl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"legato/rl/policy"
+	"legato/rl/policy/qwen"
+	"legato/rl/schema"
+)
+
+// A service runs groups that a trainer submits while it trains, on
+// desktops it keeps for its whole life, into one run directory: the same
+// scheduling, records and crash guarantees as Collect, with groups that
+// arrive and end in any order, a policy whose version changes between
+// steps, and a journal (JournalFile) from which a restart continues
+// where the last run stopped.
+
+// ServeOptions configures a service. The embedded CollectOptions say how
+// attempts run; Group is the default group size, OnGroup is not used (the
+// service's stream replaces it).
+type ServeOptions struct {
+	CollectOptions
+	// Tasks are the tasks a submission may name by id alone.
+	Tasks []Task
+	// OSWorldDir resolves submissions naming an OSWorld task by id and
+	// domain that is not among Tasks.
+	OSWorldDir string
+}
+
+// GroupState is where a service's group is.
+type GroupState string
+
+const (
+	GroupQueued    GroupState = "queued"    // no attempt started yet
+	GroupRunning   GroupState = "running"   // attempts started, the group has not ended
+	GroupClosed    GroupState = "closed"    // G attempts finished
+	GroupShort     GroupState = "short"     // it ended with fewer: attempts failed for good
+	GroupCancelled GroupState = "cancelled" // its caller cancelled it first
+)
+
+// Ended reports whether s is a final state.
+func (s GroupState) Ended() bool {
+	return s == GroupClosed || s == GroupShort || s == GroupCancelled
+}
+
+// GroupRequest asks a service for a group of attempts at one task.
+type GroupRequest struct {
+	// Task is the task as a tasks-file entry (see LoadTasks): {"task_id",
+	// "domain"} names one of the service's tasks or an OSWorld task,
+	// {"task_id", "config": {...}} carries it inline.
+	Task json.RawMessage `json:"task"`
+	// Size is G, the finished attempts that close the group (default: the
+	// service's Group).
+	Size int `json:"group_size,omitempty"`
+	// Key, if set, makes the submission idempotent: the same key names the
+	// same group, so a trainer that lost the answer can submit again.
+	Key string `json:"key,omitempty"`
+}
+
+// GroupInfo is what a service says of a group.
+type GroupInfo struct {
+	ID       string     `json:"id"`
+	Key      string     `json:"key,omitempty"`
+	TaskID   string     `json:"task_id"`
+	Domain   string     `json:"domain"`
+	Size     int        `json:"group_size"`
+	Attempts int        `json:"attempts"`
+	State    GroupState `json:"state"`
+	// Cursor is the group's place in the stream, from 1, once it ended.
+	Cursor      int       `json:"cursor,omitempty"`
+	SubmittedAt time.Time `json:"submitted_at"`
+	EndedAt     time.Time `json:"ended_at,omitzero"`
+}
+
+// Errors of a service's calls, for its HTTP front to map to statuses.
+var (
+	ErrUnknownGroup   = errors.New("no such group")
+	ErrBadRequest     = errors.New("bad request")
+	ErrKeyConflict    = errors.New("the key names another group")
+	ErrServiceStopped = errors.New("the service stopped")
+)
+
+// Service is a running service; Serve starts one.
+type Service struct {
+	b       *batch
+	opts    ServeOptions
+	journal *journal
+	known   map[string]Task // Tasks by id
+	cancel  context.CancelFunc
+	done    chan struct{}
+	// runErr and summary are the batch's result, set before done closes.
+	runErr  error
+	summary *Summary
+
+	mu     sync.Mutex
+	groups map[string]*serviceGroup
+	keys   map[string]string // key → group id
+	ended  []string          // ids in stream order: ended[i] has cursor i+1
+	next   int               // the number of the next group id
+	// news is closed, and replaced, whenever a group ends or the service
+	// stops: waiters watch it.
+	news    chan struct{}
+	stopped bool
+}
+
+type serviceGroup struct {
+	info GroupInfo
+}
+
+// maxServiceGroups bounds the groups one run directory holds, as
+// MaxAttempts bounds a batch.
+const maxServiceGroups = MaxAttempts / 4
+
+// Serve starts a service with the model server of pol in opts.Out. A
+// directory a service ran in before is continued: its groups run on,
+// ended groups keep their place in the stream, and the policy is where it
+// was left. It returns once the service takes submissions; Close stops it.
+func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, error) {
+	opts.CollectOptions = opts.CollectOptions.withDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if pol.Logger == nil {
+		pol.Logger = opts.Logger
+	}
+	if b, err := schema.ReadBatch(opts.Out); err != nil || b != nil {
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %s holds a collect batch (%s); serve into a directory of its own", ErrInvalidOptions, opts.Out, schema.BatchFile)
+	}
+	known := make(map[string]Task, len(opts.Tasks))
+	for _, t := range opts.Tasks {
+		known[t.ID] = t
+	}
+	client, err := policy.NewReplicas(pol)
+	if err != nil {
+		return nil, err
+	}
+	harness := opts.Harness
+	if harness == nil {
+		harness = qwen.New(qwen.Config{ImageMax: opts.ImageMax})
+	}
+	run, err := schema.Create(opts.Out)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	fail := func(err error) (*Service, error) {
+		run.Close()
+		client.Close()
+		return nil, err
+	}
+	if err := repairRun(run, opts.Logger); err != nil {
+		return fail(err)
+	}
+	j, entries, err := openJournal(opts.Out)
+	if err != nil {
+		return fail(err)
+	}
+	s := &Service{opts: opts, journal: j, known: known, groups: map[string]*serviceGroup{},
+		keys: map[string]string{}, news: make(chan struct{}), done: make(chan struct{})}
+	sched := newScheduler(nil, pol, opts.CollectOptions)
+	sched.open = true
+	b := &batch{pol: pol, opts: opts.CollectOptions, client: client, harness: harness, store: run, log: opts.Logger,
+		sched: sched, gate: newPolicyGate(pol.Version)}
+	b.opts.OnGroup = s.onGroup
+	s.b = b
+	m := manifestFor(nil, pol, opts.CollectOptions, harness)
+	m.Version, m.TaskIDs, m.TasksSHA = "", nil, ""
+	if err := s.replay(entries, m); err != nil {
+		j.close()
+		return fail(err)
+	}
+	b.earlier = earlierRuns(opts.Out, opts.Logger)
+	sched.errorReruns = max(opts.ErrorReruns, 0)
+	reruns := opts.ErrorReruns
+	if reruns < 0 {
+		reruns = -1
+	}
+	if _, err := sched.resume(opts.Out, reruns); err != nil {
+		j.close()
+		return fail(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	go func() {
+		defer close(s.done)
+		sum, err := b.run(runCtx)
+		client.Close()
+		run.Close()
+		j.close()
+		s.mu.Lock()
+		s.summary, s.runErr, s.stopped = sum, err, true
+		s.broadcastLocked()
+		s.mu.Unlock()
+	}()
+	return s, nil
+}
+
+// replay rebuilds the service's state from its journal, or starts the
+// journal with m.
+func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
+	if len(entries) == 0 {
+		return s.journal.append(journalEntry{Op: opService, Manifest: &m})
+	}
+	if entries[0].Op != opService || entries[0].Manifest == nil {
+		return fmt.Errorf("%s does not start with the service's settings: not a service journal", JournalFile)
+	}
+	if err := sameBatch(s.opts.Out, entries[0].Manifest, m); err != nil {
+		return fmt.Errorf("%w (the service's settings are in the first line of %s)", err, JournalFile)
+	}
+	sched := s.b.sched
+	for i, e := range entries[1:] {
+		switch e.Op {
+		case opGroup:
+			tasks, err := ParseTasks(append(append([]byte("["), e.Task...), ']'), fmt.Sprintf("%s line %d", JournalFile, i+2), LoadOptions{})
+			if err != nil {
+				return err
+			}
+			info := GroupInfo{ID: e.ID, Key: e.Key, TaskID: tasks[0].ID, Domain: tasks[0].Domain, Size: e.Size,
+				Attempts: e.Attempts, State: GroupQueued, SubmittedAt: e.At}
+			s.groups[e.ID] = &serviceGroup{info: info}
+			if e.Key != "" {
+				s.keys[e.Key] = e.ID
+			}
+			sched.addLocked0(newGroup(e.ID, tasks[0], e.Size, e.Attempts))
+			s.next++
+		case opDrop:
+			if g := sched.byID[e.ID]; g != nil {
+				g.closed, g.dropped = true, true
+			}
+		case opPolicy:
+			paused := e.Paused != nil && *e.Paused
+			s.b.gate.set(e.Version, paused)
+		case opEnd:
+			g := s.groups[e.ID]
+			if g == nil || e.Cursor != len(s.ended)+1 {
+				return fmt.Errorf("%s line %d: group %q ends at cursor %d, out of order: the journal is damaged", JournalFile, i+2, e.ID, e.Cursor)
+			}
+			g.info.State, g.info.Cursor, g.info.EndedAt = e.State, e.Cursor, e.At
+			s.ended = append(s.ended, e.ID)
+		}
+	}
+	return nil
+}
+
+// onGroup journals a group that ended, giving it its place in the stream.
+func (s *Service) onGroup(grp Group) {
+	s.mu.Lock()
+	g := s.groups[grp.ID]
+	if g == nil || g.info.Cursor != 0 {
+		s.mu.Unlock()
+		return // ended in an earlier run
+	}
+	state := GroupShort
+	switch {
+	case grp.Dropped:
+		state = GroupCancelled
+	case grp.Closed:
+		state = GroupClosed
+	}
+	cursor := len(s.ended) + 1
+	now := time.Now().UTC()
+	// Under the lock: the stream's order is the journal's.
+	err := s.journal.append(journalEntry{Op: opEnd, At: now, ID: grp.ID, Cursor: cursor, State: state})
+	if err == nil {
+		g.info.State, g.info.Cursor, g.info.EndedAt = state, cursor, now
+		s.ended = append(s.ended, grp.ID)
+		s.broadcastLocked()
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.b.fail(&storeFailure{err})
+	}
+}
+
+func (s *Service) broadcastLocked() {
+	close(s.news)
+	s.news = make(chan struct{})
+}
+
+// groupIDPattern is what a key may be: it becomes part of paths and URLs.
+var keyPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// Submit queues a group. created is false when req.Key named a group
+// submitted before, which is returned as it is now.
+func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err error) {
+	bad := func(format string, args ...any) (GroupInfo, bool, error) {
+		return GroupInfo{}, false, fmt.Errorf("%w: "+format, append([]any{ErrBadRequest}, args...)...)
+	}
+	size := req.Size
+	if size == 0 {
+		size = s.opts.Group
+	}
+	if size < 1 || size > MaxGroup {
+		return bad("group_size %d: want 1 to %d", req.Size, MaxGroup)
+	}
+	if req.Key != "" && !keyPattern.MatchString(req.Key) {
+		return bad("key %q: want 1 to 128 letters, digits, '.', '_', ':' or '-'", req.Key)
+	}
+	if len(req.Task) == 0 {
+		return bad(`no task: give "task" as {"task_id": ID, "domain": D} or {"task_id": ID, "config": {...}}`)
+	}
+	task, err := s.resolve(req.Task)
+	if errors.Is(err, errUnknownTask) {
+		return GroupInfo{}, false, fmt.Errorf("task: %w", err)
+	}
+	if err != nil {
+		return GroupInfo{}, false, fmt.Errorf("%w: task: %w", ErrBadRequest, err)
+	}
+	entry, err := json.Marshal(struct {
+		ID     string          `json:"task_id"`
+		Domain string          `json:"domain"`
+		Config json.RawMessage `json:"config"`
+	}{task.ID, task.Domain, taskRaw(task)})
+	if err != nil {
+		return bad("task: %v", err)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return GroupInfo{}, false, s.stoppedErrLocked()
+	}
+	if req.Key != "" {
+		if id, ok := s.keys[req.Key]; ok {
+			g := s.groups[id]
+			if g.info.TaskID != task.ID || g.info.Size != size {
+				return GroupInfo{}, false, fmt.Errorf("%w: key %q is group %s of task %q with group_size %d", ErrKeyConflict, req.Key, id, g.info.TaskID, g.info.Size)
+			}
+			return s.infoLocked(g), false, nil
+		}
+	}
+	if len(s.groups) >= maxServiceGroups {
+		return GroupInfo{}, false, fmt.Errorf("%w: this run directory holds %d groups, the most one may; serve into a new --out", ErrBadRequest, len(s.groups))
+	}
+	id := fmt.Sprintf("g%06d", s.next+1)
+	attempts := AttemptsPerTask(size, s.opts.Oversample)
+	now := time.Now().UTC()
+	if err := s.journal.append(journalEntry{Op: opGroup, At: now, ID: id, Key: req.Key, Size: size, Attempts: attempts, Task: entry}); err != nil {
+		return GroupInfo{}, false, err
+	}
+	s.next++
+	g := &serviceGroup{info: GroupInfo{ID: id, Key: req.Key, TaskID: task.ID, Domain: task.Domain, Size: size,
+		Attempts: attempts, State: GroupQueued, SubmittedAt: now}}
+	s.groups[id] = g
+	if req.Key != "" {
+		s.keys[req.Key] = id
+	}
+	if !s.b.sched.add(newGroup(id, task, size, attempts)) {
+		return GroupInfo{}, false, fmt.Errorf("%w: it is stopping", ErrServiceStopped)
+	}
+	return s.infoLocked(g), true, nil
+}
+
+// taskRaw is the config a task was read from, or the task itself.
+func taskRaw(t Task) json.RawMessage {
+	if len(t.Raw) > 0 {
+		return t.Raw
+	}
+	raw, _ := json.Marshal(t)
+	return raw
+}
+
+// resolve parses a submission's task entry: one of the service's tasks by
+// id, or an entry LoadTasks would read.
+func (s *Service) resolve(raw json.RawMessage) (Task, error) {
+	var ref struct {
+		ID     string          `json:"task_id"`
+		Domain string          `json:"domain"`
+		Config json.RawMessage `json:"config"`
+	}
+	if err := json.Unmarshal(raw, &ref); err == nil && len(ref.Config) == 0 && ref.ID != "" {
+		if t, ok := s.known[ref.ID]; ok && (ref.Domain == "" || ref.Domain == t.Domain) {
+			return t, nil
+		}
+		if s.opts.OSWorldDir == "" {
+			return Task{}, fmt.Errorf("%w: no task %q among the service's tasks (--tasks), and no --osworld directory to look it up in", errUnknownTask, ref.ID)
+		}
+	}
+	tasks, err := ParseTasks(append(append([]byte("["), raw...), ']'), "task", LoadOptions{OSWorldDir: s.opts.OSWorldDir})
+	if err != nil {
+		return Task{}, err
+	}
+	return tasks[0], nil
+}
+
+var errUnknownTask = errors.New("unknown task")
+
+// IsUnknownTask reports whether a Submit error is a task the service does
+// not know.
+func IsUnknownTask(err error) bool { return errors.Is(err, errUnknownTask) }
+
+func (s *Service) stoppedErrLocked() error {
+	if s.runErr != nil {
+		return fmt.Errorf("%w: %w", ErrServiceStopped, s.runErr)
+	}
+	return ErrServiceStopped
+}
+
+// Info returns what the service says of group id now.
+func (s *Service) Info(id string) (GroupInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.groups[id]
+	if g == nil {
+		return GroupInfo{}, fmt.Errorf("%w %q", ErrUnknownGroup, id)
+	}
+	return s.infoLocked(g), nil
+}
+
+func (s *Service) infoLocked(g *serviceGroup) GroupInfo {
+	info := g.info
+	if info.State == GroupQueued && s.b.sched.started(info.ID) {
+		info.State = GroupRunning
+	}
+	return info
+}
+
+// Wait returns group id's info once it ended, or as it is when ctx ends
+// first (with no error: the caller asked how it is within a time).
+func (s *Service) Wait(ctx context.Context, id string) (GroupInfo, error) {
+	for {
+		s.mu.Lock()
+		g := s.groups[id]
+		if g == nil {
+			s.mu.Unlock()
+			return GroupInfo{}, fmt.Errorf("%w %q", ErrUnknownGroup, id)
+		}
+		info, news, stopped := s.infoLocked(g), s.news, s.stopped
+		s.mu.Unlock()
+		if info.State.Ended() || stopped {
+			return info, nil
+		}
+		select {
+		case <-news:
+		case <-ctx.Done():
+			return info, nil
+		}
+	}
+}
+
+// Cancel ends group id: its queued attempts are skipped and its stepping
+// ones cancelled; attempts that finished stay recorded. A group that ended
+// already is left as it is. It waits for the group to end (its stepping
+// attempts to stop) until ctx ends, then returns its state.
+func (s *Service) Cancel(ctx context.Context, id string) (GroupInfo, error) {
+	s.mu.Lock()
+	g := s.groups[id]
+	if g == nil {
+		s.mu.Unlock()
+		return GroupInfo{}, fmt.Errorf("%w %q", ErrUnknownGroup, id)
+	}
+	if g.info.State.Ended() {
+		defer s.mu.Unlock()
+		return s.infoLocked(g), nil
+	}
+	if s.stopped {
+		defer s.mu.Unlock()
+		return GroupInfo{}, s.stoppedErrLocked()
+	}
+	err := s.journal.append(journalEntry{Op: opDrop, ID: id})
+	s.mu.Unlock()
+	if err != nil {
+		return GroupInfo{}, err
+	}
+	s.b.sched.drop(id)
+	return s.Wait(ctx, id)
+}
+
+// Ended returns the ids of the groups that ended after cursor, in stream
+// order, at most limit (0: all); the first has cursor after+1.
+func (s *Service) Ended(after, limit int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if after < 0 || after >= len(s.ended) {
+		return nil
+	}
+	ids := s.ended[after:]
+	if limit > 0 && len(ids) > limit {
+		ids = ids[:limit]
+	}
+	return append([]string(nil), ids...)
+}
+
+// WaitEnded waits until a group ended after cursor, ctx ends or the
+// service stops; it reports whether one did.
+func (s *Service) WaitEnded(ctx context.Context, after int) bool {
+	for {
+		s.mu.Lock()
+		n, news, stopped := len(s.ended), s.news, s.stopped
+		s.mu.Unlock()
+		if n > after {
+			return true
+		}
+		if stopped {
+			return false
+		}
+		select {
+		case <-news:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// SetPolicy changes the version stamped on model calls sent from now on
+// and whether they are held (paused): a trainer pauses, swaps the weights
+// on its servers, then serves the new version. An empty version keeps the
+// current one.
+func (s *Service) SetPolicy(version string, paused bool) (PolicyState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return PolicyState{}, s.stoppedErrLocked()
+	}
+	cur := s.b.gate.state()
+	if version == "" {
+		version = cur.Version
+	}
+	if version == cur.Version && paused == cur.Paused {
+		return cur, nil
+	}
+	// Journaled first: a restart must not serve calls the trainer paused.
+	if err := s.journal.append(journalEntry{Op: opPolicy, Version: version, Paused: &paused}); err != nil {
+		return PolicyState{}, err
+	}
+	st, _ := s.b.gate.set(version, paused)
+	s.b.log.Info("policy", "version", st.Version, "paused", st.Paused)
+	return st, nil
+}
+
+// Policy returns the policy gate's state.
+func (s *Service) Policy() PolicyState { return s.b.gate.state() }
+
+// ServiceStatus is a snapshot of a service.
+type ServiceStatus struct {
+	Policy   PolicyState        `json:"policy"`
+	Desktops int                `json:"desktops"`
+	Groups   map[GroupState]int `json:"groups"`
+	// Cursor is the stream's last cursor.
+	Cursor int `json:"cursor"`
+	// Running counts attempts on desktops, InFlight model calls.
+	Running  int            `json:"attempts_running"`
+	InFlight int            `json:"model_calls_in_flight"`
+	Counts   map[Status]int `json:"records"`
+	// PhaseSeconds sums the seconds the service's tries spent per timing
+	// phase.
+	PhaseSeconds map[string]float64 `json:"phase_seconds"`
+	Stopped      bool               `json:"stopped"`
+	Error        string             `json:"error,omitempty"`
+}
+
+// Status returns a snapshot of the service.
+func (s *Service) Status() ServiceStatus {
+	p := s.b.progress(false)
+	s.b.sched.mu.Lock()
+	phases := s.b.sched.summary.PhaseSeconds()
+	s.b.sched.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := ServiceStatus{Policy: s.b.gate.state(), Desktops: s.opts.Desktops, Groups: map[GroupState]int{},
+		Cursor: len(s.ended), Running: p.Running, InFlight: p.InFlight, Counts: p.Counts, PhaseSeconds: phases, Stopped: s.stopped}
+	for _, g := range s.groups {
+		st.Groups[s.infoLocked(g).State]++
+	}
+	if s.runErr != nil {
+		st.Error = s.runErr.Error()
+	}
+	return st
+}
+
+// Done is closed when the service stopped: Close was called, its ctx
+// ended, or it failed (Err says why).
+func (s *Service) Done() <-chan struct{} { return s.done }
+
+// Err is why the service stopped on its own; nil while it runs and after
+// Close.
+func (s *Service) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if errors.Is(s.runErr, context.Canceled) {
+		return nil
+	}
+	return s.runErr
+}
+
+// Close stops the service: no attempt starts, running ones are
+// interrupted (they run again when a service continues the directory),
+// every desktop is closed and the summary written. It returns the final
+// summary.
+func (s *Service) Close() (*Summary, error) {
+	s.cancel()
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.runErr != nil && !errors.Is(s.runErr, context.Canceled) {
+		return s.summary, s.runErr
+	}
+	return s.summary, nil
+}
+
+// Blob returns the bytes of the store object named sha256 in hex: a
+// screenshot (PNG) or a message (JSON, its images as references), and
+// which it is.
+func (s *Service) Blob(sha string) (data []byte, contentType string, err error) {
+	if !hexName.MatchString(sha) {
+		return nil, "", fmt.Errorf("%w: %q is not a sha256 in hex", ErrBadRequest, sha)
+	}
+	if data, err := os.ReadFile(filepath.Join(s.opts.Out, schema.ImagesDir, sha+".png")); err == nil {
+		return data, "image/png", nil
+	}
+	store, err := schema.OpenMessageStore(s.opts.Out, schema.StoreOptions{})
+	if err != nil {
+		return nil, "", err
+	}
+	defer store.Close()
+	m, err := store.Message(sha)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: no blob %s", ErrUnknownBlob, sha)
+	}
+	data, err = json.Marshal(m)
+	return data, "application/json", err
+}
+
+// ErrUnknownBlob: no store object has that hash.
+var ErrUnknownBlob = errors.New("no such blob")
+
+var hexName = regexp.MustCompile(`^[0-9a-f]{64}$`)

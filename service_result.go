@@ -1,0 +1,103 @@
+package rl
+
+import (
+	"fmt"
+	"sort"
+
+	"legato/rl/export"
+	"legato/rl/schema"
+)
+
+// GroupResult is an ended group as a trainer takes it: every attempt's
+// final record, and for the graded ones the samples export writes.
+type GroupResult struct {
+	GroupInfo
+	Attempts []AttemptResult `json:"attempts"`
+}
+
+// AttemptResult is one attempt of an ended group.
+type AttemptResult struct {
+	RolloutID string `json:"rollout_id"`
+	Attempt   int    `json:"attempt"`
+	Status    Status `json:"status"`
+	// Reward is set on graded attempts, Advantage on the finished ones
+	// that count for the group: (reward − mean) / std over them, 0 when
+	// all are equal.
+	Reward    *float64 `json:"reward"`
+	Advantage *float64 `json:"advantage"`
+	// Masked is true for attempts a trainer must leave out of its loss:
+	// everything but the finished attempts that count for the group. An
+	// error of kind env is an infrastructure failure, not the policy's.
+	Masked bool              `json:"masked"`
+	Error  *schema.ErrorInfo `json:"error"`
+	// PolicyVersion is the version in force when the attempt started;
+	// each step has its own.
+	PolicyVersion string `json:"policy_version"`
+	// Steps are the attempt's samples (graded attempts only).
+	Steps []export.Sample `json:"steps"`
+}
+
+// Result returns group id once it ended, read back from the run
+// directory. Images stay legato-image://<sha256> references (Blob serves
+// them) unless inline.
+func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
+	s.mu.Lock()
+	g := s.groups[id]
+	if g == nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w %q", ErrUnknownGroup, id)
+	}
+	info := s.infoLocked(g)
+	s.mu.Unlock()
+	offs := s.b.sched.finals(id)
+	if !info.State.Ended() {
+		return &GroupResult{GroupInfo: info}, nil
+	}
+	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
+	recs := make([]schema.Record, 0, len(offs))
+	for _, off := range offs {
+		rec, err := schema.ReadRecordAt(s.opts.Out, off)
+		if err != nil {
+			return nil, fmt.Errorf("group %s: %w", id, err)
+		}
+		recs = append(recs, rec)
+	}
+	// The finished records count in the order they were written, as the
+	// scheduler counted them; there are never more than G.
+	var finished []Record
+	for _, r := range recs {
+		if r.Status.Finished() {
+			finished = append(finished, r)
+		}
+	}
+	adv := groupAdvantages(finished)
+	store, err := schema.OpenMessageStore(s.opts.Out, schema.StoreOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	res := &GroupResult{GroupInfo: info, Attempts: make([]AttemptResult, 0, len(recs))}
+	k := 0
+	for i := range recs {
+		r := &recs[i]
+		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,
+			Masked: true, Error: r.Error, PolicyVersion: r.Policy.Version, Steps: []export.Sample{}}
+		if r.Status.Finished() {
+			a.Advantage = &adv[k]
+			a.Masked = false
+			k++
+		}
+		if r.Reward != nil {
+			adv := 0.0
+			if a.Advantage != nil {
+				adv = *a.Advantage
+			}
+			if a.Steps, err = export.RecordSamples(store, r, adv, inline); err != nil {
+				return nil, err
+			}
+		}
+		res.Attempts = append(res.Attempts, a)
+	}
+	sort.Slice(res.Attempts, func(i, j int) bool { return res.Attempts[i].Attempt < res.Attempts[j].Attempt })
+	return res, nil
+}

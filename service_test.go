@@ -1,0 +1,290 @@
+package rl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"legato/rl/desktop"
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+)
+
+// serviceEnv is a service on fake desktops against a scripted server on
+// loopback, in real time.
+type serviceEnv struct {
+	srv   *policytest.Server
+	fleet *fake.Fleet
+	pol   PolicyConfig
+	opts  ServeOptions
+}
+
+func newServiceEnv(t *testing.T, srvOpts policytest.Options) *serviceEnv {
+	t.Helper()
+	srvOpts.NoLatency = true
+	srv := policytest.NewServer(srvOpts)
+	t.Cleanup(srv.Close)
+	fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, DefaultReward: fake.Reward{P: 0.5}, Seed: 3})
+	return &serviceEnv{
+		srv: srv, fleet: fleet,
+		pol: PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "v1", StepTimeout: 30 * time.Second},
+		opts: ServeOptions{CollectOptions: CollectOptions{
+			Out: filepath.Join(t.TempDir(), "run"), NewDesktop: fleet.New, Desktops: 2, Group: 2, MaxSteps: 4,
+			Ready: desktop.ReadyOptions{Interval: time.Millisecond, Max: 100 * time.Millisecond},
+		}},
+	}
+}
+
+func (e *serviceEnv) serve(t *testing.T) *Service {
+	t.Helper()
+	s, err := Serve(t.Context(), e.pol, e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// inlineTask is a submission's task entry carrying task i's config.
+func inlineTask(i int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"task_id": "t%d", "domain": "os", "config": {"id": "t%d", "instruction": "do thing %d", "evaluator": {"func": "exact_match"}}}`, i, i, i))
+}
+
+func waitEnded(t *testing.T, s *Service, id string) GroupInfo {
+	t.Helper()
+	info, err := s.Wait(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.State.Ended() {
+		t.Fatalf("group %s: %s when the wait returned", id, info.State)
+	}
+	return info
+}
+
+func TestServiceGroups(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(2)})
+	s := e.serve(t)
+	defer s.Close()
+	var ids []string
+	for i := range 3 {
+		info, created, err := s.Submit(GroupRequest{Task: inlineTask(i), Size: 2 + i%2})
+		if err != nil || !created {
+			t.Fatalf("submit %d: created %v, %v", i, created, err)
+		}
+		ids = append(ids, info.ID)
+	}
+	for i, id := range ids {
+		info := waitEnded(t, s, id)
+		if info.State != GroupClosed || info.Cursor == 0 {
+			t.Errorf("group %s: %+v, want closed with a cursor", id, info)
+		}
+		res, err := s.Result(id, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted, sum := 0, 0.0
+		for _, a := range res.Attempts {
+			if a.Masked {
+				continue
+			}
+			counted++
+			sum += *a.Advantage
+			if len(a.Steps) != 3 {
+				t.Errorf("attempt %s: %d steps, want 3", a.RolloutID, len(a.Steps))
+			}
+			for _, st := range a.Steps {
+				if st.PolicyVersion != "v1" || st.GroupID != id || len(st.ResponseTokenIDs) == 0 {
+					t.Errorf("attempt %s step %d: version %q group %q ids %d", a.RolloutID, st.Step, st.PolicyVersion, st.GroupID, len(st.ResponseTokenIDs))
+				}
+			}
+		}
+		if counted != 2+i%2 || sum > 1e-9 || sum < -1e-9 {
+			t.Errorf("group %s: %d counted attempts with advantages summing to %v, want %d and 0", id, counted, sum, 2+i%2)
+		}
+	}
+	// The stream holds every group once, in the order they ended.
+	got := s.Ended(0, 0)
+	if len(got) != 3 {
+		t.Fatalf("stream %v, want 3 groups", got)
+	}
+	for i, id := range got {
+		info, _ := s.Info(id)
+		if info.Cursor != i+1 {
+			t.Errorf("stream[%d] = %s with cursor %d", i, id, info.Cursor)
+		}
+	}
+	// The same key names the same group; another task under it is refused.
+	a, created, err := s.Submit(GroupRequest{Task: inlineTask(7), Key: "k1"})
+	if err != nil || !created {
+		t.Fatal(created, err)
+	}
+	b, created, err := s.Submit(GroupRequest{Task: inlineTask(7), Key: "k1"})
+	if err != nil || created || b.ID != a.ID {
+		t.Errorf("resubmit with key: %+v created %v %v, want group %s again", b, created, err, a.ID)
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: inlineTask(8), Key: "k1"}); !errors.Is(err, ErrKeyConflict) {
+		t.Errorf("another task under the key: %v, want ErrKeyConflict", err)
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: json.RawMessage(`{"task_id": "nope"}`)}); !IsUnknownTask(err) {
+		t.Errorf("submit an unknown task: %v, want IsUnknownTask", err)
+	}
+	for _, bad := range []GroupRequest{{}, {Task: inlineTask(1), Size: -1},
+		{Task: json.RawMessage(`{"task_id": "x", "config": {"id": "x"}}`)}, {Task: inlineTask(1), Key: "a/b"}} {
+		if _, _, err := s.Submit(bad); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("submit %s size %d key %q: %v, want ErrBadRequest", bad.Task, bad.Size, bad.Key, err)
+		}
+	}
+	waitEnded(t, s, a.ID)
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkClosed(t, e.fleet)
+}
+
+// TestServicePause: calls made while the policy is paused wait at the gate,
+// and go out with the version the trainer then serves.
+func TestServicePause(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	s := e.serve(t)
+	defer s.Close()
+	if _, err := s.SetPolicy("", true); err != nil {
+		t.Fatal(err)
+	}
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both desktops reach their first model call and wait there.
+	for s.Policy().Held < 2 {
+		select {
+		case <-t.Context().Done():
+			t.Fatal("the attempts never reached the gate")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if st, err := s.SetPolicy("v2", false); err != nil || st.Version != "v2" || st.Paused {
+		t.Fatalf("serve v2: %+v %v", st, err)
+	}
+	waitEnded(t, s, info.ID)
+	res, err := s.Result(info.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := 0
+	for _, a := range res.Attempts {
+		for _, st := range a.Steps {
+			steps++
+			if st.PolicyVersion != "v2" {
+				t.Errorf("attempt %s step %d: version %q, want v2", a.RolloutID, st.Step, st.PolicyVersion)
+			}
+		}
+	}
+	if steps == 0 {
+		t.Fatal("no steps")
+	}
+}
+
+// TestServiceRestart: a service continued in its directory keeps its
+// stream, its policy and its groups; cancelled groups stay cancelled.
+func TestServiceRestart(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	s := e.serve(t)
+	first, _, err := s.Submit(GroupRequest{Task: inlineTask(0), Key: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s, first.ID)
+	if _, err := s.SetPolicy("v7", true); err != nil {
+		t.Fatal(err)
+	}
+	held, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped, _, err := s.Submit(GroupRequest{Task: inlineTask(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s.Cancel(t.Context(), dropped.ID); err != nil || info.State != GroupCancelled {
+		t.Fatalf("cancel: %+v %v", info, err)
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := e.serve(t)
+	defer s2.Close()
+	if p := s2.Policy(); p.Version != "v7" || !p.Paused {
+		t.Errorf("policy after restart %+v, want v7 paused", p)
+	}
+	if got := s2.Ended(0, 0); len(got) != 2 || got[0] != first.ID || got[1] != dropped.ID {
+		t.Errorf("stream after restart %v, want [%s %s]", got, first.ID, dropped.ID)
+	}
+	if again, created, err := s2.Submit(GroupRequest{Task: inlineTask(0), Key: "first"}); err != nil || created || again.ID != first.ID {
+		t.Errorf("the key after restart: %+v %v %v", again, created, err)
+	}
+	next, _, err := s2.Submit(GroupRequest{Task: inlineTask(3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.ID == held.ID || next.ID == dropped.ID || next.ID == first.ID {
+		t.Errorf("new group id %s reuses an old one", next.ID)
+	}
+	if _, err := s2.SetPolicy("v8", false); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitEnded(t, s2, held.ID); info.State != GroupClosed || info.Cursor != 3 && info.Cursor != 4 {
+		t.Errorf("held group after restart: %+v", info)
+	}
+	res, err := s2.Result(held.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range res.Attempts {
+		for _, st := range a.Steps {
+			if st.PolicyVersion != "v8" {
+				t.Errorf("held group's step version %q, want v8", st.PolicyVersion)
+			}
+		}
+	}
+	waitEnded(t, s2, next.ID)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
+	defer cancel()
+	if s2.WaitEnded(ctx, 4) {
+		t.Error("WaitEnded past the last cursor reported a group")
+	}
+}
+
+// TestCollectAborted: a server that aborts generations mid-batch (a
+// trainer pausing it) costs time only: every group closes, no step keeps
+// an aborted fragment, and a step says the server's weight version.
+func TestCollectAborted(t *testing.T) {
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Dialect: policytest.SGLang, Script: clicksThenDone(2),
+		Faults: policytest.FaultEvery(3, policytest.FaultAbort), WeightVersion: func() string { return "w9" }})
+	defer srv.Close()
+	fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight})
+	out := filepath.Join(t.TempDir(), "run")
+	_, err := Collect(t.Context(), testTasks(4), PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "v1", Retries: 1},
+		CollectOptions{Out: out, NewDesktop: fleet.New, Desktops: 2, Group: 2,
+			Ready: desktop.ReadyOptions{Interval: time.Millisecond, Max: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := srv.Stats(); st.Faults == 0 {
+		t.Fatal("the server aborted nothing")
+	}
+	for _, r := range readRecords(t, out) {
+		if r.Status != StatusOK {
+			t.Errorf("rollout %s: %s %+v", r.RolloutID, r.Status, r.Error)
+		}
+		for i, st := range r.Steps {
+			if st.Response.FinishReason == "abort" || st.PolicyVersion != "w9" {
+				t.Errorf("rollout %s step %d: finish %q version %q", r.RolloutID, i, st.Response.FinishReason, st.PolicyVersion)
+			}
+		}
+	}
+}
