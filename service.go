@@ -72,7 +72,7 @@ type GroupInfo struct {
 	TaskID   string     `json:"task_id"`
 	Domain   string     `json:"domain"`
 	Size     int        `json:"group_size"`
-	Attempts int        `json:"attempts"`
+	Attempts int        `json:"n_attempts"`
 	State    GroupState `json:"state"`
 	// Cursor is the group's place in the stream, from 1, once it ended.
 	Cursor      int       `json:"cursor,omitempty"`

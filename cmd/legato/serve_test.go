@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+)
+
+// TestPythonClient runs the Python client's tests (examples/python) against
+// real `legato rl serve` processes: this test binary, run as legato.
+func TestPythonClient(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("python3 is missing; .ci/test installs it")
+		}
+		t.Skip("no python3")
+	}
+	dir, err := filepath.Abs("../../examples/python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), py, "-m", "unittest", "discover", "-s", dir, "-v")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "LEGATO_BIN="+os.Args[0], "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python tests: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
+
+// TestServeHTTP checks the HTTP front's answers to bad requests and its
+// bearer token, on a service in this process.
+func TestServeHTTP(t *testing.T) {
+	srv := policytest.NewServer(policytest.Options{NoLatency: true})
+	defer srv.Close()
+	svc, err := rl.Serve(t.Context(), rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "v1"},
+		rl.ServeOptions{CollectOptions: rl.CollectOptions{Out: filepath.Join(t.TempDir(), "run"),
+			NewDesktop: fake.NewFleet(fake.Config{Width: 320, Height: 192}).New, Desktops: 1, Group: 1, MaxSteps: 2,
+			Ready: desktop.ReadyOptions{Interval: time.Millisecond, Max: 50 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	h := httptest.NewServer(newServeHandler(svc, "s3cret", slog.New(slog.DiscardHandler)))
+	defer h.Close()
+	do := func(method, path, token, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(t.Context(), method, h.URL+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	task := `{"task_id": "t1", "domain": "os", "config": {"id": "t1", "instruction": "x", "evaluator": {"func": "exact_match"}}}`
+	for _, tt := range []struct {
+		method, path, token, body string
+		status                    int
+		words                     string
+	}{
+		{"GET", "/v1/status", "", "", 401, "bearer token"},
+		{"GET", "/v1/status", "wrong", "", 401, "bearer token"},
+		{"POST", "/v1/groups", "s3cret", `{"task": ` + task + `, "group_size": 2000}`, 400, "group_size 2000"},
+		{"POST", "/v1/groups", "s3cret", `{"task": ` + task + `} {}`, 400, "more than one JSON value"},
+		{"POST", "/v1/groups", "s3cret", `not json`, 400, "body"},
+		{"GET", "/v1/groups/g1?wait=-1", "s3cret", "", 400, "wait="},
+		{"GET", "/v1/stream?limit=x", "s3cret", "", 400, "limit="},
+		{"POST", "/v1/policy", "s3cret", `{"state": "serving", "version": "a\nb"}`, 400, "one line"},
+		{"GET", "/v1/blobs/zz", "s3cret", "", 400, "sha256"},
+		{"PUT", "/v1/groups", "s3cret", "", 404, "no endpoint PUT /v1/groups"},
+		{"POST", "/v1/groups", "s3cret", `{"task": ` + task + `, "group_size": 1}`, 201, `"state":"queued"`},
+	} {
+		status, body := do(tt.method, tt.path, tt.token, tt.body)
+		if status != tt.status || !strings.Contains(body, tt.words) {
+			t.Errorf("%s %s: %d %s, want %d with %q", tt.method, tt.path, status, body, tt.status, tt.words)
+		}
+		if status >= 400 {
+			var e struct{ Error string }
+			if json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
+				t.Errorf("%s %s: error body %q is not {\"error\": ...}", tt.method, tt.path, body)
+			}
+		}
+	}
+	// The stream hands the group over once it ended, then waits for more
+	// until its idle bound.
+	status, body := do("GET", "/v1/stream?after=0&wait=0.2", "s3cret", "")
+	lines := bytes.Split(bytes.TrimSpace([]byte(body)), []byte("\n"))
+	if status != 200 || len(lines) != 1 || !bytes.Contains(lines[0], []byte(`"cursor":1`)) {
+		t.Errorf("stream: %d %q, want one line with cursor 1", status, body)
+	}
+}
+
+func TestCheckServeAddr(t *testing.T) {
+	for _, tt := range []struct {
+		addr, cert, key, token string
+		ok                     bool
+	}{
+		{"127.0.0.1:0", "", "", "", true},
+		{"[::1]:8300", "", "", "", true},
+		{"localhost:8300", "", "", "", true},
+		{"0.0.0.0:8300", "", "", "", false},
+		{"10.0.0.5:8300", "c.pem", "k.pem", "", false},
+		{"10.0.0.5:8300", "c.pem", "k.pem", "tok", true},
+		{"127.0.0.1:8300", "c.pem", "", "", false},
+		{"8300", "", "", "", false},
+	} {
+		if err := checkServeAddr(tt.addr, tt.cert, tt.key, tt.token); (err == nil) != tt.ok {
+			t.Errorf("checkServeAddr(%q, %q, %q, token %v) = %v, want ok %v", tt.addr, tt.cert, tt.key, tt.token != "", err, tt.ok)
+		}
+	}
+}

@@ -1,0 +1,286 @@
+"""A client of `legato rl serve`, for Python trainers. Standard library only.
+
+legato runs computer-use rollouts on its desktops against your model server
+and hands each finished GRPO group back with everything a token-level loss
+needs: per step the prompt and response token ids, logprobs, finish reason,
+policy version and image references; per attempt the reward, the group
+advantage and a mask for attempts that must not train (infrastructure
+failures, cancelled or surplus attempts).
+
+    from legato_client import Client
+
+    c = Client("http://127.0.0.1:8300")
+    g = c.submit({"task_id": "demo-write-note", "domain": "os"}, group_size=8)
+    for item in c.stream(after=0):          # groups in the order they end
+        train_on(item.group)
+        save_cursor(item.cursor)            # resume from it after a restart
+
+    c.pause()                               # hold new model calls
+    swap_weights()
+    c.serve("step-42")                      # later steps carry step-42
+
+A stream read again from a saved cursor yields every group after it exactly
+once, across restarts of the trainer and of the service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Iterator, List, Optional
+
+__all__ = ["Client", "LegatoError", "StreamItem", "Group", "Attempt"]
+
+JSON = Dict[str, Any]
+
+
+class LegatoError(Exception):
+    """An answer of the service other than success: status and message."""
+
+    def __init__(self, status: int, message: str, method: str = "", path: str = "") -> None:
+        super().__init__(f"{method} {path}: {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One attempt of an ended group.
+
+    ``masked`` attempts must stay out of the loss; the others count for the
+    group and carry an ``advantage``. ``steps`` are the samples of a graded
+    attempt, one per model call, as ``legato rl export`` writes them.
+    """
+
+    rollout_id: str
+    attempt: int
+    status: str
+    reward: Optional[float]
+    advantage: Optional[float]
+    masked: bool
+    error: Optional[JSON]
+    policy_version: str
+    steps: List[JSON]
+
+    @classmethod
+    def from_json(cls, d: JSON) -> "Attempt":
+        return cls(
+            rollout_id=d["rollout_id"],
+            attempt=d["attempt"],
+            status=d["status"],
+            reward=d.get("reward"),
+            advantage=d.get("advantage"),
+            masked=d["masked"],
+            error=d.get("error"),
+            policy_version=d.get("policy_version", ""),
+            steps=d.get("steps") or [],
+        )
+
+
+@dataclasses.dataclass
+class Group:
+    """A group as the service reports it; ``attempts`` once it ended.
+
+    ``state`` is queued, running, closed (G attempts finished), short (it
+    ended with fewer) or cancelled.
+    """
+
+    id: str
+    task_id: str
+    domain: str
+    group_size: int
+    state: str
+    cursor: int
+    key: str
+    attempts: List[Attempt]
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("closed", "short", "cancelled")
+
+    @classmethod
+    def from_json(cls, d: JSON) -> "Group":
+        return cls(
+            id=d["id"],
+            task_id=d["task_id"],
+            domain=d.get("domain", ""),
+            group_size=d["group_size"],
+            state=d["state"],
+            cursor=d.get("cursor", 0),
+            key=d.get("key", ""),
+            attempts=[Attempt.from_json(a) for a in d.get("attempts") or []],
+        )
+
+
+@dataclasses.dataclass
+class StreamItem:
+    """One line of the stream: an ended group and its cursor."""
+
+    cursor: int
+    group: Group
+
+
+class Client:
+    """Talks to one `legato rl serve`.
+
+    ``token`` is the bearer token of a service bound beyond loopback
+    (default: the LEGATO_SERVE_TOKEN environment variable). ``timeout`` bounds
+    each request that does not wait on purpose.
+    """
+
+    def __init__(self, base_url: str, token: Optional[str] = None, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("LEGATO_SERVE_TOKEN", "")
+        self.timeout = timeout
+
+    # -- plumbing --------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: Optional[JSON] = None,
+                 timeout: Optional[float] = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", "Bearer " + self.token)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                raw = resp.read()
+                if resp.headers.get_content_type() == "application/json":
+                    return json.loads(raw)
+                return raw
+        except urllib.error.HTTPError as e:
+            raise LegatoError(e.code, _message(e.read()), method, path) from None
+
+    # -- groups ----------------------------------------------------------
+
+    def submit(self, task: JSON, group_size: int = 0, key: str = "") -> Group:
+        """Queue a group of attempts at ``task``.
+
+        ``task`` is a tasks-file entry: ``{"task_id", "domain"}`` names a task
+        the service knows, ``{"task_id", "domain", "config": {...}}`` carries
+        an OSWorld task config. ``group_size`` 0 is the service's default.
+        With a ``key`` the call is idempotent: submitting again after a lost
+        answer returns the same group.
+        """
+        body: JSON = {"task": task}
+        if group_size:
+            body["group_size"] = group_size
+        if key:
+            body["key"] = key
+        return Group.from_json(self._request("POST", "/v1/groups", body))
+
+    def group(self, group_id: str, wait: float = 0.0, inline_images: bool = False) -> Group:
+        """The group now, or once it ended if that is within ``wait`` seconds."""
+        q = {"wait": f"{wait:g}"}
+        if inline_images:
+            q["images"] = "inline"
+        path = f"/v1/groups/{urllib.parse.quote(group_id)}?" + urllib.parse.urlencode(q)
+        return Group.from_json(self._request("GET", path, timeout=self.timeout + wait))
+
+    def cancel(self, group_id: str) -> Group:
+        """Cancel a group no longer wanted; attempts that finished stay recorded."""
+        return Group.from_json(self._request("DELETE", f"/v1/groups/{urllib.parse.quote(group_id)}"))
+
+    def stream(self, after: int = 0, limit: int = 0, idle: float = 0.0,
+               inline_images: bool = False, reconnect: bool = True) -> Iterator[StreamItem]:
+        """Ended groups after cursor ``after``, in the order they ended.
+
+        It yields groups as they end and returns after ``limit`` items (0: no
+        limit) or ``idle`` seconds without one (0: never). With ``reconnect``
+        a dropped connection (the service restarting) is retried from the
+        last cursor yielded, so nothing is lost or repeated.
+        """
+        sent = 0
+        delay = 0.2
+        while True:
+            q: JSON = {"after": after}
+            if limit:
+                q["limit"] = limit - sent
+            if idle:
+                q["wait"] = f"{idle:g}"
+            if inline_images:
+                q["images"] = "inline"
+            req = urllib.request.Request(self.base_url + "/v1/stream?" + urllib.parse.urlencode(q))
+            if self.token:
+                req.add_header("Authorization", "Bearer " + self.token)
+            got_any = False
+            try:
+                # No read timeout: the stream is quiet until a group ends.
+                with urllib.request.urlopen(req, timeout=None if not idle else idle + self.timeout) as resp:
+                    for line in resp:
+                        line = line.strip()
+                        if not line:
+                            continue
+                        d = json.loads(line)
+                        item = StreamItem(cursor=d["cursor"], group=Group.from_json(d["group"]))
+                        after = item.cursor
+                        sent += 1
+                        got_any = True
+                        delay = 0.2
+                        yield item
+                        if limit and sent >= limit:
+                            return
+                if idle and not got_any:
+                    return
+            except urllib.error.HTTPError as e:
+                raise LegatoError(e.code, _message(e.read()), "GET", "/v1/stream") from None
+            except (OSError, ValueError):
+                # Connection refused or reset, or a line cut short: the
+                # service went away. Read on from the cursor.
+                if not reconnect:
+                    raise
+            if limit and sent >= limit:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # -- policy ------------------------------------------------------------
+
+    def pause(self) -> JSON:
+        """Hold new model calls (attempts keep their place) while weights swap."""
+        return self._request("POST", "/v1/policy", {"state": "paused"})
+
+    def serve(self, version: str = "") -> JSON:
+        """Resume model calls; with ``version``, every later step carries it."""
+        return self._request("POST", "/v1/policy", {"state": "serving", "version": version})
+
+    def policy(self) -> JSON:
+        """The policy's state: version, state (serving or paused), held_calls."""
+        return self._request("GET", "/v1/policy")
+
+    # -- the rest ------------------------------------------------------------
+
+    def blob(self, sha256: str) -> bytes:
+        """A screenshot's PNG, or a message's JSON, by the hash a step names
+        (``legato-image://<sha256>`` in a sample's messages)."""
+        data = self._request("GET", f"/v1/blobs/{sha256}")
+        return data if isinstance(data, bytes) else json.dumps(data).encode()
+
+    def status(self) -> JSON:
+        """Desktops, groups by state, the stream's last cursor, records by status."""
+        return self._request("GET", "/v1/status")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the service answers, e.g. right after starting it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.status()
+                return
+            except (OSError, LegatoError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def _message(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw).get("error", raw.decode(errors="replace")))
+    except (ValueError, AttributeError):
+        return raw.decode(errors="replace")
