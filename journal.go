@@ -58,8 +58,9 @@ type journalEntry struct {
 // before append returns: what a service answered a caller survives a
 // crash.
 type journal struct {
-	mu sync.Mutex
-	f  *os.File
+	mu   sync.Mutex
+	f    *os.File
+	size int64 // of the whole lines written
 }
 
 // openJournal reads the journal in dir, cutting a torn last line (a crash
@@ -81,7 +82,7 @@ func openJournal(dir string) (*journal, []journalEntry, error) {
 		f.Close()
 		return nil, nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	return &journal{f: f}, entries, nil
+	return &journal{f: f, size: good}, entries, nil
 }
 
 // readJournal returns the entries of r and the length of its whole lines.
@@ -127,12 +128,19 @@ func (j *journal) append(e journalEntry) error {
 	if j.f == nil {
 		return schema.ErrClosed
 	}
-	if _, err := j.f.Write(append(line, '\n')); err != nil {
+	line = append(line, '\n')
+	_, err = j.f.Write(line)
+	if err == nil {
+		err = j.f.Sync()
+	}
+	if err != nil {
+		// Cut what reached the file, so the next entry does not follow a
+		// fragment; the caller got an error, so nothing counts on it.
+		_ = j.f.Truncate(j.size)
+		_, _ = j.f.Seek(j.size, io.SeekStart)
 		return fmt.Errorf("write the service journal: %w", err)
 	}
-	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("sync the service journal: %w", err)
-	}
+	j.size += int64(len(line))
 	return nil
 }
 

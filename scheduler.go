@@ -513,6 +513,13 @@ func (s *scheduler) slotLost(cause error, write writeFunc) error {
 			return err
 		}
 	}
+	if s.open {
+		// A service with no desktop left would take groups it can never
+		// run: it stops, saying why.
+		s.stopped = true
+		s.wake.Broadcast()
+		return cause
+	}
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +34,11 @@ type ServeOptions struct {
 	// OSWorldDir resolves submissions naming an OSWorld task by id and
 	// domain that is not among Tasks.
 	OSWorldDir string
+	// MaxStaleness, when above 0, drops from a group's result the steps
+	// whose policy version is more than that many versions behind the one
+	// in force when the group ended (counted in AttemptResult.StaleSteps).
+	// 0 keeps every step.
+	MaxStaleness int
 }
 
 // GroupState is where a service's group is.
@@ -105,6 +111,10 @@ type Service struct {
 	keys   map[string]string // key → group id
 	ended  []string          // ids in stream order: ended[i] has cursor i+1
 	next   int               // the number of the next group id
+	// versions are the policy versions in the order they came into force,
+	// rank their places: a step's staleness is how many came after its own.
+	versions []string
+	rank     map[string]int
 	// news is closed, and replaced, whenever a group ends or the service
 	// stops: waiters watch it.
 	news    chan struct{}
@@ -113,6 +123,8 @@ type Service struct {
 
 type serviceGroup struct {
 	info GroupInfo
+	// endVersion is the policy version in force when the group ended.
+	endVersion string
 }
 
 // maxServiceGroups bounds the groups one run directory holds, as
@@ -166,7 +178,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	if err != nil {
 		return fail(err)
 	}
-	s := &Service{opts: opts, journal: j, known: known, groups: map[string]*serviceGroup{},
+	s := &Service{opts: opts, journal: j, known: known, groups: map[string]*serviceGroup{}, rank: map[string]int{},
 		keys: map[string]string{}, news: make(chan struct{}), done: make(chan struct{})}
 	sched := newScheduler(nil, pol, opts.CollectOptions)
 	sched.open = true
@@ -210,7 +222,8 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 // journal with m.
 func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if len(entries) == 0 {
-		return s.journal.append(journalEntry{Op: opService, Manifest: &m})
+		s.noteVersion(s.b.gate.state().Version)
+		return s.journal.append(journalEntry{Op: opService, Manifest: &m, Version: s.b.gate.state().Version})
 	}
 	if entries[0].Op != opService || entries[0].Manifest == nil {
 		return fmt.Errorf("%s does not start with the service's settings: not a service journal", JournalFile)
@@ -218,6 +231,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if err := sameBatch(s.opts.Out, entries[0].Manifest, m); err != nil {
 		return fmt.Errorf("%w (the service's settings are in the first line of %s)", err, JournalFile)
 	}
+	s.noteVersion(entries[0].Version)
 	sched := s.b.sched
 	for i, e := range entries[1:] {
 		switch e.Op {
@@ -241,16 +255,45 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 		case opPolicy:
 			paused := e.Paused != nil && *e.Paused
 			s.b.gate.set(e.Version, paused)
+			s.noteVersion(e.Version)
 		case opEnd:
 			g := s.groups[e.ID]
 			if g == nil || e.Cursor != len(s.ended)+1 {
 				return fmt.Errorf("%s line %d: group %q ends at cursor %d, out of order: the journal is damaged", JournalFile, i+2, e.ID, e.Cursor)
 			}
-			g.info.State, g.info.Cursor, g.info.EndedAt = e.State, e.Cursor, e.At
+			g.info.State, g.info.Cursor, g.info.EndedAt, g.endVersion = e.State, e.Cursor, e.At, e.Version
 			s.ended = append(s.ended, e.ID)
 		}
 	}
+	if len(entries) > 1 && !slices.ContainsFunc(entries[1:], func(e journalEntry) bool { return e.Op == opPolicy }) {
+		// The policy was never changed: this run's --version is in force,
+		// and joins the history if it is new.
+		if v := s.b.gate.state().Version; v != s.versions[len(s.versions)-1] {
+			s.noteVersion(v)
+			return s.journal.append(journalEntry{Op: opPolicy, Version: v, Paused: new(false)})
+		}
+	}
 	return nil
+}
+
+// noteVersion adds v to the history of versions when it is new.
+func (s *Service) noteVersion(v string) {
+	if _, ok := s.rank[v]; !ok && v != "" {
+		s.rank[v] = len(s.versions)
+		s.versions = append(s.versions, v)
+	}
+}
+
+// staleness is how many versions came into force after v up to end; false
+// when either is not a version the service put in force (a server's own
+// weight_version).
+func (s *Service) staleness(v, end string) (int, bool) {
+	rv, ok1 := s.rank[v]
+	re, ok2 := s.rank[end]
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	return max(re-rv, 0), true
 }
 
 // onGroup journals a group that ended, giving it its place in the stream.
@@ -270,10 +313,11 @@ func (s *Service) onGroup(grp Group) {
 	}
 	cursor := len(s.ended) + 1
 	now := time.Now().UTC()
+	version := s.b.gate.state().Version
 	// Under the lock: the stream's order is the journal's.
-	err := s.journal.append(journalEntry{Op: opEnd, At: now, ID: grp.ID, Cursor: cursor, State: state})
+	err := s.journal.append(journalEntry{Op: opEnd, At: now, ID: grp.ID, Cursor: cursor, State: state, Version: version})
 	if err == nil {
-		g.info.State, g.info.Cursor, g.info.EndedAt = state, cursor, now
+		g.info.State, g.info.Cursor, g.info.EndedAt, g.endVersion = state, cursor, now, version
 		s.ended = append(s.ended, grp.ID)
 		s.broadcastLocked()
 	}
@@ -535,6 +579,7 @@ func (s *Service) SetPolicy(version string, paused bool) (PolicyState, error) {
 		return PolicyState{}, err
 	}
 	st, _ := s.b.gate.set(version, paused)
+	s.noteVersion(version)
 	s.b.log.Info("policy", "version", st.Version, "paused", st.Paused)
 	return st, nil
 }

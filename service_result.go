@@ -34,7 +34,19 @@ type AttemptResult struct {
 	// each step has its own.
 	PolicyVersion string `json:"policy_version"`
 	// Steps are the attempt's samples (graded attempts only).
-	Steps []export.Sample `json:"steps"`
+	Steps []StepResult `json:"steps"`
+	// StaleSteps counts the steps left out of Steps for being more than
+	// ServeOptions.MaxStaleness versions behind the group's end version.
+	StaleSteps int `json:"stale_steps,omitempty"`
+}
+
+// StepResult is a step's sample with how stale its policy version was.
+type StepResult struct {
+	export.Sample
+	// Staleness is how many policy versions came into force after the
+	// step's, up to the one in force when its group ended; absent when
+	// the step's version is not one the service put in force.
+	Staleness *int `json:"staleness,omitempty"`
 }
 
 // Result returns group id once it ended, read back from the run
@@ -47,11 +59,11 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w %q", ErrUnknownGroup, id)
 	}
-	info := s.infoLocked(g)
+	info, endVersion := s.infoLocked(g), g.endVersion
 	s.mu.Unlock()
 	offs := s.b.sched.finals(id)
 	if !info.State.Ended() {
-		return &GroupResult{GroupInfo: info}, nil
+		return &GroupResult{GroupInfo: info, Attempts: []AttemptResult{}}, nil
 	}
 	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
 	recs := make([]schema.Record, 0, len(offs))
@@ -81,7 +93,7 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 	for i := range recs {
 		r := &recs[i]
 		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,
-			Masked: true, Error: r.Error, PolicyVersion: r.Policy.Version, Steps: []export.Sample{}}
+			Masked: true, Error: r.Error, PolicyVersion: r.Policy.Version, Steps: []StepResult{}}
 		if r.Status.Finished() {
 			a.Advantage = &adv[k]
 			a.Masked = false
@@ -92,8 +104,23 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 			if a.Advantage != nil {
 				adv = *a.Advantage
 			}
-			if a.Steps, err = export.RecordSamples(store, r, adv, inline); err != nil {
+			samples, err := export.RecordSamples(store, r, adv, inline)
+			if err != nil {
 				return nil, err
+			}
+			for _, smp := range samples {
+				st := StepResult{Sample: smp}
+				s.mu.Lock()
+				n, known := s.staleness(smp.PolicyVersion, endVersion)
+				s.mu.Unlock()
+				if known {
+					st.Staleness = &n
+					if s.opts.MaxStaleness > 0 && n > s.opts.MaxStaleness {
+						a.StaleSteps++
+						continue
+					}
+				}
+				a.Steps = append(a.Steps, st)
 			}
 		}
 		res.Attempts = append(res.Attempts, a)

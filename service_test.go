@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -286,5 +287,74 @@ func TestCollectAborted(t *testing.T) {
 				t.Errorf("rollout %s step %d: finish %q version %q", r.RolloutID, i, st.Response.FinishReason, st.PolicyVersion)
 			}
 		}
+	}
+}
+
+// TestServiceStaleness: steps say how many versions behind the group's end
+// they are, and MaxStaleness drops the older ones.
+func TestServiceStaleness(t *testing.T) {
+	// The server holds each call until the test has paused the policy
+	// again, so each call goes out under exactly one version.
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e := newServiceEnv(t, policytest.Options{Script: func(req policytest.Request) string {
+		arrived <- struct{}{}
+		<-release
+		return clicksThenDone(2)(req)
+	}})
+	e.opts.MaxStaleness = 1
+	e.opts.Desktops, e.opts.Group = 1, 1
+	s := e.serve(t)
+	defer s.Close()
+	if _, err := s.SetPolicy("", true); err != nil {
+		t.Fatal(err)
+	}
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// v1 for the first call, v2 and v3 for the next two: the group ends
+	// under v3, so its first step is two versions behind.
+	for _, v := range []string{"v1", "v2", "v3"} {
+		if _, err := s.SetPolicy(v, false); err != nil {
+			t.Fatal(err)
+		}
+		<-arrived
+		if _, err := s.SetPolicy("", true); err != nil {
+			t.Fatal(err)
+		}
+		release <- struct{}{}
+	}
+	if _, err := s.SetPolicy("", false); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s, info.ID)
+	res, err := s.Result(info.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := res.Attempts[0]
+	var got []string
+	for _, st := range a.Steps {
+		got = append(got, fmt.Sprintf("%s:%d", st.PolicyVersion, *st.Staleness))
+	}
+	if want := []string{"v2:1", "v3:0"}; fmt.Sprint(got) != fmt.Sprint(want) || a.StaleSteps != 1 {
+		t.Errorf("steps %v with %d stale, want %v and 1 stale", got, a.StaleSteps, want)
+	}
+}
+
+// TestServiceNoDesktops: a service whose desktops cannot be created stops,
+// saying why, instead of taking groups it can never run.
+func TestServiceNoDesktops(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{})
+	e.opts.Desktops = 1
+	e.opts.NewDesktop = func(context.Context, int) (desktop.Desktop, error) { return nil, errors.New("no VM today") }
+	s := e.serve(t)
+	defer s.Close()
+	<-s.Done()
+	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "no VM today") {
+		t.Errorf("service error %v, want the desktops' failure", err)
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: inlineTask(0)}); !errors.Is(err, ErrServiceStopped) {
+		t.Errorf("submit to a stopped service: %v, want ErrServiceStopped", err)
 	}
 }

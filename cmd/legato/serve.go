@@ -27,6 +27,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	addr := fs.String("addr", "127.0.0.1:8300", "address to serve on; beyond loopback it needs --tls-cert, --tls-key and "+serveTokenEnv)
 	certFile := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	keyFile := fs.String("tls-key", "", "TLS key file (PEM)")
+	var maxStale int
+	intVar(fs, &maxStale, "max-staleness", 0, 0, 1<<20, "leave out of a group's result the steps more than K policy versions behind the one in force when the group ended (0: keep all)")
 	setUsage(fs, `Usage: legato rl serve --out DIR [--addr HOST:PORT] [flags]
 
 Serves rollouts to a trainer over HTTP while it trains: the trainer submits
@@ -68,7 +70,7 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 	}
 	defer ln.Close()
 
-	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir})
+	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale})
 	if err != nil {
 		if errors.Is(err, rl.ErrInvalidOptions) {
 			return usage(err)

@@ -26,6 +26,7 @@ once, across restarts of the trainer and of the service.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import time
@@ -54,7 +55,10 @@ class Attempt:
 
     ``masked`` attempts must stay out of the loss; the others count for the
     group and carry an ``advantage``. ``steps`` are the samples of a graded
-    attempt, one per model call, as ``legato rl export`` writes them.
+    attempt, one per model call, as ``legato rl export`` writes them, each
+    with its ``policy_version`` and ``staleness`` (versions behind the one in
+    force when the group ended); ``stale_steps`` counts those a service
+    started with --max-staleness left out.
     """
 
     rollout_id: str
@@ -66,6 +70,7 @@ class Attempt:
     error: Optional[JSON]
     policy_version: str
     steps: List[JSON]
+    stale_steps: int = 0
 
     @classmethod
     def from_json(cls, d: JSON) -> "Attempt":
@@ -79,6 +84,7 @@ class Attempt:
             error=d.get("error"),
             policy_version=d.get("policy_version", ""),
             steps=d.get("steps") or [],
+            stale_steps=d.get("stale_steps", 0),
         )
 
 
@@ -230,7 +236,7 @@ class Client:
                     return
             except urllib.error.HTTPError as e:
                 raise LegatoError(e.code, _message(e.read()), "GET", "/v1/stream") from None
-            except (OSError, ValueError):
+            except (OSError, ValueError, http.client.HTTPException):
                 # Connection refused or reset, or a line cut short: the
                 # service went away. Read on from the cursor.
                 if not reconnect:

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+)
+
+// BenchmarkServeVsCollect runs the same groups (G=4, two steps an attempt,
+// instant fake desktops and model) by Collect and through `legato rl
+// serve`'s HTTP front (submit every group, read them from the stream), and
+// reports the time per group of each, so their ratio is the service's
+// overhead. The serve run also reports the stream's latency: from the
+// moment a group ended (its journal entry) to its line reaching the
+// trainer.
+//
+//	go test -run '^$' -bench ServeVsCollect ./cmd/legato
+func BenchmarkServeVsCollect(b *testing.B) {
+	const groups, size = 64, 4
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: func(r policytest.Request) string {
+		if r.Step < 1 {
+			return "<tool_call>\n{\"name\": \"computer_use\", \"arguments\": {\"action\": \"left_click\", \"coordinate\": [5, 5]}}\n</tool_call>"
+		}
+		return "<tool_call>\n{\"name\": \"computer_use\", \"arguments\": {\"action\": \"terminate\", \"status\": \"success\"}}\n</tool_call>"
+	}})
+	defer srv.Close()
+	pol := rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "v1"}
+	opts := func(dir string) rl.CollectOptions {
+		return rl.CollectOptions{Out: dir, NewDesktop: fake.NewFleet(fake.Config{Width: 320, Height: 192}).New,
+			Desktops: 8, Group: size, MaxSteps: 4, Ready: desktop.ReadyOptions{Interval: time.Millisecond, Max: 20 * time.Millisecond}}
+	}
+	var tasks []rl.Task
+	for i := range groups {
+		tasks = append(tasks, rl.Task{ID: fmt.Sprintf("t%d", i), Domain: "os", Instruction: "x", Evaluator: json.RawMessage(`{"func":"exact_match"}`)})
+	}
+	b.Run("collect", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := rl.Collect(b.Context(), tasks, pol, opts(filepath.Join(b.TempDir(), "run"))); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N*groups), "ms/group")
+	})
+	b.Run("serve", func(b *testing.B) {
+		var lat []float64
+		for b.Loop() {
+			svc, err := rl.Serve(b.Context(), pol, rl.ServeOptions{CollectOptions: opts(filepath.Join(b.TempDir(), "run"))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := httptest.NewServer(newServeHandler(svc, "", slog.New(slog.DiscardHandler)))
+			for i := range groups {
+				body := fmt.Sprintf(`{"task": {"task_id": "t%d", "domain": "os", "config": {"id": "t%d", "instruction": "x", "evaluator": {"func": "exact_match"}}}}`, i, i)
+				res, err := http.Post(h.URL+"/v1/groups", "application/json", bytes.NewReader([]byte(body)))
+				if err != nil || res.StatusCode != http.StatusCreated {
+					b.Fatal(err, res.Status)
+				}
+				res.Body.Close()
+			}
+			res, err := http.Get(fmt.Sprintf("%s/v1/stream?after=0&limit=%d", h.URL, groups))
+			if err != nil {
+				b.Fatal(err)
+			}
+			sc := bufio.NewScanner(res.Body)
+			sc.Buffer(nil, 64<<20)
+			n := 0
+			for sc.Scan() {
+				now := time.Now()
+				var line struct {
+					Group struct {
+						EndedAt time.Time `json:"ended_at"`
+					} `json:"group"`
+				}
+				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, now.Sub(line.Group.EndedAt).Seconds()*1000)
+				n++
+			}
+			res.Body.Close()
+			h.Close()
+			if _, err := svc.Close(); err != nil {
+				b.Fatal(err)
+			}
+			if n != groups {
+				b.Fatalf("stream gave %d groups, want %d", n, groups)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N*groups), "ms/group")
+		slices.Sort(lat)
+		b.ReportMetric(lat[len(lat)/2], "stream-p50-ms")
+		b.ReportMetric(lat[len(lat)*99/100], "stream-p99-ms")
+		b.ReportMetric(lat[len(lat)-1], "stream-max-ms")
+	})
+}
