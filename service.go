@@ -39,6 +39,12 @@ type ServeOptions struct {
 	// in force when the group ended (counted in AttemptResult.StaleSteps).
 	// 0 keeps every step.
 	MaxStaleness int
+	// Contiguous gives every graded attempt of a group's result its whole
+	// interaction as one token sequence with a loss mask
+	// (AttemptResult.Sequence), for trainers that take that shape. Use it
+	// with a harness that evicts no screenshot (ImageMax at least the
+	// steps), or sequences break at the first eviction.
+	Contiguous bool
 }
 
 // GroupState is where a service's group is.

@@ -38,6 +38,12 @@ type AttemptResult struct {
 	// StaleSteps counts the steps left out of Steps for being more than
 	// ServeOptions.MaxStaleness versions behind the group's end version.
 	StaleSteps int `json:"stale_steps,omitempty"`
+	// Sequence is the attempt as one token sequence with a loss mask
+	// (ServeOptions.Contiguous, graded attempts); SequenceError says why
+	// there is none when its prompts do not extend each other. An
+	// attempt without its sequence is masked.
+	Sequence      *export.Sequence `json:"sequence,omitempty"`
+	SequenceError string           `json:"sequence_error,omitempty"`
 }
 
 // StepResult is a step's sample with how stale its policy version was.
@@ -103,6 +109,13 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 			adv := 0.0
 			if a.Advantage != nil {
 				adv = *a.Advantage
+			}
+			if s.opts.Contiguous {
+				seq, err := export.AttemptSequence(store, r)
+				if err != nil {
+					a.SequenceError, a.Masked = err.Error(), true
+				}
+				a.Sequence = seq
 			}
 			samples, err := export.RecordSamples(store, r, adv, inline)
 			if err != nil {

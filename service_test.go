@@ -358,3 +358,37 @@ func TestServiceNoDesktops(t *testing.T) {
 		t.Errorf("submit to a stopped service: %v, want ErrServiceStopped", err)
 	}
 }
+
+// TestServiceContiguous: with Contiguous, graded attempts carry their
+// sequence, whose loss mask covers exactly the generated ids.
+func TestServiceContiguous(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(2)})
+	e.opts.Contiguous = true
+	e.opts.ImageMax = MaxImageMax
+	s := e.serve(t)
+	defer s.Close()
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s, info.ID)
+	res, err := s.Result(info.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range res.Attempts {
+		if a.Sequence == nil {
+			t.Fatalf("attempt %s: no sequence (%s)", a.RolloutID, a.SequenceError)
+		}
+		ones, generated := 0, 0
+		for _, m := range a.Sequence.LossMask {
+			ones += int(m)
+		}
+		for _, st := range a.Steps {
+			generated += len(st.ResponseTokenIDs)
+		}
+		if ones != generated || len(a.Sequence.StepStarts) != 3 || a.Masked {
+			t.Errorf("attempt %s: mask covers %d ids of %d generated, %d step starts, masked %v", a.RolloutID, ones, generated, len(a.Sequence.StepStarts), a.Masked)
+		}
+	}
+}

@@ -41,6 +41,11 @@ type Options struct {
 	// response_logprobs null and the defect in their warnings, so that a
 	// trainer can only treat them as samples without logprobs.
 	AllowBadLogprobs bool
+	// Contiguous writes one AttemptSample per finished attempt (its whole
+	// interaction as one token sequence with a loss mask, see
+	// AttemptSequence) instead of one Sample per step. Attempts whose
+	// prompts do not extend each other fail the export, naming the step.
+	Contiguous bool
 }
 
 // ErrBadLogprobs is wrapped by the error of an export that refused
@@ -341,10 +346,11 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 		workers = 0
 	}
 	type job struct {
-		rec  *schema.Record
-		buf  bytes.Buffer
-		err  error
-		done chan struct{} // closed once buf or err is set
+		rec   *schema.Record
+		buf   bytes.Buffer
+		lines int
+		err   error
+		done  chan struct{} // closed once buf or err is set
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	// queue holds the records in the file's order, for the writer; its
@@ -368,13 +374,21 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 				return nil // not finished, or finished without a reward
 			}
 			if opts.DropConstantGroups && groups.constant(rec.GroupID) {
-				st.DroppedLines += len(rec.Steps) // only this goroutine writes it
+				// Only this goroutine writes it.
+				if opts.Contiguous {
+					st.DroppedLines++
+				} else {
+					st.DroppedLines += len(rec.Steps)
+				}
 				return nil
 			}
 			// Warm the cache with the rollout's distinct messages; the
 			// encoder reports any error when it loads them.
 			clear(seen)
 			for i := range rec.Steps {
+				if opts.Contiguous {
+					break // a sequence has no messages
+				}
 				for _, h := range rec.Steps[i].Request {
 					if _, ok := seen[h]; !ok {
 						seen[h] = struct{}{}
@@ -395,7 +409,7 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 			sw := newSampleWriter(nil)
 			for j := range jobs {
 				sw.w = &j.buf
-				_, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
+				j.lines, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
 				close(j.done)
 			}
 			return nil
@@ -424,7 +438,7 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 				if _, err := w.Write(j.buf.Bytes()); err != nil {
 					return err
 				}
-				st.Lines += len(j.rec.Steps)
+				st.Lines += j.lines
 			}
 			st.Rollouts++
 			exported[j.rec.GroupID] = struct{}{}
@@ -442,6 +456,18 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 	}
 	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
 	adv, _ := groups.advantage(rec.GroupID, rec.RolloutID)
+	if opts.Contiguous {
+		seq, err := AttemptSequence(store, rec)
+		if err != nil {
+			return 0, err
+		}
+		b, err := sw.encode(&AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
+			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: *seq})
+		if err == nil {
+			_, err = sw.w.Write(append(b, '\n'))
+		}
+		return 1, err
+	}
 	head := sampleHead{
 		RolloutID:     rec.RolloutID,
 		TaskID:        rec.TaskID,

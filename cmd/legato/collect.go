@@ -44,6 +44,7 @@ type collectFlags struct {
 	eviction                  qwen.Eviction
 	fake                      fakeFlags
 	verbose                   bool
+	history                   string
 }
 
 type fakeFlags struct {
@@ -77,6 +78,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	durationVar(fs, &f.fixed.AfterReset, "fixed-wait-after-reset", 0, 0, day, "with --no-ready-signal: sleep after a reset (OSWorld's runner slept 60)")
 	durationVar(fs, &f.fixed.BeforeEval, "fixed-wait-before-eval", 0, 0, day, "with --no-ready-signal: sleep before grading (OSWorld's runner slept 20)")
 	intVar(fs, &f.opts.ImageMax, "image-max", rl.DefaultImageMax, 1, rl.MaxImageMax, "screenshots kept in the prompt")
+	choiceVar(fs, &f.history, "history", "per-step", []string{"per-step", "contiguous"}, "prompt history: per-step (screenshots past --image-max leave the prompt) or contiguous (none ever leaves: each prompt extends the last token for token, so an attempt exports as one sequence with a loss mask, export --contiguous)")
 	fs.TextVar(&f.eviction, "eviction", qwen.EvictHalf, "how screenshots leave the prompt past --image-max: half (the oldest half at once, keeping the prefix cache) or oldest (one a step)")
 	fs.StringVar(&f.harness, "harness", qwen.Qwen3VL.String(), "the model family's prompt and action conventions: "+strings.Join(qwen.Families(), " or "))
 	fs.StringVar(&f.systemPrompt, "system-prompt", "", "a file holding the system prompt to send instead of the built-in one (the prompt your model was trained with)")
@@ -174,6 +176,10 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 	if f.noRetryErr {
 		f.opts.ErrorReruns = -1
 	}
+	if f.history == "contiguous" {
+		// Every screenshot stays: the prompt only ever grows.
+		f.opts.ImageMax = rl.MaxImageMax
+	}
 	hcfg := qwen.Config{ImageMax: f.opts.ImageMax, Eviction: f.eviction}
 	if f.systemPrompt != "" {
 		text, err := os.ReadFile(f.systemPrompt)
@@ -269,6 +275,13 @@ func (f *collectFlags) validate(fs *flag.FlagSet) error {
 		fs.Visit(func(fl *flag.Flag) {
 			if strings.HasPrefix(fl.Name, "fixed-wait") {
 				errs = append(errs, fmt.Sprintf("--%s applies only with --no-ready-signal", fl.Name))
+			}
+		})
+	}
+	if f.history == "contiguous" {
+		fs.Visit(func(fl *flag.Flag) {
+			if fl.Name == "image-max" || fl.Name == "eviction" {
+				errs = append(errs, fmt.Sprintf("--%s does not go with --history contiguous, which keeps every screenshot", fl.Name))
 			}
 		})
 	}

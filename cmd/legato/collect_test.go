@@ -86,6 +86,8 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"negative max tokens", []string{"--out", "x", "--max-tokens", "-1"}, `invalid value "-1" for flag -max-tokens`},
 		{"negative oversample", []string{"--out", "x", "--oversample", "-1"}, "Oversample (--oversample) -1"},
 		{"negative fixed wait", []string{"--out", "x", "--no-ready-signal", "--fixed-wait", "-1"}, `invalid value "-1" for flag -fixed-wait`},
+		{"history", []string{"--out", "x", "--history", "full"}, `invalid value "full" for flag -history`},
+		{"contiguous with image max", []string{"--out", "x", "--history", "contiguous", "--image-max", "5"}, "--image-max does not go with --history contiguous"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -25,6 +25,7 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.opts.InlineImages, "inline-images", false, "write images as PNG data URLs instead of references to DIR/images/")
 	fs.BoolVar(&c.opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
 	fs.BoolVar(&c.opts.AllowMissingLogprobs, "allow-missing-logprobs", false, "write samples whose response has no logprobs (the model server returned none) instead of failing")
+	fs.BoolVar(&c.opts.Contiguous, "contiguous", false, "one sample per finished attempt: its whole interaction as one token sequence with a loss mask over the generated tokens (NeMo RL, verl), instead of one per model call; needs prompt token ids and a run whose prompts grow append-only (--history contiguous)")
 	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
 	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
        [--allow-missing-logprobs] [--allow-bad-logprobs]

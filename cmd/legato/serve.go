@@ -70,7 +70,7 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 	}
 	defer ln.Close()
 
-	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale})
+	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale, Contiguous: f.history == "contiguous"})
 	if err != nil {
 		if errors.Is(err, rl.ErrInvalidOptions) {
 			return usage(err)

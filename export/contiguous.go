@@ -1,0 +1,118 @@
+package export
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"legato/rl/schema"
+)
+
+// Sequence is one attempt as a single token sequence, the shape NeMo RL and
+// verl train multi-turn agents on: the first prompt, then each step's
+// generated tokens followed by what the next prompt added (the environment's
+// turn: template tokens, the new screenshot's image tokens). LossMask is 1
+// on generated tokens only, and Logprobs holds the sampler's logprob there
+// (0 elsewhere), so a trainer computes its loss and importance ratios
+// without retokenizing anything.
+type Sequence struct {
+	TokenIDs []int64   `json:"token_ids"`
+	LossMask []uint8   `json:"loss_mask"`
+	Logprobs []float64 `json:"logprobs"`
+	// Logprobs is null when a step came without logprobs (an export with
+	// AllowMissingLogprobs).
+
+	// PromptLength is the number of tokens before the first generated one.
+	PromptLength int `json:"prompt_length"`
+	// StepStarts[i] is where step i's generated tokens start.
+	StepStarts []int `json:"step_starts"`
+	// PolicyVersions[i] is the version that generated step i's tokens.
+	PolicyVersions []string `json:"policy_versions"`
+}
+
+// ErrNotContiguous is wrapped by the error of an attempt whose prompts do
+// not extend each other token for token, so no single sequence holds it.
+var ErrNotContiguous = errors.New("the attempt's prompts are not one growing token sequence")
+
+// AttemptSequence builds rec's contiguous sequence from the token ids the
+// server reported: each step's prompt must start with the previous prompt
+// followed by the previous step's generated ids. That holds when the
+// harness keeps replies verbatim and evicts no screenshot (the contiguous
+// history mode) and the server's chat template re-tokenizes a reply into
+// the ids it generated; a template that drops reasoning from the history,
+// an evicted screenshot or a reply re-tokenized differently breaks it, and
+// the error names the step.
+func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence, error) {
+	if len(rec.Steps) == 0 {
+		return nil, fmt.Errorf("rollout %s: no steps", rec.RolloutID)
+	}
+	seq := &Sequence{}
+	allLogprobs := true
+	for i := range rec.Steps {
+		st := &rec.Steps[i]
+		r := &st.Response
+		if !r.TokenIDsSource.Exact() || len(r.TokenIDs) == 0 {
+			return nil, fmt.Errorf("rollout %s step %d: no exact generated token ids (token_ids_source %q): a sequence needs them; check the server with legato rl probe", rec.RolloutID, i, r.TokenIDsSource)
+		}
+		if st.LogprobDefect() != "" || (r.Logprobs != nil && len(r.Logprobs) != len(r.TokenIDs)) {
+			return nil, fmt.Errorf("rollout %s step %d: logprobs not one per generated id (%s)", rec.RolloutID, i, st.LogprobDefect())
+		}
+		prompt, err := store.PromptTokenIDs(*st)
+		if err != nil {
+			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+		}
+		if len(prompt) == 0 {
+			return nil, fmt.Errorf("rollout %s step %d: the server returned no prompt token ids, which a sequence is made of (vLLM and SGLang return them with return_token_ids)", rec.RolloutID, i)
+		}
+		if i == 0 {
+			seq.PromptLength = len(prompt)
+		} else if len(prompt) < len(seq.TokenIDs) || !slices.Equal(prompt[:len(seq.TokenIDs)], seq.TokenIDs) {
+			at := len(prompt)
+			for k := range min(len(prompt), len(seq.TokenIDs)) {
+				if prompt[k] != seq.TokenIDs[k] {
+					at = k
+					break
+				}
+			}
+			return nil, fmt.Errorf("rollout %s step %d: %w: its prompt departs from the previous prompt and reply at token %d of %d (an evicted screenshot, reasoning the template leaves out of the history, or a reply re-tokenized differently)",
+				rec.RolloutID, i, ErrNotContiguous, at, len(seq.TokenIDs))
+		}
+		// What the environment added since the last reply: context, not
+		// trained on.
+		added := prompt[len(seq.TokenIDs):]
+		seq.TokenIDs = append(seq.TokenIDs, added...)
+		seq.LossMask = append(seq.LossMask, make([]uint8, len(added))...)
+		seq.Logprobs = append(seq.Logprobs, make([]float64, len(added))...)
+		seq.StepStarts = append(seq.StepStarts, len(seq.TokenIDs))
+		seq.PolicyVersions = append(seq.PolicyVersions, st.Version(rec))
+		seq.TokenIDs = append(seq.TokenIDs, r.TokenIDs...)
+		for range r.TokenIDs {
+			seq.LossMask = append(seq.LossMask, 1)
+		}
+		if r.Logprobs != nil {
+			seq.Logprobs = append(seq.Logprobs, r.Logprobs...)
+		} else {
+			allLogprobs = false
+			seq.Logprobs = append(seq.Logprobs, make([]float64, len(r.TokenIDs))...)
+		}
+	}
+	if !allLogprobs {
+		// A 0 standing in for a missing logprob would train as
+		// probability 1: none at all rather than some made up.
+		seq.Logprobs = nil
+	}
+	return seq, nil
+}
+
+// AttemptSample is one line of a contiguous export: one finished attempt
+// as a single sequence.
+type AttemptSample struct {
+	RolloutID string        `json:"rollout_id"`
+	TaskID    string        `json:"task_id"`
+	GroupID   string        `json:"group_id"`
+	Attempt   int           `json:"attempt"`
+	Status    schema.Status `json:"status"`
+	Reward    float64       `json:"reward"`
+	Advantage float64       `json:"advantage"`
+	Sequence
+}
