@@ -97,8 +97,13 @@ func decide(e ending) verdict {
 }
 
 // policyFailure marks a model call that failed for good: after its
-// retries, and after the server answered again if it was down.
-type policyFailure struct{ err error }
+// retries, and after the server answered again if it was down. own is set
+// when the call went to its group's own server (a service's per-group
+// policy), whose refusal is that group's failure only.
+type policyFailure struct {
+	err error
+	own bool
+}
 
 func (e *policyFailure) Error() string { return "policy: " + e.err.Error() }
 func (e *policyFailure) Unwrap() error { return e.err }
@@ -106,7 +111,7 @@ func (e *policyFailure) Unwrap() error { return e.err }
 // refused reports a server that refuses the key or the model: every other
 // call would fail the same way.
 func (e *policyFailure) refused() bool {
-	return errors.Is(e.err, policy.ErrUnauthorized) || errors.Is(e.err, policy.ErrNotFound)
+	return !e.own && (errors.Is(e.err, policy.ErrUnauthorized) || errors.Is(e.err, policy.ErrNotFound))
 }
 
 // storeFailure marks a failure to write the run directory: nothing the

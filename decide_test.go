@@ -17,8 +17,9 @@ import (
 func TestDecide(t *testing.T) {
 	deskFail := &desktopError{err: errors.New("act: vm died"), failed: true}
 	unsupported := &desktopError{err: fmt.Errorf("reset: %w", desktop.ErrUnsupported)}
-	policyErr := &policyFailure{&policy.Error{Err: policy.ErrServer, Status: 500}}
-	refused := &policyFailure{&policy.Error{Err: policy.ErrUnauthorized, Status: 401}}
+	policyErr := &policyFailure{err: &policy.Error{Err: policy.ErrServer, Status: 500}}
+	refused := &policyFailure{err: &policy.Error{Err: policy.ErrUnauthorized, Status: 401}}
+	ownRefused := &policyFailure{err: &policy.Error{Err: policy.ErrUnauthorized, Status: 401}, own: true}
 	storeErr := &storeFailure{errors.New("disk full")}
 	tests := []struct {
 		name string
@@ -36,6 +37,7 @@ func TestDecide(t *testing.T) {
 		{"interrupted while its group closed", ending{started: true, err: errGroupClosed, stopped: true, groupClosed: true}, verdict{}},
 		{"store failure", ending{started: true, err: storeErr}, verdict{stop: storeErr}},
 		{"refused key", ending{started: true, err: refused}, verdict{stop: fmt.Errorf("policy server refused the batch: %w", refused.err)}},
+		{"refused by the group's own server", ending{started: true, err: ownRefused}, verdict{status: schema.StatusError, errKind: schema.ErrorPolicy}},
 		{"cancelled", ending{started: true, err: errGroupClosed, groupClosed: true}, verdict{status: schema.StatusCancelled}},
 		{"cancelled, desktop broken", ending{started: true, err: deskFail, desktopFailed: true, groupClosed: true}, verdict{status: schema.StatusCancelled, replace: true}},
 		{"cancelled, policy failed", ending{started: true, err: policyErr, groupClosed: true}, verdict{status: schema.StatusCancelled}},

@@ -46,6 +46,10 @@ type journalEntry struct {
 	// Task is the group's task as a tasks-file entry with its whole
 	// config, so a restart needs no tasks file.
 	Task json.RawMessage `json:"task,omitempty"`
+	// Policy is the group's own model server, without its key; Keyed
+	// says it had one.
+	Policy *GroupPolicy `json:"policy,omitempty"`
+	Keyed  bool         `json:"keyed,omitempty"`
 
 	Version string `json:"version,omitempty"`
 	Paused  *bool  `json:"paused,omitempty"`

@@ -30,6 +30,8 @@ type batch struct {
 	sched   *scheduler
 	outage  *outage
 	gate    *policyGate
+	// main is the batch's model server: client, outage and pol.
+	main    *modelServer
 	started time.Time
 	// earlier is what the batch's earlier runs left in summary.json that
 	// its records do not hold: outages and stops (see earlierRuns).
@@ -59,6 +61,7 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	b.stop = stop
 	b.mu.Unlock()
 	b.outage = newOutage(b.client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)
+	b.main = &modelServer{client: b.client, outage: b.outage, pol: b.pol}
 	// Workers of an open scheduler wait for work with nothing running:
 	// only a broadcast makes them see that ctx ended.
 	defer context.AfterFunc(runCtx, b.sched.stop)()
@@ -267,7 +270,7 @@ func (b *batch) checkData(rec *Record) {
 
 // newRecord fills the identity of a record for a try of a.
 func (b *batch) newRecord(a *attempt, slot int, start time.Time) *Record {
-	pol := b.pol.Policy()
+	pol := b.server(a).pol.Policy()
 	// A service's version changes while it runs: the attempt's is the
 	// one in force when it started (each step says its own).
 	pol.Version = b.gate.state().Version

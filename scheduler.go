@@ -49,9 +49,11 @@ type scheduler struct {
 }
 
 type group struct {
-	id       string
-	task     Task
-	size     int // G: the finished attempts that close it
+	id   string
+	task Task
+	size int // G: the finished attempts that close it
+	// server is the group's own model server; nil for the batch's.
+	server   *modelServer
 	attempts []*attempt
 	finished []Record // the first G finished records, in finishing order
 	// reserved counts finished slots taken, including records still being

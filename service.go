@@ -75,17 +75,27 @@ type GroupRequest struct {
 	// Key, if set, makes the submission idempotent: the same key names the
 	// same group, so a trainer that lost the answer can submit again.
 	Key string `json:"key,omitempty"`
+	// Policy, if set, sends the group's model calls to its own server
+	// (a gateway, a server per rollout worker) with APIKey.
+	Policy *GroupPolicy `json:"policy,omitempty"`
+	// APIKey is the key of Policy's server. It is never stored or logged:
+	// a service continued after a restart cancels the unfinished groups
+	// that had one (their key is gone); submit them again.
+	APIKey string `json:"-"`
 }
 
 // GroupInfo is what a service says of a group.
 type GroupInfo struct {
-	ID       string     `json:"id"`
-	Key      string     `json:"key,omitempty"`
-	TaskID   string     `json:"task_id"`
-	Domain   string     `json:"domain"`
-	Size     int        `json:"group_size"`
-	Attempts int        `json:"n_attempts"`
-	State    GroupState `json:"state"`
+	ID     string `json:"id"`
+	Key    string `json:"key,omitempty"`
+	TaskID string `json:"task_id"`
+	Domain string `json:"domain"`
+	Size   int    `json:"group_size"`
+	// Policy is the group's own model server, when it has one (its key
+	// is never shown).
+	Policy   *GroupPolicy `json:"policy,omitempty"`
+	Attempts int          `json:"n_attempts"`
+	State    GroupState   `json:"state"`
 	// Cursor is the group's place in the stream, from 1, once it ended.
 	Cursor      int       `json:"cursor,omitempty"`
 	SubmittedAt time.Time `json:"submitted_at"`
@@ -106,6 +116,7 @@ type Service struct {
 	opts    ServeOptions
 	journal *journal
 	known   map[string]Task // Tasks by id
+	servers *groupServers   // groups' own model servers
 	cancel  context.CancelFunc
 	done    chan struct{}
 	// runErr and summary are the batch's result, set before done closes.
@@ -194,6 +205,15 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	s.b = b
 	m := manifestFor(nil, pol, opts.CollectOptions, harness)
 	m.Version, m.TaskIDs, m.TasksSHA = "", nil, ""
+	runCtx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	s.servers = &groupServers{ctx: runCtx, base: pol, b: b, byID: map[string]*modelServer{}}
+	fail0 := fail
+	fail = func(err error) (*Service, error) {
+		cancel()
+		s.servers.close()
+		return fail0(err)
+	}
 	if err := s.replay(entries, m); err != nil {
 		j.close()
 		return fail(err)
@@ -208,11 +228,11 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		j.close()
 		return fail(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	s.cancel = cancel
 	go func() {
 		defer close(s.done)
 		sum, err := b.run(runCtx)
+		cancel()
+		s.servers.close()
 		client.Close()
 		run.Close()
 		j.close()
@@ -239,6 +259,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	}
 	s.noteVersion(entries[0].Version)
 	sched := s.b.sched
+	var keyed []string
 	for i, e := range entries[1:] {
 		switch e.Op {
 		case opGroup:
@@ -246,14 +267,25 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 			if err != nil {
 				return err
 			}
-			info := GroupInfo{ID: e.ID, Key: e.Key, TaskID: tasks[0].ID, Domain: tasks[0].Domain, Size: e.Size,
+			info := GroupInfo{ID: e.ID, Key: e.Key, TaskID: tasks[0].ID, Domain: tasks[0].Domain, Size: e.Size, Policy: e.Policy,
 				Attempts: e.Attempts, State: GroupQueued, SubmittedAt: e.At}
 			s.groups[e.ID] = &serviceGroup{info: info}
 			if e.Key != "" {
 				s.keys[e.Key] = e.ID
 			}
-			sched.addLocked0(newGroup(e.ID, tasks[0], e.Size, e.Attempts))
+			g := newGroup(e.ID, tasks[0], e.Size, e.Attempts)
+			sched.addLocked0(g)
 			s.next++
+			switch {
+			case e.Keyed:
+				// Its key was never stored: it cannot run on. Cancelled
+				// below unless it ended.
+				keyed = append(keyed, e.ID)
+			case e.Policy != nil:
+				if g.server, err = s.servers.get(*e.Policy, ""); err != nil {
+					return fmt.Errorf("%s line %d: group %s's policy: %w", JournalFile, i+2, e.ID, err)
+				}
+			}
 		case opDrop:
 			if g := sched.byID[e.ID]; g != nil {
 				g.closed, g.dropped = true, true
@@ -270,6 +302,17 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 			g.info.State, g.info.Cursor, g.info.EndedAt, g.endVersion = e.State, e.Cursor, e.At, e.Version
 			s.ended = append(s.ended, e.ID)
 		}
+	}
+	for _, id := range keyed {
+		g := sched.byID[id]
+		if s.groups[id].info.Cursor != 0 || g.dropped {
+			continue
+		}
+		s.b.log.Warn("cancelled a group that had its own model key: keys are never stored, so it cannot run on after a restart; submit it again", "group", id)
+		if err := s.journal.append(journalEntry{Op: opDrop, ID: id}); err != nil {
+			return err
+		}
+		g.closed, g.dropped = true, true
 	}
 	if len(entries) > 1 && !slices.ContainsFunc(entries[1:], func(e journalEntry) bool { return e.Op == opPolicy }) {
 		// The policy was never changed: this run's --version is in force,
@@ -390,23 +433,32 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 			return s.infoLocked(g), false, nil
 		}
 	}
+	var server *modelServer
+	if req.Policy != nil {
+		if server, err = s.servers.get(*req.Policy, req.APIKey); err != nil {
+			return GroupInfo{}, false, fmt.Errorf("%w: policy: %w", ErrBadRequest, err)
+		}
+	}
 	if len(s.groups) >= maxServiceGroups {
 		return GroupInfo{}, false, fmt.Errorf("%w: this run directory holds %d groups, the most one may; serve into a new --out", ErrBadRequest, len(s.groups))
 	}
 	id := fmt.Sprintf("g%06d", s.next+1)
 	attempts := AttemptsPerTask(size, s.opts.Oversample)
 	now := time.Now().UTC()
-	if err := s.journal.append(journalEntry{Op: opGroup, At: now, ID: id, Key: req.Key, Size: size, Attempts: attempts, Task: entry}); err != nil {
+	if err := s.journal.append(journalEntry{Op: opGroup, At: now, ID: id, Key: req.Key, Size: size, Attempts: attempts, Task: entry,
+		Policy: req.Policy, Keyed: req.Policy != nil && req.APIKey != ""}); err != nil {
 		return GroupInfo{}, false, err
 	}
 	s.next++
-	g := &serviceGroup{info: GroupInfo{ID: id, Key: req.Key, TaskID: task.ID, Domain: task.Domain, Size: size,
+	g := &serviceGroup{info: GroupInfo{ID: id, Key: req.Key, TaskID: task.ID, Domain: task.Domain, Size: size, Policy: req.Policy,
 		Attempts: attempts, State: GroupQueued, SubmittedAt: now}}
 	s.groups[id] = g
 	if req.Key != "" {
 		s.keys[req.Key] = id
 	}
-	if !s.b.sched.add(newGroup(id, task, size, attempts)) {
+	ng := newGroup(id, task, size, attempts)
+	ng.server = server
+	if !s.b.sched.add(ng) {
 		return GroupInfo{}, false, fmt.Errorf("%w: it is stopping", ErrServiceStopped)
 	}
 	return s.infoLocked(g), true, nil

@@ -1,10 +1,13 @@
 package rl
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/policy/policytest"
+	"legato/rl/schema"
 )
 
 // serviceEnv is a service on fake desktops against a scripted server on
@@ -390,5 +394,112 @@ func TestServiceContiguous(t *testing.T) {
 		if ones != generated || len(a.Sequence.StepStarts) != 3 || a.Masked {
 			t.Errorf("attempt %s: mask covers %d ids of %d generated, %d step starts, masked %v", a.RolloutID, ones, generated, len(a.Sequence.StepStarts), a.Masked)
 		}
+	}
+}
+
+// TestServiceGroupPolicy: a group with its own model server and key sends
+// its calls there and records that model; a group whose server refuses its
+// key fails alone, with policy errors, and the service goes on.
+func TestServiceGroupPolicy(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	own := policytest.NewServer(policytest.Options{NoLatency: true, Script: clicksThenDone(1), APIKey: "group-secret"})
+	defer own.Close()
+	s := e.serve(t)
+	defer s.Close()
+	gp := &GroupPolicy{BaseURL: own.URL(), Model: "gateway-model"}
+	good, _, err := s.Submit(GroupRequest{Task: inlineTask(0), Policy: gp, APIKey: "group-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, _, err := s.Submit(GroupRequest{Task: inlineTask(1), Policy: gp, APIKey: "wrong"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _, err := s.Submit(GroupRequest{Task: inlineTask(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := waitEnded(t, s, good.ID); info.State != GroupClosed {
+		t.Errorf("group with its own server: %s", info.State)
+	}
+	if info := waitEnded(t, s, bad.ID); info.State != GroupShort {
+		t.Errorf("group whose server refused its key: %s, want short", info.State)
+	}
+	if info := waitEnded(t, s, plain.ID); info.State != GroupClosed {
+		t.Errorf("the service's own group after a refused one: %s", info.State)
+	}
+	byGroup := map[string][]schema.Record{}
+	for _, r := range readRecords(t, e.opts.Out) {
+		byGroup[r.GroupID] = append(byGroup[r.GroupID], r)
+	}
+	for _, r := range byGroup[good.ID] {
+		if r.Policy.Model != "gateway-model" {
+			t.Errorf("rollout %s: model %q, want gateway-model", r.RolloutID, r.Policy.Model)
+		}
+	}
+	if len(byGroup[bad.ID]) == 0 {
+		t.Error("no record of the refused group")
+	}
+	for _, r := range byGroup[bad.ID] {
+		if r.Status != StatusError || r.Error == nil || r.Error.Kind != "policy" || strings.Contains(r.Error.Message, "wrong") {
+			t.Errorf("refused rollout %s: %s %+v (the key must not show)", r.RolloutID, r.Status, r.Error)
+		}
+	}
+	for _, r := range byGroup[plain.ID] {
+		if r.Policy.Model != "scripted" || r.Status != StatusOK {
+			t.Errorf("plain rollout %s: %s model %q", r.RolloutID, r.Status, r.Policy.Model)
+		}
+	}
+	if own.Stats().Completed == 0 {
+		t.Error("the group's own server completed no call")
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: inlineTask(3), Policy: &GroupPolicy{BaseURL: "ftp://x"}}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("a policy with a bad URL: %v, want ErrBadRequest", err)
+	}
+}
+
+// TestServiceKeyNotKept: a group whose own server had a key is cancelled
+// when the service continues after a restart, since keys are never
+// stored; the key is in no file of the run directory.
+func TestServiceKeyNotKept(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	s := e.serve(t)
+	if _, err := s.SetPolicy("", true); err != nil {
+		t.Fatal(err)
+	}
+	keyed, _, err := s.Submit(GroupRequest{Task: inlineTask(0), Policy: &GroupPolicy{Model: "m2"}, APIKey: "sk-never-stored-42"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, _, err := s.Submit(GroupRequest{Task: inlineTask(1), Policy: &GroupPolicy{Model: "scripted"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := e.serve(t)
+	defer s2.Close()
+	if _, err := s2.SetPolicy("", false); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitEnded(t, s2, keyed.ID); info.State != GroupCancelled {
+		t.Errorf("keyed group after a restart: %s, want cancelled", info.State)
+	}
+	if info := waitEnded(t, s2, open.ID); info.State != GroupClosed || info.Policy == nil || info.Policy.Model != "scripted" {
+		t.Errorf("group with its own keyless policy after a restart: %+v", info)
+	}
+	err = filepath.WalkDir(e.opts.Out, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(data, []byte("sk-never-stored-42")) {
+			t.Errorf("%s holds the group's key", p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -256,6 +256,7 @@ func (t *try) steps(ctx context.Context) error {
 // the steps with more than one.
 func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Result, version string, downS float64, err error) {
 	b, tm := t.b, &t.rec.Timing
+	srv := b.server(t.a)
 	sent := 0 // HTTP requests of the earlier sends
 	wait := func(f func() (time.Duration, error)) error {
 		t.clock.pause()
@@ -277,10 +278,10 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 			return nil, "", downS, err
 		}
 		version = v
-		if err := wait(func() (time.Duration, error) { return b.outage.pause(ctx) }); err != nil {
-			return nil, "", downS, err
+		if err := wait(func() (time.Duration, error) { return srv.outage.pause(ctx) }); err != nil {
+			return nil, "", downS, srv.gaveUp(ctx, err)
 		}
-		res, err := b.client.Complete(ctx, t.a.g.id, msgs)
+		res, err := srv.client.Complete(ctx, t.a.g.id, msgs)
 		if res != nil {
 			// A failed call still took its time; total_s should show it.
 			tm.QueueS += res.Model.QueueS
@@ -294,16 +295,16 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		case ctx.Err() != nil:
 			return nil, "", downS, context.Cause(ctx)
 		case !policy.IsOutage(err):
-			return nil, "", downS, &policyFailure{err}
+			return nil, "", downS, &policyFailure{err: err, own: srv.own}
 		}
 		var down bool
 		cause := err
-		if werr := wait(func() (w time.Duration, err error) { down, w, err = b.outage.failed(ctx, cause); return w, err }); werr != nil {
-			return nil, "", downS, werr
+		if werr := wait(func() (w time.Duration, err error) { down, w, err = srv.outage.failed(ctx, cause); return w, err }); werr != nil {
+			return nil, "", downS, srv.gaveUp(ctx, werr)
 		}
 		if !down {
 			if whileUp >= maxCallsWhileUp {
-				return nil, "", downS, &policyFailure{err}
+				return nil, "", downS, &policyFailure{err: err, own: srv.own}
 			}
 			whileUp++
 		}

@@ -23,6 +23,9 @@ const (
 	maxWait      = 10 * time.Minute // bound on ?wait=
 )
 
+// policyKeyHeader carries the key of a group's own model server.
+const policyKeyHeader = "X-Legato-Policy-Key"
+
 type serveHandler struct {
 	svc   *rl.Service
 	token string
@@ -144,6 +147,13 @@ func intParam(w http.ResponseWriter, r *http.Request, name string) (int, bool) {
 func (h *serveHandler) submit(w http.ResponseWriter, r *http.Request) {
 	var req rl.GroupRequest
 	if !decode(w, r, &req) {
+		return
+	}
+	// The key of a group's own model server travels in a header, never in
+	// the body a proxy might log.
+	req.APIKey = r.Header.Get(policyKeyHeader)
+	if req.APIKey != "" && req.Policy == nil {
+		writeError(w, http.StatusBadRequest, policyKeyHeader+" without \"policy\": the key is for a group's own model server")
 		return
 	}
 	info, created, err := h.svc.Submit(req)

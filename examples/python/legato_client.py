@@ -147,9 +147,9 @@ class Client:
     # -- plumbing --------------------------------------------------------
 
     def _request(self, method: str, path: str, body: Optional[JSON] = None,
-                 timeout: Optional[float] = None) -> Any:
+                 timeout: Optional[float] = None, headers: Optional[Dict[str, str]] = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers or {})
         if data is not None:
             req.add_header("Content-Type", "application/json")
         if self.token:
@@ -165,21 +165,31 @@ class Client:
 
     # -- groups ----------------------------------------------------------
 
-    def submit(self, task: JSON, group_size: int = 0, key: str = "") -> Group:
+    def submit(self, task: JSON, group_size: int = 0, key: str = "",
+               policy: Optional[JSON] = None, policy_key: str = "") -> Group:
         """Queue a group of attempts at ``task``.
 
         ``task`` is a tasks-file entry: ``{"task_id", "domain"}`` names a task
         the service knows, ``{"task_id", "domain", "config": {...}}`` carries
         an OSWorld task config. ``group_size`` 0 is the service's default.
         With a ``key`` the call is idempotent: submitting again after a lost
-        answer returns the same group.
+        answer returns the same group. ``policy`` ({"base_url", "model",
+        "temperature", "top_p", "max_tokens"}) sends the group's model calls
+        to its own server, with ``policy_key`` as its key: sent in a header,
+        never stored by the service (a group with a key does not survive a
+        restart of the service; it ends cancelled).
         """
         body: JSON = {"task": task}
         if group_size:
             body["group_size"] = group_size
         if key:
             body["key"] = key
-        return Group.from_json(self._request("POST", "/v1/groups", body))
+        headers = {}
+        if policy is not None:
+            body["policy"] = policy
+            if policy_key:
+                headers["X-Legato-Policy-Key"] = policy_key
+        return Group.from_json(self._request("POST", "/v1/groups", body, headers=headers))
 
     def group(self, group_id: str, wait: float = 0.0, inline_images: bool = False) -> Group:
         """The group now, or once it ended if that is within ``wait`` seconds."""

@@ -1,0 +1,126 @@
+package rl
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"legato/rl/policy"
+)
+
+// GroupPolicy is a group's own model server, for trainers that hand every
+// rollout its own endpoint (a gateway that records tokens, a server per
+// worker): its fields replace the service's; the key comes apart
+// (GroupRequest.APIKey), never stored or logged.
+type GroupPolicy struct {
+	BaseURL     string   `json:"base_url,omitempty"`
+	Model       string   `json:"model,omitempty"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	MaxTokens   int      `json:"max_tokens,omitempty"`
+}
+
+// modelServer is what an attempt's model calls go through: the client, the
+// breaker that rides out its outages, and the policy its records name.
+type modelServer struct {
+	client *policy.Replicas
+	outage *outage
+	pol    PolicyConfig
+	// own is set for a group's own server: a refusal (401, 403, 404) is
+	// then that group's failure, not the batch's.
+	own bool
+}
+
+// server returns the model server of a's group.
+func (b *batch) server(a *attempt) *modelServer {
+	if a.g.server != nil {
+		return a.g.server
+	}
+	return b.main
+}
+
+// groupServers keeps a service's per-group model servers, one per distinct
+// configuration, for the service's life.
+type groupServers struct {
+	ctx  context.Context // the service's run: it ends the probers
+	base PolicyConfig
+	b    *batch
+
+	mu   sync.Mutex
+	byID map[string]*modelServer
+	wg   sync.WaitGroup
+}
+
+// get returns the server for p with key, creating it on first use.
+func (gs *groupServers) get(p GroupPolicy, key string) (*modelServer, error) {
+	cfg := gs.base
+	cfg.Replicas = nil // the override names one server
+	if p.BaseURL != "" {
+		cfg.BaseURL = p.BaseURL
+	}
+	if p.Model != "" {
+		cfg.Model = p.Model
+	}
+	if p.Temperature != nil {
+		cfg.Temperature = p.Temperature
+	}
+	if p.TopP != nil {
+		cfg.TopP = p.TopP
+	}
+	if p.MaxTokens != 0 {
+		cfg.MaxTokens = p.MaxTokens
+	}
+	cfg.APIKey = key
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	raw, _ := json.Marshal(p)
+	sum := sha256.Sum256(append(append(raw, 0), key...))
+	id := hex.EncodeToString(sum[:])
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if s := gs.byID[id]; s != nil {
+		return s, nil
+	}
+	if gs.ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: it is stopping", ErrServiceStopped)
+	}
+	client, err := policy.NewReplicas(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// Its outages cost its attempts time; past the limit they fail as
+	// policy errors (the waiting calls get the breaker's error), and the
+	// service goes on.
+	s := &modelServer{client: client, pol: cfg, own: true,
+		outage: newOutage(client.Ping, gs.b.opts.ServerDownTimeout, func(error) {}, gs.b.log)}
+	gs.wg.Go(func() { s.outage.run(gs.ctx) })
+	gs.byID[id] = s
+	return s, nil
+}
+
+// close waits for the probers (the service's ctx ended) and closes the
+// clients.
+func (gs *groupServers) close() {
+	gs.wg.Wait()
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	for _, s := range gs.byID {
+		s.client.Close()
+	}
+}
+
+// gaveUp is the error of a call whose wait for the server ended with err:
+// the attempt's ctx ended (err as it is), or the breaker gave up on the
+// server. The batch's breaker then stopped the batch; a group's own
+// server staying away is that group's policy failure, and the service
+// goes on.
+func (s *modelServer) gaveUp(ctx context.Context, err error) error {
+	if ctx.Err() != nil || !s.own {
+		return err
+	}
+	return &policyFailure{err: err, own: true}
+}
