@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 
 	"legato/rl/policy"
@@ -39,7 +40,37 @@ func (b *batch) server(a *attempt) *modelServer {
 	if a.g.server != nil {
 		return a.g.server
 	}
-	return b.main
+	return b.main.Load()
+}
+
+// mainServers returns every model server the batch had as its own.
+func (b *batch) mainServers() []*modelServer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.mains)
+}
+
+// moveMain makes cfg's servers the batch's model server: calls sent from
+// now on go there; calls in flight finish where they went.
+func (b *batch) moveMain(cfg PolicyConfig) error {
+	if b.ready != nil {
+		<-b.ready
+	}
+	client, err := policy.NewReplicas(cfg)
+	if err != nil {
+		return err
+	}
+	m := &modelServer{client: client, pol: cfg, outage: newOutage(client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.runCtx.Err() != nil {
+		client.Close()
+		return fmt.Errorf("%w: it is stopping", ErrServiceStopped)
+	}
+	b.mains = append(b.mains, m)
+	b.probes.Go(func() { m.outage.run(b.runCtx) })
+	b.main.Store(m)
+	return nil
 }
 
 // groupServers keeps a service's per-group model servers, one per distinct

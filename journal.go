@@ -53,6 +53,8 @@ type journalEntry struct {
 
 	Version string `json:"version,omitempty"`
 	Paused  *bool  `json:"paused,omitempty"`
+	// BaseURLs are the model servers a policy change moved the calls to.
+	BaseURLs []string `json:"base_urls,omitempty"`
 
 	Cursor int        `json:"cursor,omitempty"`
 	State  GroupState `json:"state,omitempty"`
@@ -157,4 +159,16 @@ func (j *journal) close() error {
 	err := j.f.Close()
 	j.f = nil
 	return err
+}
+
+// lastBaseURLs returns the model servers the journal's last policy change
+// that named any moved the service to; nil when none did.
+func lastBaseURLs(entries []journalEntry) []string {
+	var urls []string
+	for _, e := range entries {
+		if e.Op == opPolicy && len(e.BaseURLs) > 0 {
+			urls = e.BaseURLs
+		}
+	}
+	return urls
 }

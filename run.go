@@ -30,8 +30,15 @@ type batch struct {
 	sched   *scheduler
 	outage  *outage
 	gate    *policyGate
-	// main is the batch's model server: client, outage and pol.
-	main    *modelServer
+	// main is the batch's model server now (client, outage and pol); a
+	// service's trainer may move it (moveMain). mains lists every one the
+	// batch had, for the totals and to close them; ready is closed once
+	// run set up the first.
+	main    atomic.Pointer[modelServer]
+	mains   []*modelServer
+	ready   chan struct{}
+	runCtx  context.Context
+	probes  sync.WaitGroup
 	started time.Time
 	// earlier is what the batch's earlier runs left in summary.json that
 	// its records do not hold: outages and stops (see earlierRuns).
@@ -61,7 +68,14 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	b.stop = stop
 	b.mu.Unlock()
 	b.outage = newOutage(b.client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)
-	b.main = &modelServer{client: b.client, outage: b.outage, pol: b.pol}
+	first := &modelServer{client: b.client, outage: b.outage, pol: b.pol}
+	b.main.Store(first)
+	b.mu.Lock()
+	b.mains, b.runCtx = []*modelServer{first}, runCtx
+	b.mu.Unlock()
+	if b.ready != nil {
+		close(b.ready)
+	}
 	// Workers of an open scheduler wait for work with nothing running:
 	// only a broadcast makes them see that ctx ended.
 	defer context.AfterFunc(runCtx, b.sched.stop)()
@@ -95,10 +109,14 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 		})
 	}
 	_ = workers.Wait()
-	stop(nil) // ends the prober
+	stop(nil) // ends the probers
 	stopTicker()
 	ended.close()
 	helpers.Wait()
+	b.probes.Wait()
+	for _, m := range b.mainServers()[1:] {
+		m.client.Close() // the first is the caller's
+	}
 
 	b.mu.Lock()
 	fatal := b.fatal
@@ -311,7 +329,10 @@ func (b *batch) tick(ctx context.Context) {
 
 func (b *batch) progress(final bool) Progress {
 	p := b.sched.snapshot(b.started)
-	p.InFlight = b.client.InFlight()
+	p.InFlight = 0
+	for _, m := range b.mainServers() {
+		p.InFlight += m.client.InFlight()
+	}
 	p.Final = final
 	return p
 }
@@ -325,8 +346,11 @@ func (b *batch) summary(final bool) *schema.Summary {
 	s.Policy = b.pol.Policy()
 	s.Final = final
 	s.State = schema.StateRunning
-	s.ServerDownS = b.earlier.ServerDownS + b.outage.downSeconds()
-	s.Outages = b.earlier.Outages + b.outage.episodes()
+	s.ServerDownS, s.Outages = b.earlier.ServerDownS, b.earlier.Outages
+	for _, m := range b.mainServers() {
+		s.ServerDownS += m.outage.downSeconds()
+		s.Outages += m.outage.episodes()
+	}
 	s.Stops = slices.Clone(b.earlier.Stops)
 	return s
 }

@@ -170,8 +170,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	for _, t := range opts.Tasks {
 		known[t.ID] = t
 	}
-	client, err := policy.NewReplicas(pol)
-	if err != nil {
+	if err := pol.Validate(); err != nil {
 		return nil, err
 	}
 	harness := opts.Harness
@@ -180,12 +179,14 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	}
 	run, err := schema.Create(opts.Out)
 	if err != nil {
-		client.Close()
 		return nil, err
 	}
+	var client *policy.Replicas
 	fail := func(err error) (*Service, error) {
 		run.Close()
-		client.Close()
+		if client != nil {
+			client.Close()
+		}
 		return nil, err
 	}
 	if err := repairRun(run, opts.Logger); err != nil {
@@ -195,12 +196,23 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	if err != nil {
 		return fail(err)
 	}
+	if urls := lastBaseURLs(entries); len(urls) > 0 {
+		// A trainer moved the policy to other servers: they hold it.
+		if urls[0] != pol.BaseURL {
+			opts.Logger.Warn("serving from the model servers the trainer last named (POST /v1/policy), not --policy-url", "servers", len(urls))
+		}
+		pol.BaseURL, pol.Replicas = urls[0], urls[1:]
+	}
+	if client, err = policy.NewReplicas(pol); err != nil {
+		j.close()
+		return fail(err)
+	}
 	s := &Service{opts: opts, journal: j, known: known, groups: map[string]*serviceGroup{}, rank: map[string]int{},
 		keys: map[string]string{}, news: make(chan struct{}), done: make(chan struct{})}
 	sched := newScheduler(nil, pol, opts.CollectOptions)
 	sched.open = true
 	b := &batch{pol: pol, opts: opts.CollectOptions, client: client, harness: harness, store: run, log: opts.Logger,
-		sched: sched, gate: newPolicyGate(pol.Version)}
+		sched: sched, gate: newPolicyGate(pol.Version), ready: make(chan struct{})}
 	b.opts.OnGroup = s.onGroup
 	s.b = b
 	m := manifestFor(nil, pol, opts.CollectOptions, harness)
@@ -618,8 +630,10 @@ func (s *Service) WaitEnded(ctx context.Context, after int) bool {
 // SetPolicy changes the version stamped on model calls sent from now on
 // and whether they are held (paused): a trainer pauses, swaps the weights
 // on its servers, then serves the new version. An empty version keeps the
-// current one.
-func (s *Service) SetPolicy(version string, paused bool) (PolicyState, error) {
+// current one. baseURLs, if given, move the service's model calls to
+// those servers (data-parallel replicas of the same weights, as
+// --policy-url repeated): calls sent from now on go there.
+func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (PolicyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -629,12 +643,25 @@ func (s *Service) SetPolicy(version string, paused bool) (PolicyState, error) {
 	if version == "" {
 		version = cur.Version
 	}
-	if version == cur.Version && paused == cur.Paused {
+	if version == cur.Version && paused == cur.Paused && len(baseURLs) == 0 {
 		return cur, nil
 	}
+	var cfg PolicyConfig
+	if len(baseURLs) > 0 {
+		cfg = s.b.pol
+		cfg.BaseURL, cfg.Replicas = baseURLs[0], baseURLs[1:]
+		if err := cfg.Validate(); err != nil {
+			return PolicyState{}, fmt.Errorf("%w: base URLs: %w", ErrBadRequest, err)
+		}
+	}
 	// Journaled first: a restart must not serve calls the trainer paused.
-	if err := s.journal.append(journalEntry{Op: opPolicy, Version: version, Paused: &paused}); err != nil {
+	if err := s.journal.append(journalEntry{Op: opPolicy, Version: version, Paused: &paused, BaseURLs: baseURLs}); err != nil {
 		return PolicyState{}, err
+	}
+	if len(baseURLs) > 0 {
+		if err := s.b.moveMain(cfg); err != nil {
+			return PolicyState{}, err
+		}
 	}
 	st, _ := s.b.gate.set(version, paused)
 	s.noteVersion(version)

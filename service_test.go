@@ -503,3 +503,46 @@ func TestServiceKeyNotKept(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServiceMovePolicy: serving a version with base URLs moves the calls
+// sent from then on to those servers, across a restart too.
+func TestServiceMovePolicy(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	next := policytest.NewServer(policytest.Options{NoLatency: true, Script: clicksThenDone(1)})
+	defer next.Close()
+	s := e.serve(t)
+	first, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s, first.ID)
+	if _, err := s.SetPolicy("v2", false, "ftp://nowhere"); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("a bad base URL: %v, want ErrBadRequest", err)
+	}
+	if _, err := s.SetPolicy("v2", false, next.URL()); err != nil {
+		t.Fatal(err)
+	}
+	before := e.srv.Stats().Requests
+	moved, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s, moved.ID)
+	if got := e.srv.Stats().Requests; got != before || next.Stats().Completed == 0 {
+		t.Errorf("after the move the old server got %d more calls and the new one completed %d", got-before, next.Stats().Completed)
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := e.serve(t)
+	defer s2.Close()
+	n := next.Stats().Completed
+	again, _, err := s2.Submit(GroupRequest{Task: inlineTask(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s2, again.ID)
+	if e.srv.Stats().Requests != before || next.Stats().Completed == n {
+		t.Error("after a restart the calls went back to --policy-url's server")
+	}
+}

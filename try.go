@@ -256,7 +256,6 @@ func (t *try) steps(ctx context.Context) error {
 // the steps with more than one.
 func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Result, version string, downS float64, err error) {
 	b, tm := t.b, &t.rec.Timing
-	srv := b.server(t.a)
 	sent := 0 // HTTP requests of the earlier sends
 	wait := func(f func() (time.Duration, error)) error {
 		t.clock.pause()
@@ -278,6 +277,9 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 			return nil, "", downS, err
 		}
 		version = v
+		// Fetched after the gate: a trainer that paused to move the
+		// policy to other servers resumes with the calls going there.
+		srv := b.server(t.a)
 		if err := wait(func() (time.Duration, error) { return srv.outage.pause(ctx) }); err != nil {
 			return nil, "", downS, srv.gaveUp(ctx, err)
 		}

@@ -268,6 +268,9 @@ func (h *serveHandler) stream(w http.ResponseWriter, r *http.Request) {
 type policyRequest struct {
 	Version string `json:"version"`
 	State   string `json:"state"`
+	// BaseURLs move the model calls to these servers (replicas of the
+	// same weights).
+	BaseURLs []string `json:"base_urls"`
 }
 
 // policyAnswer is the policy's state on the wire.
@@ -303,7 +306,7 @@ func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "version: want one line of at most 256 bytes")
 		return
 	}
-	st, err := h.svc.SetPolicy(req.Version, req.State == "paused")
+	st, err := h.svc.SetPolicy(req.Version, req.State == "paused", req.BaseURLs...)
 	if err != nil {
 		h.serviceError(w, err)
 		return

@@ -88,7 +88,7 @@ func TestServeHTTP(t *testing.T) {
 		{"POST", "/v1/policy", "s3cret", `{"state": "serving", "version": "a\nb"}`, 400, "one line"},
 		{"GET", "/v1/blobs/zz", "s3cret", "", 400, "sha256"},
 		{"PUT", "/v1/groups", "s3cret", "", 404, "no endpoint PUT /v1/groups"},
-		{"POST", "/v1/groups", "s3cret", `{"task": ` + task + `, "group_size": 1}`, 201, `"state":"queued"`},
+		{"POST", "/v1/groups", "s3cret", `{"task": ` + task + `, "group_size": 1}`, 201, `"id":"g000001"`},
 	} {
 		status, body := do(tt.method, tt.path, tt.token, tt.body)
 		if status != tt.status || !strings.Contains(body, tt.words) {

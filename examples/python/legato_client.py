@@ -262,9 +262,14 @@ class Client:
         """Hold new model calls (attempts keep their place) while weights swap."""
         return self._request("POST", "/v1/policy", {"state": "paused"})
 
-    def serve(self, version: str = "") -> JSON:
-        """Resume model calls; with ``version``, every later step carries it."""
-        return self._request("POST", "/v1/policy", {"state": "serving", "version": version})
+    def serve(self, version: str = "", base_urls: Optional[List[str]] = None) -> JSON:
+        """Resume model calls; with ``version``, every later step carries it.
+        ``base_urls`` move the calls to other servers (replicas of the new
+        weights), e.g. when the trainer started them on new ports."""
+        body: JSON = {"state": "serving", "version": version}
+        if base_urls:
+            body["base_urls"] = base_urls
+        return self._request("POST", "/v1/policy", body)
 
     def policy(self) -> JSON:
         """The policy's state: version, state (serving or paused), held_calls."""
