@@ -17,7 +17,7 @@ import (
 // without retokenizing anything.
 type Sequence struct {
 	TokenIDs []int64   `json:"token_ids"`
-	LossMask []uint8   `json:"loss_mask"`
+	LossMask []int     `json:"loss_mask"`
 	Logprobs []float64 `json:"logprobs"`
 	// Logprobs is null when a step came without logprobs (an export with
 	// AllowMissingLogprobs).
@@ -81,7 +81,7 @@ func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence,
 		// trained on.
 		added := prompt[len(seq.TokenIDs):]
 		seq.TokenIDs = append(seq.TokenIDs, added...)
-		seq.LossMask = append(seq.LossMask, make([]uint8, len(added))...)
+		seq.LossMask = append(seq.LossMask, make([]int, len(added))...)
 		seq.Logprobs = append(seq.Logprobs, make([]float64, len(added))...)
 		seq.StepStarts = append(seq.StepStarts, len(seq.TokenIDs))
 		seq.PolicyVersions = append(seq.PolicyVersions, st.Version(rec))

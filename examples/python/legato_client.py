@@ -33,9 +33,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["Client", "LegatoError", "StreamItem", "Group", "Attempt"]
+__all__ = ["Client", "LegatoError", "StreamItem", "Group", "Attempt", "NotContiguous",
+           "untrainable_reason", "image_refs", "concatenate_steps", "EXACT_SOURCES", "IMAGE_PREFIX"]
 
 JSON = Dict[str, Any]
 
@@ -71,6 +72,11 @@ class Attempt:
     policy_version: str
     steps: List[JSON]
     stale_steps: int = 0
+    # With --history contiguous: the attempt as one sequence (token_ids,
+    # loss_mask, logprobs, prompt_length, step_starts, policy_versions), or
+    # why there is none.
+    sequence: Optional[JSON] = None
+    sequence_error: str = ""
 
     @classmethod
     def from_json(cls, d: JSON) -> "Attempt":
@@ -85,6 +91,8 @@ class Attempt:
             policy_version=d.get("policy_version", ""),
             steps=d.get("steps") or [],
             stale_steps=d.get("stale_steps", 0),
+            sequence=d.get("sequence"),
+            sequence_error=d.get("sequence_error", ""),
         )
 
 
@@ -305,3 +313,96 @@ def _message(raw: bytes) -> str:
         return str(json.loads(raw).get("error", raw.decode(errors="replace")))
     except (ValueError, AttributeError):
         return raw.decode(errors="replace")
+
+
+# -- helpers for trainers' glue (slime_glue.py, skyrl_glue.py) ---------------
+
+# The token_ids_source values whose ids are the ones the server generated.
+EXACT_SOURCES = ("return_token_ids", "tokens_as_ids", "meta_info")
+# How a step's messages refer to a screenshot; Client.blob fetches it.
+IMAGE_PREFIX = "legato-image://"
+
+
+class NotContiguous(ValueError):
+    """An attempt's prompts do not extend each other token for token, so it
+    has no single-sequence (trajectory) layout."""
+
+
+# -- reading an attempt ------------------------------------------------------
+
+
+def untrainable_reason(attempt: Attempt) -> Optional[str]:
+    """Why ``attempt`` gives no token-level training data, or None.
+
+    A masked attempt never trains; an unmasked one needs, at every step,
+    prompt token ids, exact generated ids and one logprob per id."""
+    if attempt.masked:
+        return f"masked by legato (status {attempt.status})"
+    if attempt.advantage is None:
+        return "no advantage"
+    if not attempt.steps:
+        return "no steps"
+    for s in attempt.steps:
+        n = s.get("step")
+        if not s.get("prompt_token_ids"):
+            return f"step {n}: no prompt_token_ids"
+        if s.get("token_ids_source") not in EXACT_SOURCES:
+            return f"step {n}: token ids not exact ({s.get('token_ids_source')!r})"
+        ids, lps = s.get("response_token_ids") or [], s.get("response_logprobs")
+        if lps is None or len(lps) != len(ids):
+            return f"step {n}: {len(ids)} token ids but {'no' if lps is None else len(lps)} logprobs"
+    return None
+
+
+def image_refs(messages: Sequence[Dict[str, Any]]) -> List[str]:
+    """The sha256 of every legato-image:// reference in ``messages``, in order."""
+    out = []
+    for m in messages or []:
+        content = m.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                url = (part.get("image_url") or {}).get("url", "")
+                if url.startswith(IMAGE_PREFIX):
+                    out.append(url[len(IMAGE_PREFIX):])
+    return out
+
+
+def concatenate_steps(steps: Sequence[Dict[str, Any]]) -> Tuple[List[int], List[int], List[int], List[float], List[int]]:
+    """One attempt as one sequence: (prompt_ids, response_ids, loss_mask,
+    logprobs, step_starts).
+
+    ``prompt_ids`` is the first step's prompt. ``response_ids`` holds each
+    step's generated ids (mask 1, the server's logprobs), each followed by the
+    tokens the next step's prompt adds (mask 0, logprob 0.0). ``step_starts[i]``
+    is where step i's generated ids start in ``response_ids``. Raises
+    NotContiguous when a prompt does not begin with everything before it.
+    """
+    if not steps:
+        raise NotContiguous("no steps")
+    prompt = [int(t) for t in steps[0]["prompt_token_ids"]]
+    seq = list(prompt)
+    response: List[int] = []
+    mask: List[int] = []
+    lps: List[float] = []
+    starts: List[int] = []
+    for i, s in enumerate(steps):
+        p = s["prompt_token_ids"]
+        if i > 0:
+            if len(p) < len(seq) or p[: len(seq)] != seq:
+                raise NotContiguous(
+                    f"rollout {s.get('rollout_id')} step {s.get('step')}: its prompt does not extend the previous "
+                    "prompt and response token for token (run legato with --history contiguous, or use the step layout)")
+            added = [int(t) for t in p[len(seq):]]
+            response += added
+            mask += [0] * len(added)
+            lps += [0.0] * len(added)
+            seq += added
+        gen = [int(t) for t in s["response_token_ids"] or []]
+        starts.append(len(response))
+        response += gen
+        mask += [1] * len(gen)
+        lps += [float(x) for x in s["response_logprobs"] or []]
+        seq += gen
+    return prompt, response, mask, lps, starts
