@@ -30,6 +30,9 @@ type batch struct {
 	sched   *scheduler
 	outage  *outage
 	gate    *policyGate
+	// stale, if set, says whether a graded try's steps are too old for its
+	// service's trainer, which wants such attempts run again.
+	stale func(*Record) bool
 	// main is the batch's model server now (client, outage and pol); a
 	// service's trainer may move it (moveMain). mains lists every one the
 	// batch had, for the totals and to close them; ready is closed once
@@ -176,6 +179,9 @@ func (b *batch) work(ctx context.Context, slot int) {
 			return
 		}
 		rec, e := b.runTry(ctx, d, a, slot)
+		if e.graded && b.stale != nil {
+			e.stale = b.stale(rec)
+		}
 		v := b.sched.settle(a, e)
 		if v.replace {
 			b.log.Warn("desktop failed", "slot", slot, "task", a.g.task.ID, "attempt", a.index, "status", v.status, "err", e.err)
@@ -226,6 +232,9 @@ func fillOutcome(rec *Record, v verdict, e ending) {
 			msg = pf.err.Error()
 		}
 		rec.Error = &schema.ErrorInfo{Kind: v.errKind, Message: msg}
+	}
+	if v.errKind == schema.ErrorStale {
+		rec.Error = &schema.ErrorInfo{Kind: v.errKind, Message: "graded with steps of a policy version more than --max-staleness versions behind the one then in force: it runs again"}
 	}
 	if !v.status.Graded() {
 		rec.Reward = nil

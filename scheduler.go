@@ -90,7 +90,10 @@ type attempt struct {
 	// errors counts the error records in a row that are the attempt's
 	// last word: what a resume holds against the batch's ErrorReruns.
 	errors int
-	phase  attemptPhase
+	// staleRuns counts its tries retried for stale steps; they do not
+	// count against EnvRetries.
+	staleRuns int
+	phase     attemptPhase
 	// cancel stops a stepping attempt when its group closes.
 	cancel context.CancelCauseFunc
 	// final is the offset in rollouts.jsonl of the attempt's latest final
@@ -223,6 +226,10 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 			s.resumedGraded++
 		}
 		a.tries++
+		if isStaleRetry(&r) {
+			a.staleRuns++
+			a.tryBase++
+		}
 		// The rule export reads by decides which record is the attempt's.
 		rerun, err := rule.Add(&r, line)
 		if err != nil {
@@ -354,6 +361,7 @@ func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
 	e.stopped = e.stopped || s.stopped
 	e.groupClosed = a.g.closed || a.g.reserved >= a.g.size
 	e.triesLeft = a.tries-a.tryBase+1 < s.maxTries
+	e.staleLeft = a.staleRuns < maxStaleReruns
 	v := decide(e)
 	if v.status.Finished() {
 		a.g.reserved++
@@ -375,6 +383,10 @@ func (s *scheduler) recorded(a *attempt, rec *Record, off int64, written bool) {
 	s.addLocked(rec)
 	if rec.Status != schema.StatusRetried {
 		a.final = off
+	}
+	if isStaleRetry(rec) {
+		a.staleRuns++
+		a.tryBase++ // not a desktop failure: EnvRetries count on
 	}
 	a.tries++
 	a.noteFinal(rec.Status)
@@ -615,4 +627,14 @@ func (s *scheduler) snapshot(started time.Time) Progress {
 		p.ETA = per * time.Duration(p.GroupsTotal-p.GroupsEnded)
 	}
 	return p
+}
+
+// maxStaleReruns bounds how often an attempt runs again for stale steps: a
+// trainer that switches versions faster than an attempt takes would
+// otherwise keep it running for ever; past it the attempt keeps its try
+// (and a service leaves its stale steps out of the result).
+const maxStaleReruns = 2
+
+func isStaleRetry(rec *Record) bool {
+	return rec.Status == schema.StatusRetried && rec.Error != nil && rec.Error.Kind == schema.ErrorStale
 }

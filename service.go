@@ -39,6 +39,11 @@ type ServeOptions struct {
 	// in force when the group ended (counted in AttemptResult.StaleSteps).
 	// 0 keeps every step.
 	MaxStaleness int
+	// StaleRerun, with MaxStaleness, runs an attempt again when it
+	// finishes with steps that far behind the version then in force
+	// (recorded retried, error kind stale; at most twice an attempt),
+	// instead of only leaving those steps out of the result.
+	StaleRerun bool
 	// Contiguous gives every graded attempt of a group's result its whole
 	// interaction as one token sequence with a loss mask
 	// (AttemptResult.Sequence), for trainers that take that shape. Use it
@@ -214,6 +219,9 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	b := &batch{pol: pol, opts: opts.CollectOptions, client: client, harness: harness, store: run, log: opts.Logger,
 		sched: sched, gate: newPolicyGate(pol.Version), ready: make(chan struct{})}
 	b.opts.OnGroup = s.onGroup
+	if opts.StaleRerun && opts.MaxStaleness > 0 {
+		b.stale = s.isStale
+	}
 	s.b = b
 	m := manifestFor(nil, pol, opts.CollectOptions, harness)
 	m.Version, m.TaskIDs, m.TasksSHA = "", nil, ""
@@ -343,6 +351,20 @@ func (s *Service) noteVersion(v string) {
 		s.rank[v] = len(s.versions)
 		s.versions = append(s.versions, v)
 	}
+}
+
+// isStale reports whether a graded try has a step more than MaxStaleness
+// versions behind the version in force now.
+func (s *Service) isStale(rec *Record) bool {
+	now := s.b.gate.state().Version
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range rec.Steps {
+		if n, ok := s.staleness(rec.Steps[i].Version(rec), now); ok && n > s.opts.MaxStaleness {
+			return true
+		}
+	}
+	return false
 }
 
 // staleness is how many versions came into force after v up to end; false

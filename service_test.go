@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -544,5 +545,67 @@ func TestServiceMovePolicy(t *testing.T) {
 	waitEnded(t, s2, again.ID)
 	if e.srv.Stats().Requests != before || next.Stats().Completed == n {
 		t.Error("after a restart the calls went back to --policy-url's server")
+	}
+}
+
+// TestServiceStaleRerun: with StaleRerun, an attempt that finishes with a
+// step too many versions behind runs again (a retried record of kind
+// stale, not counted against EnvRetries), and its result is the rerun's.
+func TestServiceStaleRerun(t *testing.T) {
+	var calls atomic.Int32
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e := newServiceEnv(t, policytest.Options{Script: func(req policytest.Request) string {
+		if calls.Add(1) <= 3 {
+			arrived <- struct{}{}
+			<-release
+		}
+		return clicksThenDone(2)(req)
+	}})
+	e.opts.MaxStaleness, e.opts.StaleRerun = 1, true
+	e.opts.Desktops, e.opts.Group = 1, 1
+	e.opts.EnvRetries = -1 // a stale rerun must not need one
+	s := e.serve(t)
+	defer s.Close()
+	if _, err := s.SetPolicy("", true); err != nil {
+		t.Fatal(err)
+	}
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"v1", "v2", "v3"} {
+		if _, err := s.SetPolicy(v, false); err != nil {
+			t.Fatal(err)
+		}
+		<-arrived
+		if v != "v3" {
+			if _, err := s.SetPolicy("", true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		release <- struct{}{}
+	}
+	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
+		t.Fatalf("group %s", info.State)
+	}
+	var statuses []string
+	for _, r := range readRecords(t, e.opts.Out) {
+		kind := ""
+		if r.Error != nil {
+			kind = "/" + r.Error.Kind
+		}
+		statuses = append(statuses, string(r.Status)+kind)
+	}
+	if want := []string{"retried/stale", "ok"}; fmt.Sprint(statuses) != fmt.Sprint(want) {
+		t.Errorf("records %v, want %v", statuses, want)
+	}
+	res, err := s.Result(info.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range res.Attempts[0].Steps {
+		if st.PolicyVersion != "v3" {
+			t.Errorf("the rerun's step %d: version %s, want v3", st.Step, st.PolicyVersion)
+		}
 	}
 }

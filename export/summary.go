@@ -254,7 +254,8 @@ func (b *SummaryBuilder) addHost(rec *schema.Record, durations [numPhases]float6
 	if rec.Status.Finished() {
 		h.finished++
 	}
-	if rec.Status == schema.StatusRetried || (rec.Status == schema.StatusError && rec.Error != nil && rec.Error.Kind == schema.ErrorEnv) {
+	if (rec.Status == schema.StatusRetried && (rec.Error == nil || rec.Error.Kind != schema.ErrorStale)) ||
+		(rec.Status == schema.StatusError && rec.Error != nil && rec.Error.Kind == schema.ErrorEnv) {
 		h.failures++
 	}
 	for p, d := range durations {

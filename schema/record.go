@@ -43,6 +43,9 @@ func (s Status) Graded() bool { return s.Finished() || s == StatusSurplus }
 const (
 	ErrorPolicy = "policy" // the model call failed after its retries
 	ErrorEnv    = "env"    // the desktop failed after the env retries
+	// ErrorStale marks a retried record of an attempt that finished with
+	// steps of a policy too many versions old; it ran again.
+	ErrorStale = "stale"
 )
 
 // Record is one line of rollouts.jsonl: one try of one attempt.

@@ -28,7 +28,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	certFile := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	keyFile := fs.String("tls-key", "", "TLS key file (PEM)")
 	var maxStale int
-	intVar(fs, &maxStale, "max-staleness", 0, 0, 1<<20, "leave out of a group's result the steps more than K policy versions behind the one in force when the group ended (0: keep all)")
+	var stale string
+	intVar(fs, &maxStale, "max-staleness", 0, 0, 1<<20, "steps more than K policy versions behind are stale (0: none are); see --stale")
+	choiceVar(fs, &stale, "stale", "drop", []string{"drop", "rerun"}, "with --max-staleness: drop stale steps from a group's result, or rerun an attempt that finished with stale steps (at most twice; then its stale steps are dropped)")
 	setUsage(fs, `Usage: legato rl serve --out DIR [--addr HOST:PORT] [flags]
 
 Serves rollouts to a trainer over HTTP while it trains: the trainer submits
@@ -70,7 +72,7 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 	}
 	defer ln.Close()
 
-	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale, Contiguous: f.history == "contiguous"})
+	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale, StaleRerun: stale == "rerun", Contiguous: f.history == "contiguous"})
 	if err != nil {
 		if errors.Is(err, rl.ErrInvalidOptions) {
 			return usage(err)
