@@ -50,6 +50,8 @@ type journalEntry struct {
 	// says it had one.
 	Policy *GroupPolicy `json:"policy,omitempty"`
 	Keyed  bool         `json:"keyed,omitempty"`
+	// History is the group's history mode when not per-step.
+	History string `json:"history,omitempty"`
 
 	Version string `json:"version,omitempty"`
 	Paused  *bool  `json:"paused,omitempty"`

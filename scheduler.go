@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"legato/rl/export"
+	"legato/rl/policy"
 	"legato/rl/schema"
 )
 
@@ -53,7 +54,10 @@ type group struct {
 	task Task
 	size int // G: the finished attempts that close it
 	// server is the group's own model server; nil for the batch's.
-	server   *modelServer
+	server *modelServer
+	// harness is the group's own (a service's contiguous history); nil
+	// for the batch's.
+	harness  policy.Harness
 	attempts []*attempt
 	finished []Record // the first G finished records, in finishing order
 	// reserved counts finished slots taken, including records still being

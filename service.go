@@ -44,6 +44,12 @@ type ServeOptions struct {
 	// (recorded retried, error kind stale; at most twice an attempt),
 	// instead of only leaving those steps out of the result.
 	StaleRerun bool
+	// ContiguousHarness is the harness of groups submitted with history
+	// "contiguous": the service's own, evicting no screenshot. Nil with
+	// the default harness makes one (the Qwen harness keeping
+	// MaxImageMax screenshots); nil with another harness refuses such
+	// groups.
+	ContiguousHarness policy.Harness
 	// Contiguous gives every graded attempt of a group's result its whole
 	// interaction as one token sequence with a loss mask
 	// (AttemptResult.Sequence), for trainers that take that shape. Use it
@@ -83,6 +89,10 @@ type GroupRequest struct {
 	// Policy, if set, sends the group's model calls to its own server
 	// (a gateway, a server per rollout worker) with APIKey.
 	Policy *GroupPolicy `json:"policy,omitempty"`
+	// History is "per-step" (default: the service's harness) or
+	// "contiguous": no screenshot leaves the group's prompts, and each
+	// graded attempt of its result carries its Sequence.
+	History string `json:"history,omitempty"`
 	// APIKey is the key of Policy's server. It is never stored or logged:
 	// a service continued after a restart cancels the unfinished groups
 	// that had one (their key is gone); submit them again.
@@ -96,6 +106,8 @@ type GroupInfo struct {
 	TaskID string `json:"task_id"`
 	Domain string `json:"domain"`
 	Size   int    `json:"group_size"`
+	// History is "contiguous" for a group submitted so.
+	History string `json:"history,omitempty"`
 	// Policy is the group's own model server, when it has one (its key
 	// is never shown).
 	Policy   *GroupPolicy `json:"policy,omitempty"`
@@ -219,6 +231,10 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	b := &batch{pol: pol, opts: opts.CollectOptions, client: client, harness: harness, store: run, log: opts.Logger,
 		sched: sched, gate: newPolicyGate(pol.Version), ready: make(chan struct{})}
 	b.opts.OnGroup = s.onGroup
+	if opts.ContiguousHarness == nil && opts.Harness == nil {
+		opts.ContiguousHarness = qwen.New(qwen.Config{ImageMax: MaxImageMax})
+		s.opts.ContiguousHarness = opts.ContiguousHarness
+	}
 	if opts.StaleRerun && opts.MaxStaleness > 0 {
 		b.stale = s.isStale
 	}
@@ -287,13 +303,18 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 			if err != nil {
 				return err
 			}
-			info := GroupInfo{ID: e.ID, Key: e.Key, TaskID: tasks[0].ID, Domain: tasks[0].Domain, Size: e.Size, Policy: e.Policy,
+			info := GroupInfo{ID: e.ID, Key: e.Key, TaskID: tasks[0].ID, Domain: tasks[0].Domain, Size: e.Size, Policy: e.Policy, History: e.History,
 				Attempts: e.Attempts, State: GroupQueued, SubmittedAt: e.At}
 			s.groups[e.ID] = &serviceGroup{info: info}
 			if e.Key != "" {
 				s.keys[e.Key] = e.ID
 			}
 			g := newGroup(e.ID, tasks[0], e.Size, e.Attempts)
+			if e.History == "contiguous" {
+				if g.harness = s.opts.ContiguousHarness; g.harness == nil {
+					return fmt.Errorf("%s line %d: group %s has history contiguous, which this service's harness cannot give; serve with the harness it had", JournalFile, i+2, e.ID)
+				}
+			}
 			sched.addLocked0(g)
 			s.next++
 			switch {
@@ -431,6 +452,17 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	if size < 1 || size > MaxGroup {
 		return bad("group_size %d: want 1 to %d", req.Size, MaxGroup)
 	}
+	var harness policy.Harness
+	switch req.History {
+	case "", "per-step":
+		req.History = ""
+	case "contiguous":
+		if harness = s.opts.ContiguousHarness; harness == nil {
+			return bad(`history "contiguous": this service's harness has no contiguous form; start it with --history contiguous`)
+		}
+	default:
+		return bad(`history %q: want "per-step" or "contiguous"`, req.History)
+	}
 	if req.Key != "" && !keyPattern.MatchString(req.Key) {
 		return bad("key %q: want 1 to 128 letters, digits, '.', '_', ':' or '-'", req.Key)
 	}
@@ -480,18 +512,18 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	attempts := AttemptsPerTask(size, s.opts.Oversample)
 	now := time.Now().UTC()
 	if err := s.journal.append(journalEntry{Op: opGroup, At: now, ID: id, Key: req.Key, Size: size, Attempts: attempts, Task: entry,
-		Policy: req.Policy, Keyed: req.Policy != nil && req.APIKey != ""}); err != nil {
+		Policy: req.Policy, Keyed: req.Policy != nil && req.APIKey != "", History: req.History}); err != nil {
 		return GroupInfo{}, false, err
 	}
 	s.next++
-	g := &serviceGroup{info: GroupInfo{ID: id, Key: req.Key, TaskID: task.ID, Domain: task.Domain, Size: size, Policy: req.Policy,
+	g := &serviceGroup{info: GroupInfo{ID: id, Key: req.Key, TaskID: task.ID, Domain: task.Domain, Size: size, Policy: req.Policy, History: req.History,
 		Attempts: attempts, State: GroupQueued, SubmittedAt: now}}
 	s.groups[id] = g
 	if req.Key != "" {
 		s.keys[req.Key] = id
 	}
 	ng := newGroup(id, task, size, attempts)
-	ng.server = server
+	ng.server, ng.harness = server, harness
 	if !s.b.sched.add(ng) {
 		return GroupInfo{}, false, fmt.Errorf("%w: it is stopping", ErrServiceStopped)
 	}

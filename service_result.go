@@ -110,7 +110,7 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 			if a.Advantage != nil {
 				adv = *a.Advantage
 			}
-			if s.opts.Contiguous {
+			if s.opts.Contiguous || info.History == "contiguous" {
 				seq, err := export.AttemptSequence(store, r)
 				if err != nil {
 					a.SequenceError, a.Masked = err.Error(), true

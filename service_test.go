@@ -364,22 +364,43 @@ func TestServiceNoDesktops(t *testing.T) {
 	}
 }
 
-// TestServiceContiguous: with Contiguous, graded attempts carry their
-// sequence, whose loss mask covers exactly the generated ids.
+// TestServiceContiguous: a group submitted with history contiguous, on a
+// service whose own prompts evict screenshots, keeps every screenshot, and
+// its graded attempts carry their sequence, whose loss mask covers exactly
+// the generated ids; a per-step group of the same service has none.
 func TestServiceContiguous(t *testing.T) {
 	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(2)})
-	e.opts.Contiguous = true
-	e.opts.ImageMax = MaxImageMax
+	e.opts.ImageMax = 1
 	s := e.serve(t)
 	defer s.Close()
-	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0), History: "contiguous"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	plain, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: inlineTask(2), History: "full"}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("history full: %v, want ErrBadRequest", err)
+	}
+	waitEnded(t, s, plain.ID)
+	pres, err := s.Result(plain.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range pres.Attempts {
+		if a.Sequence != nil {
+			t.Errorf("per-step attempt %s has a sequence", a.RolloutID)
+		}
 	}
 	waitEnded(t, s, info.ID)
 	res, err := s.Result(info.ID, false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.History != "contiguous" {
+		t.Errorf("group history %q", res.History)
 	}
 	for _, a := range res.Attempts {
 		if a.Sequence == nil {

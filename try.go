@@ -168,7 +168,11 @@ func (t *try) run(ctx context.Context) ending {
 // attempt or MaxSteps model calls were made.
 func (t *try) steps(ctx context.Context) error {
 	b, d, tm := t.b, t.d, &t.rec.Timing
-	ep := b.harness.NewEpisode(t.task)
+	h := b.harness
+	if t.a.g.harness != nil {
+		h = t.a.g.harness
+	}
+	ep := h.NewEpisode(t.task)
 	var obs *desktop.Observation
 	for range b.opts.MaxSteps {
 		if err := ctx.Err(); err != nil {

@@ -45,6 +45,9 @@ type collectFlags struct {
 	fake                      fakeFlags
 	verbose                   bool
 	history                   string
+	// contiguous is the harness of the same family and system prompt
+	// that evicts no screenshot, for a service's contiguous groups.
+	contiguous policy.Harness
 }
 
 type fakeFlags struct {
@@ -193,6 +196,11 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		return cleanup, nil, usageErrorf("--harness %s --system-prompt %q: %v", f.harness, f.systemPrompt, err)
 	}
 	f.opts.Harness = h
+	whole := hcfg
+	whole.ImageMax = rl.MaxImageMax
+	if f.contiguous, err = qwen.NewFamily(f.harness, whole); err != nil {
+		return cleanup, nil, usageErrorf("--harness %s: %v", f.harness, err)
+	}
 	f.pol.Temperature, f.pol.TopP = f.sampling.temperature.v, f.sampling.topP.v
 
 	// checkTasks refuses, before anything runs, tasks the backend could

@@ -72,7 +72,7 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 	}
 	defer ln.Close()
 
-	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale, StaleRerun: stale == "rerun", Contiguous: f.history == "contiguous"})
+	svc, err := rl.Serve(ctx, f.pol, rl.ServeOptions{CollectOptions: f.opts, Tasks: tasks, OSWorldDir: f.ow.cfg.Grade.OSWorldDir, MaxStaleness: maxStale, StaleRerun: stale == "rerun", Contiguous: f.history == "contiguous", ContiguousHarness: f.contiguous})
 	if err != nil {
 		if errors.Is(err, rl.ErrInvalidOptions) {
 			return usage(err)

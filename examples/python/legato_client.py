@@ -174,7 +174,7 @@ class Client:
     # -- groups ----------------------------------------------------------
 
     def submit(self, task: JSON, group_size: int = 0, key: str = "",
-               policy: Optional[JSON] = None, policy_key: str = "") -> Group:
+               policy: Optional[JSON] = None, policy_key: str = "", history: str = "") -> Group:
         """Queue a group of attempts at ``task``.
 
         ``task`` is a tasks-file entry: ``{"task_id", "domain"}`` names a task
@@ -185,13 +185,18 @@ class Client:
         "temperature", "top_p", "max_tokens"}) sends the group's model calls
         to its own server, with ``policy_key`` as its key: sent in a header,
         never stored by the service (a group with a key does not survive a
-        restart of the service; it ends cancelled).
+        restart of the service; it ends cancelled). ``history="contiguous"``
+        keeps every screenshot in the group's prompts, and each graded
+        attempt then carries its ``sequence`` (one token sequence with a loss
+        mask).
         """
         body: JSON = {"task": task}
         if group_size:
             body["group_size"] = group_size
         if key:
             body["key"] = key
+        if history:
+            body["history"] = history
         headers = {}
         if policy is not None:
             body["policy"] = policy
