@@ -116,8 +116,11 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	stopTicker()
 	ended.close()
 	helpers.Wait()
+	// moveMain adds a server and its prober under b.mu once it saw runCtx
+	// live: once this takes the lock, none is being added.
+	mains := b.mainServers()
 	b.probes.Wait()
-	for _, m := range b.mainServers()[1:] {
+	for _, m := range mains[1:] {
 		m.client.Close() // the first is the caller's
 	}
 
