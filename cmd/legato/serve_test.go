@@ -1,10 +1,22 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"io"
 	"log/slog"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -128,4 +140,98 @@ func TestCheckServeAddr(t *testing.T) {
 			t.Errorf("checkServeAddr(%q, %q, %q, token %v) = %v, want ok %v", tt.addr, tt.cert, tt.key, tt.token != "", err, tt.ok)
 		}
 	}
+}
+
+// TestServeTLS runs `legato rl serve` with TLS and a bearer token: callers
+// without the token are refused, callers with it served, over HTTPS only.
+func TestServeTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, roots := selfSigned(t, dir)
+	t.Setenv(serveTokenEnv, "tls-token")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- runServe(ctx, []string{"--out", filepath.Join(dir, "run"), "--addr", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile,
+			"--fake-speed", "none", "--desktops", "1"}, pw, io.Discard)
+		pw.Close()
+	}()
+	br := bufio.NewReader(pr)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("no first line: %v", err)
+	}
+	fields := strings.Fields(line)
+	if len(fields) < 2 || !strings.HasPrefix(fields[1], "https://") {
+		t.Fatalf("first line %q does not name an https address", line)
+	}
+	base := fields[1]
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	defer client.CloseIdleConnections()
+	get := func(token string) int {
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", base+"/v1/status", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := get(""); got != http.StatusUnauthorized {
+		t.Errorf("no token: %d, want 401", got)
+	}
+	if got := get("tls-token"); got != http.StatusOK {
+		t.Errorf("with the token: %d, want 200", got)
+	}
+	if res, err := http.Get(strings.Replace(base, "https://", "http://", 1) + "/v1/status"); err == nil {
+		if res.StatusCode == http.StatusOK {
+			t.Error("plain HTTP was served")
+		}
+		res.Body.Close()
+	}
+	cancel()
+	go io.Copy(io.Discard, br)
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("serve: %v", err)
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key under dir and
+// returns their paths and a pool that trusts it.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, roots *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "legato test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots = x509.NewCertPool()
+	roots.AddCert(cert)
+	return certFile, keyFile, roots
 }
