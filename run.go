@@ -62,7 +62,10 @@ type batch struct {
 // OnGroup consumer, and the ticker that reports progress and refreshes
 // summary.json. It returns the final summary.
 func (b *batch) run(ctx context.Context) (*Summary, error) {
-	b.started = time.Now()
+	if b.started.IsZero() {
+		// A service sets it before run: its Status reads it meanwhile.
+		b.started = time.Now()
+	}
 	// runCtx is what the workers see: the caller's ctx, also cancelled
 	// when the batch cannot go on (fail).
 	runCtx, stop := context.WithCancelCause(ctx)

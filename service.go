@@ -264,6 +264,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		j.close()
 		return fail(err)
 	}
+	b.started = time.Now()
 	go func() {
 		defer close(s.done)
 		sum, err := b.run(runCtx)
