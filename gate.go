@@ -65,13 +65,10 @@ type PolicyState struct {
 	Held int `json:"held"`
 }
 
-// set changes the version and the state; it reports whether anything
-// changed.
-func (g *policyGate) set(version string, paused bool) (PolicyState, bool) {
+// set changes the version and the state and returns the new state.
+func (g *policyGate) set(version string, paused bool) PolicyState {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	changed := version != g.version || paused != (g.resumed != nil)
-	if changed {
+	if version != g.version || paused != (g.resumed != nil) {
 		g.version = version
 		g.since = time.Now()
 	}
@@ -82,7 +79,8 @@ func (g *policyGate) set(version string, paused bool) (PolicyState, bool) {
 		close(g.resumed)
 		g.resumed = nil
 	}
-	return PolicyState{Version: g.version, Paused: g.resumed != nil, Since: g.since, Held: g.held}, changed
+	g.mu.Unlock()
+	return g.state()
 }
 
 func (g *policyGate) state() PolicyState {

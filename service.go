@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"sync"
@@ -134,6 +132,7 @@ type Service struct {
 	journal *journal
 	known   map[string]Task // Tasks by id
 	servers *groupServers   // groups' own model servers
+	store   *schema.MessageStore
 	cancel  context.CancelFunc
 	done    chan struct{}
 	// runErr and summary are the batch's result, set before done closes.
@@ -198,19 +197,34 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	if err != nil {
 		return nil, err
 	}
-	var client *policy.Replicas
+	var (
+		client  *policy.Replicas
+		j       *journal
+		entries []journalEntry
+		store   *schema.MessageStore
+	)
 	fail := func(err error) (*Service, error) {
-		run.Close()
+		if j != nil {
+			j.close()
+		}
+		if store != nil {
+			store.Close()
+		}
 		if client != nil {
 			client.Close()
 		}
+		run.Close()
 		return nil, err
 	}
 	if err := repairRun(run, opts.Logger); err != nil {
 		return fail(err)
 	}
-	j, entries, err := openJournal(opts.Out)
-	if err != nil {
+	if j, entries, err = openJournal(opts.Out); err != nil {
+		return fail(err)
+	}
+	// One reader of the store for the service's life, shared by every
+	// answer: its caches hold what consecutive groups share.
+	if store, err = schema.OpenMessageStore(opts.Out, schema.StoreOptions{}); err != nil {
 		return fail(err)
 	}
 	if urls := lastBaseURLs(entries); len(urls) > 0 {
@@ -221,10 +235,9 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		pol.BaseURL, pol.Replicas = urls[0], urls[1:]
 	}
 	if client, err = policy.NewReplicas(pol); err != nil {
-		j.close()
 		return fail(err)
 	}
-	s := &Service{opts: opts, journal: j, known: known, groups: map[string]*serviceGroup{}, rank: map[string]int{},
+	s := &Service{opts: opts, journal: j, store: store, known: known, groups: map[string]*serviceGroup{}, rank: map[string]int{},
 		keys: map[string]string{}, news: make(chan struct{}), done: make(chan struct{})}
 	sched := newScheduler(nil, pol, opts.CollectOptions)
 	sched.open = true
@@ -251,7 +264,6 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		return fail0(err)
 	}
 	if err := s.replay(entries, m); err != nil {
-		j.close()
 		return fail(err)
 	}
 	b.earlier = earlierRuns(opts.Out, opts.Logger)
@@ -261,7 +273,6 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		reruns = -1
 	}
 	if _, err := sched.resume(opts.Out, reruns); err != nil {
-		j.close()
 		return fail(err)
 	}
 	b.started = time.Now()
@@ -273,6 +284,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		client.Close()
 		run.Close()
 		j.close()
+		store.Close()
 		s.mu.Lock()
 		s.summary, s.runErr, s.stopped = sum, err, true
 		s.broadcastLocked()
@@ -437,7 +449,7 @@ func (s *Service) broadcastLocked() {
 	s.news = make(chan struct{})
 }
 
-// groupIDPattern is what a key may be: it becomes part of paths and URLs.
+// keyPattern is what an idempotency key may be: it is logged and echoed.
 var keyPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // Submit queues a group. created is false when req.Key named a group
@@ -718,7 +730,7 @@ func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (Po
 			return PolicyState{}, err
 		}
 	}
-	st, _ := s.b.gate.set(version, paused)
+	st := s.b.gate.set(version, paused)
 	s.noteVersion(version)
 	s.b.log.Info("policy", "version", st.Version, "paused", st.Paused)
 	return st, nil
@@ -801,15 +813,10 @@ func (s *Service) Blob(sha string) (data []byte, contentType string, err error) 
 	if !hexName.MatchString(sha) {
 		return nil, "", fmt.Errorf("%w: %q is not a sha256 in hex", ErrBadRequest, sha)
 	}
-	if data, err := os.ReadFile(filepath.Join(s.opts.Out, schema.ImagesDir, sha+".png")); err == nil {
+	if data, err := s.store.ImagePNG(sha); err == nil {
 		return data, "image/png", nil
 	}
-	store, err := schema.OpenMessageStore(s.opts.Out, schema.StoreOptions{})
-	if err != nil {
-		return nil, "", err
-	}
-	defer store.Close()
-	m, err := store.Message(sha)
+	m, err := s.store.Message(sha)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: no blob %s", ErrUnknownBlob, sha)
 	}

@@ -2,7 +2,6 @@ package rl
 
 import (
 	"fmt"
-	"sort"
 
 	"legato/rl/export"
 	"legato/rl/schema"
@@ -67,77 +66,67 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 	}
 	info, endVersion := s.infoLocked(g), g.endVersion
 	s.mu.Unlock()
-	offs := s.b.sched.finals(id)
 	if !info.State.Ended() {
 		return &GroupResult{GroupInfo: info, Attempts: []AttemptResult{}}, nil
 	}
-	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-	recs := make([]schema.Record, 0, len(offs))
-	for _, off := range offs {
-		rec, err := schema.ReadRecordAt(s.opts.Out, off)
-		if err != nil {
-			return nil, fmt.Errorf("group %s: %w", id, err)
-		}
-		recs = append(recs, rec)
+	// In attempt order; advantages are over the finished ones, which are
+	// never more than G.
+	recs, err := schema.ReadRecordsAt(s.opts.Out, s.b.sched.finals(id))
+	if err != nil {
+		return nil, fmt.Errorf("group %s: %w", id, err)
 	}
-	// The finished records count in the order they were written, as the
-	// scheduler counted them; there are never more than G.
 	var finished []Record
 	for _, r := range recs {
 		if r.Status.Finished() {
 			finished = append(finished, r)
 		}
 	}
-	adv := groupAdvantages(finished)
-	store, err := schema.OpenMessageStore(s.opts.Out, schema.StoreOptions{})
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
+	advs := groupAdvantages(finished)
 	res := &GroupResult{GroupInfo: info, Attempts: make([]AttemptResult, 0, len(recs))}
-	k := 0
 	for i := range recs {
 		r := &recs[i]
 		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,
 			Masked: true, Error: r.Error, PolicyVersion: r.Policy.Version, Steps: []StepResult{}}
+		adv := 0.0
 		if r.Status.Finished() {
-			a.Advantage = &adv[k]
-			a.Masked = false
-			k++
+			adv, advs = advs[0], advs[1:]
+			a.Advantage, a.Masked = &adv, false
 		}
 		if r.Reward != nil {
-			adv := 0.0
-			if a.Advantage != nil {
-				adv = *a.Advantage
-			}
 			if s.opts.Contiguous || info.History == "contiguous" {
-				seq, err := export.AttemptSequence(store, r)
+				seq, err := export.AttemptSequence(s.store, r)
 				if err != nil {
 					a.SequenceError, a.Masked = err.Error(), true
 				}
 				a.Sequence = seq
 			}
-			samples, err := export.RecordSamples(store, r, adv, inline)
+			samples, err := export.RecordSamples(s.store, r, adv, inline)
 			if err != nil {
 				return nil, err
 			}
-			for _, smp := range samples {
-				st := StepResult{Sample: smp}
-				s.mu.Lock()
-				n, known := s.staleness(smp.PolicyVersion, endVersion)
-				s.mu.Unlock()
-				if known {
-					st.Staleness = &n
-					if s.opts.MaxStaleness > 0 && n > s.opts.MaxStaleness {
-						a.StaleSteps++
-						continue
-					}
-				}
-				a.Steps = append(a.Steps, st)
-			}
+			a.Steps, a.StaleSteps = s.stepResults(samples, endVersion)
 		}
 		res.Attempts = append(res.Attempts, a)
 	}
-	sort.Slice(res.Attempts, func(i, j int) bool { return res.Attempts[i].Attempt < res.Attempts[j].Attempt })
 	return res, nil
+}
+
+// stepResults gives samples their staleness against the version end, and
+// leaves out those more than MaxStaleness behind, counting them.
+func (s *Service) stepResults(samples []export.Sample, end string) (steps []StepResult, stale int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	steps = make([]StepResult, 0, len(samples))
+	for _, smp := range samples {
+		st := StepResult{Sample: smp}
+		if n, known := s.staleness(smp.PolicyVersion, end); known {
+			if s.opts.MaxStaleness > 0 && n > s.opts.MaxStaleness {
+				stale++
+				continue
+			}
+			st.Staleness = &n
+		}
+		steps = append(steps, st)
+	}
+	return steps, stale
 }

@@ -295,21 +295,31 @@ func TestCollectAborted(t *testing.T) {
 	}
 }
 
-// TestServiceStaleness: steps say how many versions behind the group's end
-// they are, and MaxStaleness drops the older ones.
-func TestServiceStaleness(t *testing.T) {
-	// The server holds each call until the test has paused the policy
-	// again, so each call goes out under exactly one version.
-	arrived, release := make(chan struct{}), make(chan struct{})
-	e := newServiceEnv(t, policytest.Options{Script: func(req policytest.Request) string {
-		arrived <- struct{}{}
-		<-release
-		return clicksThenDone(2)(req)
-	}})
-	e.opts.MaxStaleness = 1
-	e.opts.Desktops, e.opts.Group = 1, 1
-	s := e.serve(t)
-	defer s.Close()
+// heldCalls makes a scripted server hold its first calls until the test
+// lets each through, so that each goes out under the one version the test
+// serves for it.
+type heldCalls struct {
+	n                 atomic.Int32
+	arrived, released chan struct{}
+}
+
+// script holds the first n calls, then answers with next.
+func (h *heldCalls) script(n int32, next func(policytest.Request) string) func(policytest.Request) string {
+	h.arrived, h.released = make(chan struct{}), make(chan struct{})
+	return func(req policytest.Request) string {
+		if h.n.Add(1) <= n {
+			h.arrived <- struct{}{}
+			<-h.released
+		}
+		return next(req)
+	}
+}
+
+// oneGroupOneCallPerVersion pauses s, submits a group and sends its first
+// calls out one per version, pausing again before each is answered; it
+// returns with the last version serving.
+func (h *heldCalls) oneGroupOneCallPerVersion(t *testing.T, s *Service, versions ...string) GroupInfo {
+	t.Helper()
 	if _, err := s.SetPolicy("", true); err != nil {
 		t.Fatal(err)
 	}
@@ -317,21 +327,34 @@ func TestServiceStaleness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// v1 for the first call, v2 and v3 for the next two: the group ends
-	// under v3, so its first step is two versions behind.
-	for _, v := range []string{"v1", "v2", "v3"} {
+	for _, v := range versions {
 		if _, err := s.SetPolicy(v, false); err != nil {
 			t.Fatal(err)
 		}
-		<-arrived
+		<-h.arrived
 		if _, err := s.SetPolicy("", true); err != nil {
 			t.Fatal(err)
 		}
-		release <- struct{}{}
+		h.released <- struct{}{}
 	}
 	if _, err := s.SetPolicy("", false); err != nil {
 		t.Fatal(err)
 	}
+	return info
+}
+
+// TestServiceStaleness: steps say how many versions behind the group's end
+// they are, and MaxStaleness drops the older ones.
+func TestServiceStaleness(t *testing.T) {
+	var calls heldCalls
+	e := newServiceEnv(t, policytest.Options{Script: calls.script(3, clicksThenDone(2))})
+	e.opts.MaxStaleness = 1
+	e.opts.Desktops, e.opts.Group = 1, 1
+	s := e.serve(t)
+	defer s.Close()
+	// v1 for the first call, v2 and v3 for the next two: the group ends
+	// under v3, so its first step is two versions behind.
+	info := calls.oneGroupOneCallPerVersion(t, s, "v1", "v2", "v3")
 	waitEnded(t, s, info.ID)
 	res, err := s.Result(info.ID, false)
 	if err != nil {
@@ -573,39 +596,14 @@ func TestServiceMovePolicy(t *testing.T) {
 // step too many versions behind runs again (a retried record of kind
 // stale, not counted against EnvRetries), and its result is the rerun's.
 func TestServiceStaleRerun(t *testing.T) {
-	var calls atomic.Int32
-	arrived, release := make(chan struct{}), make(chan struct{})
-	e := newServiceEnv(t, policytest.Options{Script: func(req policytest.Request) string {
-		if calls.Add(1) <= 3 {
-			arrived <- struct{}{}
-			<-release
-		}
-		return clicksThenDone(2)(req)
-	}})
+	var calls heldCalls
+	e := newServiceEnv(t, policytest.Options{Script: calls.script(3, clicksThenDone(2))})
 	e.opts.MaxStaleness, e.opts.StaleRerun = 1, true
 	e.opts.Desktops, e.opts.Group = 1, 1
 	e.opts.EnvRetries = -1 // a stale rerun must not need one
 	s := e.serve(t)
 	defer s.Close()
-	if _, err := s.SetPolicy("", true); err != nil {
-		t.Fatal(err)
-	}
-	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range []string{"v1", "v2", "v3"} {
-		if _, err := s.SetPolicy(v, false); err != nil {
-			t.Fatal(err)
-		}
-		<-arrived
-		if v != "v3" {
-			if _, err := s.SetPolicy("", true); err != nil {
-				t.Fatal(err)
-			}
-		}
-		release <- struct{}{}
-	}
+	info := calls.oneGroupOneCallPerVersion(t, s, "v1", "v2", "v3")
 	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
 		t.Fatalf("group %s", info.State)
 	}

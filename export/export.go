@@ -468,29 +468,11 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 		}
 		return 1, err
 	}
-	head := sampleHead{
-		RolloutID:     rec.RolloutID,
-		TaskID:        rec.TaskID,
-		GroupID:       rec.GroupID,
-		Attempt:       rec.Attempt,
-		Status:        rec.Status,
-		PolicyVersion: rec.Policy.Version,
-		Reward:        *rec.Reward,
-		Advantage:     adv,
-	}
 	for i := range rec.Steps {
-		step := &rec.Steps[i]
-		msgs, err := store.LoadRequest(*step, load)
+		head, msgs, tail, err := stepSample(store, rec, i, adv, load)
 		if err != nil {
-			return lines, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+			return lines, err
 		}
-		promptIDs, err := store.PromptTokenIDs(*step)
-		if err != nil {
-			return lines, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
-		}
-		head.Step = i
-		head.PolicyVersion = step.Version(rec)
-		tail := stepTail(step, promptIDs)
 		if err := sw.write(&head, msgs, &tail); err != nil {
 			return lines, err
 		}
@@ -499,10 +481,22 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 	return lines, nil
 }
 
-// stepTail is the part of a step's sample after its messages. Logprobs
-// with a defect are left out and the defect named in its warnings: only
-// an export with AllowBadLogprobs gets that far.
-func stepTail(step *schema.Step, promptIDs []int64) sampleTail {
+// stepSample loads the sample of step i of rec, with advantage adv, in the
+// three pieces a line is written in. Logprobs with a defect are left out
+// and the defect named in its warnings: only an export with
+// AllowBadLogprobs gets that far.
+func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float64, load schema.LoadOptions) (sampleHead, []schema.Message, sampleTail, error) {
+	step := &rec.Steps[i]
+	msgs, err := store.LoadRequest(*step, load)
+	if err != nil {
+		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+	}
+	promptIDs, err := store.PromptTokenIDs(*step)
+	if err != nil {
+		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+	}
+	head := sampleHead{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt,
+		Step: i, Status: rec.Status, PolicyVersion: step.Version(rec), Reward: *rec.Reward, Advantage: adv}
 	tail := sampleTail{
 		PromptTokenIDs:    promptIDs,
 		ResponseText:      step.Response.Content,
@@ -520,7 +514,7 @@ func stepTail(step *schema.Step, promptIDs []int64) sampleTail {
 			tail.Warnings = append(slices.Clone(tail.Warnings), d)
 		}
 	}
-	return tail
+	return head, msgs, tail, nil
 }
 
 // RecordSamples returns the samples export writes for rec, one per step,
@@ -534,19 +528,13 @@ func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, 
 	load := schema.LoadOptions{KeepImageRefs: !inline}
 	out := make([]Sample, 0, len(rec.Steps))
 	for i := range rec.Steps {
-		step := &rec.Steps[i]
-		msgs, err := store.LoadRequest(*step, load)
+		h, msgs, t, err := stepSample(store, rec, i, adv, load)
 		if err != nil {
-			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+			return nil, err
 		}
-		promptIDs, err := store.PromptTokenIDs(*step)
-		if err != nil {
-			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
-		}
-		t := stepTail(step, promptIDs)
 		out = append(out, Sample{
-			RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt, Step: i,
-			Status: rec.Status, PolicyVersion: step.Version(rec), Reward: *rec.Reward, Advantage: adv,
+			RolloutID: h.RolloutID, TaskID: h.TaskID, GroupID: h.GroupID, Attempt: h.Attempt, Step: h.Step,
+			Status: h.Status, PolicyVersion: h.PolicyVersion, Reward: h.Reward, Advantage: h.Advantage,
 			Messages: msgs, PromptTokenIDs: t.PromptTokenIDs, ResponseText: t.ResponseText,
 			ResponseReasoning: t.ResponseReasoning, ResponseTokenIDs: t.ResponseTokenIDs,
 			ResponseLogprobs: t.ResponseLogprobs, ResponseTokens: t.ResponseTokens,

@@ -394,16 +394,16 @@ func TestAppendAtOffsets(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	for i, off := range offs {
-		rec, err := ReadRecordAt(dir, off)
-		if err != nil {
-			t.Fatal(err)
-		}
+	recs, err := ReadRecordsAt(dir, offs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rec := range recs {
 		if want := fmt.Sprintf("r%d", i); rec.RolloutID != want {
-			t.Errorf("record at %d is %s, want %s", off, rec.RolloutID, want)
+			t.Errorf("record at %d is %s, want %s", offs[i], rec.RolloutID, want)
 		}
 	}
-	if _, err := ReadRecordAt(dir, offs[0]+1); err == nil {
+	if _, err := ReadRecordsAt(dir, []int64{offs[0] + 1}); err == nil {
 		t.Error("reading from the middle of a line found a record")
 	}
 }

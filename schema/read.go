@@ -82,22 +82,28 @@ func ReadRunRecordsAt(dir string, fn func(rec Record, line int, off int64) error
 	return readRecords(f, fn, MaxRecordBytes)
 }
 
-// ReadRecordAt reads the record whose line starts at byte off of
-// dir/rollouts.jsonl (Run.AppendAt, ReadRunRecordsAt).
-func ReadRecordAt(dir string, off int64) (Record, error) {
+// ReadRecordsAt reads the records whose lines start at the byte offsets
+// offs of dir/rollouts.jsonl (Run.AppendAt, ReadRunRecordsAt), in that
+// order, opening the file once.
+func ReadRecordsAt(dir string, offs []int64) ([]Record, error) {
 	f, err := os.Open(filepath.Join(dir, RecordsFile))
 	if err != nil {
-		return Record{}, fmt.Errorf("read record: %w", err)
+		return nil, fmt.Errorf("read records: %w", err)
 	}
 	defer f.Close()
-	line, err := bufio.NewReaderSize(io.NewSectionReader(f, off, MaxRecordBytes), 64<<10).ReadBytes('\n')
-	if err == nil {
+	recs := make([]Record, 0, len(offs))
+	for _, off := range offs {
+		line, err := bufio.NewReader(io.NewSectionReader(f, off, MaxRecordBytes)).ReadBytes('\n')
 		var rec Record
-		if rec, err = parseRecord(line); err == nil {
-			return rec, nil
+		if err == nil {
+			rec, err = parseRecord(line)
 		}
+		if err != nil {
+			return nil, fmt.Errorf("read the record at byte %d of %s: %w", off, RecordsFile, err)
+		}
+		recs = append(recs, rec)
 	}
-	return Record{}, fmt.Errorf("read the record at byte %d of %s: %w", off, RecordsFile, err)
+	return recs, nil
 }
 
 // ReadRunRecords reads dir/rollouts.jsonl with ReadRecords. It may run while

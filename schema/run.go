@@ -244,7 +244,7 @@ func (r *Run) Append(rec *Record) error {
 }
 
 // AppendAt is Append, returning the byte offset of rec's line in
-// rollouts.jsonl, for ReadRecordAt.
+// rollouts.jsonl, for ReadRecordsAt.
 func (r *Run) AppendAt(rec *Record) (int64, error) {
 	if rec == nil {
 		return 0, errors.New("append record: nil record")

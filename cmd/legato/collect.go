@@ -113,16 +113,7 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	out := stderr
 	stderr = &lockedWriter{w: stderr}
 	fs, f := newCollectFlags(stderr)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageErrorf("unexpected arguments %q; all options are flags", fs.Args())
-	}
-	if f.out == "" {
-		return usageErrorf("--out DIR is required")
-	}
-	if err := f.validate(fs); err != nil {
+	if err := f.parse(fs, args); err != nil {
 		return err
 	}
 	log := f.logger(stderr)
@@ -145,6 +136,21 @@ func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usage(err)
 	}
 	return err
+}
+
+// parse parses args into f, refusing arguments that are not flags, a
+// missing --out and values that cannot run (validate).
+func (f *collectFlags) parse(fs *flag.FlagSet, args []string) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected arguments %q; all options are flags", fs.Args())
+	}
+	if f.out == "" {
+		return usageErrorf("--out DIR is required")
+	}
+	return f.validate(fs)
 }
 
 // logger is the log of a run: warnings, or everything with -v.

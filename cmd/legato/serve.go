@@ -44,16 +44,7 @@ all. The model server's key is read from LEGATO_POLICY_KEY; the bearer token
 callers must send, when one is set, from `+serveTokenEnv+`.
 
 `)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageErrorf("unexpected arguments %q; all options are flags", fs.Args())
-	}
-	if f.out == "" {
-		return usageErrorf("--out DIR is required")
-	}
-	if err := f.validate(fs); err != nil {
+	if err := f.parse(fs, args); err != nil {
 		return err
 	}
 	token := os.Getenv(serveTokenEnv)

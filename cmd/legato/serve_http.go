@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -337,37 +338,39 @@ func (h *serveHandler) status(w http.ResponseWriter, r *http.Request) {
 func (h *serveHandler) metrics(w http.ResponseWriter, r *http.Request) {
 	st := h.svc.Status()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	gauge := func(name, help string, v float64, labels ...string) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
-		if len(labels) == 0 {
-			fmt.Fprintf(w, "%s %g\n", name, v)
-		}
+	gauge := func(name, help string, v float64) {
+		metricHead(w, name, "gauge", help)
+		fmt.Fprintf(w, "%s %g\n", name, v)
+	}
+	paused := 0.0
+	if st.Policy.Paused {
+		paused = 1
 	}
 	gauge("legato_desktops", "Desktops the service runs attempts on.", float64(st.Desktops))
 	gauge("legato_attempts_running", "Attempts on desktops now.", float64(st.Running))
 	gauge("legato_model_calls_in_flight", "Model calls in flight now.", float64(st.InFlight))
-	gauge("legato_policy_paused", "1 while the policy is paused.", b2f(st.Policy.Paused))
+	gauge("legato_policy_paused", "1 while the policy is paused.", paused)
 	gauge("legato_policy_held_calls", "Model calls waiting for the policy to serve.", float64(st.Policy.Held))
 	gauge("legato_stream_cursor", "Groups ended so far: the stream's last cursor.", float64(st.Cursor))
-	gauge("legato_groups", "Groups by state.", 0, "state")
-	for _, s := range sortedKeys(st.Groups) {
-		fmt.Fprintf(w, "legato_groups{state=%q} %d\n", s, st.Groups[rl.GroupState(s)])
-	}
-	fmt.Fprintf(w, "# HELP legato_records_total Records written, by status.\n# TYPE legato_records_total counter\n")
-	for _, s := range sortedKeys(st.Counts) {
-		fmt.Fprintf(w, "legato_records_total{status=%q} %d\n", s, st.Counts[rl.Status(s)])
-	}
-	fmt.Fprintf(w, "# HELP legato_phase_seconds_total Seconds attempts spent per phase.\n# TYPE legato_phase_seconds_total counter\n")
-	for _, p := range sortedKeys(st.PhaseSeconds) {
-		fmt.Fprintf(w, "legato_phase_seconds_total{phase=%q} %g\n", p, st.PhaseSeconds[p])
-	}
+	metricHead(w, "legato_groups", "gauge", "Groups by state.")
+	labelled(w, "legato_groups", "state", st.Groups)
+	metricHead(w, "legato_records_total", "counter", "Records written, by status.")
+	labelled(w, "legato_records_total", "status", st.Counts)
+	metricHead(w, "legato_phase_seconds_total", "counter", "Seconds attempts spent per phase.")
+	labelled(w, "legato_phase_seconds_total", "phase", st.PhaseSeconds)
 }
 
-func b2f(b bool) float64 {
-	if b {
-		return 1
+// metricHead writes a metric's HELP and TYPE lines.
+func metricHead(w io.Writer, name, typ, help string) {
+	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+}
+
+// labelled writes one sample of name per key of m, labelled label, in key
+// order.
+func labelled[K ~string, V int | float64](w io.Writer, name, label string, m map[K]V) {
+	for _, k := range sortedKeys(m) {
+		fmt.Fprintf(w, "%s{%s=%q} %v\n", name, label, k, float64(m[K(k)]))
 	}
-	return 0
 }
 
 func sortedKeys[K ~string, V any](m map[K]V) []string {

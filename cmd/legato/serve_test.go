@@ -120,6 +120,13 @@ func TestServeHTTP(t *testing.T) {
 	if status != 200 || len(lines) != 1 || !bytes.Contains(lines[0], []byte(`"cursor":1`)) {
 		t.Errorf("stream: %d %q, want one line with cursor 1", status, body)
 	}
+	_, metrics := do("GET", "/metrics", "s3cret", "")
+	for _, want := range []string{"# TYPE legato_groups gauge\n", `legato_groups{state="closed"} 1` + "\n",
+		`legato_records_total{status="ok"} 1` + "\n", "legato_stream_cursor 1\n", "legato_policy_paused 0\n"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
 }
 
 func TestCheckServeAddr(t *testing.T) {

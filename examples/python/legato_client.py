@@ -36,7 +36,7 @@ import urllib.request
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = ["Client", "LegatoError", "StreamItem", "Group", "Attempt", "NotContiguous",
-           "untrainable_reason", "image_refs", "concatenate_steps", "EXACT_SOURCES", "IMAGE_PREFIX"]
+           "untrainable_reason", "trainable", "image_refs", "concatenate_steps", "EXACT_SOURCES", "IMAGE_PREFIX"]
 
 JSON = Dict[str, Any]
 
@@ -357,6 +357,20 @@ def untrainable_reason(attempt: Attempt) -> Optional[str]:
         if lps is None or len(lps) != len(ids):
             return f"step {n}: {len(ids)} token ids but {'no' if lps is None else len(lps)} logprobs"
     return None
+
+
+def trainable(group: Group) -> Tuple[List[Attempt], Dict[str, str]]:
+    """The attempts of ``group`` that train, in attempt order, and why each
+    of the others does not (``untrainable_reason``: masked attempts first)."""
+    ok: List[Attempt] = []
+    why: Dict[str, str] = {}
+    for a in sorted(group.attempts, key=lambda a: a.attempt):
+        reason = untrainable_reason(a)
+        if reason:
+            why[a.rollout_id] = reason
+        else:
+            ok.append(a)
+    return ok, why
 
 
 def image_refs(messages: Sequence[Dict[str, Any]]) -> List[str]:

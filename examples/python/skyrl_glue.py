@@ -103,7 +103,7 @@ import json
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from legato_client import (Attempt, Client, Group, NotContiguous, concatenate_steps, image_refs,
+from legato_client import (Attempt, Client, Group, NotContiguous, concatenate_steps, image_refs, trainable,
                            untrainable_reason)
 
 try:  # SkyRL is optional; its current package, then the older skyrl-train one.
@@ -241,19 +241,9 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
         """The rows of each of ``slots`` trajectories of an ended group:
         slot k holds the k-th attempt that trains (attempt order), the rest
         hold placeholders (trajectory layout) or nothing (step layout)."""
-        ok: List[Attempt] = []
-        why: Dict[str, str] = {}
-        for a in sorted(group.attempts, key=lambda a: a.attempt):
-            if a.masked:
-                # legato's word: an infrastructure failure, a cancelled,
-                # skipped or surplus attempt. It never reaches the loss.
-                why[a.rollout_id] = f"masked by legato (status {a.status})"
-                continue
-            reason = untrainable_reason(a)
-            if reason:
-                why[a.rollout_id] = reason
-                continue
-            ok.append(a)
+        # Masked attempts (an infrastructure failure, a cancelled, skipped
+        # or surplus attempt) never reach the loss: trainable leaves them.
+        ok, why = trainable(group)
         if len(ok) > slots:
             raise ValueError(f"group {group.id}: {len(ok)} attempts count, more than its {slots} rows")
 

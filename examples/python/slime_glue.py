@@ -114,7 +114,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from legato_client import (Attempt, Client, Group, NotContiguous, concatenate_steps, image_refs,
+from legato_client import (Attempt, Client, Group, NotContiguous, concatenate_steps, image_refs, trainable,
                            untrainable_reason)
 
 try:  # slime is optional: real Sample objects when it is there.
@@ -219,23 +219,6 @@ def _attempt_meta(group: Group, a: Optional[Attempt], **extra: Any) -> Dict[str,
     return m
 
 
-def _trainable(group: Group) -> Tuple[List[Attempt], Dict[str, str]]:
-    """The attempts that train, in attempt order, and why the others do not."""
-    ok, why = [], {}
-    for a in sorted(group.attempts, key=lambda a: a.attempt):
-        if a.masked:
-            # Infrastructure failure, cancelled, skipped or surplus attempt:
-            # legato says leave it out of the loss, whatever it holds.
-            why[a.rollout_id] = f"masked by legato (status {a.status})"
-            continue
-        reason = untrainable_reason(a)
-        if reason:
-            why[a.rollout_id] = reason
-            continue
-        ok.append(a)
-    return ok, why
-
-
 def group_to_samples(group: Group, templates: Sequence[Any], layout: str = "trajectory",
                      pad_token_id: int = 0,
                      multimodal: Optional[Callable[[List[str]], Optional[Dict[str, Any]]]] = None,
@@ -252,7 +235,7 @@ def group_to_samples(group: Group, templates: Sequence[Any], layout: str = "traj
     if not group.ended:
         raise ValueError(f"group {group.id} is {group.state}, not ended")
     G = len(templates)
-    ok, why = _trainable(group)
+    ok, why = trainable(group)
     if len(ok) > G:
         raise ValueError(f"group {group.id}: {len(ok)} attempts count, more than the {G} slots")
     counter = iter(range(1 << 62))
@@ -396,14 +379,14 @@ def rollout_groups(client: Client, prompt_groups: Sequence[Sequence[Any]], layou
 
 def _metrics(groups: Sequence[Group]) -> Dict[str, Any]:
     attempts = [a for g in groups for a in g.attempts]
-    trained = [a for g in groups for a in _trainable(g)[0]]
+    trained = [a for g in groups for a in trainable(g)[0]]
     rewards = [a.reward for a in trained if a.reward is not None]
     return {
         "legato/groups": len(groups),
         "legato/attempts": len(attempts),
         "legato/masked_attempts": sum(1 for a in attempts if a.masked),
         "legato/trained_attempts": len(trained),
-        "legato/groups_without_trained_attempt": sum(1 for g in groups if not _trainable(g)[0]),
+        "legato/groups_without_trained_attempt": sum(1 for g in groups if not trainable(g)[0]),
         "legato/mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
     }
 
