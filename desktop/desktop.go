@@ -225,6 +225,16 @@ func IsFailure(ctx context.Context, err error) bool {
 	return !errors.Is(err, ErrUnsupported)
 }
 
+// Regrader is implemented by desktops that can grade the end state of the
+// attempt they just graded once more without changing it: the evaluator's
+// getters and metric run again, its postconfig does not (it ran, and it
+// may change the state). Collect's grade-twice asks after Evaluate, to catch
+// a grader that disagrees with itself: a reward the same end state does not
+// reproduce is not one to train on.
+type Regrader interface {
+	EvaluateAgain(ctx context.Context, task Task) (float64, error)
+}
+
 // Reporter is implemented by desktops that say what they did for an
 // attempt beyond the contract's calls: which reset brought the desktop to
 // the task's start and why, and how each metric was graded. The scheduler
@@ -242,6 +252,10 @@ type AttemptReport struct {
 	// Why says why that one (its choice, or the fallback's cause).
 	Reset    string
 	ResetWhy string
+	// Golden is the key of the golden state the attempt started from
+	// (loaded or built by its reset), "" when it started otherwise. A
+	// replay starts from the state of the same key, or refuses.
+	Golden string
 	// Grading lists the metrics the evaluator ran, in order, with how.
 	Grading []MetricRun
 	// Host names the machine the desktop runs on, when a backend spreads

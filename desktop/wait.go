@@ -224,6 +224,16 @@ func (d *fixedWaitDesktop) AttemptReport() AttemptReport {
 	return AttemptReport{}
 }
 
+// EvaluateAgain passes on to the desktop whose waits were replaced, which
+// must be a Regrader.
+func (d *fixedWaitDesktop) EvaluateAgain(ctx context.Context, task Task) (float64, error) {
+	r, ok := d.Desktop.(Regrader)
+	if !ok {
+		return 0, fmt.Errorf("%w: the desktop cannot grade an end state again", ErrUnsupported)
+	}
+	return r.EvaluateAgain(ctx, task)
+}
+
 // Unwrap returns the desktop whose waits were replaced, for tests and for
 // callers that need the backend's own type.
 func (d *fixedWaitDesktop) Unwrap() Desktop { return d.Desktop }
