@@ -116,6 +116,23 @@ type CollectOptions struct {
 	SummaryInterval time.Duration
 	// Logger receives the batch's log (default: discard).
 	Logger *slog.Logger
+
+	// GradeTwice is the fraction of graded attempts whose end state is
+	// graded a second time (desktop.Regrader: the evaluator's getters and
+	// metric again, without its postconfig), 0 to 1 (default 0: none).
+	// A second reward that differs is recorded (Record.SecondGrade),
+	// counted per task in the summary, and quarantines the task.
+	GradeTwice float64
+	// Quarantine is a task quarantine file shared across batches (one a
+	// batch creates when missing). The batch skips the tasks it or the
+	// run directory's quarantine.json holds (with the config they were
+	// quarantined with), and puts into both the tasks it finds unfit: a
+	// grader that disagrees with itself, a reward out of range, a reset
+	// that failed on QuarantineSetupFails desktops.
+	Quarantine string
+	// QuarantineSetupFails is how many desktops a task's reset must fail
+	// on to quarantine it (default DefaultQuarantineSetupFails).
+	QuarantineSetupFails int
 }
 
 func (o CollectOptions) withDefaults() CollectOptions {
@@ -128,6 +145,7 @@ func (o CollectOptions) withDefaults() CollectOptions {
 	def(&o.Group, DefaultGroup)
 	def(&o.MaxSteps, DefaultMaxSteps)
 	def(&o.ImageMax, DefaultImageMax)
+	def(&o.QuarantineSetupFails, DefaultQuarantineSetupFails)
 	def(&o.EnvRetries, DefaultEnvRetries)
 	o.EnvRetries = max(o.EnvRetries, 0)
 	def(&o.ErrorReruns, DefaultErrorReruns)
@@ -169,6 +187,12 @@ func (o CollectOptions) Validate() error {
 	between("Group (--group)", o.Group, 0, MaxGroup)
 	between("MaxSteps (--max-steps)", o.MaxSteps, 0, MaxMaxSteps)
 	between("ImageMax (--image-max)", o.ImageMax, 0, MaxImageMax)
+	if !(o.GradeTwice >= 0 && o.GradeTwice <= 1) {
+		bad("GradeTwice (--grade-twice) %v: want a fraction from 0 to 1", o.GradeTwice)
+	}
+	if o.QuarantineSetupFails < 0 {
+		bad("QuarantineSetupFails (--quarantine-setup-fails) %d: want ≥ 1 (0 means the default)", o.QuarantineSetupFails)
+	}
 	if o.Oversample < 0 || o.Oversample > MaxOversample || math.IsNaN(o.Oversample) {
 		bad("Oversample (--oversample) %v: want 0 to %d", o.Oversample, MaxOversample)
 	}
@@ -336,6 +360,14 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	stats, err := b.sched.resume(opts.Out, reruns)
 	if err != nil {
 		return nil, err
+	}
+	quar, held, err := openQuarantine(opts.Out, opts.Quarantine, opts.QuarantineSetupFails, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	b.quar, b.skipped = quar, b.sched.holdQuarantined(held)
+	if len(b.skipped) > 0 {
+		opts.Logger.Warn("not running tasks a quarantine holds", "tasks", strings.Join(b.skipped, " "))
 	}
 	if stats.TornLines > 0 { // repairRun moved them; only a race could leave one
 		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines, "first", stats.FirstTorn)

@@ -46,6 +46,10 @@ type batch struct {
 	// earlier is what the batch's earlier runs left in summary.json that
 	// its records do not hold: outages and stops (see earlierRuns).
 	earlier schema.Summary
+	// quar is the task quarantine (nil in a service); skipped the tasks
+	// it held at the start, which the batch does not run.
+	quar    *quarantine
+	skipped []string
 
 	// stop cancels the workers' ctx with why the batch cannot go on.
 	stop context.CancelCauseFunc
@@ -136,7 +140,7 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 		sum.State, sum.StopReason = schema.StateStopped, fatal.Error()
 	case ctx.Err() != nil:
 		sum.State, sum.StopReason = schema.StateInterrupted, fmt.Sprintf("stopped by its caller (%v); collect again to run what is left", context.Cause(ctx))
-	case sum.GroupsClosed < sum.Groups:
+	case sum.GroupsClosed+len(b.skipped) < sum.Groups:
 		sum.State = schema.StateIncomplete
 	default:
 		sum.State = schema.StateComplete
@@ -156,7 +160,7 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	case werr != nil:
 		return sum, fmt.Errorf("write summary: %w", werr)
 	case sum.State == schema.StateIncomplete:
-		return sum, &IncompleteError{Short: sum.Groups - sum.GroupsClosed, Groups: sum.Groups, Group: b.opts.Group, Rerunnable: b.sched.rerunnable()}
+		return sum, &IncompleteError{Short: sum.Groups - sum.GroupsClosed - len(b.skipped), Groups: sum.Groups, Group: b.opts.Group, Rerunnable: b.sched.rerunnable()}
 	}
 	return sum, nil
 }
@@ -211,6 +215,9 @@ func (b *batch) work(ctx context.Context, slot int) {
 			return
 		}
 		b.checkData(rec)
+		if b.quar != nil {
+			b.quar.observe(a.g.task, rec, e)
+		}
 	}
 }
 
@@ -314,6 +321,7 @@ func (b *batch) newRecord(a *attempt, slot int, start time.Time) *Record {
 		Domain:    a.g.task.Domain,
 		GroupID:   a.g.id,
 		Attempt:   a.index,
+		TaskSHA:   a.g.taskSHA,
 		Policy:    pol,
 		Desktop:   slot,
 		StartedAt: schema.Time{Time: start},
@@ -367,6 +375,13 @@ func (b *batch) summary(final bool) *schema.Summary {
 		s.Outages += m.outage.episodes()
 	}
 	s.Stops = slices.Clone(b.earlier.Stops)
+	if len(b.skipped) > 0 {
+		s.QuarantineSkipped = b.skipped
+		s.Warnings = append(s.Warnings, quarantineWarning(b.skipped))
+	}
+	if b.quar != nil {
+		s.Quarantined = b.quar.addedNow()
+	}
 	return s
 }
 

@@ -50,8 +50,9 @@ type scheduler struct {
 }
 
 type group struct {
-	id   string
-	task Task
+	id      string
+	task    Task
+	taskSHA string // TaskSHA(task), for its records
 	size int // G: the finished attempts that close it
 	// server is the group's own model server; nil for the batch's.
 	server *modelServer
@@ -67,6 +68,9 @@ type group struct {
 	begun    bool // an attempt left the queue to run
 	dropped  bool // cancelled by the caller before G attempts finished
 	ended    bool // delivered to OnGroup
+	// quarantined: a quarantine held its task at the batch's start, so
+	// its attempts without a record never ran.
+	quarantined bool
 	left     int  // attempts without a final record
 }
 
@@ -124,7 +128,7 @@ func newScheduler(tasks []Task, pol PolicyConfig, opts CollectOptions) *schedule
 // newGroup makes a group of n attempts at task t that closes when size of
 // them finished.
 func newGroup(id string, t Task, size, n int) *group {
-	g := &group{id: id, task: t, size: size, left: n, attempts: make([]*attempt, n)}
+	g := &group{id: id, task: t, taskSHA: TaskSHA(t), size: size, left: n, attempts: make([]*attempt, n)}
 	for a := range n {
 		g.attempts[a] = &attempt{g: g, index: a, final: -1}
 	}

@@ -79,6 +79,7 @@ func (b *batch) runTry(batchCtx context.Context, d desktop.Desktop, a *attempt, 
 		return rec, ending{}
 	}
 	ctx = desktop.WithAttempt(ctx, desktop.Attempt{GroupID: a.g.id, TaskID: a.g.task.ID, Index: a.index, Try: n})
+	rec.Try = n
 	t := &try{b: b, d: d, a: a, task: a.g.task, rec: rec}
 	e := t.run(ctx)
 	e.stopped = batchCtx.Err() != nil
@@ -96,10 +97,10 @@ func (b *batch) runTry(batchCtx context.Context, d desktop.Desktop, a *attempt, 
 }
 
 func envReport(r desktop.AttemptReport) *schema.EnvReport {
-	if r.Reset == "" && r.ResetWhy == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" && len(r.Ended) == 0 && len(r.Spared) == 0 {
+	if r.Reset == "" && r.ResetWhy == "" && r.Golden == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" && len(r.Ended) == 0 && len(r.Spared) == 0 {
 		return nil
 	}
-	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Host: r.Host, VM: r.VM,
+	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Golden: r.Golden, Host: r.Host, VM: r.VM,
 		Ended: processes(r.Ended), Spared: processes(r.Spared)}
 	for _, m := range r.Grading {
 		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via})
@@ -127,7 +128,9 @@ func (t *try) run(ctx context.Context) ending {
 		return e
 	}
 	if err := timed(&tm.ResetS, func() error { return desk(ctx, "reset", d.Reset(ctx, t.task)) }); err != nil {
-		return ended(err)
+		e := ended(err)
+		e.resetFailed = true
+		return e
 	}
 	if err := timed(&tm.WaitAfterResetS, func() error { return desk(ctx, "wait after reset", d.WaitAfterReset(ctx)) }); err != nil {
 		return ended(err)
@@ -161,7 +164,8 @@ func (t *try) run(ctx context.Context) ending {
 		return ended(fmt.Errorf("evaluate: %w: the desktop returned %v", errBadReward, reward))
 	}
 	t.rec.Reward = &reward
-	return ending{started: true, graded: true, truncated: truncated}
+	failed := t.secondGrade(ctx, reward)
+	return ending{started: true, graded: true, truncated: truncated, desktopFailed: failed}
 }
 
 // steps runs the observe → model → act loop until the agent ends the

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"legato/rl/schema"
@@ -64,6 +65,10 @@ type SummaryBuilder struct {
 	// unsettled counts the post-action waits that ran out before the
 	// screen settled.
 	unsettled int
+	// gradedTwice counts records with a second grade; disagreements, per
+	// task, those whose second grade gave another reward.
+	gradedTwice   int
+	disagreements map[string]int
 	sources   map[schema.TokenIDSource]int
 
 	busy    intervalSet // model calls in flight
@@ -210,6 +215,15 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 			if a.Unsettled {
 				b.unsettled++
 			}
+		}
+	}
+	if g := rec.SecondGrade; g != nil {
+		b.gradedTwice++
+		if !g.Agrees && g.Reward != nil {
+			if b.disagreements == nil {
+				b.disagreements = make(map[string]int)
+			}
+			b.disagreements[rec.TaskID]++
 		}
 	}
 	if env := rec.Env; env != nil {
@@ -381,6 +395,8 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 	}
 	s.StepsNonFiniteLogprobs, s.StepsLogprobsMismatch = b.nonFinite, b.mismatch
 	s.UnsettledWaits = b.unsettled
+	s.GradedTwice = b.gradedTwice
+	s.GraderDisagreements = maps.Clone(b.disagreements)
 	s.TokenIDSources = maps.Clone(b.sources)
 	s.TokenIDSource = mostSteps(b.sources)
 	s.Warnings = b.warnings()
@@ -424,6 +440,14 @@ func (b *SummaryBuilder) warnings() []string {
 	}
 	if b.unsettled > 0 {
 		w = append(w, fmt.Sprintf("%d post-action waits reached their bound before the screen settled: the screenshots after them may show the screen mid-change (those actions say unsettled in rollouts.jsonl)", b.unsettled))
+	}
+	if len(b.disagreements) > 0 {
+		n := 0
+		for _, c := range b.disagreements {
+			n += c
+		}
+		w = append(w, fmt.Sprintf("the grader gave another reward on a second grade of the same end state %d times, on %d tasks (%s): those rewards are not reproducible; the tasks are quarantined and export leaves them out unless --include-quarantined",
+			n, len(b.disagreements), strings.Join(slices.Sorted(maps.Keys(b.disagreements)), ", ")))
 	}
 	if b.tornLines > 0 {
 		w = append(w, fmt.Sprintf("%d unreadable lines skipped in rollouts.jsonl", b.tornLines))

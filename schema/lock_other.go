@@ -10,3 +10,6 @@ func lockFile(*os.File) error { return nil }
 
 // canLock reports whether lockFile locks.
 const canLock = false
+
+// lockFileWait is a no-op where flock is missing.
+func lockFileWait(*os.File) error { return nil }

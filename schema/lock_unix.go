@@ -21,3 +21,14 @@ func lockFile(f *os.File) error {
 
 // canLock reports whether lockFile locks.
 const canLock = true
+
+// lockFileWait takes an exclusive advisory lock on f, waiting for the
+// holder to let go.
+func lockFileWait(f *os.File) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}

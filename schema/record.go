@@ -69,13 +69,38 @@ type Record struct {
 	// Env is what the desktop said it did for the attempt (which reset,
 	// how it graded), when it says.
 	Env *EnvReport `json:"env,omitempty"`
+	// TaskSHA is the SHA-256 of the task's config the attempt ran (the
+	// task as read, see rl.TaskSHA): a replay or a re-grade checks it runs
+	// the same task. Absent in records written before it was recorded.
+	TaskSHA string `json:"task_sha256,omitempty"`
+	// Try counts the earlier tries of this attempt that a desktop failure
+	// ended (desktop.Attempt.Try), so that a replay runs as the same try.
+	Try int `json:"try,omitempty"`
+	// SecondGrade is the evaluator's second grade of the same end state
+	// (collect --grade-twice), when one ran.
+	SecondGrade *SecondGrade `json:"second_grade,omitempty"`
+}
+
+// SecondGrade is a second grade of an attempt's end state.
+type SecondGrade struct {
+	// Reward is the second grade's reward, null when it failed (Error
+	// says why).
+	Reward *float64 `json:"reward"`
+	Error  string   `json:"error,omitempty"`
+	// Agrees is set when Reward equals the record's reward: a grader that
+	// disagrees with itself on one end state gives rewards no one can
+	// trust.
+	Agrees bool `json:"agrees"`
 }
 
 // EnvReport is what a desktop said about an attempt (desktop.Reporter).
 type EnvReport struct {
-	Reset    string      `json:"reset,omitempty"`
-	ResetWhy string      `json:"reset_why,omitempty"`
-	Grading  []MetricRun `json:"grading,omitempty"`
+	Reset    string `json:"reset,omitempty"`
+	ResetWhy string `json:"reset_why,omitempty"`
+	// Golden is the key of the golden state the attempt started from,
+	// when its reset loaded or built one.
+	Golden  string      `json:"golden,omitempty"`
+	Grading []MetricRun `json:"grading,omitempty"`
 	// Host names the machine the desktop ran on when the backend spreads
 	// desktops over several, and VM the desktop there.
 	Host string `json:"host,omitempty"`

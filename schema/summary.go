@@ -109,6 +109,17 @@ type Summary struct {
 	// backends that spread desktops over several (the records' env.host).
 	Hosts map[string]HostSummary `json:"hosts,omitempty"`
 
+	// GradedTwice counts the records whose end state was graded a second
+	// time (collect --grade-twice); GraderDisagreements counts, per task,
+	// those whose second grade gave another reward.
+	GradedTwice         int            `json:"graded_twice,omitempty"`
+	GraderDisagreements map[string]int `json:"grader_disagreements,omitempty"`
+	// QuarantineSkipped names the tasks this batch did not run because a
+	// quarantine held them at its start; Quarantined the tasks it put in
+	// quarantine, with why.
+	QuarantineSkipped []string          `json:"quarantine_skipped,omitempty"`
+	Quarantined       map[string]string `json:"quarantined,omitempty"`
+
 	// UnsettledWaits counts the post-action waits that reached their bound
 	// before the screen settled (ActionRecord.Unsettled).
 	UnsettledWaits int `json:"unsettled_waits"`

@@ -180,9 +180,14 @@ func (ls Latencies) validate() error {
 //
 // So Reward{} always gives 0, Reward{P: 1} always 1, Reward{P: 0.3} gives 1 on
 // about 30% of attempts, and Reward{P: 1, Value: 0.5} always 0.5.
+//
+// Flaky makes the grader disagree with itself: EvaluateAgain draws anew
+// (from the same seed and attempt, so still reproducibly) where it would
+// otherwise repeat Evaluate's reward.
 type Reward struct {
 	P     float64
 	Value float64
+	Flaky bool
 }
 
 func (r Reward) validate() error {

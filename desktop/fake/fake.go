@@ -84,6 +84,7 @@ var (
 	_ desktop.Desktop     = (*Desktop)(nil)
 	_ desktop.ReadyWaiter = readyWaiter{}
 	_ desktop.Stepper     = stepper{}
+	_ desktop.Regrader    = (*Desktop)(nil)
 )
 
 // Desktop is a fake desktop. Its methods keep the desktop.Desktop contract:
@@ -419,11 +420,33 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", c)); err != nil {
 		return 0, d.fail(PhaseEvaluate, err)
 	}
-	return d.grade(cur, c), nil
+	return d.grade(cur, c, false), nil
 }
 
-// grade scores the attempt a, graded by the call c.
-func (d *Desktop) grade(a attempt, c drawKey) float64 {
+// EvaluateAgain grades the attempt once more (desktop.Regrader) and takes
+// Latency.Evaluate: the same reward as Evaluate, except for tasks whose
+// Reward is Flaky, which draw again. task must be the task of the last
+// Reset.
+func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64, error) {
+	c, err := d.enter(ctx, PhaseEvaluate, task.ID, true)
+	if err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	cur := d.cur
+	d.mu.Unlock()
+	if cur.task != task.ID {
+		return 0, d.fail(PhaseEvaluate, fmt.Errorf("task %q, but the desktop was reset to task %q", task.ID, cur.task))
+	}
+	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", c)); err != nil {
+		return 0, d.fail(PhaseEvaluate, err)
+	}
+	return d.grade(cur, c, true), nil
+}
+
+// grade scores the attempt a, graded by the call c; again says it is a
+// second grade of the same end state.
+func (d *Desktop) grade(a attempt, c drawKey, again bool) float64 {
 	lastFail := a.acted && a.last.Kind == desktop.Fail
 	if a.infeasible {
 		if lastFail {
@@ -438,7 +461,7 @@ func (d *Desktop) grade(a attempt, c drawKey) float64 {
 	if !ok {
 		r = d.cfg.DefaultReward
 	}
-	if r.P == 0 || d.rewardDraw(a, c).Float64() >= r.P {
+	if r.P == 0 || d.rewardDraw(a, c, again && r.Flaky).Float64() >= r.P {
 		return 0
 	}
 	if r.Value == 0 {
@@ -449,12 +472,17 @@ func (d *Desktop) grade(a attempt, c drawKey) float64 {
 
 // rewardDraw returns the generator of the reward of a, graded by the call
 // c: one draw per attempt when c belongs to one, else one per Reset of the
-// desktop to the task.
-func (d *Desktop) rewardDraw(a attempt, c drawKey) *rand.Rand {
-	if c.attempt != "" {
-		return drawKey{seed: c.seed, attempt: c.attempt}.draw("reward", "")
+// desktop to the task; redraw gives a second, independent one (a flaky
+// grader's second grade).
+func (d *Desktop) rewardDraw(a attempt, c drawKey, redraw bool) *rand.Rand {
+	what := "reward"
+	if redraw {
+		what = "reward again"
 	}
-	return draw(d.seed, "reward", a.task, a.n)
+	if c.attempt != "" {
+		return drawKey{seed: c.seed, attempt: c.attempt}.draw(what, "")
+	}
+	return draw(d.seed, what, a.task, a.n)
 }
 
 // isInfeasible reports whether an OSWorld evaluator is the "infeasible"

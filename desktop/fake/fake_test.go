@@ -299,3 +299,40 @@ func ExampleNew() {
 	// 640 400 DONE 0
 	// 640 400 FAIL 1
 }
+
+// A second grade of the same end state repeats the first, unless the task's
+// grader is flaky: then, over many attempts, about half of the second
+// grades of a P=0.5 reward disagree (two independent draws).
+func TestEvaluateAgain(t *testing.T) {
+	task := feasibleTask(t)
+	for _, flaky := range []bool{false, true} {
+		d := fake.New(fake.Config{Width: 64, Height: 64, Seed: 7, Rewards: map[string]fake.Reward{task.ID: {P: 0.5, Flaky: flaky}}})
+		disagree := 0
+		const n = 400
+		for i := range n {
+			ctx := desktop.WithAttempt(t.Context(), desktop.Attempt{GroupID: "g", TaskID: task.ID, Index: i})
+			if err := d.Reset(ctx, task); err != nil {
+				t.Fatal(err)
+			}
+			first, err := d.Evaluate(ctx, task)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := d.EvaluateAgain(ctx, task)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first != again {
+				disagree++
+			}
+		}
+		d.Close()
+		switch {
+		case !flaky && disagree != 0:
+			t.Errorf("a steady grader disagreed with itself on %d of %d end states", disagree, n)
+		case flaky && (disagree < n/4 || disagree > 3*n/4):
+			// Binomial(400, 0.5): 200 ± 10.
+			t.Errorf("a flaky grader disagreed with itself on %d of %d end states, want about half", disagree, n)
+		}
+	}
+}

@@ -1,0 +1,182 @@
+package rl
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+
+	"github.com/google/go-cmp/cmp"
+
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+// TestGradeTwiceQuarantines grades every end state twice: the task whose
+// grader disagrees with itself is counted, put into the run's and the
+// shared quarantine with its evidence, and the next batch sharing the file
+// skips it, naming it; the steady tasks' second grades agree. The same task
+// with a fixed config is not held.
+func TestGradeTwiceQuarantines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(3)
+		flaky := tasks[1].ID
+		desk := fake.Config{Seed: 3, DefaultReward: fake.Reward{P: 0.5},
+			Rewards: map[string]fake.Reward{flaky: {P: 0.5, Flaky: true}}}
+		shared := filepath.Join(t.TempDir(), "shared", "quarantine.json")
+
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		e.opts.Group, e.opts.GradeTwice, e.opts.Quarantine = 8, 1, shared
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := readRecords(t, e.opts.Out)
+		disagree := map[string]int{}
+		for _, r := range recs {
+			g := r.SecondGrade
+			if g == nil || g.Reward == nil {
+				t.Fatalf("%s: second grade %+v, want a reward (every attempt is graded twice)", r.RolloutID, g)
+			}
+			if g.Agrees != (*g.Reward == *r.Reward) {
+				t.Errorf("%s: rewards %v and %v, agrees %v", r.RolloutID, *r.Reward, *g.Reward, g.Agrees)
+			}
+			if !g.Agrees {
+				disagree[r.TaskID]++
+			}
+			if want := TaskSHA(taskByID(tasks, r.TaskID)); r.TaskSHA != want {
+				t.Errorf("%s: task_sha256 %q, want %q", r.RolloutID, r.TaskSHA, want)
+			}
+		}
+		if disagree[flaky] == 0 || len(disagree) != 1 {
+			t.Fatalf("disagreements by task %v: want some on %s only", disagree, flaky)
+		}
+		if diff := cmp.Diff(disagree, sum.GraderDisagreements); diff != "" {
+			t.Errorf("summary's grader disagreements (-records +summary):\n%s", diff)
+		}
+		if sum.GradedTwice != len(recs) {
+			t.Errorf("summary: %d graded twice, want %d", sum.GradedTwice, len(recs))
+		}
+		if diff := cmp.Diff(map[string]string{flaky: schema.QuarantineGraderDisagrees}, sum.Quarantined); diff != "" {
+			t.Errorf("summary's quarantined (-want +got):\n%s", diff)
+		}
+		for _, path := range []string{filepath.Join(e.opts.Out, schema.TaskQuarantineFile), shared} {
+			q, err := schema.ReadQuarantine(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := q.Holds(flaky, TaskSHA(tasks[1]))
+			if !ok || len(q.Tasks) != 1 || got.Reason != schema.QuarantineGraderDisagrees || got.Evidence == "" || len(got.Rollouts) != 1 {
+				t.Errorf("%s holds %+v, want %s for %s with evidence and its rollout", path, q.Tasks, schema.QuarantineGraderDisagrees, flaky)
+			}
+		}
+
+		// The next batch, sharing the file, skips the flaky task.
+		next := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		next.opts.Quarantine = shared
+		sum2, err := next.collect(t.Context())
+		if err != nil {
+			t.Fatalf("a batch that skips a quarantined task: %v, want it complete", err)
+		}
+		for _, r := range readRecords(t, next.opts.Out) {
+			if r.TaskID == flaky {
+				t.Errorf("the quarantined task ran: %s", r.RolloutID)
+			}
+		}
+		if !slices.Equal(sum2.QuarantineSkipped, []string{flaky}) || sum2.State != StateComplete || len(sum2.Warnings) == 0 {
+			t.Errorf("next batch: skipped %v, state %s, warnings %q; want %s skipped, complete, with a warning", sum2.QuarantineSkipped, sum2.State, sum2.Warnings, flaky)
+		}
+		groups := next.seenGroups()
+		for _, g := range groups {
+			if g.TaskID == flaky && g.Closed {
+				t.Errorf("the quarantined task's group closed")
+			}
+		}
+		if len(groups) != 3 {
+			t.Errorf("OnGroup saw %d groups, want 3 (the skipped one ends short)", len(groups))
+		}
+
+		// A fixed task (another config) is not held.
+		fixed := slices.Clone(tasks)
+		fixed[1].Instruction += " (fixed)"
+		third := newBatchEnv(t, fixed, policytest.Options{Script: clicksThenDone(1)}, fake.Config{DefaultReward: fake.Reward{P: 1}})
+		third.opts.Quarantine = shared
+		sum3, err := third.collect(t.Context())
+		if err != nil || len(sum3.QuarantineSkipped) != 0 {
+			t.Errorf("a fixed task: skipped %v, err %v; want it run", sum3.QuarantineSkipped, err)
+		}
+	})
+}
+
+// TestQuarantineSetupFails quarantines a task whose reset fails on
+// QuarantineSetupFails desktops; the other task's attempts are untouched.
+func TestQuarantineSetupFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(2)
+		bad := tasks[0].ID
+		desk := fake.Config{DefaultReward: fake.Reward{P: 1},
+			Faults: []fake.Fault{{Phase: fake.PhaseReset, Kind: fake.FaultError, Prob: 1, Task: bad}}}
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		e.opts.QuarantineSetupFails = 3
+		sum, err := e.collect(t.Context())
+		var inc *IncompleteError
+		if !errors.As(err, &inc) || inc.Short != 1 {
+			t.Fatalf("Collect: %v, want the bad task's group short", err)
+		}
+		if sum.Quarantined[bad] != schema.QuarantineSetupFails || len(sum.Quarantined) != 1 {
+			t.Errorf("quarantined %v, want %s: %s", sum.Quarantined, bad, schema.QuarantineSetupFails)
+		}
+		q, err := schema.ReadQuarantine(filepath.Join(e.opts.Out, schema.TaskQuarantineFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := q.Tasks[bad]; len(got.Rollouts) != 3 {
+			t.Errorf("evidence names %d rollouts %v, want the 3 whose reset failed", len(got.Rollouts), got.Rollouts)
+		}
+		// Collecting into the directory again holds the task: its error
+		// records are not rerun.
+		e2 := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		e2.opts.Out = e.opts.Out
+		sum2, err := e2.collect(t.Context())
+		if err != nil || !slices.Equal(sum2.QuarantineSkipped, []string{bad}) {
+			t.Errorf("resume: skipped %v, err %v; want %s skipped and the batch complete", sum2.QuarantineSkipped, err, bad)
+		}
+	})
+}
+
+// A quarantine file that is not one is refused, naming it.
+func TestQuarantineFileBad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "q.json")
+		if err := os.WriteFile(path, []byte(`{"schema":"legato.quarantine/v0","tasks":{"t0":{"reason":"x"}}}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(1)}, fake.Config{})
+		e.opts.Quarantine = path
+		if _, err := e.collect(t.Context()); err == nil || !containsAll(err.Error(), path, "t0", "task_sha256") {
+			t.Errorf("Collect with a bad quarantine file: %v, want an error naming the file, the task and the missing field", err)
+		}
+	})
+}
+
+func containsAll(s string, parts ...string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
+}
+
+func taskByID(tasks []Task, id string) Task {
+	for _, t := range tasks {
+		if t.ID == id {
+			return t
+		}
+	}
+	return Task{}
+}

@@ -1,0 +1,226 @@
+package rl
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"legato/rl/desktop"
+	"legato/rl/schema"
+)
+
+// DefaultQuarantineSetupFails is how many desktops a task's reset must fail
+// on before the task is quarantined.
+const DefaultQuarantineSetupFails = 3
+
+// TaskSHA is the SHA-256 of a task's config as it was read (its raw JSON;
+// the task's fields as JSON when it was built in code): the identity of a
+// task a record, a quarantine and a replay agree on.
+func TaskSHA(t Task) string {
+	raw := t.Raw
+	if len(raw) == 0 {
+		raw, _ = json.Marshal(t)
+	}
+	h := sha256.Sum256(raw)
+	return hex.EncodeToString(h[:])
+}
+
+// quarantine is a batch's view of the task quarantine: the tasks it holds
+// at the batch's start (skipped), and what the batch sees that puts a task
+// in. Every entry goes into the run directory's quarantine.json, and into
+// the shared file when the batch was given one.
+type quarantine struct {
+	runFile, shared string
+	run             string
+	setupFails      int
+	log             *slog.Logger
+
+	mu sync.Mutex
+	// resetFailures counts, per task, the tries whose reset failed the
+	// desktop: each failed desktop is replaced, so they are as many
+	// desktops.
+	resetFailures map[string][]string
+	added         map[string]string // task id → reason, by this batch
+}
+
+// openQuarantine reads the quarantines of a batch into dir: dir's own and,
+// if shared is not "", the shared file.
+func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quarantine, *schema.Quarantine, error) {
+	q := &quarantine{runFile: filepath.Join(dir, schema.TaskQuarantineFile), shared: shared, run: dir,
+		setupFails: setupFails, log: log, resetFailures: map[string][]string{}, added: map[string]string{}}
+	held, err := schema.ReadQuarantine(q.runFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	if shared != "" {
+		s, err := schema.ReadQuarantine(shared)
+		if err != nil {
+			return nil, nil, err
+		}
+		for id, e := range s.Tasks {
+			held.Tasks[id] = e
+		}
+	}
+	return q, held, nil
+}
+
+// put quarantines task for reason, unless this batch did already.
+func (q *quarantine) put(t Task, reason, evidence string, rollouts ...string) {
+	q.mu.Lock()
+	if _, ok := q.added[t.ID]; ok {
+		q.mu.Unlock()
+		return
+	}
+	q.added[t.ID] = reason
+	q.mu.Unlock()
+	e := schema.QuarantinedTask{TaskSHA: TaskSHA(t), Reason: reason, Evidence: evidence, Run: q.run,
+		Rollouts: rollouts, Since: schema.Time{Time: time.Now()}}
+	add := map[string]schema.QuarantinedTask{t.ID: e}
+	var errs []error
+	for _, path := range []string{q.runFile, q.shared} {
+		if path == "" {
+			continue
+		}
+		if _, err := schema.AddQuarantined(path, add); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// The summary still names the task; losing the file entry must
+		// not lose the batch.
+		q.log.Error("could not write the task quarantine", "task", t.ID, "err", err)
+	}
+	q.log.Warn("task quarantined: later batches skip it and export leaves its samples out", "task", t.ID, "reason", reason, "evidence", evidence)
+}
+
+// observe looks at a try's record for what quarantines its task: a grader
+// that disagreed with itself, a reward out of range, a reset that failed
+// the task's K-th desktop.
+func (q *quarantine) observe(t Task, rec *Record, e ending) {
+	if g := rec.SecondGrade; g != nil && g.Reward != nil && !g.Agrees && rec.Reward != nil {
+		q.put(t, schema.QuarantineGraderDisagrees,
+			fmt.Sprintf("graded twice on the same end state: reward %v, then %v", *rec.Reward, *g.Reward), rec.RolloutID)
+	}
+	if errors.Is(e.err, errBadReward) {
+		q.put(t, schema.QuarantineRewardOutOfRange, e.err.Error(), rec.RolloutID)
+	}
+	if e.resetFailed && e.desktopFailed {
+		q.mu.Lock()
+		q.resetFailures[t.ID] = append(q.resetFailures[t.ID], rec.RolloutID)
+		ids := q.resetFailures[t.ID]
+		q.mu.Unlock()
+		if len(ids) == q.setupFails {
+			q.put(t, schema.QuarantineSetupFails,
+				fmt.Sprintf("its reset failed on %d desktops; the last: %v", len(ids), e.err), ids...)
+		}
+	}
+}
+
+// addedNow returns the tasks this batch quarantined, with why.
+func (q *quarantine) addedNow() map[string]string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.added) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(q.added))
+	for id, r := range q.added {
+		out[id] = r
+	}
+	return out
+}
+
+// holdQuarantined ends, before the batch runs, the groups whose task the
+// quarantine holds and that are not closed: their attempts without a
+// record never run. It returns their task ids, in order.
+func (s *scheduler) holdQuarantined(held *schema.Quarantine) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	skip := map[*group]bool{}
+	var ids []string
+	for _, g := range s.groups {
+		if _, ok := held.Holds(g.task.ID, TaskSHA(g.task)); ok && !g.closed {
+			skip[g] = true
+			ids = append(ids, g.task.ID)
+		}
+	}
+	if len(skip) == 0 {
+		return nil
+	}
+	kept := s.queue[:0]
+	for _, a := range s.queue {
+		if !skip[a.g] {
+			kept = append(kept, a)
+		}
+	}
+	s.queue = kept
+	for g := range skip {
+		// The group ends short, as one whose attempts failed for good.
+		g.left, g.quarantined = 0, true
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// secondGrade grades the end state just graded once more, when the batch
+// grades twice and this try is among those it picks, and records what the
+// second grade said. A desktop that failed on it is reported for
+// replacement; the first grade stands.
+func (t *try) secondGrade(ctx context.Context, reward float64) (desktopFailed bool) {
+	if !pickedForSecondGrade(t.rec.RolloutID, t.b.opts.GradeTwice) {
+		return false
+	}
+	g := &schema.SecondGrade{}
+	t.rec.SecondGrade = g
+	r, ok := t.d.(desktop.Regrader)
+	if !ok {
+		g.Error = "the desktop cannot grade an end state again (it is not a desktop.Regrader)"
+		return false
+	}
+	var again float64
+	err := timed(&t.rec.Timing.EvalS, func() (err error) {
+		again, err = r.EvaluateAgain(ctx, t.task)
+		return err
+	})
+	switch {
+	case err != nil:
+		g.Error = err.Error()
+		return desktop.IsFailure(ctx, err)
+	case again < 0 || again > 1 || again != again:
+		g.Error = fmt.Sprintf("%v: the desktop returned %v", errBadReward, again)
+		return false
+	}
+	g.Reward, g.Agrees = &again, again == reward
+	return false
+}
+
+// pickedForSecondGrade reports whether the attempt rolloutID is among the
+// fraction of attempts graded twice: picked by a hash of its id, so the
+// pick spreads over tasks and attempts.
+func pickedForSecondGrade(rolloutID string, fraction float64) bool {
+	switch {
+	case fraction <= 0:
+		return false
+	case fraction >= 1:
+		return true
+	}
+	h := fnv.New64a()
+	h.Write([]byte(rolloutID))
+	return float64(h.Sum64()>>11)/(1<<53) < fraction
+}
+
+// quarantineWarning is the summary's warning about tasks held out.
+func quarantineWarning(skipped []string) string {
+	return fmt.Sprintf("%d tasks were not run because a quarantine holds them (%s): see quarantine.json for why, and remove a task's entry once it is fixed",
+		len(skipped), strings.Join(skipped, ", "))
+}
