@@ -361,11 +361,11 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if err != nil {
 		return nil, err
 	}
-	quar, held, err := openQuarantine(opts.Out, opts.Quarantine, opts.QuarantineSetupFails, opts.Logger)
+	quar, err := openQuarantine(opts.Out, opts.Quarantine, opts.QuarantineSetupFails, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
-	b.quar, b.skipped = quar, b.sched.holdQuarantined(held)
+	b.quar, b.skipped = quar, b.sched.holdQuarantined(quar)
 	if len(b.skipped) > 0 {
 		opts.Logger.Warn("not running tasks a quarantine holds", "tasks", strings.Join(b.skipped, " "))
 	}

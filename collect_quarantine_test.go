@@ -180,3 +180,31 @@ func taskByID(tasks []Task, id string) Task {
 	}
 	return Task{}
 }
+
+// TestServiceQuarantine: a service grading twice quarantines the task
+// whose grader disagrees with itself, and refuses new groups of it (the
+// HTTP front answers 409), naming why; other tasks are still taken.
+func TestServiceQuarantine(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	e.fleet = fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, Seed: 3,
+		Rewards: map[string]fake.Reward{"t0": {P: 0.5, Flaky: true}}})
+	e.opts.NewDesktop, e.opts.GradeTwice, e.opts.Group = e.fleet.New, 1, 8
+	s := e.serve(t)
+	defer s.Close()
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, s, info.ID)
+	_, _, err = s.Submit(GroupRequest{Task: inlineTask(0)})
+	if !errors.Is(err, ErrQuarantined) || !containsAll(err.Error(), "t0", schema.QuarantineGraderDisagrees, schema.TaskQuarantineFile) {
+		t.Errorf("a group of the quarantined task: %v, want ErrQuarantined naming the task, why and the file", err)
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: inlineTask(1)}); err != nil {
+		t.Errorf("a group of another task: %v", err)
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkClosed(t, e.fleet)
+}

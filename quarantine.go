@@ -46,6 +46,9 @@ type quarantine struct {
 	log             *slog.Logger
 
 	mu sync.Mutex
+	// held is every task held now: by the files at the start, and by
+	// this batch since.
+	held *schema.Quarantine
 	// resetFailures counts, per task, the tries whose reset failed the
 	// desktop: each failed desktop is replaced, so they are as many
 	// desktops.
@@ -55,23 +58,31 @@ type quarantine struct {
 
 // openQuarantine reads the quarantines of a batch into dir: dir's own and,
 // if shared is not "", the shared file.
-func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quarantine, *schema.Quarantine, error) {
+func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quarantine, error) {
 	q := &quarantine{runFile: filepath.Join(dir, schema.TaskQuarantineFile), shared: shared, run: dir,
 		setupFails: setupFails, log: log, resetFailures: map[string][]string{}, added: map[string]string{}}
 	held, err := schema.ReadQuarantine(q.runFile)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if shared != "" {
 		s, err := schema.ReadQuarantine(shared)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		for id, e := range s.Tasks {
 			held.Tasks[id] = e
 		}
 	}
-	return q, held, nil
+	q.held = held
+	return q, nil
+}
+
+// holds returns the entry that holds t, if one does.
+func (q *quarantine) holds(t Task) (schema.QuarantinedTask, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.held.Holds(t.ID, TaskSHA(t))
 }
 
 // put quarantines task for reason, unless this batch did already.
@@ -81,10 +92,11 @@ func (q *quarantine) put(t Task, reason, evidence string, rollouts ...string) {
 		q.mu.Unlock()
 		return
 	}
-	q.added[t.ID] = reason
-	q.mu.Unlock()
 	e := schema.QuarantinedTask{TaskSHA: TaskSHA(t), Reason: reason, Evidence: evidence, Run: q.run,
 		Rollouts: rollouts, Since: schema.Time{Time: time.Now()}}
+	q.added[t.ID] = reason
+	q.held.Tasks[t.ID] = e
+	q.mu.Unlock()
 	add := map[string]schema.QuarantinedTask{t.ID: e}
 	var errs []error
 	for _, path := range []string{q.runFile, q.shared} {
@@ -143,13 +155,13 @@ func (q *quarantine) addedNow() map[string]string {
 // holdQuarantined ends, before the batch runs, the groups whose task the
 // quarantine holds and that are not closed: their attempts without a
 // record never run. It returns their task ids, in order.
-func (s *scheduler) holdQuarantined(held *schema.Quarantine) []string {
+func (s *scheduler) holdQuarantined(q *quarantine) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	skip := map[*group]bool{}
 	var ids []string
 	for _, g := range s.groups {
-		if _, ok := held.Holds(g.task.ID, TaskSHA(g.task)); ok && !g.closed {
+		if _, ok := q.holds(g.task); ok && !g.closed {
 			skip[g] = true
 			ids = append(ids, g.task.ID)
 		}

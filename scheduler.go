@@ -53,7 +53,7 @@ type group struct {
 	id      string
 	task    Task
 	taskSHA string // TaskSHA(task), for its records
-	size int // G: the finished attempts that close it
+	size    int    // G: the finished attempts that close it
 	// server is the group's own model server; nil for the batch's.
 	server *modelServer
 	// harness is the group's own (a service's contiguous history); nil
@@ -71,7 +71,7 @@ type group struct {
 	// quarantined: a quarantine held its task at the batch's start, so
 	// its attempts without a record never ran.
 	quarantined bool
-	left     int  // attempts without a final record
+	left        int // attempts without a final record
 }
 
 // attemptPhase is where an attempt is; the group's closure treats an

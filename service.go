@@ -123,6 +123,8 @@ var (
 	ErrBadRequest     = errors.New("bad request")
 	ErrKeyConflict    = errors.New("the key names another group")
 	ErrServiceStopped = errors.New("the service stopped")
+	// ErrQuarantined refuses a group of a task a quarantine holds.
+	ErrQuarantined = errors.New("the task is quarantined")
 )
 
 // Service is a running service; Serve starts one.
@@ -267,6 +269,9 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		return fail(err)
 	}
 	b.earlier = earlierRuns(opts.Out, opts.Logger)
+	if b.quar, err = openQuarantine(opts.Out, opts.Quarantine, opts.QuarantineSetupFails, opts.Logger); err != nil {
+		return fail(err)
+	}
 	sched.errorReruns = max(opts.ErrorReruns, 0)
 	reruns := opts.ErrorReruns
 	if reruns < 0 {
@@ -444,6 +449,15 @@ func (s *Service) onGroup(grp Group) {
 	}
 }
 
+// quarantinePlace names the quarantine files of the service.
+func (s *Service) quarantinePlace() string {
+	place := s.b.quar.runFile
+	if s.b.quar.shared != "" {
+		place += " or " + s.b.quar.shared
+	}
+	return place
+}
+
 func (s *Service) broadcastLocked() {
 	close(s.news)
 	s.news = make(chan struct{})
@@ -488,6 +502,10 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	}
 	if err != nil {
 		return GroupInfo{}, false, fmt.Errorf("%w: task: %w", ErrBadRequest, err)
+	}
+	if e, ok := s.b.quar.holds(task); ok {
+		return GroupInfo{}, false, fmt.Errorf("%w: task %q (%s: %s); remove its entry from %s once it is fixed",
+			ErrQuarantined, task.ID, e.Reason, e.Evidence, s.quarantinePlace())
 	}
 	entry, err := json.Marshal(struct {
 		ID     string          `json:"task_id"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -46,6 +47,12 @@ type Options struct {
 	// AttemptSequence) instead of one Sample per step. Attempts whose
 	// prompts do not extend each other fail the export, naming the step.
 	Contiguous bool
+	// QuarantineFile is a task quarantine shared across batches (collect
+	// --quarantine) whose tasks are left out, beside those of the run
+	// directory's quarantine.json, which always are.
+	QuarantineFile string
+	// IncludeQuarantined writes the samples of quarantined tasks too.
+	IncludeQuarantined bool
 }
 
 // ErrBadLogprobs is wrapped by the error of an export that refused
@@ -136,6 +143,10 @@ type Stats struct {
 	DroppedLines  int
 	// Records is the number of records read from rollouts.jsonl.
 	Records int
+	// QuarantinedRecords counts the records of quarantined tasks left out,
+	// and QuarantinedTasks names those tasks.
+	QuarantinedRecords int
+	QuarantinedTasks   []string
 	// MissingReward counts finished records without a reward, which are
 	// neither exported nor part of their group's statistics.
 	MissingReward int
@@ -261,6 +272,11 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		return st, fmt.Errorf("export: output %w", err)
 	}
 
+	held, err := readQuarantines(runDir, opts)
+	if err != nil {
+		return st, fmt.Errorf("export %s: %w", runDir, err)
+	}
+	heldSeen := map[string]bool{}
 	groups := newGroupTable()
 	rule := schema.NewAttemptRule()
 	var rs schema.ReadStats
@@ -274,6 +290,11 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 			if _, err := rule.Add(&rec, line); err != nil {
 				return fmt.Errorf("%w; run `legato rl repair %s` to move the later record to %s (the first is the one collect kept)",
 					err, runDir, schema.QuarantineFile)
+			}
+			if held.holds(&rec) {
+				st.QuarantinedRecords++
+				heldSeen[rec.TaskID] = true
+				return nil
 			}
 			if !groups.add(&rec) && rec.Status.Finished() {
 				st.MissingReward++
@@ -322,6 +343,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		return rs, err
 	})
 	st.Records, st.TornLines, st.FirstTorn = rs.Records, rs.TornLines, rs.FirstTorn
+	st.QuarantinedTasks = slices.Sorted(maps.Keys(heldSeen))
 	if err != nil {
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}

@@ -69,7 +69,7 @@ type SummaryBuilder struct {
 	// task, those whose second grade gave another reward.
 	gradedTwice   int
 	disagreements map[string]int
-	sources   map[schema.TokenIDSource]int
+	sources       map[schema.TokenIDSource]int
 
 	busy    intervalSet // model calls in flight
 	inPhase [numPhases]intervalSet

@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +26,7 @@ import (
 	"legato/rl/policy"
 	"legato/rl/policy/policytest"
 	"legato/rl/policy/qwen"
+	"legato/rl/schema"
 )
 
 //go:embed demo_tasks.json
@@ -54,6 +58,7 @@ type fakeFlags struct {
 	seed    uint64
 	success float64
 	speed   string
+	flaky   stringList
 }
 
 func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
@@ -89,9 +94,13 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Var(&f.sampling.topP, "top-p", "nucleus sampling top-p sent with every request (default: the server's)")
 	intVar(fs, &f.pol.MaxTokens, "max-tokens", 0, 0, 1<<24, "cap on generated tokens per model call (0: the server's default)")
 	f.ow.Register(fs)
+	fs.Var(&fraction{p: &f.opts.GradeTwice, bare: 1}, "grade-twice", "grade this fraction of end states a second time (getters and metric, no postconfig), 0 to 1 (bare: every one); a task whose grader gives another reward is quarantined")
+	fs.StringVar(&f.opts.Quarantine, "quarantine", "", "task quarantine file shared across batches: tasks it holds are skipped (named in the summary); tasks this batch finds unfit go into it and into the run's quarantine.json")
+	intVar(fs, &f.opts.QuarantineSetupFails, "quarantine-setup-fails", rl.DefaultQuarantineSetupFails, 1, 1000, "desktops a task's reset must fail on before it is quarantined")
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
 	fs.Float64Var(&f.fake.success, "fake-success", 0.5, "fake backend: probability that an attempt of a feasible task scores 1")
+	fs.Var(&f.fake.flaky, "fake-flaky", "fake backend: a task `id` whose grader disagrees with itself (a second grade draws again); repeat it for several")
 	fs.StringVar(&f.fake.speed, "fake-speed", "demo", "fake backend latencies: none, demo (fractions of a second) or real (VM-like seconds)")
 	fs.BoolVar(&f.verbose, "v", false, "log every retry and desktop failure")
 	setUsage(fs, `Usage: legato rl collect --out DIR [flags]
@@ -253,6 +262,9 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		if err := checkTasks(tasks); err != nil {
 			return cleanup, nil, err
 		}
+		if err := knownTasks("--fake-flaky", f.fake.flaky, tasks); err != nil {
+			return cleanup, nil, err
+		}
 	}
 
 	if len(f.policyURLs) > 0 {
@@ -346,6 +358,12 @@ func startBuiltinServer(f *collectFlags, stderr io.Writer) (*policytest.Server, 
 
 func (ff fakeFlags) config() (fake.Config, error) {
 	cfg := fake.Config{Seed: ff.seed, DefaultReward: fake.Reward{P: ff.success}}
+	for _, id := range ff.flaky {
+		if cfg.Rewards == nil {
+			cfg.Rewards = map[string]fake.Reward{}
+		}
+		cfg.Rewards[id] = fake.Reward{P: ff.success, Flaky: true}
+	}
 	ms := func(n int) fake.Latency { return fake.Latency{Fixed: time.Duration(n) * time.Millisecond} }
 	switch ff.speed {
 	case "none":
@@ -381,6 +399,16 @@ func writeCollectSummary(w, stderr io.Writer, dir string, s *rl.Summary, err err
 	}
 	fmt.Fprintf(w, "success rate %.3f, %.0f rollouts/hour, %d groups with reward variance, prefix-cache hit rate %s\n",
 		s.SuccessRate, s.RolloutsPerHour, s.GroupsWithVariance, hit)
+	if s.GradedTwice > 0 {
+		n := 0
+		for _, c := range s.GraderDisagreements {
+			n += c
+		}
+		fmt.Fprintf(w, "graded %d end states twice; the grader gave another reward on %d\n", s.GradedTwice, n)
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.Quarantined)) {
+		fmt.Fprintf(w, "quarantined %s (%s): see %s\n", id, s.Quarantined[id], filepath.Join(dir, schema.TaskQuarantineFile))
+	}
 	if s.ServerDownS > 0 || s.ErrorsRerun > 0 {
 		fmt.Fprintf(w, "model server down %.0f s in all; %d error records rerun\n", s.ServerDownS, s.ErrorsRerun)
 	}
@@ -474,6 +502,50 @@ func (o *optFloat) Set(s string) error {
 	o.v = &v
 	return nil
 }
+
+// knownTasks refuses task ids a flag names that the batch does not have.
+func knownTasks(flagName string, ids []string, tasks []rl.Task) error {
+	have := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		have[t.ID] = true
+	}
+	for _, id := range ids {
+		if !have[id] {
+			return usageErrorf("%s %q: no such task in the batch (see --tasks)", flagName, id)
+		}
+	}
+	return nil
+}
+
+// fraction is a flag holding a number from 0 to 1 that may be given bare
+// (--grade-twice), meaning the value bare.
+type fraction struct {
+	p    *float64
+	bare float64
+}
+
+func (f *fraction) String() string {
+	if f == nil || f.p == nil {
+		return "0"
+	}
+	return strconv.FormatFloat(*f.p, 'g', -1, 64)
+}
+
+func (f *fraction) Set(s string) error {
+	if s == "true" {
+		*f.p = f.bare
+		return nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(v >= 0 && v <= 1) {
+		return fmt.Errorf("%q: want a fraction from 0 to 1", s)
+	}
+	*f.p = v
+	return nil
+}
+
+// IsBoolFlag lets the flag stand bare.
+func (f *fraction) IsBoolFlag() bool { return true }
 
 // stringList is a flag that may be repeated.
 type stringList []string

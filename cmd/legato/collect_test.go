@@ -87,6 +87,10 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"negative oversample", []string{"--out", "x", "--oversample", "-1"}, "Oversample (--oversample) -1"},
 		{"negative fixed wait", []string{"--out", "x", "--no-ready-signal", "--fixed-wait", "-1"}, `invalid value "-1" for flag -fixed-wait`},
 		{"history", []string{"--out", "x", "--history", "full"}, `invalid value "full" for flag -history`},
+		{"grade twice above 1", []string{"--out", "x", "--grade-twice=2"}, `-grade-twice: "2": want a fraction from 0 to 1`},
+		{"grade twice not a number", []string{"--out", "x", "--grade-twice=most"}, `-grade-twice: "most": want a fraction`},
+		{"flaky task not in the batch", []string{"--out", "x", "--fake-flaky", "no-such-task"}, `--fake-flaky "no-such-task": no such task in the batch`},
+		{"quarantine setup fails 0", []string{"--out", "x", "--quarantine-setup-fails", "0"}, `invalid value "0" for flag -quarantine-setup-fails`},
 		{"contiguous with image max", []string{"--out", "x", "--history", "contiguous", "--image-max", "5"}, "--image-max does not go with --history contiguous"},
 	}
 	for _, tt := range tests {

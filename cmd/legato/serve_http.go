@@ -86,7 +86,7 @@ func (h *serveHandler) serviceError(w http.ResponseWriter, err error) {
 		status = http.StatusNotFound
 	case errors.Is(err, rl.ErrBadRequest):
 		status = http.StatusBadRequest
-	case errors.Is(err, rl.ErrKeyConflict):
+	case errors.Is(err, rl.ErrKeyConflict), errors.Is(err, rl.ErrQuarantined):
 		status = http.StatusConflict
 	case errors.Is(err, rl.ErrServiceStopped):
 		status = http.StatusServiceUnavailable
