@@ -52,6 +52,9 @@ type collectFlags struct {
 	// contiguous is the harness of the same family and system prompt
 	// that evicts no screenshot, for a service's contiguous groups.
 	contiguous policy.Harness
+	// noPolicy: the command makes no model call (a replay), so setup
+	// starts no model server.
+	noPolicy bool
 }
 
 type fakeFlags struct {
@@ -267,6 +270,9 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		}
 	}
 
+	if f.noPolicy {
+		return cleanup, tasks, nil
+	}
 	if len(f.policyURLs) > 0 {
 		f.pol.BaseURL, f.pol.Replicas = f.policyURLs[0], f.policyURLs[1:]
 	}
