@@ -33,6 +33,9 @@ const (
 	// QuarantineReplayDiverges: replays of its attempts did not reproduce
 	// their first screen, so its start state is not what it was.
 	QuarantineReplayDiverges = "replay_diverges"
+	// QuarantineGraderFails: its grader failed on a start state (legato
+	// rl tasks check).
+	QuarantineGraderFails = "grader_fails"
 )
 
 // Quarantine is a quarantine file: the tasks not to train on, by id.

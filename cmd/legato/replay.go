@@ -13,24 +13,24 @@ import (
 	"legato/rl/schema"
 )
 
-// replayFlags are the collect flags a replay takes: what makes its desktops
-// and prompts the batch's (the backend, the tasks, the harness, the waits),
-// bound to the same variables.
-var replayFlags = []string{"tasks", "desktops", "backend", "fake-seed", "fake-success", "fake-speed", "fake-flaky",
+// desktopFlags are the collect flags of a command that runs tasks on
+// desktops without a model: what makes its desktops and screens the
+// batch's (the backend, the tasks, the harness, the waits).
+var desktopFlags = []string{"tasks", "desktops", "backend", "fake-seed", "fake-success", "fake-speed", "fake-flaky",
 	"harness", "system-prompt", "image-max", "eviction", "history", "no-ready-signal", "fixed-wait",
 	"fixed-wait-after-reset", "fixed-wait-before-eval", "quarantine", "v"}
 
-// runReplay is `legato rl replay`.
-func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	stderr = &lockedWriter{w: stderr}
+// newDesktopFlags returns the flag set of such a command: every osworld
+// backend flag and those of desktopFlags, as collect has them and bound
+// to the returned collectFlags, which start no model server.
+func newDesktopFlags(name string, stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	cfs, f := newCollectFlags(stderr)
-	fs := newFlagSet("legato rl replay", stderr)
-	// Every osworld backend flag, and those of replayFlags, as collect
-	// has them.
+	f.noPolicy = true
+	fs := newFlagSet(name, stderr)
 	owOnly := flag.NewFlagSet("", flag.ContinueOnError)
 	f.ow.Register(owOnly)
 	take := map[string]bool{}
-	for _, name := range replayFlags {
+	for _, name := range desktopFlags {
 		take[name] = true
 	}
 	owOnly.VisitAll(func(fl *flag.Flag) { take[fl.Name] = true })
@@ -39,6 +39,13 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			fs.Var(fl.Value, fl.Name, fl.Usage)
 		}
 	})
+	return fs, f
+}
+
+// runReplay is `legato rl replay`.
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	stderr = &lockedWriter{w: stderr}
+	fs, f := newDesktopFlags("legato rl replay", stderr)
 	var all bool
 	var pace, report string
 	fs.BoolVar(&all, "all", false, "replay every graded attempt of the run (the default when no rollout id is given)")
@@ -73,7 +80,6 @@ quarantined (DIR/quarantine.json, and --quarantine FILE).
 	} else if err := schema.CheckOutput(dir, report); err != nil {
 		return usageErrorf("--report: %v", err)
 	}
-	f.noPolicy = true
 	log := f.logger(stderr)
 	cleanup, tasks, err := f.setup(ctx, log, stderr, true)
 	defer cleanup()

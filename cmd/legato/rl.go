@@ -30,6 +30,7 @@ func commands() []command {
 		{"collect", "run a batch of tasks on a pool of desktops and grade every attempt", runCollect},
 		{"serve", "serve rollouts to a trainer over HTTP: groups submitted while it trains, a resumable stream, pause and version switches", runServe},
 		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
+		{"tasks", "check tasks before a batch (tasks check): setup and grader twice on fresh states; say which to quarantine", runTasks},
 		{"replay", "run recorded attempts again without a model: same start state, same actions; compare every screen and the reward", runReplay},
 		{"export", "write a run's training samples, with GRPO group advantages", new(exportCommand).Run},
 		{"repair", "move a run's damaged lines and duplicate final records to a quarantine file", new(repairCommand).Run},

@@ -1,0 +1,99 @@
+//go:build integration
+
+package osworld
+
+import (
+	"flag"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+var itReplayAttempts = flag.Int("osworld.replay.attempts", 4, "attempts TestIntegrationReplay records and replays (the issue's measure: 20)")
+
+// TestIntegrationReplay records attempts of the test guest's tasks from
+// their golden states and replays them without a model on the same pool:
+// each starts from the golden state of the same key, its screens compare
+// with the recorded ones step by step, and its reward comes out the same.
+// With -osworld.replay.attempts=20 it is the measure.
+func TestIntegrationReplay(t *testing.T) {
+	cfg := itConfig(t, "legato-itosw-replay-")
+	cfg.Golden = GoldenConfig{Max: 4}
+	ctx := t.Context()
+	p, all := itPool(t, cfg, filepath.Join("testdata", "tasks", "guest_tasks.json"))
+	byID := map[string]desktop.Task{}
+	for _, tk := range all {
+		byID[tk.ID] = tk
+	}
+	ids := []string{"legato-term-echo", "legato-notes-type"}
+	if *itReplayAttempts > 8 {
+		ids = append(ids, "legato-home-clean", "legato-infeasible")
+	}
+	var tasks []desktop.Task
+	for _, id := range ids {
+		tasks = append(tasks, byID[id])
+	}
+	group := max(*itReplayAttempts/len(tasks), 1)
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
+	defer srv.Close()
+
+	out := t.TempDir()
+	start := time.Now()
+	if _, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-replay"}, rl.CollectOptions{
+		Out: out, NewDesktop: p.New, Desktops: 2, Group: group, MaxSteps: 4, EnvRetries: -1, Logger: cfg.Logger,
+	}); err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	collectS := time.Since(start).Seconds()
+	golden := 0
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		if r.Env != nil && r.Env.Golden != "" {
+			golden++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if golden == 0 {
+		t.Fatalf("no attempt recorded the golden state it started from")
+	}
+
+	start = time.Now()
+	rep, err := rl.Replay(ctx, out, rl.ReplayOptions{NewDesktop: p.New, Desktops: 2, Tasks: tasks, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatalf("Replay: %v", err)
+	}
+	replayS := time.Since(start).Seconds()
+	fromGolden := 0
+	for _, a := range rep.Attempts {
+		if a.Golden != "" {
+			fromGolden++
+		}
+		if a.Error != "" || !a.RewardAgrees {
+			t.Errorf("%s (%s): reward %s replayed as %s, error %q", a.RolloutID, a.TaskID, fmtReward(a.RecordedReward), fmtReward(a.ReplayedReward), a.Error)
+		}
+		for _, s := range a.Screens {
+			if !s.Identical {
+				t.Logf("%s (%s) step %d: the screen differs in %.3f%% of its pixels (recorded %s, replayed %s)", a.RolloutID, a.TaskID, s.Step, 100*s.Distance, s.Recorded[:12], s.Replayed[:12])
+			}
+		}
+	}
+	if fromGolden != golden {
+		t.Errorf("%d replays started from the recorded golden state, want %d", fromGolden, golden)
+	}
+	share := float64(rep.ScreensIdentical) / float64(max(rep.Screens, 1))
+	t.Logf("replayed %d attempts (%d from golden states): rewards agree on %d; %d of %d screens identical (%.1f%%); replay %.1f s per attempt vs %.1f s recorded (wall: collect %.0f s, replay %.0f s)",
+		len(rep.Attempts), fromGolden, rep.RewardsAgree, rep.ScreensIdentical, rep.Screens, 100*share,
+		rep.ReplayS/float64(len(rep.Attempts)), rep.RecordedS/float64(len(rep.Attempts)), collectS, replayS)
+	if len(rep.Attempts) != len(tasks)*group {
+		t.Errorf("%d attempts replayed, want %d", len(rep.Attempts), len(tasks)*group)
+	}
+	if share < 0.95 {
+		t.Errorf("%.1f%% of the screens replayed identical, want at least 95%%", 100*share)
+	}
+}
