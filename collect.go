@@ -133,7 +133,17 @@ type CollectOptions struct {
 	// QuarantineSetupFails is how many desktops a task's reset must fail
 	// on to quarantine it (default DefaultQuarantineSetupFails).
 	QuarantineSetupFails int
+	// KeepEndStates keeps every attempt's end state, as it is before its
+	// grade, on desktops that can (desktop.EndStateKeeper), so Regrade can
+	// grade it again later; the record names it (Record.EndState).
+	KeepEndStates bool
+	// EndStateBytes bounds the space of the batch's kept end states: past
+	// it the oldest are dropped (default DefaultEndStateBytes).
+	EndStateBytes int64
 }
+
+// DefaultEndStateBytes is the default bound on a batch's kept end states.
+const DefaultEndStateBytes = 100 << 30
 
 func (o CollectOptions) withDefaults() CollectOptions {
 	def := func(v *int, d int) {
@@ -146,6 +156,9 @@ func (o CollectOptions) withDefaults() CollectOptions {
 	def(&o.MaxSteps, DefaultMaxSteps)
 	def(&o.ImageMax, DefaultImageMax)
 	def(&o.QuarantineSetupFails, DefaultQuarantineSetupFails)
+	if o.EndStateBytes == 0 {
+		o.EndStateBytes = DefaultEndStateBytes
+	}
 	def(&o.EnvRetries, DefaultEnvRetries)
 	o.EnvRetries = max(o.EnvRetries, 0)
 	def(&o.ErrorReruns, DefaultErrorReruns)
@@ -189,6 +202,9 @@ func (o CollectOptions) Validate() error {
 	between("ImageMax (--image-max)", o.ImageMax, 0, MaxImageMax)
 	if !(o.GradeTwice >= 0 && o.GradeTwice <= 1) {
 		bad("GradeTwice (--grade-twice) %v: want a fraction from 0 to 1", o.GradeTwice)
+	}
+	if o.EndStateBytes < 0 {
+		bad("EndStateBytes (--end-states-max) %d: want > 0 (0 means the default)", o.EndStateBytes)
 	}
 	if o.QuarantineSetupFails < 0 {
 		bad("QuarantineSetupFails (--quarantine-setup-fails) %d: want ≥ 1 (0 means the default)", o.QuarantineSetupFails)
@@ -366,6 +382,11 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 		return nil, err
 	}
 	b.quar, b.skipped = quar, b.sched.holdQuarantined(quar)
+	for _, s := range b.sched.keptEndStates {
+		// The bound counts the earlier runs' states; dropping happens
+		// with the next state kept.
+		b.kept.add(s, math.MaxInt64)
+	}
 	if len(b.skipped) > 0 {
 		opts.Logger.Warn("not running tasks a quarantine holds", "tasks", strings.Join(b.skipped, " "))
 	}

@@ -26,7 +26,7 @@ const ReplayVersion = "legato.replay/v0"
 
 // ReplayFile is the name of the report Replay's command writes into the
 // run directory.
-const ReplayFile = "replay.json"
+const ReplayFile = schema.ReplayFile
 
 // ReplayOptions says how Replay runs.
 type ReplayOptions struct {

@@ -50,6 +50,8 @@ type batch struct {
 	// it held at the start, which the batch does not run.
 	quar    *quarantine
 	skipped []string
+	// kept bounds the space of the batch's kept end states.
+	kept endStateBound
 
 	// stop cancels the workers' ctx with why the batch cannot go on.
 	stop context.CancelCauseFunc

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"legato/rl/desktop"
 	"legato/rl/export"
 	"legato/rl/policy"
 	"legato/rl/schema"
@@ -21,6 +22,9 @@ type scheduler struct {
 	// (a service): workers wait for work instead of ending when the queue
 	// is empty, until stop.
 	open bool
+	// keptEndStates are the end states the records read by resume
+	// kept, oldest first, for the batch's bound on their space.
+	keptEndStates []desktop.EndState
 
 	mu      sync.Mutex
 	wake    *sync.Cond
@@ -230,6 +234,9 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 		}
 		s.summary.Add(&r)
 		s.counts[r.Status]++
+		if es := r.EndState; es != nil && es.Ref != "" {
+			s.keptEndStates = append(s.keptEndStates, desktop.EndState{Ref: es.Ref, Bytes: es.Bytes})
+		}
 		if r.Status.Graded() {
 			s.resumedGraded++
 		}

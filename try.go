@@ -153,6 +153,9 @@ func (t *try) run(ctx context.Context) ending {
 	if err := timed(&tm.WaitBeforeEvalS, func() error { return desk(ctx, "wait before eval", d.WaitBeforeEval(ctx)) }); err != nil {
 		return ended(err)
 	}
+	if b.opts.KeepEndStates {
+		t.keepEndState(ctx)
+	}
 	var reward float64
 	if err := timed(&tm.EvalS, func() (err error) {
 		reward, err = d.Evaluate(ctx, t.task)

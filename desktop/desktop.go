@@ -235,6 +235,38 @@ type Regrader interface {
 	EvaluateAgain(ctx context.Context, task Task) (float64, error)
 }
 
+// EndStateKeeper is implemented by desktops that can keep an attempt's end
+// state, as it is before its grade, so that it can be graded again later
+// (after the task's evaluator or config changed, with newer grading code)
+// without running the agent again, on any desktop of the same backend
+// (EndStateGrader). Kept states outlive the desktop and the batch.
+type EndStateKeeper interface {
+	// KeepEndState keeps the state now; name is unique in the batch
+	// (the attempt's rollout id). The returned Ref names the state,
+	// by its content where the backend can.
+	KeepEndState(ctx context.Context, name string) (EndState, error)
+	// DropEndState deletes a kept state, whichever desktop kept it.
+	DropEndState(ctx context.Context, ref string) error
+}
+
+// EndStateGrader grades kept end states: it brings the state named ref
+// back and grades it with task as Evaluate graded the attempt that ended
+// there, whose last action was last (the evaluator's postconfig first).
+// An error wrapping ErrNoEndState means the state is gone.
+type EndStateGrader interface {
+	GradeEndState(ctx context.Context, ref string, task Task, last Action) (float64, error)
+}
+
+// EndState is a kept end state.
+type EndState struct {
+	Ref   string
+	Bytes int64
+}
+
+// ErrNoEndState means a kept end state no longer exists (dropped to keep
+// the batch's bound on space, or removed).
+var ErrNoEndState = errors.New("no such kept end state")
+
 // Reporter is implemented by desktops that say what they did for an
 // attempt beyond the contract's calls: which reset brought the desktop to
 // the task's start and why, and how each metric was graded. The scheduler

@@ -53,7 +53,22 @@ type Options struct {
 	QuarantineFile string
 	// IncludeQuarantined writes the samples of quarantined tasks too.
 	IncludeQuarantined bool
+	// Rewards says which rewards the samples and the advantages take:
+	// RewardsRecorded (the default, also ""), or RewardsRegraded, the
+	// latest regrade of each attempt's kept end state (regrades.jsonl,
+	// legato rl regrade): then every finished attempt must have one.
+	Rewards string
 }
+
+// Which rewards an export takes (Options.Rewards).
+const (
+	RewardsRecorded = "recorded"
+	RewardsRegraded = "regraded"
+)
+
+// ErrNotRegraded means an export of regraded rewards met finished
+// attempts without one.
+var ErrNotRegraded = errors.New("finished attempts without a regraded reward")
 
 // ErrBadLogprobs is wrapped by the error of an export that refused
 // samples with broken logprobs; see Options.AllowBadLogprobs.
@@ -143,6 +158,9 @@ type Stats struct {
 	DroppedLines  int
 	// Records is the number of records read from rollouts.jsonl.
 	Records int
+	// RegradedRewards counts the samples' attempts whose regraded reward
+	// was taken (Options.Rewards).
+	RegradedRewards int
 	// QuarantinedRecords counts the records of quarantined tasks left out,
 	// and QuarantinedTasks names those tasks.
 	QuarantinedRecords int
@@ -276,6 +294,11 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if err != nil {
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
+	regraded, err := readRegrades(runDir, opts)
+	if err != nil {
+		return st, fmt.Errorf("export %s: %w", runDir, err)
+	}
+	var notRegraded []string
 	heldSeen := map[string]bool{}
 	groups := newGroupTable()
 	rule := schema.NewAttemptRule()
@@ -296,6 +319,15 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 				heldSeen[rec.TaskID] = true
 				return nil
 			}
+			if regraded != nil && rec.Status.Finished() && rec.Reward != nil {
+				r, ok := regraded[rec.RolloutID]
+				if !ok {
+					notRegraded = append(notRegraded, rec.RolloutID)
+					return nil
+				}
+				rec.Reward = &r
+				st.RegradedRewards++
+			}
 			if !groups.add(&rec) && rec.Status.Finished() {
 				st.MissingReward++
 			}
@@ -309,6 +341,10 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 				"and the record it held is lost (its group's advantages would change): run `legato rl repair %s` "+
 				"to move it to %s (nothing is deleted) and export again",
 				ErrDamagedRecords, torn, runDir, schema.QuarantineFile)
+		}
+		if len(notRegraded) > 0 {
+			return rs, fmt.Errorf("%w: %d (%s): regrade them (legato rl regrade; their end states must have been kept) or export the recorded rewards",
+				ErrNotRegraded, len(notRegraded), strings.Join(notRegraded[:min(3, len(notRegraded))], ", "))
 		}
 		groups.finish()
 		if bad := groups.badLogprobs(opts.DropConstantGroups); bad.Samples > 0 {
@@ -338,7 +374,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 			return rs, err
 		}
 		st.Bytes, err = schema.WriteFileAtomic(outPath, func(w io.Writer) error {
-			return writeSamples(ctx, r, w, store, groups, opts, &st)
+			return writeSamples(ctx, r, w, store, groups, regraded, opts, &st)
 		})
 		return rs, err
 	})
@@ -355,14 +391,15 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	return st, nil
 }
 
-// writeSamples is the second pass of an export. A reader goroutine parses
+// writeSamples is the second pass of an export; records take their
+// regraded reward where regraded has one. A reader goroutine parses
 // the next records and reads their new messages from disk into the store's
 // cache; the samples of each record are built and encoded by one of
 // several workers (one per CPU) into a buffer of their own, and a writer
 // writes the buffers in the records' order. With inline images a record's
 // samples are too big to hold (a prompt's screenshots are tens of MB per
 // line): the writer encodes them itself, straight to w.
-func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.MessageStore, groups *groupTable, opts Options, st *Stats) error {
+func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.MessageStore, groups *groupTable, regraded map[string]float64, opts Options, st *Stats) error {
 	workers := runtime.GOMAXPROCS(0)
 	if opts.InlineImages {
 		workers = 0
@@ -392,6 +429,9 @@ func writeSamples(ctx context.Context, r io.Reader, w io.Writer, store *schema.M
 		defer close(jobs)
 		seen := make(map[string]struct{})
 		_, err := schema.ReadRecords(r, func(rec schema.Record) error {
+			if reward, ok := regraded[rec.RolloutID]; ok && rec.Status.Finished() && rec.Reward != nil {
+				rec.Reward = &reward
+			}
 			if _, ok := groups.advantage(rec.GroupID, rec.RolloutID); !ok {
 				return nil // not finished, or finished without a reward
 			}

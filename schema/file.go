@@ -33,7 +33,7 @@ var ErrRunFile = errors.New("is one of the run's own files")
 // ownEntries are the entries of a run directory that legato writes and
 // reads back; nothing else may write over them. An entry a new release adds
 // to the run directory belongs here.
-var ownEntries = []string{RecordsFile, SummaryFile, BatchFile, QuarantineFile, TaskQuarantineFile, MessagesDir, ImagesDir, TokensDir, ServiceFile}
+var ownEntries = []string{RecordsFile, SummaryFile, BatchFile, QuarantineFile, TaskQuarantineFile, MessagesDir, ImagesDir, TokensDir, ServiceFile, RegradeFile, EndStatesDir, ReplayFile}
 
 // CheckOutput returns an error wrapping ErrRunFile when writing the file
 // path would replace one of the files the run directory dir is made of:

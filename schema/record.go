@@ -79,6 +79,17 @@ type Record struct {
 	// SecondGrade is the evaluator's second grade of the same end state
 	// (collect --grade-twice), when one ran.
 	SecondGrade *SecondGrade `json:"second_grade,omitempty"`
+	// EndState is the attempt's end state kept before its grade (collect
+	// --keep-end-states), which legato rl regrade grades again.
+	EndState *EndStateRef `json:"end_state,omitempty"`
+}
+
+// EndStateRef names a kept end state (desktop.EndState) and its size, or
+// says why none was kept.
+type EndStateRef struct {
+	Ref   string `json:"ref,omitempty"`
+	Bytes int64  `json:"bytes,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // SecondGrade is a second grade of an attempt's end state.

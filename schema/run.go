@@ -19,12 +19,14 @@ import (
 
 // Names inside a run directory.
 const (
-	RecordsFile = "rollouts.jsonl" // one Record per line
-	SummaryFile = "summary.json"   // the latest Summary
-	MessagesDir = "messages"       // messages/<sha256>: zstd canonical JSON
-	ImagesDir   = "images"         // images/<sha256>.png
-	TokensDir   = "tokens"         // tokens/<sha256>: zstd JSON chunks of prompt token ids
-	ServiceFile = "service.jsonl"  // a service's journal: its groups, policy changes and stream
+	RecordsFile  = "rollouts.jsonl" // one Record per line
+	SummaryFile  = "summary.json"   // the latest Summary
+	MessagesDir  = "messages"       // messages/<sha256>: zstd canonical JSON
+	ImagesDir    = "images"         // images/<sha256>.png
+	TokensDir    = "tokens"         // tokens/<sha256>: zstd JSON chunks of prompt token ids
+	ServiceFile  = "service.jsonl"  // a service's journal: its groups, policy changes and stream
+	RegradeFile  = "regrades.jsonl" // one Regrade per line: kept end states graded again
+	EndStatesDir = "end-states"     // end-states/: the fake backend's kept end states
 )
 
 // MaxRecordBytes bounds one line of rollouts.jsonl. A 15-step record with

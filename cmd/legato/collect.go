@@ -55,6 +55,9 @@ type collectFlags struct {
 	// noPolicy: the command makes no model call (a replay), so setup
 	// starts no model server.
 	noPolicy bool
+	// endStatesIn is the run directory whose kept end states the fake
+	// desktops grade (a regrade).
+	endStatesIn string
 }
 
 type fakeFlags struct {
@@ -99,6 +102,8 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	f.ow.Register(fs)
 	fs.Var(&fraction{p: &f.opts.GradeTwice, bare: 1}, "grade-twice", "grade this fraction of end states a second time (getters and metric, no postconfig), 0 to 1 (bare: every one); a task whose grader gives another reward is quarantined")
 	fs.StringVar(&f.opts.Quarantine, "quarantine", "", "task quarantine file shared across batches: tasks it holds are skipped (named in the summary); tasks this batch finds unfit go into it and into the run's quarantine.json")
+	fs.BoolVar(&f.opts.KeepEndStates, "keep-end-states", false, "keep every attempt's end state before its grade, so legato rl regrade can grade it again later (fake backend: in DIR/end-states)")
+	fs.Var(byteSize64{&f.opts.EndStateBytes}, "end-states-max", "bound on the space of kept end states; the oldest are dropped past it (`size`: bytes, or with KiB, MiB, GiB; default 100GiB)")
 	intVar(fs, &f.opts.QuarantineSetupFails, "quarantine-setup-fails", rl.DefaultQuarantineSetupFails, 1, 1000, "desktops a task's reset must fail on before it is quarantined")
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
@@ -230,8 +235,17 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		if err != nil {
 			return cleanup, nil, err
 		}
+		if f.opts.KeepEndStates || f.endStatesIn != "" {
+			cfg.EndStates = filepath.Join(f.out, schema.EndStatesDir)
+			if f.endStatesIn != "" {
+				cfg.EndStates = filepath.Join(f.endStatesIn, schema.EndStatesDir)
+			}
+		}
 		f.opts.NewDesktop = fake.NewFleet(cfg).New
 	case "osworld":
+		if f.opts.KeepEndStates {
+			return cleanup, nil, usageErrorf("--keep-end-states: the osworld backend cannot keep end states yet (the fake backend can); leave it out")
+		}
 		pool, err := f.ow.Pool(ctx, log)
 		if err != nil {
 			return cleanup, nil, err
@@ -506,6 +520,35 @@ func (o *optFloat) Set(s string) error {
 		return fmt.Errorf("%q: want a number", s)
 	}
 	o.v = &v
+	return nil
+}
+
+// byteSize64 is a size flag: bytes, or a number with KiB, MiB or GiB.
+type byteSize64 struct{ p *int64 }
+
+func (b byteSize64) String() string {
+	if b.p == nil || *b.p == 0 {
+		return ""
+	}
+	return strconv.FormatInt(*b.p, 10)
+}
+
+func (b byteSize64) Set(s string) error {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = rest, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/mult {
+		return fmt.Errorf("want a size above 0: bytes, or a number with KiB, MiB or GiB")
+	}
+	*b.p = n * mult
 	return nil
 }
 

@@ -29,6 +29,7 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.opts.Contiguous, "contiguous", false, "one sample per finished attempt: its whole interaction as one token sequence with a loss mask over the generated tokens (NeMo RL, verl), instead of one per model call; needs prompt token ids and a run whose prompts grow append-only (--history contiguous)")
 	fs.StringVar(&c.opts.QuarantineFile, "quarantine", "", "a task quarantine `FILE` shared across batches (collect --quarantine): its tasks are left out too, beside those of the run's quarantine.json")
 	fs.BoolVar(&c.opts.IncludeQuarantined, "include-quarantined", false, "write the samples of quarantined tasks too (left out by default: their rewards are not to be trusted)")
+	choiceVar(fs, &c.opts.Rewards, "rewards", export.RewardsRecorded, []string{export.RewardsRecorded, export.RewardsRegraded}, "the rewards samples and advantages take: recorded, or regraded (the latest legato rl regrade of each attempt's kept end state; every finished attempt needs one)")
 	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
 	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
        [--allow-missing-logprobs] [--allow-bad-logprobs]
@@ -84,6 +85,9 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 		st.Lines, st.Rollouts, st.Groups, c.out, byteSize(st.Bytes))
 	if c.opts.DropConstantGroups {
 		fmt.Fprintf(stdout, "dropped %d groups with equal rewards (%d samples)\n", st.DroppedGroups, st.DroppedLines)
+	}
+	if st.RegradedRewards > 0 {
+		fmt.Fprintf(stdout, "took the regraded rewards of %d attempts (%s)\n", st.RegradedRewards, schema.RegradeFile)
 	}
 	if st.QuarantinedRecords > 0 {
 		fmt.Fprintf(stderr, "warning: left out %d records of quarantined tasks (%s); --include-quarantined writes them\n",

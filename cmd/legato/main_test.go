@@ -82,7 +82,7 @@ func TestDispatch(t *testing.T) {
 		{name: "unknown command", args: []string{"collect"}, wantCode: 2,
 			wantStderr: []string{`legato: unknown command "collect"`, `under "legato rl"`}},
 		{name: "unknown subcommand", args: []string{"rl", "colect", "--tasks", "x"}, wantCode: 2,
-			wantStderr: []string{`legato rl: unknown subcommand "colect"`, "probe, collect, serve, grader, tasks, replay, export, repair, profile, hosts, gc, serve-policy, help", "Run 'legato rl help'"}},
+			wantStderr: []string{`legato rl: unknown subcommand "colect"`, "probe, collect, serve, grader, tasks, replay, regrade, export, repair, profile, hosts, gc, serve-policy, help", "Run 'legato rl help'"}},
 		{name: "help of an unknown subcommand", args: []string{"rl", "help", "frob"}, wantCode: 2,
 			wantStderr: []string{`unknown subcommand "frob"`}},
 		{name: "help of two subcommands", args: []string{"rl", "help", "probe", "export"}, wantCode: 2,

@@ -32,6 +32,7 @@ func commands() []command {
 		{"grader", "say, before a batch, which Python grades and which metrics and tasks can be graded", runGrader},
 		{"tasks", "check tasks before a batch (tasks check): setup and grader twice on fresh states; say which to quarantine", runTasks},
 		{"replay", "run recorded attempts again without a model: same start state, same actions; compare every screen and the reward", runReplay},
+		{"regrade", "grade the end states collect --keep-end-states kept again, with the tasks as they are now, beside the recorded rewards", runRegrade},
 		{"export", "write a run's training samples, with GRPO group advantages", new(exportCommand).Run},
 		{"repair", "move a run's damaged lines and duplicate final records to a quarantine file", new(repairCommand).Run},
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", new(profileCommand).Run},

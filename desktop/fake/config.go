@@ -50,6 +50,11 @@ type Config struct {
 	// Faults are injected in order: on each call the first fault that fires
 	// wins.
 	Faults []Fault
+	// EndStates is the directory where the desktops keep end states
+	// (desktop.EndStateKeeper), one file each, named by its content; ""
+	// keeps none. Any fake desktop given the same directory grades them
+	// again (desktop.EndStateGrader).
+	EndStates string
 	// ReadyWaiter makes the desktops returned by AsConfigured and by a Fleet
 	// implement desktop.ReadyWaiter, so that the scheduler uses the
 	// backend's own ready signal instead of comparing screenshots.

@@ -1,0 +1,132 @@
+package fake
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"legato/rl/desktop"
+)
+
+var (
+	_ desktop.EndStateKeeper = (*Desktop)(nil)
+	_ desktop.EndStateGrader = (*Desktop)(nil)
+)
+
+// endStatePrefix starts the name of every kept end state.
+const endStatePrefix = "fake-end-"
+
+// endState is a kept end state's file: what the screen and the grade are
+// made of.
+type endState struct {
+	Task     string `json:"task"`
+	TaskHash uint64 `json:"task_hash"`
+	History  uint64 `json:"history"`
+}
+
+// KeepEndState writes the attempt's state to a file in Config.EndStates
+// named by its content.
+func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndState, error) {
+	if d.cfg.EndStates == "" {
+		return desktop.EndState{}, fmt.Errorf("%w: the fake keeps no end states without Config.EndStates", desktop.ErrUnsupported)
+	}
+	if _, err := d.enter(ctx, PhaseEvaluate, "", true); err != nil {
+		return desktop.EndState{}, err
+	}
+	d.mu.Lock()
+	st := endState{Task: d.cur.task, TaskHash: d.cur.taskHash, History: d.cur.history}
+	d.mu.Unlock()
+	b, err := json.Marshal(st)
+	if err != nil {
+		return desktop.EndState{}, err
+	}
+	sum := sha256.Sum256(b)
+	ref := endStatePrefix + hex.EncodeToString(sum[:16])
+	if err := os.MkdirAll(d.cfg.EndStates, 0o755); err != nil {
+		return desktop.EndState{}, d.fail(PhaseEvaluate, err)
+	}
+	tmp, err := os.CreateTemp(d.cfg.EndStates, ".tmp-")
+	if err == nil {
+		_, err = tmp.Write(b)
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(tmp.Name(), d.endStatePath(ref))
+		}
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}
+	if err != nil {
+		return desktop.EndState{}, d.fail(PhaseEvaluate, fmt.Errorf("keep end state: %w", err))
+	}
+	return desktop.EndState{Ref: ref, Bytes: int64(len(b))}, nil
+}
+
+// DropEndState deletes a kept end state.
+func (d *Desktop) DropEndState(ctx context.Context, ref string) error {
+	path, err := d.checkedEndStatePath(ref)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(path); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
+	} else if err != nil {
+		return fmt.Errorf("drop end state %s: %w", ref, err)
+	}
+	return nil
+}
+
+// GradeEndState brings the kept state ref back and grades it with task's
+// evaluator as it is now (an infeasible one scores whether last was FAIL),
+// drawing the reward as Evaluate did for the attempt ctx carries.
+func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Task, last desktop.Action) (float64, error) {
+	path, err := d.checkedEndStatePath(ref)
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
+	}
+	if err != nil {
+		return 0, d.fail(PhaseEvaluate, err)
+	}
+	var st endState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return 0, fmt.Errorf("kept end state %s: %w", ref, err)
+	}
+	if st.Task != task.ID {
+		return 0, fmt.Errorf("kept end state %s is of task %q, not %q", ref, st.Task, task.ID)
+	}
+	d.mu.Lock()
+	d.cur = attempt{hasTask: true, task: task.ID, infeasible: isInfeasible(task.Evaluator),
+		taskHash: st.TaskHash, history: st.History, last: last, acted: last != desktop.Action{}}
+	d.mu.Unlock()
+	return d.Evaluate(ctx, task)
+}
+
+func (d *Desktop) endStatePath(ref string) string {
+	return filepath.Join(d.cfg.EndStates, ref+".json")
+}
+
+// checkedEndStatePath is the file of ref, refusing a ref that is not a
+// fake end state's name (it must not name another file).
+func (d *Desktop) checkedEndStatePath(ref string) (string, error) {
+	hexPart, ok := strings.CutPrefix(ref, endStatePrefix)
+	if _, err := hex.DecodeString(hexPart); !ok || err != nil || len(hexPart) != 32 {
+		return "", fmt.Errorf("%q is not the name of a fake's kept end state", ref)
+	}
+	if d.cfg.EndStates == "" {
+		return "", fmt.Errorf("%w: the fake has no Config.EndStates", desktop.ErrUnsupported)
+	}
+	return d.endStatePath(ref), nil
+}

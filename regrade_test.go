@@ -1,0 +1,140 @@
+package rl
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"testing/synctest"
+
+	"legato/rl/desktop/fake"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+// TestRegradeKeptEndStates keeps every attempt's end state, then grades
+// them again without running the agent: with the same tasks every reward
+// comes out the same; after one task's evaluator changed (to infeasible,
+// which the attempts that ended in DONE fail), its attempts get the new
+// reward, the others keep theirs, and rollouts.jsonl is unchanged.
+func TestRegradeKeptEndStates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(2)
+		desk := fake.Config{Seed: 4, DefaultReward: fake.Reward{P: 1}}
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		desk.EndStates = filepath.Join(e.opts.Out, schema.EndStatesDir)
+		e.fleet = fake.NewFleet(withScreen(desk))
+		e.opts.NewDesktop, e.opts.KeepEndStates = e.fleet.New, true
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		before, err := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range readRecords(t, e.opts.Out) {
+			if r.EndState == nil || r.EndState.Ref == "" || r.EndState.Bytes == 0 {
+				t.Fatalf("%s: end state %+v, want one kept", r.RolloutID, r.EndState)
+			}
+		}
+		regrade := func(tasks []Task) *RegradeReport {
+			t.Helper()
+			fleet := fake.NewFleet(withScreen(desk))
+			rep, err := Regrade(t.Context(), e.opts.Out, RegradeOptions{NewDesktop: fleet.New, Desktops: 2, Tasks: tasks})
+			checkClosed(t, fleet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rep
+		}
+		rep := regrade(tasks)
+		if len(rep.Regrades) != 4 || rep.Changed != 0 || rep.Failed != 0 {
+			t.Errorf("same tasks: %d regraded, %d changed, %d failed; want 4, 0, 0", len(rep.Regrades), rep.Changed, rep.Failed)
+		}
+
+		changed := slices.Clone(tasks)
+		changed[1].Evaluator = json.RawMessage(`{"func":"infeasible"}`)
+		changed[1].Raw = nil
+		rep = regrade(changed)
+		for _, r := range rep.Regrades {
+			want := 1.0
+			if r.TaskID == "t1" {
+				want = 0
+				if r.TaskSHA == r.RecordedTaskSHA {
+					t.Errorf("%s: graded with task sha %s, the one it ran", r.RolloutID, r.TaskSHA)
+				}
+			}
+			if r.Regraded == nil || *r.Regraded != want || *r.Reward != 1 {
+				t.Errorf("%s (%s): reward %v regraded %v (%s), want 1 then %v", r.RolloutID, r.TaskID, r.Reward, r.Regraded, r.Error, want)
+			}
+		}
+		if rep.Changed != 2 {
+			t.Errorf("%d changed, want t1's 2", rep.Changed)
+		}
+		latest, err := schema.LatestRegrades(e.opts.Out)
+		if err != nil || len(latest) != 4 {
+			t.Fatalf("regrades.jsonl: %d latest, %v", len(latest), err)
+		}
+		after, _ := os.ReadFile(filepath.Join(e.opts.Out, schema.RecordsFile))
+		if string(after) != string(before) {
+			t.Error("regrading changed rollouts.jsonl")
+		}
+
+		// A state gone is said so, not graded.
+		rec := readRecords(t, e.opts.Out)[0]
+		if err := os.Remove(filepath.Join(desk.EndStates, rec.EndState.Ref+".json")); err != nil {
+			t.Fatal(err)
+		}
+		fleet := fake.NewFleet(withScreen(desk))
+		rep, err = Regrade(t.Context(), e.opts.Out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks, Rollouts: []string{rec.RolloutID}})
+		checkClosed(t, fleet)
+		if err != nil || rep.Failed != 1 || rep.Regrades[0].Error == "" {
+			t.Errorf("a removed state: %+v, %v; want it failed, saying it is gone", rep, err)
+		}
+		if _, err := Regrade(t.Context(), e.opts.Out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks, Rollouts: []string{"nope"}}); !errors.Is(err, ErrRegrade) {
+			t.Errorf("an unknown rollout: %v, want ErrRegrade", err)
+		}
+	})
+}
+
+// TestEndStateBound drops the oldest kept states past the batch's bound.
+func TestEndStateBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(3)
+		desk := fake.Config{DefaultReward: fake.Reward{P: 1}}
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		desk.EndStates = filepath.Join(e.opts.Out, schema.EndStatesDir)
+		e.fleet = fake.NewFleet(withScreen(desk))
+		e.opts.NewDesktop, e.opts.KeepEndStates, e.opts.Desktops = e.fleet.New, true, 1
+		// One state is about 70 bytes: room for two.
+		e.opts.EndStateBytes = 150
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		files, err := os.ReadDir(desk.EndStates)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var size int64
+		for _, f := range files {
+			info, _ := f.Info()
+			size += info.Size()
+		}
+		if len(files) == 0 || size > e.opts.EndStateBytes {
+			t.Errorf("%d kept states of %d bytes, want some within %d", len(files), size, e.opts.EndStateBytes)
+		}
+		recs := readRecords(t, e.opts.Out)
+		last := recs[len(recs)-1].EndState.Ref
+		if _, err := os.Stat(filepath.Join(desk.EndStates, last+".json")); err != nil {
+			t.Errorf("the newest state was dropped: %v", err)
+		}
+	})
+}
+
+// withScreen gives a fake config the tests' screen size.
+func withScreen(c fake.Config) fake.Config {
+	c.Width, c.Height = testWidth, testHeight
+	return c
+}
