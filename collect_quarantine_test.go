@@ -208,3 +208,25 @@ func TestServiceQuarantine(t *testing.T) {
 	}
 	checkClosed(t, e.fleet)
 }
+
+// A desktop that crashes on the second grade keeps the first: the record is
+// ok with its reward and says why the second grade is missing, and the
+// desktop is replaced.
+func TestSecondGradeDesktopFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(1), policytest.Options{Script: clicksThenDone(1)},
+			fake.Config{DefaultReward: fake.Reward{P: 1}, Faults: []fake.Fault{{Phase: fake.PhaseEvaluate, Kind: fake.FaultCrash, OnCall: 2, Desktop: "fake-0"}}})
+		e.opts.GradeTwice, e.opts.Desktops = 1, 1
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		recs := readRecords(t, e.opts.Out)
+		first := recs[0]
+		if first.Status != schema.StatusOK || first.Reward == nil || *first.Reward != 1 || first.SecondGrade == nil || first.SecondGrade.Error == "" || first.SecondGrade.Reward != nil {
+			t.Errorf("first record: %s, reward %v, second grade %+v; want ok with reward 1 and the second grade's error", first.Status, first.Reward, first.SecondGrade)
+		}
+		if n := len(e.fleet.Desktops()); n != 2 {
+			t.Errorf("%d desktops created, want 2 (the crashed one replaced)", n)
+		}
+	})
+}

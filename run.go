@@ -46,8 +46,9 @@ type batch struct {
 	// earlier is what the batch's earlier runs left in summary.json that
 	// its records do not hold: outages and stops (see earlierRuns).
 	earlier schema.Summary
-	// quar is the task quarantine (nil in a service); skipped the tasks
-	// it held at the start, which the batch does not run.
+	// quar is the task quarantine; skipped the tasks it held at a
+	// collect's start, which the batch does not run (a service refuses
+	// groups of held tasks instead).
 	quar    *quarantine
 	skipped []string
 	// kept bounds the space of the batch's kept end states.

@@ -19,6 +19,7 @@ import (
 var (
 	_ desktop.Desktop     = (*Desktop)(nil)
 	_ desktop.ReadyWaiter = (*Desktop)(nil)
+	_ desktop.Regrader    = (*Desktop)(nil)
 )
 
 // ResetReport says what the last Reset did, why, and how long its parts
@@ -40,6 +41,9 @@ type ResetReport struct {
 	// Golden is the time taking the task's golden state took (for
 	// ResetGoldenBuild): the wait for a settled screen and the snapshot.
 	Golden time.Duration
+	// GoldenKey is the key of the golden state the attempt starts from
+	// (loaded, forked or just taken), "" when it starts otherwise.
+	GoldenKey string
 	// Ended names the processes a fast reset ended, Spared those started
 	// since the clean state it left running as not the desktop user's;
 	// Closed the windows it closed; Left says what it could not undo.
@@ -190,10 +194,22 @@ func (d *Desktop) reset(ctx context.Context, task desktop.Task, plan func(resetF
 	if err != nil {
 		return err
 	}
+	rep.GoldenKey = startKey(rep.Kind, facts.golden.key)
 	d.setLastReset(rep)
 	d.log.Debug("reset", "task", task.ID, "kind", rep.Kind, "why", rep.Why, "restore", rep.Restore, "setup", rep.Setup,
 		"golden", rep.Golden, "ended", rep.Ended, "closed", rep.Closed)
 	return nil
+}
+
+// startKey is the golden key an attempt starts from after a reset of kind,
+// key being the task's key now: a golden state of another key is never
+// loaded (it is taken again).
+func startKey(kind ResetKind, key string) string {
+	switch kind {
+	case ResetGolden, ResetGoldenFork, ResetGoldenBuild:
+		return key
+	}
+	return ""
 }
 
 func (d *Desktop) setLastReset(rep ResetReport) {
@@ -389,6 +405,22 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 	d.mu.Unlock()
 	if err != nil {
 		return 0, d.fail("evaluate", err)
+	}
+	return r.Score, nil
+}
+
+// EvaluateAgain grades the state the last Evaluate graded once more: the
+// evaluator's getters and metrics, not its postconfig (desktop.Regrader).
+// The first grade's report of how each metric ran stays.
+func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64, error) {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	r, err := d.grader.EvaluateAgain(ctx, task, d.lastAction)
+	if err != nil {
+		return 0, d.fail("evaluate again", err)
 	}
 	return r.Score, nil
 }

@@ -3,6 +3,7 @@
 package osworld
 
 import (
+	"encoding/json"
 	"flag"
 	"path/filepath"
 	"testing"
@@ -14,14 +15,16 @@ import (
 	"legato/rl/schema"
 )
 
-var itReplayAttempts = flag.Int("osworld.replay.attempts", 4, "attempts TestIntegrationReplay records and replays (the issue's measure: 20)")
+var itReplayAttempts = flag.Int("osworld.replay.attempts", 4, "attempts TestIntegrationRewardChecks records and replays (the issue's measure: 20)")
 
-// TestIntegrationReplay records attempts of the test guest's tasks from
-// their golden states and replays them without a model on the same pool:
-// each starts from the golden state of the same key, its screens compare
-// with the recorded ones step by step, and its reward comes out the same.
-// With -osworld.replay.attempts=20 it is the issue's measure.
-func TestIntegrationReplay(t *testing.T) {
+// TestIntegrationRewardChecks records attempts of the test guest's tasks
+// from their golden states and replays them without a model on the same
+// pool: each starts from the golden state of the same key, its screens
+// compare with the recorded ones step by step, and its reward comes out
+// the same. With -osworld.replay.attempts=20 it is the issue's measure.
+// Then, on the same VMs, a task whose grader is made nondeterministic is
+// caught by grading twice, quarantined, and skipped by the next batch.
+func TestIntegrationRewardChecks(t *testing.T) {
 	cfg := itConfig(t, "legato-itosw-replay-")
 	cfg.Golden = GoldenConfig{Max: 4}
 	ctx := t.Context()
@@ -95,5 +98,48 @@ func TestIntegrationReplay(t *testing.T) {
 	}
 	if share < 0.95 {
 		t.Errorf("%.1f%% of the screens replayed identical, want at least 95%%", 100*share)
+	}
+
+	gradeTwiceOnGuest(t, p, byID["legato-term-echo"], cfg)
+}
+
+// gradeTwiceOnGuest runs a task whose grader answers yes, then no, on every
+// end state (a counter in the guest's /tmp, which each reset restores):
+// grading twice catches it, the task is quarantined with its evidence, and
+// the next batch sharing the quarantine skips it.
+func gradeTwiceOnGuest(t *testing.T, p *Pool, base desktop.Task, cfg Config) {
+	ctx := t.Context()
+	flaky := base
+	flaky.ID = "legato-flaky-grader"
+	flaky.Raw = nil
+	flaky.Evaluator = json.RawMessage(`{"func": "check_include_exclude",
+		"result": {"type": "vm_command_line", "shell": true,
+			"command": "n=$(cat /tmp/legato-grades 2>/dev/null || echo 0); n=$((n+1)); echo $n > /tmp/legato-grades; if [ $((n % 2)) = 1 ]; then echo yes; else echo no; fi"},
+		"expected": {"type": "rule", "rules": {"include": ["yes"], "exclude": []}}}`)
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
+	defer srv.Close()
+	shared := filepath.Join(t.TempDir(), "quarantine.json")
+	pol := rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-flaky"}
+	opts := rl.CollectOptions{Out: t.TempDir(), NewDesktop: p.New, Desktops: 1, Group: 2, MaxSteps: 4, EnvRetries: -1,
+		GradeTwice: 1, Quarantine: shared, Logger: cfg.Logger}
+	sum, err := rl.Collect(ctx, []desktop.Task{flaky}, pol, opts)
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	if n := sum.GraderDisagreements[flaky.ID]; n != 2 || sum.Quarantined[flaky.ID] != schema.QuarantineGraderDisagrees {
+		t.Errorf("grading twice: %d disagreements, quarantined %v; want 2 and the task for %s", n, sum.Quarantined, schema.QuarantineGraderDisagrees)
+	}
+	if _, err := schema.ReadRunRecords(opts.Out, func(r schema.Record) error {
+		if g := r.SecondGrade; g == nil || g.Reward == nil || *g.Reward != 0 || *r.Reward != 1 || g.Agrees {
+			t.Errorf("%s: reward %s, second grade %+v; want 1, then 0, disagreeing", r.RolloutID, fmtReward(r.Reward), g)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	opts.Out = t.TempDir()
+	sum, err = rl.Collect(ctx, []desktop.Task{flaky}, pol, opts)
+	if err != nil || len(sum.QuarantineSkipped) != 1 || sum.Records != 0 {
+		t.Errorf("the next batch: %v, skipped %v, %d records; want the task skipped, no record", err, sum.QuarantineSkipped, sum.Records)
 	}
 }

@@ -18,6 +18,7 @@ func (d *Desktop) AttemptReport() desktop.AttemptReport {
 	r := desktop.AttemptReport{
 		Reset:    string(d.lastReset.Kind),
 		ResetWhy: d.lastReset.Why,
+		Golden:   d.lastReset.GoldenKey,
 		Grading:  slices.Clone(d.lastGrading),
 		Host:     d.host,
 		Ended:    slices.Clone(d.lastReset.Ended),

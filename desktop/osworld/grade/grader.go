@@ -292,6 +292,18 @@ func (g *Grader) Grade(ctx context.Context, task desktop.Task, lastAction deskto
 // graded here; any other error (an *Error naming the metric) is a failure
 // of the desktop or of its grader.
 func (g *Grader) Evaluate(ctx context.Context, task desktop.Task, lastAction desktop.Action) (Result, error) {
+	return g.evaluate(ctx, task, lastAction, true)
+}
+
+// EvaluateAgain grades the desktop's state once more as Evaluate did, its
+// getters and metrics, without the postconfig steps (they ran, and they
+// may change the state): a grader that gives another reward for the same
+// state disagrees with itself.
+func (g *Grader) EvaluateAgain(ctx context.Context, task desktop.Task, lastAction desktop.Action) (Result, error) {
+	return g.evaluate(ctx, task, lastAction, false)
+}
+
+func (g *Grader) evaluate(ctx context.Context, task desktop.Task, lastAction desktop.Action, postconfig bool) (Result, error) {
 	if g.closed.Load() {
 		return Result{}, desktop.ErrClosed
 	}
@@ -300,7 +312,7 @@ func (g *Grader) Evaluate(ctx context.Context, task desktop.Task, lastAction des
 	stop := context.AfterFunc(g.life, cancel)
 	defer stop()
 	var runs []desktop.MetricRun
-	s, err := g.grade(ctx, task, lastAction, &runs)
+	s, err := g.grade(ctx, task, lastAction, postconfig, &runs)
 	if err != nil && g.closed.Load() {
 		err = desktop.ErrClosed
 	}
@@ -310,7 +322,7 @@ func (g *Grader) Evaluate(ctx context.Context, task desktop.Task, lastAction des
 	return Result{Score: s, Metrics: runs}, err
 }
 
-func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction desktop.Action, runs *[]desktop.MetricRun) (float64, error) {
+func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction desktop.Action, postconfig bool, runs *[]desktop.MetricRun) (float64, error) {
 	ev, err := ParseEvaluator(task.Evaluator)
 	if err != nil {
 		return 0, &UnsupportedError{TaskID: task.ID, Reason: err.Error()}
@@ -328,7 +340,7 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 			return 0, err
 		}
 	}
-	if len(ev.PostConfig) > 0 && g.cfg.PostConfig == nil {
+	if len(ev.PostConfig) > 0 && g.cfg.PostConfig == nil && postconfig {
 		return 0, &UnsupportedError{TaskID: task.ID, Reason: "the evaluator has postconfig steps and the grader has no PostConfig"}
 	}
 
@@ -339,7 +351,7 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 		return 0, &Error{TaskID: task.ID, Op: "cache dir", Err: err}
 	}
 
-	if len(ev.PostConfig) > 0 {
+	if len(ev.PostConfig) > 0 && postconfig {
 		if err := g.cfg.PostConfig(ctx, task, ev.PostConfig, cacheDir); err != nil {
 			return 0, &Error{TaskID: task.ID, Op: "postconfig", Err: err}
 		}

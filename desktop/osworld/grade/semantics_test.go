@@ -469,3 +469,36 @@ func TestPostConfigThroughTheSetupController(t *testing.T) {
 		t.Errorf("Grade = %v, %v; want 1 from the file the postconfig step saved", got, err)
 	}
 }
+
+// EvaluateAgain runs the getters and metric again, not the postconfig: a
+// guest whose answer changed between the two grades gives another reward.
+func TestEvaluateAgainSkipsPostConfig(t *testing.T) {
+	task := loadTask(t, "0ed39f63-6049-43d4-ba4d-5fa2fe04a951")
+	task.Evaluator = json.RawMessage(`{
+		"postconfig": [{"type": "execute", "parameters": {"command": ["true"]}}],
+		"func": "check_include_exclude",
+		"result": {"type": "vm_command_line", "command": "cat /tmp/answer", "shell": true},
+		"expected": {"type": "rule", "rules": {"include": ["yes"], "exclude": []}}}`)
+	guest := newFakeGuest(t)
+	posts := 0
+	g := newNativeGrader(t, GraderConfig{
+		Guest: guest.client(t),
+		PostConfig: func(context.Context, desktop.Task, []desktop.SetupStep, string) error {
+			posts++
+			return nil
+		},
+	})
+	guest.setCommand("cat /tmp/answer", true, "yes\n")
+	first, err := g.Evaluate(context.Background(), task, desktop.DoneAction)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest.setCommand("cat /tmp/answer", true, "no\n")
+	again, err := g.EvaluateAgain(context.Background(), task, desktop.DoneAction)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Score != 1 || again.Score != 0 || posts != 1 {
+		t.Errorf("Evaluate %v, EvaluateAgain %v after %d postconfig runs; want 1, then 0 (the getter ran again), after 1", first.Score, again.Score, posts)
+	}
+}
