@@ -256,8 +256,8 @@ type replayer struct {
 }
 
 // attempt replays rec on w's desktop.
-func (r *replayer) attempt(ctx context.Context, w *worker, rec *schema.Record) AttemptReplay {
-	out := AttemptReplay{RolloutID: rec.RolloutID, TaskID: rec.TaskID, RecordedReward: rec.Reward,
+func (r *replayer) attempt(ctx context.Context, w *worker, rec *schema.Record) (out AttemptReplay) {
+	out = AttemptReplay{RolloutID: rec.RolloutID, TaskID: rec.TaskID, RecordedReward: rec.Reward,
 		FirstDivergence: -1, RecordedS: rec.Timing.TotalS}
 	start := time.Now()
 	defer func() { out.ReplayS = time.Since(start).Seconds() }()

@@ -47,6 +47,9 @@ func TestReplayFake(t *testing.T) {
 			t.Errorf("same desktops: %d replayed, %d rewards agree, %d of %d screens identical; want 6, 6, 18 of 18",
 				rep.Replayed, rep.RewardsAgree, rep.ScreensIdentical, rep.Screens)
 		}
+		if rep.ReplayS <= 0 || rep.RecordedS <= 0 {
+			t.Errorf("replay took %v s, the attempts %v s: want both measured", rep.ReplayS, rep.RecordedS)
+		}
 		for _, a := range rep.Attempts {
 			if a.FirstDivergence != -1 || a.Error != "" || a.ReplayedReward == nil {
 				t.Errorf("%s: diverged at %d, error %q, reward %v", a.RolloutID, a.FirstDivergence, a.Error, a.ReplayedReward)
