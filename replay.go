@@ -76,7 +76,8 @@ type ReplayReport struct {
 	RewardsAgree     int `json:"rewards_agree"`
 	Screens          int `json:"screens"`
 	ScreensIdentical int `json:"screens_identical"`
-	// RecordedS and ReplayS sum the attempts' time then and now.
+	// RecordedS and ReplayS sum the attempts' time then and now, each
+	// from its reset to its grade.
 	RecordedS float64 `json:"recorded_s"`
 	ReplayS   float64 `json:"replay_s"`
 	// Quarantined names the tasks whose replays did not reproduce their
@@ -259,13 +260,15 @@ type replayer struct {
 func (r *replayer) attempt(ctx context.Context, w *worker, rec *schema.Record) (out AttemptReplay) {
 	out = AttemptReplay{RolloutID: rec.RolloutID, TaskID: rec.TaskID, RecordedReward: rec.Reward,
 		FirstDivergence: -1, RecordedS: rec.Timing.TotalS}
-	start := time.Now()
-	defer func() { out.ReplayS = time.Since(start).Seconds() }()
 	d, err := w.desktop(ctx)
 	if d == nil {
 		out.Error = fmt.Sprintf("no desktop: %v", err)
 		return out
 	}
+	// From the reset on, as the record's total_s: a desktop's creation
+	// (a VM's boot) is no attempt's time.
+	start := time.Now()
+	defer func() { out.ReplayS = time.Since(start).Seconds() }()
 	err = r.run(ctx, d, rec, &out)
 	if err != nil {
 		out.Error = err.Error()

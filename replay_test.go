@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
 	"legato/rl/policy/policytest"
 	"legato/rl/policy/qwen"
@@ -129,5 +131,57 @@ func TestReplayBadInput(t *testing.T) {
 			t.Errorf("a directory without a batch: %v, want ErrReplay", err)
 		}
 		checkClosed(t, fleet)
+	})
+}
+
+// goldenDesktop is a fake desktop that says its attempts start from the
+// golden state key.
+type goldenDesktop struct {
+	desktop.Desktop
+	key string
+}
+
+func (g goldenDesktop) AttemptReport() desktop.AttemptReport {
+	return desktop.AttemptReport{Reset: "golden", Golden: g.key}
+}
+
+func withGolden(f desktop.Factory, key string) desktop.Factory {
+	return func(ctx context.Context, slot int) (desktop.Desktop, error) {
+		d, err := f(ctx, slot)
+		if err != nil {
+			return nil, err
+		}
+		return goldenDesktop{d, key}, nil
+	}
+}
+
+// A replay on desktops whose golden state has another key than the one an
+// attempt started from does not run the attempt: it says the start cannot
+// be rebuilt. With the same key it replays.
+func TestReplayGoldenKeyChanged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(1)
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, fake.Config{})
+		e.opts.NewDesktop = withGolden(e.fleet.New, "key-one-0123456789")
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{"key-one-0123456789", "key-two-0123456789"} {
+			fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight})
+			rep, err := Replay(t.Context(), e.opts.Out, ReplayOptions{NewDesktop: withGolden(fleet.New, key), Tasks: tasks, Ready: e.opts.Ready})
+			checkClosed(t, fleet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range rep.Attempts {
+				same := key == "key-one-0123456789"
+				switch {
+				case same && (a.Error != "" || a.Golden != key || !a.RewardAgrees):
+					t.Errorf("same key: %+v, want replayed from it", a)
+				case !same && (!strings.Contains(a.Error, "its key changed") || a.ReplayedReward != nil || len(a.Screens) != 0):
+					t.Errorf("another key: %+v, want the attempt refused, saying the key changed", a)
+				}
+			}
+		}
 	})
 }
