@@ -65,46 +65,26 @@ func ProbeTasks(ctx context.Context, tasks []Task, opts ProbeTasksOptions) ([]Ta
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	out := make([]TaskProbe, len(tasks))
-	next := make(chan int)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var noDesktop error
-	for slot := range min(max(opts.Desktops, 1), len(tasks)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w := &worker{slot: slot, create: opts.NewDesktop, workLeft: func(ctx context.Context) bool { return ctx.Err() == nil }, log: opts.Logger}
-			defer w.discard()
-			for i := range next {
-				p := TaskProbe{TaskID: tasks[i].ID}
-				for r := range p.Runs {
-					d, err := w.desktop(ctx)
-					if d == nil {
-						mu.Lock()
-						noDesktop = errors.Join(noDesktop, err)
-						mu.Unlock()
-						p.Runs[r].Error = fmt.Sprintf("no desktop: %v", err)
-						continue
-					}
-					if failed := probeRun(ctx, d, tasks[i], &p.Runs[r]); failed {
-						w.discard()
-					}
-				}
-				p.Reason, p.Evidence = judgeProbe(p.Runs)
-				out[i] = p
+	onDesktops(ctx, len(tasks), opts.Desktops, opts.NewDesktop, opts.Logger, func(w *worker, i int) {
+		p := TaskProbe{TaskID: tasks[i].ID}
+		for r := range p.Runs {
+			d, err := w.desktop(ctx)
+			if d == nil {
+				mu.Lock()
+				noDesktop = errors.Join(noDesktop, err)
+				mu.Unlock()
+				p.Runs[r].Error = fmt.Sprintf("no desktop: %v", err)
+				continue
 			}
-		}()
-	}
-feed:
-	for i := range tasks {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
+			if failed := probeRun(ctx, d, tasks[i], &p.Runs[r]); failed {
+				w.discard()
+			}
 		}
-	}
-	close(next)
-	wg.Wait()
+		p.Reason, p.Evidence = judgeProbe(p.Runs)
+		out[i] = p
+	})
 	if err := ctx.Err(); err != nil {
 		return out, err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"legato/rl/desktop"
@@ -60,29 +59,9 @@ func Regrade(ctx context.Context, runDir string, opts RegradeOptions) (*RegradeR
 	}
 	tasks := taskIndex(opts.Tasks)
 	rep := &RegradeReport{Regrades: make([]schema.Regrade, len(recs))}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for slot := range min(max(opts.Desktops, 1), len(recs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w := &worker{slot: slot, create: opts.NewDesktop, workLeft: func(ctx context.Context) bool { return ctx.Err() == nil }, log: opts.Logger}
-			defer w.discard()
-			for i := range next {
-				rep.Regrades[i] = regradeOne(ctx, w, &recs[i], tasks[recs[i].TaskID])
-			}
-		}()
-	}
-feed:
-	for i := range recs {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
+	onDesktops(ctx, len(recs), opts.Desktops, opts.NewDesktop, opts.Logger, func(w *worker, i int) {
+		rep.Regrades[i] = regradeOne(ctx, w, &recs[i], tasks[recs[i].TaskID])
+	})
 	done := rep.Regrades[:0]
 	for _, r := range rep.Regrades {
 		if r.RolloutID == "" {

@@ -12,7 +12,6 @@ import (
 	"image/png"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"legato/rl/desktop"
@@ -136,7 +135,6 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	opts.Desktops = max(opts.Desktops, 1)
 	opts.Ready = opts.Ready.WithDefaults()
 	if opts.Harness == nil {
 		opts.Harness = qwen.New(qwen.Config{ImageMax: DefaultImageMax})
@@ -161,29 +159,9 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 	rep := &ReplayReport{Schema: ReplayVersion, Run: runDir, StartedAt: schema.Time{Time: time.Now()},
 		Attempts: make([]AttemptReplay, len(recs))}
 	r := &replayer{opts: opts, store: store, tasks: taskIndex(opts.Tasks)}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for slot := range min(opts.Desktops, len(recs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w := &worker{slot: slot, create: opts.NewDesktop, workLeft: func(ctx context.Context) bool { return ctx.Err() == nil }, log: opts.Logger}
-			defer w.discard()
-			for i := range next {
-				rep.Attempts[i] = r.attempt(ctx, w, &recs[i])
-			}
-		}()
-	}
-feed:
-	for i := range recs {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
+	onDesktops(ctx, len(recs), opts.Desktops, opts.NewDesktop, opts.Logger, func(w *worker, i int) {
+		rep.Attempts[i] = r.attempt(ctx, w, &recs[i])
+	})
 	rep.EndedAt = schema.Time{Time: time.Now()}
 	rep.total()
 	if err := ctx.Err(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"legato/rl/desktop"
@@ -76,4 +77,34 @@ func (w *worker) discard() {
 		w.log.Warn("close desktop", "slot", w.slot, "err", err)
 	}
 	w.desk = nil
+}
+
+// onDesktops runs do(w, i) for i from 0 to n-1 on up to slots workers, each
+// with its own desktop from create (made when first needed, made again
+// after do discards it), and returns once every started call returned. It
+// starts no call once ctx is done; the desktops are closed at the end.
+func onDesktops(ctx context.Context, n, slots int, create desktop.Factory, log *slog.Logger, do func(w *worker, i int)) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for slot := range min(max(slots, 1), n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := &worker{slot: slot, create: create, workLeft: func(ctx context.Context) bool { return ctx.Err() == nil }, log: log}
+			defer w.discard()
+			for i := range next {
+				do(w, i)
+			}
+		}()
+	}
+feed:
+	for i := range n {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
 }
