@@ -86,42 +86,20 @@ func Regrade(ctx context.Context, runDir string, opts RegradeOptions) (*RegradeR
 // file order, refusing a named rollout that is not one and a task not
 // given.
 func regradeRecords(runDir string, opts RegradeOptions) ([]schema.Record, error) {
-	want := map[string]bool{}
-	for _, id := range opts.Rollouts {
-		want[id] = true
-	}
 	tasks := taskIndex(opts.Tasks)
-	found := map[string]bool{}
-	var recs []schema.Record
-	if _, err := schema.ReadRunRecords(runDir, func(rec schema.Record) error {
-		if len(want) > 0 && !want[rec.RolloutID] {
-			return nil
-		}
-		found[rec.RolloutID] = true
-		kept := rec.EndState != nil && rec.EndState.Ref != ""
-		if !kept || !rec.Status.Graded() || rec.Reward == nil {
-			if len(want) > 0 {
-				return fmt.Errorf("%w: rollout %s has no kept end state (collect it with --keep-end-states)", ErrRegrade, rec.RolloutID)
-			}
-			return nil
+	recs, err := pickRecords(runDir, opts.Rollouts, ErrRegrade, func(rec *schema.Record) (string, error) {
+		if rec.EndState == nil || rec.EndState.Ref == "" || !rec.Status.Graded() || rec.Reward == nil {
+			return "has no kept end state (collect it with --keep-end-states)", nil
 		}
 		if _, ok := tasks[rec.TaskID]; !ok {
-			return fmt.Errorf("%w: rollout %s is of task %q, which the tasks given do not have: pass the tasks file (--tasks)", ErrRegrade, rec.RolloutID, rec.TaskID)
+			return "", fmt.Errorf("%w: rollout %s is of task %q, which the tasks given do not have: pass the tasks file (--tasks)", ErrRegrade, rec.RolloutID, rec.TaskID)
 		}
-		recs = append(recs, rec)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("regrade %s: %w", runDir, err)
+		return "", nil
+	})
+	if err == nil && len(recs) == 0 {
+		err = fmt.Errorf("%w: %s kept no end state: collect with --keep-end-states to regrade later", ErrRegrade, runDir)
 	}
-	for _, id := range opts.Rollouts {
-		if !found[id] {
-			return nil, fmt.Errorf("%w: no rollout %q in %s (see its rollouts.jsonl)", ErrRegrade, id, runDir)
-		}
-	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("%w: %s kept no end state: collect with --keep-end-states to regrade later", ErrRegrade, runDir)
-	}
-	return recs, nil
+	return recs, err
 }
 
 // regradeOne grades rec's kept end state on w's desktop with task.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/backoff"
 	"legato/rl/policy"
 	"legato/rl/policy/qwen"
 	"legato/rl/schema"
@@ -177,43 +178,59 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 // that each named one is in the run and graded, and that its task is
 // given with the config it ran.
 func replayRecords(runDir string, opts ReplayOptions) ([]schema.Record, error) {
+	tasks := taskIndex(opts.Tasks)
+	recs, err := pickRecords(runDir, opts.Rollouts, ErrReplay, func(rec *schema.Record) (string, error) {
+		if !rec.Status.Graded() || rec.Reward == nil {
+			return fmt.Sprintf("is %s, not graded: only graded attempts replay", rec.Status), nil
+		}
+		t, ok := tasks[rec.TaskID]
+		switch {
+		case !ok:
+			return "", fmt.Errorf("%w: rollout %s is of task %q, which the tasks given do not have: pass the batch's --tasks", ErrReplay, rec.RolloutID, rec.TaskID)
+		case rec.TaskSHA != "" && rec.TaskSHA != TaskSHA(t):
+			return "", fmt.Errorf("%w: task %q changed since rollout %s ran (its config's sha256 was %s, now %s): replay with the tasks file the batch ran", ErrReplay, rec.TaskID, rec.RolloutID, short(rec.TaskSHA), short(TaskSHA(t)))
+		}
+		return "", nil
+	})
+	if err == nil && len(recs) == 0 {
+		err = fmt.Errorf("%w: %s has no graded attempt to replay", ErrReplay, runDir)
+	}
+	return recs, err
+}
+
+// pickRecords reads runDir's records and returns, in file order, every one
+// skip passes ("" for a record to take; else why not, in words), or only
+// those named by ids, each of which must be in the run and taken. skip's
+// error stops the read; errors wrap sentinel.
+func pickRecords(runDir string, ids []string, sentinel error, skip func(*schema.Record) (string, error)) ([]schema.Record, error) {
 	want := map[string]bool{}
-	for _, id := range opts.Rollouts {
+	for _, id := range ids {
 		want[id] = true
 	}
-	tasks := taskIndex(opts.Tasks)
-	var recs []schema.Record
 	found := map[string]bool{}
+	var recs []schema.Record
 	if _, err := schema.ReadRunRecords(runDir, func(rec schema.Record) error {
 		if len(want) > 0 && !want[rec.RolloutID] {
 			return nil
 		}
 		found[rec.RolloutID] = true
-		if !rec.Status.Graded() || rec.Reward == nil {
-			if len(want) > 0 {
-				return fmt.Errorf("%w: rollout %s is %s, not graded: only graded attempts replay", ErrReplay, rec.RolloutID, rec.Status)
-			}
-			return nil
-		}
-		t, ok := tasks[rec.TaskID]
+		why, err := skip(&rec)
 		switch {
-		case !ok:
-			return fmt.Errorf("%w: rollout %s is of task %q, which the tasks given do not have: pass the batch's --tasks", ErrReplay, rec.RolloutID, rec.TaskID)
-		case rec.TaskSHA != "" && rec.TaskSHA != TaskSHA(t):
-			return fmt.Errorf("%w: task %q changed since rollout %s ran (its config's sha256 was %s, now %s): replay with the tasks file the batch ran", ErrReplay, rec.TaskID, rec.RolloutID, short(rec.TaskSHA), short(TaskSHA(t)))
+		case err != nil:
+			return err
+		case why != "" && len(want) > 0:
+			return fmt.Errorf("%w: rollout %s %s", sentinel, rec.RolloutID, why)
+		case why == "":
+			recs = append(recs, rec)
 		}
-		recs = append(recs, rec)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("replay %s: %w", runDir, err)
+		return nil, fmt.Errorf("%s: %w", runDir, err)
 	}
-	for _, id := range opts.Rollouts {
+	for _, id := range ids {
 		if !found[id] {
-			return nil, fmt.Errorf("%w: no rollout %q in %s (see its rollouts.jsonl)", ErrReplay, id, runDir)
+			return nil, fmt.Errorf("%w: no rollout %q in %s (see its rollouts.jsonl)", sentinel, id, runDir)
 		}
-	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("%w: %s has no graded attempt to replay", ErrReplay, runDir)
 	}
 	return recs, nil
 }
@@ -292,7 +309,7 @@ func (r *replayer) run(ctx context.Context, d desktop.Desktop, rec *schema.Recor
 			return err
 		}
 		if r.opts.RecordedPace {
-			if err := sleepCtx(ctx, time.Duration(st.Model.Seconds*float64(time.Second))); err != nil {
+			if err := backoff.Sleep(ctx, time.Duration(st.Model.Seconds*float64(time.Second))); err != nil {
 				return err
 			}
 		}
@@ -452,20 +469,6 @@ func recordedGolden(rec *schema.Record) string {
 		return ""
 	}
 	return rec.Env.Golden
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // total sums the attempts into the report's totals.

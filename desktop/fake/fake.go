@@ -407,20 +407,7 @@ func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActRe
 // Evaluate takes Latency.Evaluate and grades the attempt (see the package
 // documentation). task must be the task of the last Reset.
 func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, error) {
-	c, err := d.enter(ctx, PhaseEvaluate, task.ID, true)
-	if err != nil {
-		return 0, err
-	}
-	d.mu.Lock()
-	cur := d.cur
-	d.mu.Unlock()
-	if cur.task != task.ID {
-		return 0, d.fail(PhaseEvaluate, fmt.Errorf("task %q, but the desktop was reset to task %q", task.ID, cur.task))
-	}
-	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", c)); err != nil {
-		return 0, d.fail(PhaseEvaluate, err)
-	}
-	return d.grade(cur, c, false), nil
+	return d.evaluate(ctx, task, false)
 }
 
 // EvaluateAgain grades the attempt once more (desktop.Regrader) and takes
@@ -428,6 +415,11 @@ func (d *Desktop) Evaluate(ctx context.Context, task desktop.Task) (float64, err
 // Reward is Flaky, which draw again. task must be the task of the last
 // Reset.
 func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64, error) {
+	return d.evaluate(ctx, task, true)
+}
+
+// evaluate is Evaluate, or with again EvaluateAgain.
+func (d *Desktop) evaluate(ctx context.Context, task desktop.Task, again bool) (float64, error) {
 	c, err := d.enter(ctx, PhaseEvaluate, task.ID, true)
 	if err != nil {
 		return 0, err
@@ -441,7 +433,7 @@ func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64
 	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", c)); err != nil {
 		return 0, d.fail(PhaseEvaluate, err)
 	}
-	return d.grade(cur, c, true), nil
+	return d.grade(cur, c, again), nil
 }
 
 // grade scores the attempt a, graded by the call c; again says it is a
