@@ -201,17 +201,6 @@ func (d *Desktop) reset(ctx context.Context, task desktop.Task, plan func(resetF
 	return nil
 }
 
-// startKey is the golden key an attempt starts from after a reset of kind,
-// key being the task's key now: a golden state of another key is never
-// loaded (it is taken again).
-func startKey(kind ResetKind, key string) string {
-	switch kind {
-	case ResetGolden, ResetGoldenFork, ResetGoldenBuild:
-		return key
-	}
-	return ""
-}
-
 func (d *Desktop) setLastReset(rep ResetReport) {
 	d.mu.Lock()
 	d.lastReset = rep

@@ -242,6 +242,17 @@ func cheaper(f, l resetCost, resets int) (ResetKind, string) {
 	return cheap, fmt.Sprintf("cheaper here: %s %s vs %s %s (measured)", cheapName, secs(cm), otherName, secs(om))
 }
 
+// startKey is the golden key an attempt starts from after a reset of kind,
+// key being the task's key now: a golden state of another key is never
+// loaded (it is taken again), and the other resets start from none.
+func startKey(kind ResetKind, key string) string {
+	switch kind {
+	case ResetGolden, ResetGoldenFork, ResetGoldenBuild:
+		return key
+	}
+	return ""
+}
+
 // reportKind is the kind a reset reports, from the steps it tried, the
 // last of which succeeded: a fast reset that fell back to the snapshot
 // says so; otherwise the step that succeeded names it.

@@ -316,3 +316,16 @@ func TestResetDecidedInPlan(t *testing.T) {
 		})
 	}
 }
+
+// An attempt starts from the golden state of the task's key only after a
+// reset that loaded, forked or took it.
+func TestStartKey(t *testing.T) {
+	for kind, want := range map[ResetKind]string{
+		ResetGolden: "k", ResetGoldenFork: "k", ResetGoldenBuild: "k",
+		ResetFast: "", ResetLoadvm: "", ResetNone: "",
+	} {
+		if got := startKey(kind, "k"); got != want {
+			t.Errorf("startKey(%s) = %q, want %q", kind, got, want)
+		}
+	}
+}
