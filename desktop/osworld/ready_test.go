@@ -86,15 +86,22 @@ func TestReadySignal(t *testing.T) {
 	waitChanging(t, d)
 	d.cfg.Ready.Interval = DefaultGuestReadyInterval
 	const short = 1500 * time.Millisecond
-	r, err = d.WaitReady(ctx, short)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The wait ends by its bound, planning its last screenshot to: it
-	// looked for most of it.
-	if r.After < short/2 || r.Settled {
-		t.Errorf("changing screen: WaitReady returned after %v, settled %v; want unsettled near its bound %v", r.After, r.Settled, short)
+	// looked for most of it. On a saturated machine the clock itself can
+	// stall for a quiet interval, which the signal rightly takes for a
+	// settled screen: such a wait is tried again, at most three times.
+	var ends []string
+	for range 3 {
+		r, err = d.WaitReady(ctx, short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.After >= short/2 && !r.Settled {
+			return
+		}
+		ends = append(ends, fmt.Sprintf("after %v, settled %v", r.After, r.Settled))
 	}
+	t.Errorf("changing screen: WaitReady returned %q; want unsettled near its bound %v", ends, short)
 }
 
 // waitChanging returns once the screen changes: a program whose window
