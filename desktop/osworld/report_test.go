@@ -57,8 +57,8 @@ func TestDesktopsShareOneGraderPool(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep = d.(desktop.Reporter).AttemptReport()
-		if rep.Grading != nil || rep.Reset != string(ResetFast) || rep.ResetWhy != "a guest given by URL has no snapshot" {
-			t.Errorf("desktop %d: report after a reset = %+v, want the fast reset, why, and no grading", slot, rep)
+		if rep.Grading != nil || rep.Reset != string(ResetFast) || rep.ResetWhy != "a guest given by URL has no snapshot" || rep.Golden != "" {
+			t.Errorf("desktop %d: report after a reset = %+v, want the fast reset, why, no grading and no golden key", slot, rep)
 		}
 	}
 	if st := p.Graders().Stats(); st.Workers != 2 || st.Starts > 2 {
