@@ -77,8 +77,9 @@
 //     public suffix list of golang.org/x/net (ICANN section), tldextract
 //     its own copy.
 //   - Each grade starts from an empty task cache directory, so a file left
-//     by an earlier attempt (a postconfig output) is never graded again.
-//     Cloud files are cached by URL in GraderConfig.DownloadDir.
+//     by an earlier attempt (a postconfig output) is never graded again;
+//     EvaluateAgain puts back what the last Evaluate's postconfig wrote
+//     there. Cloud files are cached by URL in GraderConfig.DownloadDir.
 //
 // And where the native code cannot follow Python exactly: it follows
 // CPython 3.11 (Unicode 14.0.0), so under another Python version the
@@ -96,9 +97,11 @@
 //
 // # Re-grading
 //
-// A Grader holds no attempt state: Grade takes the task and the attempt's
-// last action. Re-grading stored rollouts whose desktop state is available
-// means a Grader whose Guest reads that state, a PostConfig that does
-// nothing (the postconfig already ran), and the recorded last action
+// Grade takes the task and the attempt's last action; the only attempt
+// state a Grader holds is a copy of what each task's last postconfig run
+// wrote on the host, which EvaluateAgain grades again instead of running
+// the postconfig twice. Re-grading stored rollouts whose desktop state is
+// available means a Grader whose Guest reads that state, a PostConfig that
+// does nothing (the postconfig already ran), and the recorded last action
 // (desktop.ParseAction of the last step's action string).
 package grade

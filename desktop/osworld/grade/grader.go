@@ -298,7 +298,10 @@ func (g *Grader) Evaluate(ctx context.Context, task desktop.Task, lastAction des
 // EvaluateAgain grades the desktop's state once more as Evaluate did, its
 // getters and metrics, without the postconfig steps (they ran, and they
 // may change the state): a grader that gives another reward for the same
-// state disagrees with itself.
+// state disagrees with itself. What the last Evaluate's postconfig steps
+// wrote on the host (an execute step's output file) is graded again as
+// they left it; for a task with postconfig steps, EvaluateAgain before any
+// Evaluate of it on this grader fails.
 func (g *Grader) EvaluateAgain(ctx context.Context, task desktop.Task, lastAction desktop.Action) (Result, error) {
 	return g.evaluate(ctx, task, lastAction, false)
 }
@@ -351,9 +354,9 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 		return 0, &Error{TaskID: task.ID, Op: "cache dir", Err: err}
 	}
 
-	if len(ev.PostConfig) > 0 && postconfig {
-		if err := g.cfg.PostConfig(ctx, task, ev.PostConfig, cacheDir); err != nil {
-			return 0, &Error{TaskID: task.ID, Op: "postconfig", Err: err}
+	if len(ev.PostConfig) > 0 {
+		if err := g.postConfig(ctx, task, ev.PostConfig, cacheDir, postconfig); err != nil {
+			return 0, err
 		}
 	}
 	if ev.Infeasible {
@@ -402,6 +405,35 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 		best = max(best, s)
 	}
 	return best, nil
+}
+
+// postConfig runs the postconfig steps, writing into cacheDir, and keeps a
+// copy of what they wrote there; with run false it puts back instead what
+// the last run for the task kept. An execute step's output file is part of
+// the state graded, and no getter fetches it again: grading again without
+// it would score what is no longer there.
+func (g *Grader) postConfig(ctx context.Context, task desktop.Task, steps []desktop.SetupStep, cacheDir string, run bool) error {
+	kept := filepath.Join(g.root, "postconfig", safeName(task.ID))
+	if !run {
+		if _, err := os.Stat(kept); errors.Is(err, fs.ErrNotExist) {
+			return &Error{TaskID: task.ID, Op: "postconfig", Err: errors.New("this grader has not run the task's postconfig steps: grade it with Evaluate before EvaluateAgain")}
+		}
+		if err := os.CopyFS(cacheDir, os.DirFS(kept)); err != nil {
+			return &Error{TaskID: task.ID, Op: "restore postconfig output", Err: err}
+		}
+		return nil
+	}
+	// An earlier run's copy goes first: a run that fails keeps nothing.
+	if err := os.RemoveAll(kept); err != nil {
+		return &Error{TaskID: task.ID, Op: "keep postconfig output", Err: err}
+	}
+	if err := g.cfg.PostConfig(ctx, task, steps, cacheDir); err != nil {
+		return &Error{TaskID: task.ID, Op: "postconfig", Err: err}
+	}
+	if err := os.CopyFS(kept, os.DirFS(cacheDir)); err != nil {
+		return &Error{TaskID: task.ID, Op: "keep postconfig output", Err: err}
+	}
+	return nil
 }
 
 // checkRunnable refuses what the catalog cannot know about: native getters

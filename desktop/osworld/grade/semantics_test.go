@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -500,5 +501,77 @@ func TestEvaluateAgainSkipsPostConfig(t *testing.T) {
 	}
 	if first.Score != 1 || again.Score != 0 || posts != 1 {
 		t.Errorf("Evaluate %v, EvaluateAgain %v after %d postconfig runs; want 1, then 0 (the getter ran again), after 1", first.Score, again.Score, posts)
+	}
+}
+
+// EvaluateAgain grades what the last Evaluate's postconfig steps wrote on
+// the host as they left it (no getter fetches it again), and refuses a
+// task whose postconfig output it does not hold.
+func TestEvaluateAgainKeepsPostConfigOutput(t *testing.T) {
+	gold := writeTemp(t, "gold.txt", "accounts")
+	task := desktop.Task{ID: "dfac9ee8", Evaluator: json.RawMessage(fmt.Sprintf(`{
+		"postconfig": [{"type": "execute", "parameters": {"command": ["true"], "stdout": "out/accounts.txt"}}],
+		"func": "compare_text_file",
+		"result": {"type": "cache_file", "path": "out/accounts.txt"},
+		"expected": {"type": "rule", "rules": %q}}`, gold))}
+	// Each postconfig run does what the next of these says: write the
+	// output, write nothing, or fail.
+	var runs []string
+	g := newNativeGrader(t, GraderConfig{PostConfig: func(_ context.Context, _ desktop.Task, _ []desktop.SetupStep, cacheDir string) error {
+		if len(runs) == 0 {
+			t.Error("a postconfig run no grade asked for (EvaluateAgain ran it?)")
+			return nil
+		}
+		run := runs[0]
+		runs = runs[1:]
+		switch run {
+		case "write":
+			if err := os.MkdirAll(filepath.Join(cacheDir, "out"), 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(cacheDir, "out", "accounts.txt"), []byte("accounts"), 0o644)
+		case "fail":
+			return errors.New("the guest did not answer")
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	grade := func(again bool) (float64, error) {
+		if again {
+			r, err := g.EvaluateAgain(ctx, task, desktop.DoneAction)
+			return r.Score, err
+		}
+		r, err := g.Evaluate(ctx, task, desktop.DoneAction)
+		return r.Score, err
+	}
+	for _, tc := range []struct {
+		name    string
+		again   bool
+		runs    []string // the postconfig runs the grade makes
+		want    float64
+		wantErr string
+	}{
+		{"again before any Evaluate", true, nil, 0, "Evaluate before EvaluateAgain"},
+		{"Evaluate, its postconfig writing the file", false, []string{"write"}, 1, ""},
+		{"again: the file is still there", true, nil, 1, ""},
+		{"again, twice", true, nil, 1, ""},
+		{"Evaluate, its postconfig writing nothing", false, []string{"nothing"}, 0, ""},
+		{"again: not the first Evaluate's file", true, nil, 0, ""},
+		{"Evaluate, its postconfig failing", false, []string{"fail"}, 0, "the guest did not answer"},
+		{"again after a failed postconfig", true, nil, 0, "Evaluate before EvaluateAgain"},
+	} {
+		runs = slices.Clone(tc.runs)
+		got, err := grade(tc.again)
+		if len(runs) != 0 {
+			t.Errorf("%s: postconfig runs %v left undone", tc.name, runs)
+		}
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%s: error %v; want one saying %q", tc.name, err, tc.wantErr)
+		case got != tc.want:
+			t.Errorf("%s: score %v; want %v", tc.name, got, tc.want)
+		}
 	}
 }
