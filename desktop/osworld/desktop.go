@@ -53,7 +53,7 @@ type ResetReport struct {
 
 // Desktop is one OSWorld guest, driven through its guest server: a VM this
 // process started (see VMDesktop) or a guest that runs elsewhere. It
-// implements desktop.Desktop and desktop.ReadyWaiter. Its methods follow the contract of package
+// implements desktop.Desktop, desktop.ReadyWaiter and desktop.Regrader. Its methods follow the contract of package
 // desktop: no two run at once, except Close.
 type Desktop struct {
 	name   string
@@ -407,6 +407,7 @@ func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64
 		return 0, err
 	}
 	defer done()
+	d.pending = nil
 	r, err := d.grader.EvaluateAgain(ctx, task, d.lastAction)
 	if err != nil {
 		return 0, d.fail("evaluate again", err)
