@@ -103,9 +103,10 @@ func regradeRecords(runDir string, opts RegradeOptions) ([]schema.Record, error)
 }
 
 // regradeOne grades rec's kept end state on w's desktop with task.
-func regradeOne(ctx context.Context, w *worker, rec *schema.Record, task Task) schema.Regrade {
-	out := schema.Regrade{RolloutID: rec.RolloutID, TaskID: rec.TaskID, Reward: rec.Reward, TaskSHA: TaskSHA(task),
+func regradeOne(ctx context.Context, w *worker, rec *schema.Record, task Task) (out schema.Regrade) {
+	out = schema.Regrade{RolloutID: rec.RolloutID, TaskID: rec.TaskID, Reward: rec.Reward, TaskSHA: TaskSHA(task),
 		RecordedTaskSHA: rec.TaskSHA, EndState: rec.EndState.Ref}
+	// A named result: the deferred write must reach the caller.
 	defer func() { out.At = schema.Time{Time: time.Now()} }()
 	d, err := w.desktop(ctx)
 	if d == nil {

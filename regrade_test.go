@@ -53,6 +53,11 @@ func TestRegradeKeptEndStates(t *testing.T) {
 		if len(rep.Regrades) != 4 || rep.Changed != 0 || rep.Failed != 0 {
 			t.Errorf("same tasks: %d regraded, %d changed, %d failed; want 4, 0, 0", len(rep.Regrades), rep.Changed, rep.Failed)
 		}
+		for _, r := range rep.Regrades {
+			if r.At.IsZero() {
+				t.Errorf("%s: regraded at no time", r.RolloutID)
+			}
+		}
 
 		changed := slices.Clone(tasks)
 		changed[1].Evaluator = json.RawMessage(`{"func":"infeasible"}`)
