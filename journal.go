@@ -1,8 +1,6 @@
 package rl
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,52 +73,33 @@ type journal struct {
 // mid-append: its caller never got an answer), and opens it for appending.
 func openJournal(dir string) (*journal, []journalEntry, error) {
 	path := filepath.Join(dir, JournalFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	var entries []journalEntry
+	f, good, err := schema.OpenJSONLines(path, func(line []byte) error {
+		e, err := decodeJournalEntry(line)
+		if err == nil {
+			entries = append(entries, e)
+		}
+		return err
+	})
+	if errors.Is(err, schema.ErrDamagedLine) {
+		err = fmt.Errorf("%w: not a journal entry: the file is damaged; move the directory aside and serve into a new one", err)
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("open the service journal: %w", err)
-	}
-	entries, good, err := readJournal(f)
-	if err == nil {
-		err = f.Truncate(good)
-	}
-	if err == nil {
-		_, err = f.Seek(good, io.SeekStart)
-	}
-	if err != nil {
-		f.Close()
 		return nil, nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return &journal{f: f, size: good}, entries, nil
 }
 
-// readJournal returns the entries of r and the length of its whole lines.
-// Only the last line may be torn; a bad line before it is damage nobody
-// should paper over.
-func readJournal(r io.Reader) ([]journalEntry, int64, error) {
-	br := bufio.NewReader(r)
-	var entries []journalEntry
-	var good int64
-	for n := 1; ; n++ {
-		line, err := br.ReadBytes('\n')
-		if errors.Is(err, io.EOF) {
-			// A last line without its newline is a torn append.
-			return entries, good, nil
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		var e journalEntry
-		if len(bytes.TrimSpace(line)) > 0 {
-			if err := json.Unmarshal(line, &e); err != nil || e.Op == "" {
-				if _, perr := br.Peek(1); errors.Is(perr, io.EOF) {
-					return entries, good, nil // the torn last line of a crash
-				}
-				return nil, 0, fmt.Errorf("line %d is not a journal entry (%v): the file is damaged; move the directory aside and serve into a new one", n, err)
-			}
-			entries = append(entries, e)
-		}
-		good += int64(len(line))
+// decodeJournalEntry decodes one line of the journal.
+func decodeJournalEntry(line []byte) (journalEntry, error) {
+	var e journalEntry
+	if err := json.Unmarshal(line, &e); err != nil {
+		return e, err
 	}
+	if e.Op == "" {
+		return e, errors.New("no op")
+	}
+	return e, nil
 }
 
 func (j *journal) append(e journalEntry) error {

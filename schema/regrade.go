@@ -31,9 +31,13 @@ type Regrade struct {
 	At              Time   `json:"at"`
 }
 
-// AppendRegrades appends lines to dir's regrades.jsonl and syncs it.
+// AppendRegrades appends lines to dir's regrades.jsonl and syncs it. A
+// torn last line a crash left is cut first.
 func AppendRegrades(dir string, lines []Regrade) error {
-	f, err := os.OpenFile(filepath.Join(dir, RegradeFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	f, _, err := OpenJSONLines(filepath.Join(dir, RegradeFile), func(line []byte) error {
+		_, err := decodeRegrade(line)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("write regrades: %w", err)
 	}
@@ -72,25 +76,26 @@ func LatestRegrades(dir string) (map[string]Regrade, error) {
 	}
 	defer f.Close()
 	out := map[string]Regrade{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	line, torn := 0, 0
-	for sc.Scan() {
-		line++
-		if torn > 0 {
-			return nil, fmt.Errorf("%s line %d cannot be read, and it is not the last line: fix or move the file", path, torn)
-		}
-		var r Regrade
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.RolloutID == "" {
-			torn = line
-			continue
-		}
-		if r.Regraded != nil {
+	if _, err := ReadJSONLines(f, func(line []byte) error {
+		r, err := decodeRegrade(line)
+		if err == nil && r.Regraded != nil {
 			out[r.RolloutID] = r
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("read %s: %w: fix or move the file", path, err)
 	}
 	return out, nil
+}
+
+// decodeRegrade decodes one line of regrades.jsonl.
+func decodeRegrade(line []byte) (Regrade, error) {
+	var r Regrade
+	if err := json.Unmarshal(line, &r); err != nil {
+		return r, err
+	}
+	if r.RolloutID == "" {
+		return r, errors.New("not a regrade: no rollout_id")
+	}
+	return r, nil
 }
