@@ -224,14 +224,49 @@ func (d *fixedWaitDesktop) AttemptReport() AttemptReport {
 	return AttemptReport{}
 }
 
-// EvaluateAgain passes on to the desktop whose waits were replaced, which
-// must be a Regrader.
+// The grading capabilities pass on to the desktop whose waits were
+// replaced; one it lacks is ErrUnsupported.
+
 func (d *fixedWaitDesktop) EvaluateAgain(ctx context.Context, task Task) (float64, error) {
-	r, ok := d.Desktop.(Regrader)
-	if !ok {
-		return 0, fmt.Errorf("%w: the desktop cannot grade an end state again", ErrUnsupported)
+	r, err := inner[Regrader](d, "grade an end state again")
+	if err != nil {
+		return 0, err
 	}
 	return r.EvaluateAgain(ctx, task)
+}
+
+func (d *fixedWaitDesktop) KeepEndState(ctx context.Context, name string) (EndState, error) {
+	k, err := inner[EndStateKeeper](d, "keep end states")
+	if err != nil {
+		return EndState{}, err
+	}
+	return k.KeepEndState(ctx, name)
+}
+
+func (d *fixedWaitDesktop) DropEndState(ctx context.Context, ref string) error {
+	k, err := inner[EndStateKeeper](d, "keep end states")
+	if err != nil {
+		return err
+	}
+	return k.DropEndState(ctx, ref)
+}
+
+func (d *fixedWaitDesktop) GradeEndState(ctx context.Context, ref string, task Task, last Action) (float64, error) {
+	g, err := inner[EndStateGrader](d, "grade kept end states")
+	if err != nil {
+		return 0, err
+	}
+	return g.GradeEndState(ctx, ref, task, last)
+}
+
+// inner returns the wrapped desktop as a T, or ErrUnsupported saying it
+// cannot do what.
+func inner[T any](d *fixedWaitDesktop, what string) (T, error) {
+	t, ok := d.Desktop.(T)
+	if !ok {
+		return t, fmt.Errorf("%w: the desktop cannot %s", ErrUnsupported, what)
+	}
+	return t, nil
 }
 
 // Unwrap returns the desktop whose waits were replaced, for tests and for

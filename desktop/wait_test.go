@@ -154,3 +154,34 @@ func TestWithFixedWaitsKeepsReports(t *testing.T) {
 		t.Errorf("the wrapped desktop's report is lost (Reporter %v)", ok)
 	}
 }
+
+// TestWithFixedWaitsKeepsGrading: the fixed-wait baseline grades twice and
+// keeps and regrades end states as the desktop whose waits it replaced.
+func TestWithFixedWaitsKeepsGrading(t *testing.T) {
+	cfg := fake.Config{Width: 64, Height: 48, EndStates: t.TempDir(), DefaultReward: fake.Reward{P: 1}}
+	d, err := desktop.WithFixedWaits(func(context.Context, int) (desktop.Desktop, error) { return fake.New(cfg), nil }, desktop.FixedWaits{})(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := t.Context()
+	task := desktop.Task{ID: "t", Instruction: "x", Evaluator: []byte(`{"func":"exact_match"}`)}
+	if err := d.Reset(ctx, task); err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.(desktop.EndStateKeeper).KeepEndState(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := d.(desktop.Regrader).EvaluateAgain(ctx, task)
+	if err != nil || again != 1 {
+		t.Errorf("EvaluateAgain: %v, %v; want 1", again, err)
+	}
+	r, err := d.(desktop.EndStateGrader).GradeEndState(ctx, s.Ref, task, desktop.DoneAction)
+	if err != nil || r != 1 {
+		t.Errorf("GradeEndState: %v, %v; want 1", r, err)
+	}
+	if err := d.(desktop.EndStateKeeper).DropEndState(ctx, s.Ref); err != nil {
+		t.Errorf("DropEndState: %v", err)
+	}
+}
