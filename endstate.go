@@ -14,6 +14,7 @@ import (
 type endStateBound struct {
 	mu    sync.Mutex
 	refs  []desktop.EndState // oldest first
+	have  map[string]bool    // the refs of refs
 	bytes int64
 }
 
@@ -22,16 +23,19 @@ type endStateBound struct {
 func (e *endStateBound) add(s desktop.EndState, max int64) []desktop.EndState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, o := range e.refs {
-		if o.Ref == s.Ref {
-			return nil // the same content, kept once
-		}
+	if e.have[s.Ref] {
+		return nil // the same content, kept once
+	}
+	if e.have == nil {
+		e.have = map[string]bool{}
 	}
 	e.refs = append(e.refs, s)
+	e.have[s.Ref] = true
 	e.bytes += s.Bytes
 	var drop []desktop.EndState
 	for e.bytes > max && len(e.refs) > 1 {
 		drop = append(drop, e.refs[0])
+		delete(e.have, e.refs[0].Ref)
 		e.bytes -= e.refs[0].Bytes
 		e.refs = e.refs[1:]
 	}

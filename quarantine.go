@@ -78,19 +78,21 @@ func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quar
 	return q, nil
 }
 
-// holds returns the entry that holds t, if one does.
-func (q *quarantine) holds(t Task) (schema.QuarantinedTask, bool) {
+// holds returns the entry that holds task id with the config of SHA-256
+// sha (TaskSHA), if one does.
+func (q *quarantine) holds(id, sha string) (schema.QuarantinedTask, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.held.Holds(t.ID, TaskSHA(t))
+	return q.held.Holds(id, sha)
 }
 
-// put quarantines task for reason, unless this batch did already.
-func (q *quarantine) put(t Task, reason, evidence string, rollouts ...string) {
+// put quarantines task for reason and reports true, unless this batch did
+// already.
+func (q *quarantine) put(t Task, reason, evidence string, rollouts ...string) bool {
 	q.mu.Lock()
 	if _, ok := q.added[t.ID]; ok {
 		q.mu.Unlock()
-		return
+		return false
 	}
 	e := schema.QuarantinedTask{TaskSHA: TaskSHA(t), Reason: reason, Evidence: evidence, Run: q.run,
 		Rollouts: rollouts, Since: schema.Time{Time: time.Now()}}
@@ -113,6 +115,7 @@ func (q *quarantine) put(t Task, reason, evidence string, rollouts ...string) {
 		q.log.Error("could not write the task quarantine", "task", t.ID, "err", err)
 	}
 	q.log.Warn("task quarantined: later batches skip it and export leaves its samples out", "task", t.ID, "reason", reason, "evidence", evidence)
+	return true
 }
 
 // observe looks at a try's record for what quarantines its task: a grader
@@ -161,7 +164,7 @@ func (s *scheduler) holdQuarantined(q *quarantine) []string {
 	skip := map[*group]bool{}
 	var ids []string
 	for _, g := range s.groups {
-		if _, ok := q.holds(g.task); ok && !g.closed {
+		if _, ok := q.holds(g.task.ID, g.taskSHA); ok && !g.closed {
 			skip[g] = true
 			ids = append(ids, g.task.ID)
 		}
@@ -233,6 +236,6 @@ func pickedForSecondGrade(rolloutID string, fraction float64) bool {
 
 // quarantineWarning is the summary's warning about tasks held out.
 func quarantineWarning(skipped []string) string {
-	return fmt.Sprintf("%d tasks were not run because a quarantine holds them (%s): see quarantine.json for why, and remove a task's entry once it is fixed",
+	return fmt.Sprintf("%d tasks were not run because a quarantine holds them (%s): the quarantine file (the run's quarantine.json, or the shared --quarantine file) says why; remove a task's entry once it is fixed",
 		len(skipped), strings.Join(skipped, ", "))
 }

@@ -151,6 +151,12 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 	if err != nil {
 		return nil, err
 	}
+	// Read before the replay runs: a quarantine file that is not one is
+	// refused before any desktop starts.
+	quar, err := openQuarantine(runDir, opts.Quarantine, DefaultQuarantineSetupFails, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
 	store, err := schema.OpenMessageStore(runDir, schema.StoreOptions{})
 	if err != nil {
 		return nil, err
@@ -159,7 +165,7 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 
 	rep := &ReplayReport{Schema: ReplayVersion, Run: runDir, StartedAt: schema.Time{Time: time.Now()},
 		Attempts: make([]AttemptReplay, len(recs))}
-	r := &replayer{opts: opts, store: store, tasks: taskIndex(opts.Tasks)}
+	r := &replayer{opts: opts, store: store, tasks: taskIndex(opts.Tasks), quar: quar}
 	onDesktops(ctx, len(recs), opts.Desktops, opts.NewDesktop, opts.Logger, func(w *worker, i int) {
 		rep.Attempts[i] = r.attempt(ctx, w, &recs[i])
 	})
@@ -168,9 +174,7 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
-	if err := r.quarantine(runDir, rep); err != nil {
-		return rep, err
-	}
+	r.quarantine(rep)
 	return rep, nil
 }
 
@@ -249,6 +253,7 @@ type replayer struct {
 	opts  ReplayOptions
 	store *schema.MessageStore
 	tasks map[string]Task
+	quar  *quarantine
 }
 
 // attempt replays rec on w's desktop.
@@ -490,21 +495,14 @@ func (rep *ReplayReport) total() {
 // quarantine puts into quarantine the tasks whose replays reached their
 // first screen and found it other than recorded: their start state is not
 // what the batch's was.
-func (r *replayer) quarantine(runDir string, rep *ReplayReport) error {
-	q, err := openQuarantine(runDir, r.opts.Quarantine, DefaultQuarantineSetupFails, r.opts.Logger)
-	if err != nil {
-		return err
-	}
+func (r *replayer) quarantine(rep *ReplayReport) {
 	for _, a := range rep.Attempts {
 		if len(a.Screens) == 0 || a.Screens[0].Identical {
 			continue
 		}
-		if _, done := q.added[a.TaskID]; done {
-			continue
+		if r.quar.put(r.tasks[a.TaskID], schema.QuarantineReplayDiverges,
+			fmt.Sprintf("a replay's first screen differs from the recorded one in %.1f%% of its pixels", 100*a.Screens[0].Distance), a.RolloutID) {
+			rep.Quarantined = append(rep.Quarantined, a.TaskID)
 		}
-		q.put(r.tasks[a.TaskID], schema.QuarantineReplayDiverges,
-			fmt.Sprintf("a replay's first screen differs from the recorded one in %.1f%% of its pixels", 100*a.Screens[0].Distance), a.RolloutID)
-		rep.Quarantined = append(rep.Quarantined, a.TaskID)
 	}
-	return nil
 }

@@ -503,7 +503,7 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	if err != nil {
 		return GroupInfo{}, false, fmt.Errorf("%w: task: %w", ErrBadRequest, err)
 	}
-	if e, ok := s.b.quar.holds(task); ok {
+	if e, ok := s.b.quar.holds(task.ID, TaskSHA(task)); ok {
 		return GroupInfo{}, false, fmt.Errorf("%w: task %q (%s: %s); remove its entry from %s once it is fixed",
 			ErrQuarantined, task.ID, e.Reason, e.Evidence, s.quarantinePlace())
 	}
