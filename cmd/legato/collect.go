@@ -123,6 +123,35 @@ from LEGATO_POLICY_KEY.
 	return fs, f
 }
 
+// desktopFlags are the collect flags of a command that runs tasks on
+// desktops without a model: what makes its desktops and screens the
+// batch's (the backend, the tasks, the harness, the waits).
+var desktopFlags = []string{"tasks", "desktops", "backend", "fake-seed", "fake-success", "fake-speed", "fake-flaky",
+	"harness", "system-prompt", "image-max", "eviction", "history", "no-ready-signal", "fixed-wait",
+	"fixed-wait-after-reset", "fixed-wait-before-eval", "quarantine", "v"}
+
+// newDesktopFlags returns the flag set of such a command: every osworld
+// backend flag and those of desktopFlags, as collect has them and bound
+// to the returned collectFlags, which start no model server.
+func newDesktopFlags(name string, stderr io.Writer) (*flag.FlagSet, *collectFlags) {
+	cfs, f := newCollectFlags(stderr)
+	f.noPolicy = true
+	fs := newFlagSet(name, stderr)
+	owOnly := flag.NewFlagSet("", flag.ContinueOnError)
+	f.ow.Register(owOnly)
+	take := map[string]bool{}
+	for _, name := range desktopFlags {
+		take[name] = true
+	}
+	owOnly.VisitAll(func(fl *flag.Flag) { take[fl.Name] = true })
+	cfs.VisitAll(func(fl *flag.Flag) {
+		if take[fl.Name] {
+			fs.Var(fl.Value, fl.Name, fl.Usage)
+		}
+	})
+	return fs, f
+}
+
 // runCollect is `legato rl collect`.
 func runCollect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The log, the progress line and the libraries' warnings write to
