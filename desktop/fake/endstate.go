@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"legato/rl/desktop"
+	"legato/rl/schema"
 )
 
 var (
@@ -52,20 +54,12 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 	if err := os.MkdirAll(d.cfg.EndStates, 0o755); err != nil {
 		return desktop.EndState{}, d.fail(PhaseEvaluate, err)
 	}
-	tmp, err := os.CreateTemp(d.cfg.EndStates, ".tmp-")
-	if err == nil {
-		_, err = tmp.Write(b)
-		if cerr := tmp.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = os.Rename(tmp.Name(), d.endStatePath(ref))
-		}
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}
-	if err != nil {
+	// The writer of every file legato writes: whole or absent, with the
+	// mode the user's umask gives.
+	if _, err := schema.WriteFileAtomic(d.endStatePath(ref), func(w io.Writer) error {
+		_, err := w.Write(b)
+		return err
+	}); err != nil {
 		return desktop.EndState{}, d.fail(PhaseEvaluate, fmt.Errorf("keep end state: %w", err))
 	}
 	return desktop.EndState{Ref: ref, Bytes: int64(len(b))}, nil
