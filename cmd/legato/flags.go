@@ -70,17 +70,24 @@ func noArgs(fs *flag.FlagSet) error {
 // parseRunDir parses args, flags before or after the one positional
 // argument, the run directory, which it returns.
 func parseRunDir(fs *flag.FlagSet, args []string) (string, error) {
+	dir, rest, err := parseRunDirIDs(fs, args)
+	if err == nil && len(rest) > 0 {
+		err = usageErrorf("want one run directory, got %d arguments %q", len(rest)+1, append([]string{dir}, rest...))
+	}
+	return dir, err
+}
+
+// parseRunDirIDs parses args, flags among positional arguments: the run
+// directory, then the rollout ids it returns with it.
+func parseRunDirIDs(fs *flag.FlagSet, args []string) (dir string, ids []string, err error) {
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	switch len(pos) {
-	case 0:
-		return "", usageErrorf("missing run directory: pass the run directory written by collect")
-	case 1:
-		return pos[0], nil
+	if len(pos) == 0 {
+		return "", nil, usageErrorf("missing run directory: pass the run directory written by collect")
 	}
-	return "", usageErrorf("want one run directory, got %d arguments %q", len(pos), pos)
+	return pos[0], pos[1:], nil
 }
 
 // The bounded flag values below refuse a value out of range when the flag

@@ -26,14 +26,10 @@ the attempts whose reward changed. 'legato rl export DIR --rewards regraded'
 then trains on the new rewards.
 
 `)
-	pos, err := parseInterspersed(fs, args)
+	dir, ids, err := parseRunDirIDs(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 {
-		return usageErrorf("missing run directory: pass the run directory written by collect")
-	}
-	dir, ids := pos[0], pos[1:]
 	f.endStatesIn = dir
 	log := f.logger(stderr)
 	cleanup, tasks, err := f.setup(ctx, log, stderr, true)

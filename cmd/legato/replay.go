@@ -34,14 +34,10 @@ harness flags. A task whose replays do not show the recorded first screen is
 quarantined (DIR/quarantine.json, and --quarantine FILE).
 
 `)
-	pos, err := parseInterspersed(fs, args)
+	dir, ids, err := parseRunDirIDs(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 {
-		return usageErrorf("missing run directory: pass the run directory written by collect")
-	}
-	dir, ids := pos[0], pos[1:]
 	if all && len(ids) > 0 {
 		return usageErrorf("--all replays every attempt: give rollout ids or --all, not both")
 	}
