@@ -38,6 +38,9 @@ type try struct {
 	// storedHashes its hashes.
 	stored       []schema.Message
 	storedHashes []string
+	// promptIDs stores the prompts' token ids, each sharing the chunks of
+	// the one before; nil until the first.
+	promptIDs *schema.TokenWriter
 	// clock is the rollout timeout's; nil without one.
 	clock *rolloutClock
 }
@@ -238,8 +241,14 @@ func (t *try) steps(ctx context.Context) error {
 			Warnings:      res.Warnings,
 			ServerDownS:   downS,
 		}
-		if step.PromptTokenChunks, err = b.store.PutTokenIDs(res.PromptTokenIDs); err != nil {
-			return &storeFailure{fmt.Errorf("store prompt token ids: %w", err)}
+		if len(res.PromptTokenIDs) > 0 {
+			if t.promptIDs == nil {
+				t.promptIDs = b.store.NewTokenWriter()
+			}
+			if step.PromptTokenChunks, err = t.promptIDs.Put(res.PromptTokenIDs); err != nil {
+				return &storeFailure{fmt.Errorf("store prompt token ids: %w", err)}
+			}
+			step.PromptTokenCount = len(res.PromptTokenIDs)
 		}
 		parsed := ep.Reply(policy.Reply{Content: res.Response.Content, Reasoning: res.Response.Reasoning, ToolCalls: res.ToolCalls})
 		if parsed.Err != nil {

@@ -26,7 +26,7 @@ import (
 type syntheticRun struct {
 	rollouts, steps, group int
 	// promptIDs stores each step's prompt token ids (2,000 + 300 per
-	// step), chunked as schema.Run.PutTokenIDs stores them.
+	// step), chunked as a schema.TokenWriter stores them.
 	promptIDs bool
 }
 
@@ -57,24 +57,22 @@ func (s syntheticRun) write(dir string) error {
 		h := hex.EncodeToString(sum[:])
 		return h, os.WriteFile(filepath.Join(dir, schema.MessagesDir, h), enc.EncodeAll(canon, nil), 0o644)
 	}
-	// putIDs stores ids as chunks of schema.TokenChunk: canonical JSON
-	// (encoding/json's), zstd, named by the JSON's sha256. A chunk the
-	// step before stored (every full one) is not written again.
+	// putIDs stores a rollout's next prompt as schema.Run's TokenWriter
+	// does: cut by the rollout's chunker, each new chunk zstd-compressed
+	// under its hash. A chunk already written (a sibling's) is not
+	// written again.
 	var stored sync.Map
-	putIDs := func(ids []int64) ([]string, error) {
+	putIDs := func(c *schema.PromptChunker, ids []int64) ([]string, error) {
 		var hashes []string
-		for start := 0; start < len(ids); start += schema.TokenChunk {
-			canon, err := json.Marshal(ids[start:min(start+schema.TokenChunk, len(ids))])
-			if err != nil {
-				return nil, err
-			}
-			sum := sha256.Sum256(canon)
-			h := hex.EncodeToString(sum[:])
-			hashes = append(hashes, h)
-			if _, dup := stored.LoadOrStore(h, struct{}{}); dup {
+		for _, ch := range c.Cut(ids) {
+			hashes = append(hashes, ch.Hash)
+			if ch.Content == nil {
 				continue
 			}
-			if err := os.WriteFile(filepath.Join(dir, schema.TokensDir, h), enc.EncodeAll(canon, nil), 0o644); err != nil {
+			if _, dup := stored.LoadOrStore(ch.Hash, struct{}{}); dup {
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(dir, schema.TokensDir, ch.Hash), enc.EncodeAll(ch.Content, nil), 0o644); err != nil {
 				return nil, err
 			}
 		}
@@ -128,6 +126,7 @@ func (s syntheticRun) write(dir string) error {
 			}
 			*rec.Reward = float64(i % 3 % 2)
 			history := []string{system, instr}
+			var chunker schema.PromptChunker
 			for k := range s.steps {
 				shot, err := put(schema.Message{Role: "user", Content: []schema.Part{
 					schema.ImagePart(fmt.Sprintf("%s%064x", schema.ImageScheme, i*1000+k)),
@@ -144,18 +143,21 @@ func (s syntheticRun) write(dir string) error {
 					lps[j] = -float64((i+j)%97) / 64
 				}
 				var chunks []string
+				var count int
 				if s.promptIDs {
 					prompt := make([]int64, 2000+300*k)
 					for j := range prompt {
 						prompt[j] = int64(100 + (i*31+j*17)%150000)
 					}
-					if chunks, err = putIDs(prompt); err != nil {
+					if chunks, err = putIDs(&chunker, prompt); err != nil {
 						return err
 					}
+					count = len(prompt)
 				}
 				rec.Steps = append(rec.Steps, schema.Step{
 					Request:           append([]string(nil), history...),
 					PromptTokenChunks: chunks,
+					PromptTokenCount:  count,
 					StartedAt:         rec.StartedAt,
 					Response: schema.Response{Content: content, Reasoning: "The spreadsheet is open; column B holds the values.",
 						TokenIDs: ids, Logprobs: lps, FinishReason: "stop"},
@@ -244,6 +246,18 @@ func benchExport(b *testing.B, run syntheticRun, keepEnv string) {
 			time.Since(t0).Round(time.Millisecond), (cpuTime() - cpu0).Round(time.Millisecond))
 		if err := os.WriteFile(complete, nil, 0o644); err != nil {
 			b.Fatal(err)
+		}
+	}
+	// What the run takes on disk, per rollout: the apparent size of its
+	// files and their blocks, and the token chunks' share.
+	for _, part := range []struct{ sub, unit string }{{"", "run"}, {schema.TokensDir, "tokens"}} {
+		apparent, disk, err := diskUsage(filepath.Join(dir, part.sub))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if disk > 0 {
+			b.ReportMetric(float64(apparent)/1e3/float64(run.rollouts), part.unit+"-KB/rollout")
+			b.ReportMetric(float64(disk)/1e3/float64(run.rollouts), part.unit+"-disk-KB/rollout")
 		}
 	}
 	runtime.GC()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	rl "legato/rl"
 	"legato/rl/desktop"
 	"legato/rl/desktop/fake"
@@ -85,6 +87,9 @@ func TestExportContiguous(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if step.PromptTokenCount != len(prompt) || len(prompt) == 0 {
+				t.Errorf("%s step %d: prompt_token_count %d for %d ids", s.RolloutID, i, step.PromptTokenCount, len(prompt))
+			}
 			start := s.StepStarts[i]
 			if !slices.Equal(s.TokenIDs[:start], prompt) {
 				t.Errorf("%s step %d: the sequence up to the step is not its prompt", s.RolloutID, i)
@@ -117,5 +122,68 @@ func TestExportContiguousRefusesEvicted(t *testing.T) {
 	_, err := export.ExportSteps(dir, filepath.Join(t.TempDir(), "seq.jsonl"), export.Options{Contiguous: true})
 	if !errors.Is(err, export.ErrNotContiguous) {
 		t.Fatalf("export of an evicting run: %v, want ErrNotContiguous", err)
+	}
+}
+
+// TestExportPromptPrefix: per-step samples with PromptPrefix rebuild, from
+// the sample before, exactly the prompts a whole export writes, in runs
+// whose prompts extend each other and in runs that evict screenshots.
+func TestExportPromptPrefix(t *testing.T) {
+	for _, imageMax := range []int{rl.MaxImageMax, 1} {
+		dir := contiguousRun(t, imageMax)
+		wholeOut, prefixOut := filepath.Join(t.TempDir(), "whole.jsonl"), filepath.Join(t.TempDir(), "prefix.jsonl")
+		if _, err := export.ExportSteps(dir, wholeOut, export.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := export.ExportSteps(dir, prefixOut, export.Options{PromptPrefix: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, prefixed := readSamples(t, wholeOut), readSamples(t, prefixOut)
+		if len(whole) != len(prefixed) || len(whole) == 0 {
+			t.Fatalf("image max %d: %d samples whole, %d with prefixes", imageMax, len(whole), len(prefixed))
+		}
+		shared, partly := 0, 0
+		var prev []int64
+		for i, s := range prefixed {
+			w := whole[i]
+			if s.RolloutID != w.RolloutID || s.Step != w.Step {
+				t.Fatalf("sample %d is %s/%d, whole export's %s/%d", i, s.RolloutID, s.Step, w.RolloutID, w.Step)
+			}
+			if s.Step == 0 && s.PromptPrefixIDs != 0 {
+				t.Errorf("%s step 0 refers to a step before it", s.RolloutID)
+			}
+			if s.PromptPrefixIDs > len(prev) {
+				t.Fatalf("%s step %d: a prefix of %d ids from a prompt of %d", s.RolloutID, s.Step, s.PromptPrefixIDs, len(prev))
+			}
+			prompt := append(slices.Clone(prev[:s.PromptPrefixIDs]), s.PromptTokenIDs...)
+			if !slices.Equal(prompt, w.PromptTokenIDs) {
+				t.Errorf("%s step %d: the rebuilt prompt differs from the whole export's", s.RolloutID, s.Step)
+			}
+			if s.PromptPrefixIDs > 0 {
+				shared++
+				if s.PromptPrefixIDs < len(prev) {
+					partly++
+				}
+			}
+			s.PromptPrefixIDs, s.PromptTokenIDs = 0, nil
+			w.PromptTokenIDs = nil
+			if diff := cmp.Diff(w, s); diff != "" {
+				t.Errorf("%s step %d: other fields differ (-whole +prefixed):\n%s", s.RolloutID, s.Step, diff)
+			}
+			prev = prompt
+		}
+		if shared == 0 {
+			t.Fatalf("image max %d: no sample shares a prefix: the test proves nothing", imageMax)
+		}
+		if imageMax == 1 && partly == 0 {
+			t.Errorf("evicting run: no prefix shorter than the prompt before it")
+		}
+		if fi, err := os.Stat(wholeOut); err != nil || fi.Size() <= st.Bytes {
+			t.Errorf("prefixed export %d bytes, not smaller than the whole one (%v)", st.Bytes, err)
+		}
+	}
+	if _, err := export.ExportSteps(contiguousRun(t, rl.MaxImageMax), filepath.Join(t.TempDir(), "x.jsonl"), export.Options{PromptPrefix: true, Contiguous: true}); err == nil {
+		t.Error("PromptPrefix with Contiguous: no error")
 	}
 }

@@ -3,6 +3,8 @@
 package export_test
 
 import (
+	"io/fs"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -16,4 +18,22 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// diskUsage returns the apparent size of the files under dir and the
+// space they take on disk (their blocks), which small files round up.
+func diskUsage(dir string) (apparent, disk int64, err error) {
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(path, &st); err != nil {
+			return err
+		}
+		apparent += st.Size
+		disk += st.Blocks * 512
+		return nil
+	})
+	return apparent, disk, err
 }

@@ -47,6 +47,16 @@ type Options struct {
 	// AttemptSequence) instead of one Sample per step. Attempts whose
 	// prompts do not extend each other fail the export, naming the step.
 	Contiguous bool
+	// PromptPrefix writes each step's prompt token ids after the part it
+	// shares with the previous step's prompt: a sample then says, in
+	// prompt_prefix_ids, how many ids its prompt shares with the sample of
+	// the step before (the line before it), and prompt_token_ids holds
+	// only the rest. The prompt of step k is the first prompt_prefix_ids
+	// ids of step k-1's prompt followed by its own prompt_token_ids. An
+	// attempt's prompts repeat its history, so whole prompts grow the
+	// output with the square of the steps; with PromptPrefix it grows with
+	// the steps. Not with Contiguous, which has no per-step prompts.
+	PromptPrefix bool
 	// QuarantineFile is a task quarantine shared across batches (collect
 	// --quarantine) whose tasks are left out, beside those of the run
 	// directory's quarantine.json, which always are.
@@ -202,6 +212,11 @@ type Sample struct {
 	Advantage     float64 `json:"advantage"`
 	// Messages is the exact prompt of the call.
 	Messages []schema.Message `json:"messages"`
+	// PromptPrefixIDs, with Options.PromptPrefix, is how many ids at the
+	// start of the prompt are those at the start of the previous step's
+	// prompt; PromptTokenIDs then holds the ids after them (absent when
+	// none follow). Absent otherwise, and for a first step.
+	PromptPrefixIDs int `json:"prompt_prefix_ids,omitempty"`
 	// PromptTokenIDs are the prompt's token ids as the server tokenized
 	// it (chat template and image tokens included); absent when the server
 	// did not return them.
@@ -239,6 +254,7 @@ type sampleHead struct {
 }
 
 type sampleTail struct {
+	PromptPrefixIDs   int                  `json:"prompt_prefix_ids,omitempty"`
 	PromptTokenIDs    []int64              `json:"prompt_token_ids,omitempty"`
 	ResponseText      string               `json:"response_text"`
 	ResponseReasoning string               `json:"response_reasoning"`
@@ -288,6 +304,9 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	}
 	if err := schema.CheckOutput(runDir, outPath); err != nil {
 		return st, fmt.Errorf("export: output %w", err)
+	}
+	if opts.Contiguous && opts.PromptPrefix {
+		return st, errors.New("export: PromptPrefix shares prompt ids between per-step samples, and Contiguous writes one sequence per attempt: choose one")
 	}
 
 	held, err := readQuarantines(runDir, opts)
@@ -530,10 +549,17 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 		}
 		return 1, err
 	}
+	var prev []int64 // the previous step's prompt ids, for PromptPrefix
 	for i := range rec.Steps {
 		head, msgs, tail, err := stepSample(store, rec, i, adv, load)
 		if err != nil {
 			return lines, err
+		}
+		if opts.PromptPrefix {
+			whole := tail.PromptTokenIDs
+			n := commonPrefix(prev, whole)
+			tail.PromptPrefixIDs, tail.PromptTokenIDs = n, whole[n:]
+			prev = whole
 		}
 		if err := sw.write(&head, msgs, &tail); err != nil {
 			return lines, err
@@ -597,7 +623,7 @@ func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, 
 		out = append(out, Sample{
 			RolloutID: h.RolloutID, TaskID: h.TaskID, GroupID: h.GroupID, Attempt: h.Attempt, Step: h.Step,
 			Status: h.Status, PolicyVersion: h.PolicyVersion, Reward: h.Reward, Advantage: h.Advantage,
-			Messages: msgs, PromptTokenIDs: t.PromptTokenIDs, ResponseText: t.ResponseText,
+			Messages: msgs, PromptPrefixIDs: t.PromptPrefixIDs, PromptTokenIDs: t.PromptTokenIDs, ResponseText: t.ResponseText,
 			ResponseReasoning: t.ResponseReasoning, ResponseTokenIDs: t.ResponseTokenIDs,
 			ResponseLogprobs: t.ResponseLogprobs, ResponseTokens: t.ResponseTokens,
 			TokenIDsSource: t.TokenIDsSource, FinishReason: t.FinishReason, Warnings: t.Warnings,
@@ -684,4 +710,15 @@ func readRun(runDir string, read func(*io.SectionReader) (schema.ReadStats, erro
 		return schema.ReadStats{}, fmt.Errorf("read records: %w", err)
 	}
 	return read(io.NewSectionReader(f, 0, fi.Size()))
+}
+
+// commonPrefix is how many ids a and b start with alike.
+func commonPrefix(a, b []int64) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
 }

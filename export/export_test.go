@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/klauspost/compress/zstd"
 
 	"legato/rl/export"
 	"legato/rl/schema"
@@ -668,4 +669,56 @@ func writeTemp(t *testing.T, b []byte) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// jsonTokensRun is a run written before token chunks were binary: its
+// chunks are the canonical JSON of TokenChunk ids each, cut from the start
+// of every prompt, and its steps carry no id count. It is kept as written
+// then (TestMain's -update leaves it alone).
+const jsonTokensRun = "testdata/run-json-tokens"
+
+// TestExportJSONTokenRun: a run of the older token chunks exports exactly
+// as the same run stored today does, in each shape.
+func TestExportJSONTokenRun(t *testing.T) {
+	for _, tt := range []struct {
+		golden string
+		opts   export.Options
+	}{
+		{"export-refs.golden.jsonl", export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}},
+		{"export-inline.golden.jsonl", export.Options{InlineImages: true, AllowMissingLogprobs: true, AllowBadLogprobs: true}},
+		{"export-drop.golden.jsonl", export.Options{DropConstantGroups: true}},
+	} {
+		out := filepath.Join(t.TempDir(), "train.jsonl")
+		if _, err := export.ExportSteps(jsonTokensRun, out, tt.opts); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join("testdata", tt.golden))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("export of %s differs from %s", jsonTokensRun, tt.golden)
+		}
+	}
+	// The fixture still holds what it is kept for.
+	entries, err := os.ReadDir(filepath.Join(jsonTokensRun, schema.TokensDir))
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("%s has no token chunks: %v", jsonTokensRun, err)
+	}
+	dec, _ := zstd.NewReader(nil)
+	defer dec.Close()
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(jsonTokensRun, schema.TokensDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		content, err := dec.DecodeAll(b, nil)
+		if err != nil || !bytes.HasPrefix(content, []byte("[")) {
+			t.Errorf("chunk %s is not a JSON chunk (%v)", e.Name(), err)
+		}
+	}
 }

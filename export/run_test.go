@@ -172,6 +172,7 @@ func buildRecord(run *schema.Run, a attemptSpec, start time.Time) (*schema.Recor
 		schema.ImagePart(screenshot(a.id + " step 0")),
 	}}
 	prompt := []schema.Message{system, instruction}
+	promptIDs := run.NewTokenWriter()
 	for k, m := range a.model {
 		spend(&tm.QueueS, a.queue[k])
 		last := k == len(a.model)-1
@@ -212,9 +213,10 @@ func buildRecord(run *schema.Run, a attemptSpec, start time.Time) (*schema.Recor
 			for j := range 6 + 2*k {
 				ids = append(ids, int64(151644+j%7))
 			}
-			if step.PromptTokenChunks, err = run.PutTokenIDs(ids); err != nil {
+			if step.PromptTokenChunks, err = promptIDs.Put(ids); err != nil {
 				return nil, err
 			}
+			step.PromptTokenCount = len(ids)
 		}
 		if a.noLogprobs {
 			step.Response.Logprobs = nil

@@ -25,6 +25,11 @@ func appendTail(b []byte, t *sampleTail, enc func(any) ([]byte, error)) ([]byte,
 		return nil
 	}
 	b = append(b, '{')
+	if t.PromptPrefixIDs != 0 {
+		b = append(b, `"prompt_prefix_ids":`...)
+		b = strconv.AppendInt(b, int64(t.PromptPrefixIDs), 10)
+		b = append(b, ',')
+	}
 	if len(t.PromptTokenIDs) > 0 {
 		b = append(b, `"prompt_token_ids":`...)
 		b = appendInts(b, t.PromptTokenIDs)

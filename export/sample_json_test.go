@@ -30,7 +30,7 @@ func TestAppendTail(t *testing.T) {
 	tails := []sampleTail{
 		{},
 		{PromptTokenIDs: []int64{}, ResponseTokenIDs: []int64{}, ResponseLogprobs: []float64{}, ResponseTokens: []string{}, Warnings: []string{}},
-		{PromptTokenIDs: ints, ResponseTokenIDs: ints, ResponseLogprobs: floats, ResponseTokens: []string{"<a>", "\"", "\u2028", "\x01", "é", "\xff"},
+		{PromptPrefixIDs: 1 << 20, PromptTokenIDs: ints, ResponseTokenIDs: ints, ResponseLogprobs: floats, ResponseTokens: []string{"<a>", "\"", "\u2028", "\x01", "é", "\xff"},
 			ResponseText: "<tool_call>{\"a\": 1} & \n\t\\", ResponseReasoning: "think\u2029", TokenIDsSource: schema.SourceReturnTokenIDs,
 			FinishReason: "stop", Warnings: []string{schema.WarnLogprobsMismatch}},
 	}
@@ -42,6 +42,9 @@ func TestAppendTail(t *testing.T) {
 			for i := range tl.PromptTokenIDs {
 				tl.PromptTokenIDs[i] = rng.Int64N(200_000) - 10
 			}
+		}
+		if rng.IntN(2) == 0 {
+			tl.PromptPrefixIDs = rng.IntN(100_000)
 		}
 		n := rng.IntN(20)
 		tl.ResponseTokenIDs, tl.ResponseLogprobs = make([]int64, n), make([]float64, n)

@@ -64,9 +64,9 @@ type MessageStore struct {
 	closed bool
 	dec    *zstd.Decoder // DecodeAll only: safe for concurrent use
 
-	msgs *lru[[32]byte, Message] // image references kept
-	imgs *lru[[32]byte, string]  // PNG data URLs
-	toks *lru[[32]byte, []int64] // prompt token chunks
+	msgs *lru[[32]byte, Message]     // image references kept
+	imgs *lru[[32]byte, string]      // PNG data URLs
+	toks *lru[[32]byte, storedChunk] // prompt token chunks
 }
 
 // OpenMessageStore opens the content store of the run directory runDir for
@@ -78,7 +78,7 @@ func OpenMessageStore(runDir string, opts StoreOptions) (*MessageStore, error) {
 		tokDir: filepath.Join(runDir, TokensDir),
 		msgs:   newLRU[[32]byte, Message](orDefault(opts.MessageCacheBytes, DefaultMessageCacheBytes)),
 		imgs:   newLRU[[32]byte, string](orDefault(opts.ImageCacheBytes, DefaultImageCacheBytes)),
-		toks:   newLRU[[32]byte, []int64](orDefault(opts.TokenCacheBytes, DefaultTokenCacheBytes)),
+		toks:   newLRU[[32]byte, storedChunk](orDefault(opts.TokenCacheBytes, DefaultTokenCacheBytes)),
 	}
 	fi, err := os.Stat(s.msgDir)
 	if err != nil {

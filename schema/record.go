@@ -189,6 +189,9 @@ type Step struct {
 	// MessageStore.PromptTokenIDs); absent when the server did not return
 	// them.
 	PromptTokenChunks []string `json:"prompt_token_chunks,omitempty"`
+	// PromptTokenCount is how many ids the chunks hold, which a reader
+	// checks; absent without ids and in records written before it existed.
+	PromptTokenCount int `json:"prompt_token_count,omitempty"`
 	// PolicyVersion is the version of the weights that generated the
 	// response: the server's own (SGLang's weight_version) when it says,
 	// else the version in force when the call was sent. Empty in records

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -11,75 +12,220 @@ import (
 	"strconv"
 )
 
-// TokenChunk is the number of token ids per chunk of a stored prompt (see
-// Run.PutTokenIDs). Consecutive prompts of an attempt share all but their
-// last chunks, so a step stores about one chunk of new ids; a chunk is also
-// small enough to cost little when a prompt changes early (an evicted
-// screenshot) and every later chunk is new.
+// TokenChunk is the most token ids a chunk of a stored prompt holds (see
+// Run.PutTokenIDs). It keeps a prompt that changes early (an evicted
+// screenshot), after which every later chunk is new, cheap to store again.
 const TokenChunk = 4096
 
-// PutTokenIDs stores the token ids of a prompt in the run's content store
-// and returns the hashes of its chunks, in order, for
-// Step.PromptTokenChunks; nil for no ids. MessageStore.PromptTokenIDs
-// rebuilds the ids.
-//
-// The ids are cut into chunks of TokenChunk ids from the start, the last
-// one shorter:
-//
-//	tokens/<sha256>    zstd frame of the chunk's canonical JSON: [151644,8948,…]
-//
-// The hash of a chunk is the sha256 (hex) of its canonical JSON
-// (encoding/json.Marshal of the []int64). A prompt that extends the
-// previous one (the next step of an attempt, a sibling of its group) shares
-// every full chunk with it, so they are stored once and cost a hash and no
-// disk access. Like PutMessages, new chunks are synced by the next Append.
+// PutTokenIDs stores the token ids of one prompt in the run's content
+// store and returns the hashes of its chunks, in order, for
+// Step.PromptTokenChunks; nil for no ids. The steps of an attempt store
+// theirs through one TokenWriter instead, which shares each prompt's
+// chunks with the next. MessageStore.PromptTokenIDs rebuilds the ids.
 func (r *Run) PutTokenIDs(ids []int64) ([]string, error) {
+	return r.NewTokenWriter().Put(ids)
+}
+
+// A TokenWriter stores the prompt token ids of the successive steps of one
+// attempt, cut as PromptChunker cuts them:
+//
+//	tokens/<sha256>    zstd frame of the chunk's content (see PromptChunk)
+//
+// so a step stores about the ids its prompt added, not the whole prompt
+// again. Like PutMessages, new chunks are synced by the next Append. A
+// TokenWriter is used by one goroutine at a time.
+type TokenWriter struct {
+	r *Run
+	c PromptChunker
+}
+
+// NewTokenWriter returns a writer for the prompts of one attempt.
+func (r *Run) NewTokenWriter() *TokenWriter { return &TokenWriter{r: r} }
+
+// Put stores the ids of the attempt's next prompt and returns its chunk
+// hashes; nil for no ids.
+func (w *TokenWriter) Put(ids []int64) ([]string, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	r := w.r
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
 		return nil, ErrClosed
 	}
-	hashes := make([]string, 0, (len(ids)+TokenChunk-1)/TokenChunk)
-	for start := 0; start < len(ids); start += TokenChunk {
-		h, err := r.putTokenChunk(ids[start:min(start+TokenChunk, len(ids))])
-		if err != nil {
-			return nil, fmt.Errorf("put token ids: chunk %d: %w", len(hashes), err)
+	chunks := w.c.Cut(ids)
+	hashes := make([]string, len(chunks))
+	for i, c := range chunks {
+		if c.Content != nil {
+			if err := r.putTokenChunk(c); err != nil {
+				// The next prompt must not count on a chunk that is not
+				// stored.
+				w.c = PromptChunker{}
+				return nil, fmt.Errorf("put token ids: chunk %d: %w", i, err)
+			}
 		}
-		hashes = append(hashes, h)
+		hashes[i] = c.Hash
 	}
 	return hashes, nil
 }
 
-func (r *Run) putTokenChunk(ids []int64) (string, error) {
-	canon := canonicalIDs(ids)
-	sum := sha256.Sum256(canon)
-	h := hex.EncodeToString(sum[:])
-	if _, ok := r.toks.Load(sum); ok {
-		return h, nil
+func (r *Run) putTokenChunk(c PromptChunk) error {
+	if _, ok := r.toks.Load(c.sum); ok {
+		return nil
 	}
-	_, err, _ := r.flight.Do("t"+h, func() (any, error) {
-		if _, ok := r.toks.Load(sum); ok {
+	_, err, _ := r.flight.Do("t"+c.Hash, func() (any, error) {
+		if _, ok := r.toks.Load(c.sum); ok {
 			return nil, nil
 		}
-		if err := r.writeObject(r.tokDir, h, storedObject{&r.toks, sum}, r.enc.EncodeAll(canon, nil)); err != nil {
+		if err := r.writeObject(r.tokDir, c.Hash, storedObject{&r.toks, c.sum}, r.enc.EncodeAll(c.Content, nil)); err != nil {
 			return nil, err
 		}
-		r.toks.Store(sum, struct{}{})
+		r.toks.Store(c.sum, struct{}{})
 		return nil, nil
 	})
 	if err != nil {
-		return "", &ObjectError{Op: "put", Kind: "token chunk", Hash: h, Err: err}
+		return &ObjectError{Op: "put", Kind: "token chunk", Hash: c.Hash, Err: err}
 	}
-	return h, nil
+	return nil
 }
 
-// canonicalIDs is json.Marshal of ids, without its reflection: a prompt
-// of 20 screenshots is tens of thousands of ids per step.
-func canonicalIDs(ids []int64) []byte {
-	return AppendTokenIDs(make([]byte, 0, 2+7*len(ids)), ids)
+// A PromptChunker cuts the successive prompts of one attempt into chunks.
+// A prompt keeps every chunk of the previous one that it starts with, in
+// order, and cuts the ids after them into chunks of TokenChunk ids, the
+// last one shorter. An attempt whose prompts grow by appending (a reply and
+// the next screenshot) stores each id once; the siblings of a group, whose
+// first prompts are equal, share that prompt's chunks; a prompt that
+// changes early stores its ids from the change on again.
+//
+// PromptChunker does no I/O: Run's TokenWriter stores what it cuts, and a
+// program writing a run directory itself can use it to lay chunks out as
+// legato does. The zero value is ready; use one per attempt.
+type PromptChunker struct {
+	prev []PromptChunk // the previous prompt's chunks, without content
+}
+
+// A PromptChunk is one chunk of a prompt's token ids. Its content, the
+// bytes stored (zstd-compressed) under its hash, is binary:
+//
+//	"LTK4" or "LTK8"   magic: ids of 4 bytes, or of 8 where one does not fit
+//	uint64             the index of the chunk's first id in its prompt
+//	ids                little-endian: uint32, or int64
+//
+// The hash is the sha256 (hex) of the content. The index makes a chunk
+// out of place (dropped, repeated or swapped in a record) an error when
+// read, since chunks no longer all hold TokenChunk ids. Runs written
+// before this format hold chunks of the canonical JSON of the ids
+// ([151644,8948,…], each chunk but the last TokenChunk ids); readers take
+// both.
+type PromptChunk struct {
+	Hash string
+	// Content is what to store under Hash; nil for a chunk the previous
+	// prompt had, which is stored already.
+	Content []byte
+	sum     [32]byte
+	n       int // ids in the chunk
+}
+
+// Cut returns the chunks of ids, the attempt's next prompt.
+func (c *PromptChunker) Cut(ids []int64) []PromptChunk {
+	out := make([]PromptChunk, 0, len(c.prev)+(len(ids)+TokenChunk-1)/TokenChunk)
+	off := 0
+	for _, p := range c.prev {
+		if off+p.n > len(ids) || sha256.Sum256(encodeTokenChunk(off, ids[off:off+p.n])) != p.sum {
+			break
+		}
+		out = append(out, p)
+		off += p.n
+	}
+	for off < len(ids) {
+		n := min(TokenChunk, len(ids)-off)
+		content := encodeTokenChunk(off, ids[off:off+n])
+		sum := sha256.Sum256(content)
+		out = append(out, PromptChunk{Hash: hex.EncodeToString(sum[:]), Content: content, sum: sum, n: n})
+		off += n
+	}
+	c.prev = make([]PromptChunk, len(out))
+	for i, p := range out {
+		p.Content = nil
+		c.prev[i] = p
+	}
+	return out
+}
+
+// Token chunk magics: the width of the ids that follow.
+const (
+	tokMagic4   = "LTK4"
+	tokMagic8   = "LTK8"
+	tokHeader   = 4 + 8
+	tokMaxIndex = 1 << 40 // far past any prompt; bounds a corrupt index
+)
+
+// encodeTokenChunk returns the content of the chunk holding ids, which
+// start at index off of their prompt.
+func encodeTokenChunk(off int, ids []int64) []byte {
+	wide := false
+	for _, id := range ids {
+		if id < 0 || id > math.MaxUint32 {
+			wide = true
+			break
+		}
+	}
+	magic, width := tokMagic4, 4
+	if wide {
+		magic, width = tokMagic8, 8
+	}
+	b := make([]byte, tokHeader, tokHeader+width*len(ids))
+	copy(b, magic)
+	binary.LittleEndian.PutUint64(b[4:], uint64(off))
+	for _, id := range ids {
+		if wide {
+			b = binary.LittleEndian.AppendUint64(b, uint64(id))
+		} else {
+			b = binary.LittleEndian.AppendUint32(b, uint32(id))
+		}
+	}
+	return b
+}
+
+// decodeTokenChunk reads a chunk's content in either format; off is the
+// chunk's index in its prompt, -1 for a JSON chunk, which has none.
+func decodeTokenChunk(b []byte) (ids []int64, off int, err error) {
+	if len(b) >= 4 && (string(b[:4]) == tokMagic4 || string(b[:4]) == tokMagic8) {
+		width := 4
+		if string(b[:4]) == tokMagic8 {
+			width = 8
+		}
+		if len(b) < tokHeader || (len(b)-tokHeader)%width != 0 {
+			return nil, 0, fmt.Errorf("%w: %d bytes, not a header and whole ids of %d bytes", ErrCorrupt, len(b), width)
+		}
+		index := binary.LittleEndian.Uint64(b[4:])
+		n := (len(b) - tokHeader) / width
+		if index > tokMaxIndex || n == 0 || n > TokenChunk {
+			return nil, 0, fmt.Errorf("%w: a chunk of %d ids at index %d", ErrCorrupt, n, index)
+		}
+		ids = make([]int64, n)
+		body := b[tokHeader:]
+		if width == 4 {
+			for i := range ids {
+				ids[i] = int64(binary.LittleEndian.Uint32(body[4*i:]))
+			}
+		} else {
+			for i := range ids {
+				ids[i] = int64(binary.LittleEndian.Uint64(body[8*i:]))
+			}
+		}
+		return ids, int(index), nil
+	}
+	if ids, ok := parseCanonicalIDs(b); ok {
+		return ids, -1, nil
+	}
+	// Valid JSON of another shape (spaces, a "+" or "1e3" that the hash
+	// still vouches for): the decoder says whether it is ids.
+	if err := json.Unmarshal(b, &ids); err != nil {
+		return nil, 0, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return ids, -1, nil
 }
 
 // AppendTokenIDs appends ids to b as the JSON array encoding/json writes
@@ -120,64 +266,76 @@ func (s *MessageStore) PromptTokenIDs(step Step) ([]int64, error) {
 	}
 	var out []int64
 	for i, h := range step.PromptTokenChunks {
-		ids, err := s.tokenChunk(h)
+		c, err := s.tokenChunk(h)
 		if err != nil {
 			return nil, fmt.Errorf("load prompt token ids: chunk %d: %w", i, err)
 		}
-		if i < len(step.PromptTokenChunks)-1 && len(ids) != TokenChunk {
-			// Only the last chunk may be short; anything else would shift
-			// every later id without an error.
+		misplaced := ""
+		switch {
+		case c.index >= 0 && c.index != len(out):
+			misplaced = fmt.Sprintf("it starts at id %d of its prompt, but the chunks before it hold %d", c.index, len(out))
+		case c.index < 0 && i < len(step.PromptTokenChunks)-1 && len(c.ids) != TokenChunk:
+			// A JSON chunk (an older run's) holds TokenChunk ids unless it
+			// is the last; anything else would shift every later id.
+			misplaced = fmt.Sprintf("%d ids in a chunk that is not the last, want %d", len(c.ids), TokenChunk)
+		}
+		if misplaced != "" {
 			return nil, fmt.Errorf("load prompt token ids: chunk %d: %w", i, &ObjectError{Op: "load", Kind: "token chunk", Hash: h,
-				Err: fmt.Errorf("%w: %d ids in a chunk that is not the last, want %d", ErrCorrupt, len(ids), TokenChunk)})
+				Err: fmt.Errorf("%w: %s", ErrCorrupt, misplaced)})
 		}
 		if out == nil {
-			out = make([]int64, 0, len(step.PromptTokenChunks)*TokenChunk)
+			out = make([]int64, 0, max(step.PromptTokenCount, len(c.ids)))
 		}
-		out = append(out, ids...)
+		out = append(out, c.ids...)
+	}
+	if step.PromptTokenCount > 0 && len(out) != step.PromptTokenCount {
+		return nil, fmt.Errorf("load prompt token ids: %w: its chunks hold %d ids, the step says %d", ErrCorrupt, len(out), step.PromptTokenCount)
 	}
 	return out, nil
 }
 
-// tokenChunk returns a stored chunk; the slice is shared with the cache and
-// must not be modified.
-func (s *MessageStore) tokenChunk(hash string) ([]int64, error) {
-	sum, err := parseHash(hash)
-	if err != nil {
-		return nil, &ObjectError{Op: "load", Kind: "token chunk", Err: err}
-	}
-	if ids, ok := s.toks.get(sum); ok {
-		return ids, nil
-	}
-	ids, err := s.readTokenChunk(hash, sum)
-	if err != nil {
-		return nil, &ObjectError{Op: "load", Kind: "token chunk", Hash: hash, Err: err}
-	}
-	s.toks.put(sum, ids, int64(8*len(ids)))
-	return ids, nil
+// storedChunk is a token chunk as read: its ids and their index in the
+// prompt, -1 for a JSON chunk.
+type storedChunk struct {
+	ids   []int64
+	index int
 }
 
-func (s *MessageStore) readTokenChunk(hash string, sum [32]byte) ([]int64, error) {
+// tokenChunk returns a stored chunk; its ids are shared with the cache and
+// must not be modified.
+func (s *MessageStore) tokenChunk(hash string) (storedChunk, error) {
+	sum, err := parseHash(hash)
+	if err != nil {
+		return storedChunk{}, &ObjectError{Op: "load", Kind: "token chunk", Err: err}
+	}
+	if c, ok := s.toks.get(sum); ok {
+		return c, nil
+	}
+	c, err := s.readTokenChunk(hash, sum)
+	if err != nil {
+		return storedChunk{}, &ObjectError{Op: "load", Kind: "token chunk", Hash: hash, Err: err}
+	}
+	s.toks.put(sum, c, int64(8*len(c.ids)))
+	return c, nil
+}
+
+func (s *MessageStore) readTokenChunk(hash string, sum [32]byte) (storedChunk, error) {
 	b, err := os.ReadFile(filepath.Join(s.tokDir, hash))
 	if err != nil {
-		return nil, notFound(err)
+		return storedChunk{}, notFound(err)
 	}
-	canon, err := s.dec.DecodeAll(b, nil)
+	content, err := s.dec.DecodeAll(b, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+		return storedChunk{}, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
 	}
-	if sha256.Sum256(canon) != sum {
-		return nil, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
+	if sha256.Sum256(content) != sum {
+		return storedChunk{}, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
 	}
-	if ids, ok := parseCanonicalIDs(canon); ok {
-		return ids, nil
+	ids, index, err := decodeTokenChunk(content)
+	if err != nil {
+		return storedChunk{}, err
 	}
-	// Valid JSON of another shape (spaces, a "+" or "1e3" that the hash
-	// still vouches for): the decoder says whether it is ids.
-	var ids []int64
-	if err := json.Unmarshal(canon, &ids); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
-	}
-	return ids, nil
+	return storedChunk{ids, index}, nil
 }
 
 // parseCanonicalIDs parses what canonicalIDs writes, an order of magnitude

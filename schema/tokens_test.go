@@ -2,6 +2,7 @@ package schema
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -76,61 +77,165 @@ func TestPutTokenIDsRoundTrip(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("%d ids: loaded (-want +got):\n%s", len(st.ids), diff)
 		}
-		// Each chunk is the documented format: zstd of the JSON array,
-		// named by the sha256 of that JSON.
+		// Each chunk is the documented format: zstd of a header (magic,
+		// the index of its first id) and the ids, little-endian, named
+		// by the sha256 of that content.
+		at := 0
 		for _, h := range st.chunks {
-			b, err := os.ReadFile(filepath.Join(dir, TokensDir, h))
-			if err != nil {
-				t.Fatal(err)
-			}
-			dec, _ := zstd.NewReader(nil)
-			canon, err := dec.DecodeAll(b, nil)
-			dec.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ids []int64
-			if err := json.Unmarshal(canon, &ids); err != nil {
-				t.Errorf("chunk %s is not a JSON array of ids: %v", h, err)
-			}
-			if sum := sha256.Sum256(canon); hex.EncodeToString(sum[:]) != h {
+			content := chunkContent(t, dir, h)
+			if sum := sha256.Sum256(content); hex.EncodeToString(sum[:]) != h {
 				t.Errorf("chunk named %s holds content hashing to %x", h, sum)
 			}
+			got, index := parseChunkByHand(t, content)
+			if index != at {
+				t.Errorf("chunk %s starts at id %d, want %d", h, index, at)
+			}
+			if !slices.Equal(got, st.ids[at:at+len(got)]) {
+				t.Errorf("chunk %s does not hold ids %d..%d", h, at, at+len(got))
+			}
+			at += len(got)
 		}
 	}
 }
 
-// TestPutTokenIDsSharesChunks: a prompt that extends another shares its
-// full chunks, so the steps of an attempt store about one chunk each.
-func TestPutTokenIDsSharesChunks(t *testing.T) {
+// chunkContent is the uncompressed content of the stored token chunk h.
+func chunkContent(t *testing.T, dir, h string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, TokensDir, h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, _ := zstd.NewReader(nil)
+	defer dec.Close()
+	content, err := dec.DecodeAll(b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return content
+}
+
+// parseChunkByHand reads a chunk's content as PromptChunk documents it,
+// without the package's decoder.
+func parseChunkByHand(t *testing.T, b []byte) (ids []int64, index int) {
+	t.Helper()
+	if len(b) < 12 {
+		t.Fatalf("chunk of %d bytes", len(b))
+	}
+	index = int(binary.LittleEndian.Uint64(b[4:12]))
+	switch body := b[12:]; string(b[:4]) {
+	case "LTK4":
+		for i := 0; i+4 <= len(body); i += 4 {
+			ids = append(ids, int64(binary.LittleEndian.Uint32(body[i:])))
+		}
+	case "LTK8":
+		for i := 0; i+8 <= len(body); i += 8 {
+			ids = append(ids, int64(binary.LittleEndian.Uint64(body[i:])))
+		}
+	default:
+		t.Fatalf("chunk magic %q", b[:4])
+	}
+	return ids, index
+}
+
+// TestTokenWriterSharesChunks: the prompts of an attempt keep the chunks
+// of the one before that they start with, so an attempt whose prompts grow
+// stores each id once; a prompt that changes early stores from the change
+// on; siblings share their equal first prompts.
+func TestTokenWriterSharesChunks(t *testing.T) {
 	dir := t.TempDir()
 	r := mustCreate(t, dir)
+	w := r.NewTokenWriter()
 	base := promptIDs(5*TokenChunk/2, 1)
-	first, err := r.PutTokenIDs(base)
+	first, err := w.Put(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	longer := append(append([]int64(nil), base...), promptIDs(TokenChunk, 2)...)
-	second, err := r.PutTokenIDs(longer)
+	if len(first) != 3 {
+		t.Fatalf("%d chunks for %d ids, want 3", len(first), len(base))
+	}
+	longer := append(slices.Clone(base), promptIDs(TokenChunk, 2)...)
+	second, err := w.Put(longer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(first[:2], second[:2]); diff != "" {
-		t.Errorf("full chunks of the shared prefix differ (-first +second):\n%s", diff)
+	// All three, the short last one too, then the new ids in a chunk of
+	// TokenChunk (the last one empty).
+	if len(second) != 4 || !slices.Equal(first, second[:3]) {
+		t.Errorf("chunks of a prompt extending the one before: %v, want %v and one more", second, first)
 	}
-	if first[2] == second[2] {
-		t.Error("the last, partial chunk of the shorter prompt was reused for a full one")
+	if got := len(names(t, filepath.Join(dir, TokensDir))); got != 4 {
+		t.Errorf("%d chunk files after two prompts, want 4", got)
 	}
-	again, err := r.PutTokenIDs(longer)
+	// The same prompt again stores nothing and names the same chunks.
+	again, err := w.Put(longer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(second, again); diff != "" {
-		t.Errorf("same ids stored twice got other chunks (-first +second):\n%s", diff)
+		t.Errorf("the same prompt again got other chunks (-first +second):\n%s", diff)
 	}
-	// 3 chunks for the first prompt, 2 new ones for the second.
-	if got := len(names(t, filepath.Join(dir, TokensDir))); got != 5 {
-		t.Errorf("%d chunk files, want 5", got)
+	// A prompt changed in its second chunk keeps the first only.
+	changed := slices.Clone(longer)
+	changed[TokenChunk+5]++
+	third, err := w.Put(changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third[0] != second[0] || slices.Contains(third[1:], second[1]) || len(third) != 4 {
+		t.Errorf("a prompt changed at id %d: chunks %v, want the first of %v and 3 new ones (cut from the change on)", TokenChunk+5, third, second)
+	}
+	// A sibling's writer, starting from the same first prompt, names the
+	// same chunks and writes none.
+	before := len(names(t, filepath.Join(dir, TokensDir)))
+	sib, err := r.NewTokenWriter().Put(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sib, first) || len(names(t, filepath.Join(dir, TokensDir))) != before {
+		t.Errorf("a sibling's first prompt: chunks %v, want %v with no new file", sib, first)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenMessageStore(dir, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, c := range []struct {
+		ids    []int64
+		chunks []string
+	}{{base, first}, {longer, second}, {changed, third}} {
+		got, err := s.PromptTokenIDs(Step{PromptTokenChunks: c.chunks, PromptTokenCount: len(c.ids)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, c.ids) {
+			t.Errorf("loaded %d ids, not the %d stored", len(got), len(c.ids))
+		}
+	}
+}
+
+// TestPromptChunkerStoresIdsOnce: over an attempt of 15 growing prompts the
+// chunks hold each id once, where fixed cuts from the start rewrote the
+// last, partial chunk at every step.
+func TestPromptChunkerStoresIdsOnce(t *testing.T) {
+	var c PromptChunker
+	seen := map[string]bool{}
+	stored, final := 0, 0
+	prompt := promptIDs(2000, 5)
+	for step := range 15 {
+		prompt = append(prompt, promptIDs(1300, uint64(10+step))...)
+		for _, ch := range c.Cut(prompt) {
+			if ch.Content != nil && !seen[ch.Hash] {
+				seen[ch.Hash] = true
+				stored += (len(ch.Content) - 12) / 4
+			}
+		}
+		final = len(prompt)
+	}
+	if stored != final {
+		t.Errorf("chunks hold %d ids for a last prompt of %d", stored, final)
 	}
 }
 
@@ -154,8 +259,23 @@ func TestPromptTokenIDsErrors(t *testing.T) {
 			writeFile(t, filepath.Join(dir, TokensDir, c[0]), []byte("[1,2,3]"))
 			return c
 		}, ErrCorrupt},
-		// A short chunk anywhere but last would shift every later id.
-		{"short chunk before the last", func(_ *testing.T, _ string, c []string) []string { return []string{c[1], c[0]} }, ErrCorrupt},
+		// A chunk out of place would shift every later id.
+		{"chunks swapped", func(_ *testing.T, _ string, c []string) []string { return []string{c[1], c[0]} }, ErrCorrupt},
+		{"chunk repeated", func(_ *testing.T, _ string, c []string) []string { return []string{c[0], c[0], c[1]} }, ErrCorrupt},
+		{"header cut", func(t *testing.T, dir string, c []string) []string {
+			return []string{putRawChunk(t, dir, []byte("LTK4\x00\x00"))}
+		}, ErrCorrupt},
+		{"half an id", func(t *testing.T, dir string, c []string) []string {
+			return []string{putRawChunk(t, dir, []byte("LTK4\x00\x00\x00\x00\x00\x00\x00\x00\x01\x02"))}
+		}, ErrCorrupt},
+		{"no ids", func(t *testing.T, dir string, c []string) []string {
+			return []string{putRawChunk(t, dir, []byte("LTK8\x00\x00\x00\x00\x00\x00\x00\x00"))}
+		}, ErrCorrupt},
+		// An older run's JSON chunks: each but the last holds TokenChunk
+		// ids.
+		{"short JSON chunk before the last", func(t *testing.T, dir string, c []string) []string {
+			return []string{putRawChunk(t, dir, []byte("[1,2]")), putRawChunk(t, dir, []byte("[3]"))}
+		}, ErrCorrupt},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,6 +298,59 @@ func TestPromptTokenIDsErrors(t *testing.T) {
 				t.Errorf("error %v does not say which token chunk", err)
 			}
 		})
+	}
+}
+
+// putRawChunk stores content as a token chunk, compressed and named as the
+// store names chunks, and returns its hash.
+func putRawChunk(t *testing.T, dir string, content []byte) string {
+	t.Helper()
+	enc, _ := zstd.NewWriter(nil)
+	defer enc.Close()
+	sum := sha256.Sum256(content)
+	h := hex.EncodeToString(sum[:])
+	writeFile(t, filepath.Join(dir, TokensDir, h), enc.EncodeAll(content, nil))
+	return h
+}
+
+// TestPromptTokenCount: a step's count catches chunks dropped from the end
+// of its list, which no chunk's index can.
+func TestPromptTokenCount(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	ids := promptIDs(2*TokenChunk+10, 4)
+	chunks, err := r.PutTokenIDs(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := LoadPromptTokenIDs(dir, Step{PromptTokenChunks: chunks, PromptTokenCount: len(ids)}); err != nil || !slices.Equal(got, ids) {
+		t.Fatalf("whole list: %d ids, %v", len(got), err)
+	}
+	got, err := LoadPromptTokenIDs(dir, Step{PromptTokenChunks: chunks[:2], PromptTokenCount: len(ids)})
+	if !errors.Is(err, ErrCorrupt) || got != nil {
+		t.Errorf("the last chunk dropped: %d ids, %v; want ErrCorrupt", len(got), err)
+	}
+}
+
+// TestJSONTokenChunks: chunks of an older run, canonical JSON each holding
+// TokenChunk ids but the last, still load.
+func TestJSONTokenChunks(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ids := promptIDs(TokenChunk+7, 8)
+	chunks := []string{
+		putRawChunk(t, dir, AppendTokenIDs(nil, ids[:TokenChunk])),
+		putRawChunk(t, dir, AppendTokenIDs(nil, ids[TokenChunk:])),
+	}
+	got, err := LoadPromptTokenIDs(dir, Step{PromptTokenChunks: chunks})
+	if err != nil || !slices.Equal(got, ids) {
+		t.Errorf("JSON chunks: %d ids, %v; want the %d stored", len(got), err, len(ids))
 	}
 }
 
@@ -204,8 +377,8 @@ func TestTokenIDsClosed(t *testing.T) {
 	}
 }
 
-// TestCanonicalIDs: the hand-written encoding is encoding/json's, which the
-// format documents.
+// TestCanonicalIDs: the hand-written encoding is encoding/json's, which
+// older runs' token chunks hold and exports write.
 func TestCanonicalIDs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	for n := range 50 {
@@ -220,8 +393,8 @@ func TestCanonicalIDs(t *testing.T) {
 		if n == 0 {
 			want = []byte("[]")
 		}
-		if got := canonicalIDs(ids); string(got) != string(want) {
-			t.Errorf("canonicalIDs(%v) = %s, want %s", ids, got, want)
+		if got := AppendTokenIDs(nil, ids); string(got) != string(want) {
+			t.Errorf("AppendTokenIDs(%v) = %s, want %s", ids, got, want)
 		}
 	}
 }
@@ -239,9 +412,9 @@ func TestParseCanonicalIDs(t *testing.T) {
 		cases = append(cases, ids)
 	}
 	for _, ids := range cases {
-		got, ok := parseCanonicalIDs(canonicalIDs(ids))
+		got, ok := parseCanonicalIDs(AppendTokenIDs(nil, ids))
 		if !ok || !slices.Equal(got, ids) {
-			t.Errorf("parseCanonicalIDs(%s) = %v, %v; want %v", canonicalIDs(ids), got, ok, ids)
+			t.Errorf("parseCanonicalIDs(%s) = %v, %v; want %v", AppendTokenIDs(nil, ids), got, ok, ids)
 		}
 	}
 	for _, in := range []string{"", "[", "]", "[1,]", "[,1]", "[1,,2]", "[ 1]", "[1 ]", "[01]", "[-]", "[--1]",

@@ -27,12 +27,13 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.opts.DropConstantGroups, "drop-constant-groups", false, "leave out groups whose finished attempts all got the same reward (advantage 0)")
 	fs.BoolVar(&c.opts.AllowMissingLogprobs, "allow-missing-logprobs", false, "write samples whose response has no logprobs (the model server returned none) instead of failing")
 	fs.BoolVar(&c.opts.Contiguous, "contiguous", false, "one sample per finished attempt: its whole interaction as one token sequence with a loss mask over the generated tokens (NeMo RL, verl), instead of one per model call; needs prompt token ids and a run whose prompts grow append-only (--history contiguous)")
+	fs.BoolVar(&c.opts.PromptPrefix, "prompt-prefix", false, "write each step's prompt token ids after the part it shares with the previous step's prompt (prompt_prefix_ids says how many ids that is): the output grows with the steps, not with their square")
 	fs.StringVar(&c.opts.QuarantineFile, "quarantine", "", "a task quarantine `FILE` shared across batches (collect --quarantine): its tasks are left out too, beside those of the run's quarantine.json")
 	fs.BoolVar(&c.opts.IncludeQuarantined, "include-quarantined", false, "write the samples of quarantined tasks too (left out by default: their rewards are not to be trusted)")
 	choiceVar(fs, &c.opts.Rewards, "rewards", export.RewardsRecorded, []string{export.RewardsRecorded, export.RewardsRegraded}, "the rewards samples and advantages take: recorded, or regraded (the latest legato rl regrade of each attempt's kept end state; every finished attempt needs one)")
 	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
 	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
-       [--allow-missing-logprobs] [--allow-bad-logprobs]
+       [--allow-missing-logprobs] [--allow-bad-logprobs] [--contiguous | --prompt-prefix]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
@@ -66,6 +67,9 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 	}
 	if err := schema.CheckOutput(dir, c.out); errors.Is(err, schema.ErrRunFile) {
 		return usageErrorf("--out %w", err)
+	}
+	if c.opts.Contiguous && c.opts.PromptPrefix {
+		return usageErrorf("--prompt-prefix shares prompt ids between per-step samples and --contiguous writes one sequence per attempt: pass one of them")
 	}
 	st, err := export.ExportStepsContext(ctx, dir, c.out, c.opts)
 	if err != nil {
