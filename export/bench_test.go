@@ -3,6 +3,7 @@ package export_test
 import (
 	"bufio"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -28,6 +29,54 @@ type syntheticRun struct {
 	// promptIDs stores each step's prompt token ids (2,000 + 300 per
 	// step), chunked as a schema.TokenWriter stores them.
 	promptIDs bool
+	// loose stores each message and token chunk as a file of its own, as
+	// runs did before packs.
+	loose bool
+}
+
+// benchPack appends objects to a pack file as schema documents the
+// layout: a magic, then per object its content's sha256, the length of
+// its data and the data.
+type benchPack struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+	f  *os.File
+}
+
+func newBenchPack(dir string) (*benchPack, error) {
+	f, err := os.Create(filepath.Join(dir, "pack-1"))
+	if err != nil {
+		return nil, err
+	}
+	p := &benchPack{f: f, w: bufio.NewWriterSize(f, 1<<20)}
+	_, err = p.w.WriteString("LGPACK1\n")
+	return p, err
+}
+
+func (p *benchPack) put(sum [32]byte, data []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.w.Write(sum[:])
+	p.w.Write(binary.LittleEndian.AppendUint32(nil, uint32(len(data))))
+	_, err := p.w.Write(data)
+	return err
+}
+
+func (p *benchPack) close() error {
+	err := p.w.Flush()
+	if cerr := p.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// store writes one object of the kind in dir: into its pack, or as a file
+// named by its hash.
+func (s syntheticRun) store(pack *benchPack, dir string, sum [32]byte, data []byte) error {
+	if s.loose {
+		return os.WriteFile(filepath.Join(dir, hex.EncodeToString(sum[:])), data, 0o644)
+	}
+	return pack.put(sum, data)
 }
 
 // write writes the run into dir the way the content store lays it out,
@@ -48,14 +97,23 @@ func (s syntheticRun) write(dir string) error {
 		return err
 	}
 	defer enc.Close()
+	msgDir, tokDir := filepath.Join(dir, schema.MessagesDir), filepath.Join(dir, schema.TokensDir)
+	var msgPack, tokPack *benchPack
+	if !s.loose {
+		if msgPack, err = newBenchPack(msgDir); err != nil {
+			return err
+		}
+		if tokPack, err = newBenchPack(tokDir); err != nil {
+			return err
+		}
+	}
 	put := func(m schema.Message) (string, error) {
 		canon, err := json.Marshal(m)
 		if err != nil {
 			return "", err
 		}
 		sum := sha256.Sum256(canon)
-		h := hex.EncodeToString(sum[:])
-		return h, os.WriteFile(filepath.Join(dir, schema.MessagesDir, h), enc.EncodeAll(canon, nil), 0o644)
+		return hex.EncodeToString(sum[:]), s.store(msgPack, msgDir, sum, enc.EncodeAll(canon, nil))
 	}
 	// putIDs stores a rollout's next prompt as schema.Run's TokenWriter
 	// does: cut by the rollout's chunker, each new chunk zstd-compressed
@@ -72,7 +130,8 @@ func (s syntheticRun) write(dir string) error {
 			if _, dup := stored.LoadOrStore(ch.Hash, struct{}{}); dup {
 				continue
 			}
-			if err := os.WriteFile(filepath.Join(dir, schema.TokensDir, ch.Hash), enc.EncodeAll(ch.Content, nil), 0o644); err != nil {
+			sum, _ := hex.DecodeString(ch.Hash)
+			if err := s.store(tokPack, tokDir, [32]byte(sum), enc.EncodeAll(ch.Content, nil)); err != nil {
 				return nil, err
 			}
 		}
@@ -127,6 +186,16 @@ func (s syntheticRun) write(dir string) error {
 			*rec.Reward = float64(i % 3 % 2)
 			history := []string{system, instr}
 			var chunker schema.PromptChunker
+			// The prompt's ids: 2,000 to start, then each step's reply
+			// (80 ids) and 220 more, so that it grows by 300 a step and
+			// holds every earlier reply as contiguous history does.
+			var prompt []int64
+			grow := func(n int) {
+				for range n {
+					prompt = append(prompt, int64(100+(i*31+len(prompt)*17)%150000))
+				}
+			}
+			grow(2000)
 			for k := range s.steps {
 				shot, err := put(schema.Message{Role: "user", Content: []schema.Part{
 					schema.ImagePart(fmt.Sprintf("%s%064x", schema.ImageScheme, i*1000+k)),
@@ -145,15 +214,13 @@ func (s syntheticRun) write(dir string) error {
 				var chunks []string
 				var count int
 				if s.promptIDs {
-					prompt := make([]int64, 2000+300*k)
-					for j := range prompt {
-						prompt[j] = int64(100 + (i*31+j*17)%150000)
-					}
 					if chunks, err = putIDs(&chunker, prompt); err != nil {
 						return err
 					}
 					count = len(prompt)
 				}
+				prompt = append(prompt, ids...)
+				grow(220)
 				rec.Steps = append(rec.Steps, schema.Step{
 					Request:           append([]string(nil), history...),
 					PromptTokenChunks: chunks,
@@ -177,6 +244,14 @@ func (s syntheticRun) write(dir string) error {
 	}
 	if err := g.Wait(); err != nil {
 		return err
+	}
+	if !s.loose {
+		if err := msgPack.close(); err != nil {
+			return err
+		}
+		if err := tokPack.close(); err != nil {
+			return err
+		}
 	}
 	for _, line := range recs {
 		if _, err := w.Write(line); err != nil {
@@ -212,26 +287,59 @@ func peakHeap(stop <-chan struct{}) uint64 {
 // written per second and the peak heap in use during the export. Run it
 // with -benchtime=1x: one export writes about a gigabyte.
 func BenchmarkExportSteps(b *testing.B) {
-	benchExport(b, syntheticRun{rollouts: 10_000, steps: 15, group: 8}, "LEGATO_EXPORT_BENCH_RUN")
+	run := syntheticRun{rollouts: 10_000, steps: 15, group: 8}
+	benchExport(b, run, generate(b, b, run, "LEGATO_EXPORT_BENCH_RUN"), export.Options{})
 }
 
 // BenchmarkExportPromptIDs exports 2,000 rollouts × 15 steps whose samples
-// carry their prompts' token ids (2,000 + 300 a step), about a gigabyte
-// of JSONL, most of it ids. Run it with -benchtime=1x.
+// carry their prompts' token ids (2,000 + 300 a step), in each export
+// shape: per-step samples with whole prompts (about a gigabyte of JSONL,
+// most of it ids), with prompt prefixes, and contiguous sequences; and
+// per-step samples from a run whose objects are loose files. Run it with
+// -benchtime=1x.
 func BenchmarkExportPromptIDs(b *testing.B) {
-	benchExport(b, syntheticRun{rollouts: 2_000, steps: 15, group: 8, promptIDs: true}, "LEGATO_EXPORT_BENCH_IDS_RUN")
+	packed := syntheticRun{rollouts: 2_000, steps: 15, group: 8, promptIDs: true}
+	loose := packed
+	loose.loose = true
+	var dirs [2]string
+	parent := b
+	for _, tc := range []struct {
+		name string
+		run  syntheticRun
+		opts export.Options
+	}{
+		{"packed/steps", packed, export.Options{}},
+		{"packed/prefix", packed, export.Options{PromptPrefix: true}},
+		{"packed/contiguous", packed, export.Options{Contiguous: true}},
+		{"loose/steps", loose, export.Options{}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			i := map[bool]int{false: 0, true: 1}[tc.run.loose]
+			if dirs[i] == "" {
+				dirs[i] = generate(b, parent, tc.run, "")
+			}
+			benchExport(b, tc.run, dirs[i], tc.opts)
+		})
+	}
 }
 
-// benchExport exports run and reports MB written per second of CPU, the
-// peak heap, and x-copy: the export's time over that of reading the file
-// it wrote and writing a copy (synced), the bound the disk sets.
-func benchExport(b *testing.B, run syntheticRun, keepEnv string) {
-	dir := filepath.Join(b.TempDir(), "run")
-	// keepEnv names a directory to keep the generated run in between
-	// benchmark runs; it is generated there when missing.
-	keep := os.Getenv(keepEnv)
-	if keep != "" {
-		dir = keep
+// generate writes run into a new directory, removed when owner ends, or
+// into the one keepEnv names (kept between benchmark runs, generated when
+// missing).
+func generate(b, owner *testing.B, run syntheticRun, keepEnv string) string {
+	dir := ""
+	if keepEnv != "" {
+		dir = os.Getenv(keepEnv)
+	}
+	if dir == "" {
+		// Not b.TempDir: the run may outlive the sub-benchmark that
+		// generated it.
+		tmp, err := os.MkdirTemp("", "legato-export-bench-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		owner.Cleanup(func() { os.RemoveAll(tmp) })
+		dir = filepath.Join(tmp, "run")
 	}
 	complete := filepath.Join(dir, ".complete")
 	if _, err := os.Stat(complete); err != nil {
@@ -248,8 +356,14 @@ func benchExport(b *testing.B, run syntheticRun, keepEnv string) {
 			b.Fatal(err)
 		}
 	}
-	// What the run takes on disk, per rollout: the apparent size of its
-	// files and their blocks, and the token chunks' share.
+	return dir
+}
+
+// benchExport exports the run in dir with opts and reports MB written per
+// second of CPU, the peak heap, x-copy (the export's time over that of
+// reading the file it wrote and writing a copy, synced: the bound the
+// disk sets), and the run's size on disk per rollout.
+func benchExport(b *testing.B, run syntheticRun, dir string, opts export.Options) {
 	for _, part := range []struct{ sub, unit string }{{"", "run"}, {schema.TokensDir, "tokens"}} {
 		apparent, disk, err := diskUsage(filepath.Join(dir, part.sub))
 		if err != nil {
@@ -270,7 +384,7 @@ func benchExport(b *testing.B, run syntheticRun, keepEnv string) {
 		stop, done := make(chan struct{}), make(chan uint64)
 		go func() { done <- peakHeap(stop) }()
 		var err error
-		st, err = export.ExportSteps(dir, out, export.Options{})
+		st, err = export.ExportSteps(dir, out, opts)
 		close(stop)
 		peak = max(peak, <-done)
 		if err != nil {
@@ -278,15 +392,21 @@ func benchExport(b *testing.B, run syntheticRun, keepEnv string) {
 		}
 	}
 	elapsed := time.Since(t0)
-	if cpu := cpuTime() - cpu0; cpu > 0 {
+	cpu := cpuTime() - cpu0
+	if cpu > 0 {
 		b.ReportMetric(float64(st.Bytes)*float64(b.N)/1e6/cpu.Seconds(), "MB/cpu-s")
+		b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s")
 	}
 	b.StopTimer()
 	b.SetBytes(st.Bytes)
 	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
 	b.ReportMetric(float64(st.Lines), "lines")
-	if st.Lines != run.rollouts*run.steps {
-		b.Fatalf("wrote %d lines, want %d", st.Lines, run.rollouts*run.steps)
+	want := run.rollouts * run.steps
+	if opts.Contiguous {
+		want = run.rollouts
+	}
+	if st.Lines != want {
+		b.Fatalf("wrote %d lines, want %d", st.Lines, want)
 	}
 	if c := copyTime(b, out); c > 0 {
 		b.ReportMetric(elapsed.Seconds()/float64(b.N)/c.Seconds(), "x-copy")

@@ -240,8 +240,10 @@ func TestExportTornLine(t *testing.T) {
 // leaves neither the output file nor a temp file behind.
 func TestExportErrors(t *testing.T) {
 	missingMessage := func(t *testing.T) string {
+		// The older run's messages are files of their own, which a test
+		// can take away (schema's tests take objects out of packs).
 		dir := filepath.Join(t.TempDir(), "run")
-		if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		if err := os.CopyFS(dir, os.DirFS(looseRun)); err != nil {
 			t.Fatal(err)
 		}
 		var hash string
@@ -671,15 +673,16 @@ func writeTemp(t *testing.T, b []byte) string {
 	return p
 }
 
-// jsonTokensRun is a run written before token chunks were binary: its
-// chunks are the canonical JSON of TokenChunk ids each, cut from the start
-// of every prompt, and its steps carry no id count. It is kept as written
-// then (TestMain's -update leaves it alone).
-const jsonTokensRun = "testdata/run-json-tokens"
+// looseRun is a run written before packs and binary token chunks: each
+// message and token chunk is a file of its own, the chunks are the
+// canonical JSON of TokenChunk ids each, cut from the start of every
+// prompt, and its steps carry no id count. It is kept as written then
+// (TestMain's -update leaves it alone).
+const looseRun = "testdata/run-loose"
 
-// TestExportJSONTokenRun: a run of the older token chunks exports exactly
-// as the same run stored today does, in each shape.
-func TestExportJSONTokenRun(t *testing.T) {
+// TestExportLooseRun: a run of loose objects and JSON token chunks exports
+// exactly as the same run stored today does, in each shape.
+func TestExportLooseRun(t *testing.T) {
 	for _, tt := range []struct {
 		golden string
 		opts   export.Options
@@ -689,7 +692,7 @@ func TestExportJSONTokenRun(t *testing.T) {
 		{"export-drop.golden.jsonl", export.Options{DropConstantGroups: true}},
 	} {
 		out := filepath.Join(t.TempDir(), "train.jsonl")
-		if _, err := export.ExportSteps(jsonTokensRun, out, tt.opts); err != nil {
+		if _, err := export.ExportSteps(looseRun, out, tt.opts); err != nil {
 			t.Fatal(err)
 		}
 		got, err := os.ReadFile(out)
@@ -701,18 +704,18 @@ func TestExportJSONTokenRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("export of %s differs from %s", jsonTokensRun, tt.golden)
+			t.Errorf("export of %s differs from %s", looseRun, tt.golden)
 		}
 	}
 	// The fixture still holds what it is kept for.
-	entries, err := os.ReadDir(filepath.Join(jsonTokensRun, schema.TokensDir))
+	entries, err := os.ReadDir(filepath.Join(looseRun, schema.TokensDir))
 	if err != nil || len(entries) == 0 {
-		t.Fatalf("%s has no token chunks: %v", jsonTokensRun, err)
+		t.Fatalf("%s has no token chunks: %v", looseRun, err)
 	}
 	dec, _ := zstd.NewReader(nil)
 	defer dec.Close()
 	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(jsonTokensRun, schema.TokensDir, e.Name()))
+		b, err := os.ReadFile(filepath.Join(looseRun, schema.TokensDir, e.Name()))
 		if err != nil {
 			t.Fatal(err)
 		}

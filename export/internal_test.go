@@ -1,7 +1,10 @@
 package export
 
 import (
+	"bytes"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -286,5 +289,27 @@ func TestSummaryCacheAndTokenIDs(t *testing.T) {
 				t.Errorf("TokenIDSources %v count %d steps, want %d", s.TokenIDSources, n, len(tt.steps))
 			}
 		})
+	}
+}
+
+// TestExportReadsRecordsTwicePastBound: a rollouts.jsonl past
+// keepRecordsBytes is read again for the samples, and writes what a kept
+// one does.
+func TestExportReadsRecordsTwicePastBound(t *testing.T) {
+	opts := Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}
+	kept := filepath.Join(t.TempDir(), "kept.jsonl")
+	if _, err := ExportSteps("testdata/run", kept, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer func(b int64) { keepRecordsBytes = b }(keepRecordsBytes)
+	keepRecordsBytes = 0
+	reread := filepath.Join(t.TempDir(), "reread.jsonl")
+	if _, err := ExportSteps("testdata/run", reread, opts); err != nil {
+		t.Fatal(err)
+	}
+	a, errA := os.ReadFile(kept)
+	b, errB := os.ReadFile(reread)
+	if errA != nil || errB != nil || len(a) == 0 || !bytes.Equal(a, b) {
+		t.Errorf("export reading records twice differs from one keeping them (%d and %d bytes; %v, %v)", len(a), len(b), errA, errB)
 	}
 }

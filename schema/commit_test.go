@@ -3,8 +3,8 @@ package schema
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,9 +22,10 @@ type syncLog struct {
 	dir string
 
 	mu        sync.Mutex
-	events    []string       // "sync <name relative to dir>" and "commit <ids>", in order
-	syncs     map[string]int // name relative to dir → fsyncs
-	commits   int            // fsyncs of rollouts.jsonl
+	events    []string         // "sync <name relative to dir>" and "commit <ids>", in order
+	syncs     map[string]int   // name relative to dir → fsyncs
+	packUpTo  map[string]int64 // pack relative to dir → bytes a sync covered
+	commits   int              // fsyncs of rollouts.jsonl
 	committed map[string]bool
 	joins     int
 	// afterCommit, if set, runs after a commit is logged and before its
@@ -34,8 +35,8 @@ type syncLog struct {
 }
 
 func watch(t *testing.T, r *Run) *syncLog {
-	l := &syncLog{t: t, dir: r.Dir(), syncs: map[string]int{}, committed: map[string]bool{}}
-	r.hooks = hooks{joined: l.join, synced: l.synced, committed: l.commit}
+	l := &syncLog{t: t, dir: r.Dir(), syncs: map[string]int{}, packUpTo: map[string]int64{}, committed: map[string]bool{}}
+	r.hooks = hooks{joined: l.join, synced: l.synced, packSynced: l.packSynced, committed: l.commit}
 	return l
 }
 
@@ -62,6 +63,17 @@ func (l *syncLog) synced(path string) {
 	if rel == RecordsFile {
 		l.commits++
 	}
+}
+
+func (l *syncLog) packSynced(path string, size int64) {
+	rel, err := filepath.Rel(l.dir, path)
+	if err != nil {
+		l.t.Errorf("fsync outside the run: %v", err)
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.packUpTo[rel] = max(l.packUpTo[rel], size)
 }
 
 func (l *syncLog) commit(lines []byte) {
@@ -97,26 +109,62 @@ func (l *syncLog) checkSynced(id string, st Step) {
 		l.t.Errorf("record %s committed with a prompt that does not load: %v", id, err)
 		return
 	}
-	need := []string{MessagesDir}
-	for i, h := range st.Request {
-		need = append(need, filepath.Join(MessagesDir, h))
+	// Messages and token chunks are packed: the pack must have been
+	// synced past their entries, and its name into the directory.
+	type packed struct{ pack, hash string }
+	var need []string
+	var inPacks []packed
+	for _, sub := range []string{MessagesDir, TokensDir} {
+		hashes := st.Request
+		if sub == TokensDir {
+			hashes = st.PromptTokenChunks
+		}
+		if len(hashes) == 0 {
+			continue
+		}
+		need = append(need, sub)
+		for _, h := range hashes {
+			inPacks = append(inPacks, packed{sub, h})
+		}
+	}
+	for i := range st.Request {
 		for _, p := range msgs[i].Content {
 			if p.ImageURL != nil {
 				need = append(need, ImagesDir, filepath.Join(ImagesDir, strings.TrimPrefix(p.ImageURL.URL, ImageScheme)+".png"))
 			}
 		}
 	}
-	if len(st.PromptTokenChunks) > 0 {
-		need = append(need, TokensDir)
-		for _, h := range st.PromptTokenChunks {
-			need = append(need, filepath.Join(TokensDir, h))
+	ends := map[packed]struct {
+		pack string
+		end  int64
+	}{}
+	entries := map[string]map[string][]packedEntry{}
+	for _, p := range inPacks {
+		if entries[p.pack] == nil {
+			entries[p.pack] = packEntries(l.t, filepath.Join(l.dir, p.pack))
 		}
+		es := entries[p.pack][p.hash]
+		if len(es) == 0 {
+			l.t.Errorf("record %s refers to %s/%s, which no pack holds", id, p.pack, p.hash)
+			continue
+		}
+		// The first entry: the one put before the record's Append.
+		ends[p] = struct {
+			pack string
+			end  int64
+		}{filepath.Join(p.pack, es[0].pack), es[0].off + int64(len(es[0].data))}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, name := range need {
 		if l.syncs[name] == 0 {
 			l.t.Errorf("record %s committed before %s was fsynced", id, name)
+		}
+	}
+	for p, e := range ends {
+		if l.packUpTo[e.pack] < e.end {
+			l.t.Errorf("record %s committed before %s/%s was fsynced (%s synced up to byte %d, the entry ends at %d)",
+				id, p.pack, p.hash, e.pack, l.packUpTo[e.pack], e.end)
 		}
 	}
 }
@@ -190,8 +238,7 @@ func TestPutMessagesDefersSync(t *testing.T) {
 	}
 	want := inSyncOrder([]string{
 		"sync " + filepath.Join(ImagesDir, sha(img)+".png"),
-		"sync " + filepath.Join(MessagesDir, hashes[0]),
-		"sync " + filepath.Join(MessagesDir, hashes[1]),
+		"sync " + filepath.Join(MessagesDir, "pack-1"),
 		"sync " + ImagesDir, "sync " + MessagesDir,
 		"sync " + RecordsFile, "commit a",
 	})
@@ -219,7 +266,11 @@ func TestPutMessagesDefersSync(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{"sync " + filepath.Join(MessagesDir, more[0]), "sync " + MessagesDir}
+	// In the same pack, whose name is synced already.
+	if objectFile(t, filepath.Join(dir, MessagesDir), more[0]) != "pack-1" {
+		t.Errorf("a message put after the first commit is not in pack-1")
+	}
+	want = []string{"sync " + filepath.Join(MessagesDir, "pack-1")}
 	if diff := cmp.Diff(want, l.take()); diff != "" {
 		t.Errorf("Close (-want +got):\n%s", diff)
 	}
@@ -272,16 +323,28 @@ func TestAppendConcurrentSyncs(t *testing.T) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	packs := map[string]bool{filepath.Join(MessagesDir, "pack-1"): true, filepath.Join(TokensDir, "pack-1"): true}
 	for name, n := range l.syncs {
-		if n != 1 && name != RecordsFile && name != MessagesDir && name != ImagesDir && name != TokensDir {
+		if n != 1 && name != RecordsFile && name != MessagesDir && name != ImagesDir && name != TokensDir && !packs[name] {
 			t.Errorf("%s fsynced %d times, want once", name, n)
 		}
 	}
-	// Every worker's system message and the first prompt token chunk they
-	// share, plus per record a message, an image and a last chunk; and the
-	// four names of the run directory.
-	if got, want := len(l.syncs), 2+3*workers*each+4; got != want {
+	// Per record an image; the two packs; and the four names of the run
+	// directory.
+	if got, want := len(l.syncs), workers*each+2+4; got != want {
 		t.Errorf("%d names fsynced, want %d", got, want)
+	}
+	// Every worker's system message and the first prompt token chunk they
+	// share, plus per record a message and a last chunk, each packed once.
+	for _, sub := range []string{MessagesDir, TokensDir} {
+		for h, es := range packEntries(t, filepath.Join(dir, sub)) {
+			if len(es) != 1 {
+				t.Errorf("%s/%s packed %d times, want once", sub, h, len(es))
+			}
+		}
+		if got, want := len(objectHashes(t, filepath.Join(dir, sub))), 1+workers*each; got != want {
+			t.Errorf("%s: %d objects, want %d", sub, got, want)
+		}
 	}
 	t.Logf("%d records, %d fsyncs of %s", workers*each, l.commits, RecordsFile)
 	if l.commits > workers*each {
@@ -344,9 +407,13 @@ func TestAppendContentSyncFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Lost before it was synced: the commit cannot open it.
-	if err := os.Remove(filepath.Join(dir, MessagesDir, hashes[0])); err != nil {
-		t.Fatal(err)
+	// The fsync of the messages' pack fails, as on a failing disk.
+	failing := true
+	r.hooks.syncFile = func(path string) error {
+		if failing && filepath.Dir(path) == filepath.Join(dir, MessagesDir) {
+			return errors.New("input/output error")
+		}
+		return nil
 	}
 	rec := fullRecord("a")
 	rec.Steps = rec.Steps[:1]
@@ -357,12 +424,17 @@ func TestAppendContentSyncFails(t *testing.T) {
 	if _, st := readAll(t, dir); st.Lines != 0 {
 		t.Fatalf("a failed Append left %d lines", st.Lines)
 	}
+	failing = false
 	again, err := r.PutMessages(msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(hashes, again); diff != "" {
 		t.Errorf("hashes (-want +got):\n%s", diff)
+	}
+	// Written again rather than trusted.
+	if es := packEntries(t, filepath.Join(dir, MessagesDir))[hashes[0]]; len(es) != 2 {
+		t.Errorf("message packed %d times after a failed sync, want 2", len(es))
 	}
 	if err := r.Append(rec); err != nil {
 		t.Fatalf("Append after the content was stored again: %v", err)

@@ -66,9 +66,9 @@ func TestMessageGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	compressed, err := os.ReadFile(filepath.Join(dir, MessagesDir, hashes[0]))
-	if err != nil {
-		t.Fatal(err)
+	compressed, ok := objectsIn(t, filepath.Join(dir, MessagesDir))[hashes[0]]
+	if !ok {
+		t.Fatalf("message %s is not stored", hashes[0])
 	}
 	dec, err := zstd.NewReader(nil)
 	if err != nil {

@@ -64,6 +64,10 @@ type MessageStore struct {
 	closed bool
 	dec    *zstd.Decoder // DecodeAll only: safe for concurrent use
 
+	// msgPacks and tokPacks find objects in packs; objects in none are
+	// loose files (see packWriter).
+	msgPacks, tokPacks *packIndex
+
 	msgs *lru[[32]byte, Message]     // image references kept
 	imgs *lru[[32]byte, string]      // PNG data URLs
 	toks *lru[[32]byte, storedChunk] // prompt token chunks
@@ -80,6 +84,7 @@ func OpenMessageStore(runDir string, opts StoreOptions) (*MessageStore, error) {
 		imgs:   newLRU[[32]byte, string](orDefault(opts.ImageCacheBytes, DefaultImageCacheBytes)),
 		toks:   newLRU[[32]byte, storedChunk](orDefault(opts.TokenCacheBytes, DefaultTokenCacheBytes)),
 	}
+	s.msgPacks, s.tokPacks = newPackIndex(s.msgDir), newPackIndex(s.tokDir)
 	fi, err := os.Stat(s.msgDir)
 	if err != nil {
 		return nil, fmt.Errorf("open message store: %w", err)
@@ -110,6 +115,8 @@ func (s *MessageStore) Close() error {
 	if !s.closed {
 		s.closed = true
 		s.dec.Close()
+		s.msgPacks.close()
+		s.tokPacks.close()
 	}
 	return nil
 }
@@ -180,9 +187,9 @@ func (s *MessageStore) message(hash string) (Message, error) {
 }
 
 func (s *MessageStore) readMessage(hash string, sum [32]byte) (Message, int64, error) {
-	b, err := os.ReadFile(filepath.Join(s.msgDir, hash))
+	b, err := readObject(s.msgPacks, s.msgDir, hash, sum)
 	if err != nil {
-		return Message{}, 0, notFound(err)
+		return Message{}, 0, err
 	}
 	canon, err := s.dec.DecodeAll(b, nil)
 	if err != nil {
@@ -277,4 +284,27 @@ func cloneMessage(m Message) Message {
 	}
 	m.Content = parts
 	return m
+}
+
+// readObject returns the stored data of a message or token chunk: its
+// entry in the packs as indexed (at the first read, then as of the last
+// refresh), its loose file (a run written before packs), or its entry in
+// what the packs gained since (a Run writing meanwhile). The packs are
+// read again only when both miss, so a run of loose files does not list
+// its directory per object.
+func readObject(packs *packIndex, dir, hash string, sum [32]byte) ([]byte, error) {
+	if b, ok, err := packs.get(sum); ok {
+		return b, err
+	}
+	b, lerr := os.ReadFile(filepath.Join(dir, hash))
+	if lerr == nil || !errors.Is(lerr, fs.ErrNotExist) {
+		return b, notFound(lerr)
+	}
+	if err := packs.refresh(); err != nil {
+		return nil, err
+	}
+	if b, ok, err := packs.get(sum); ok {
+		return b, err
+	}
+	return nil, notFound(lerr)
 }

@@ -52,11 +52,8 @@ func TestLoadRequestErrors(t *testing.T) {
 		{
 			name: "message swapped for another",
 			damage: func(t *testing.T, dir string, h []string) []string {
-				other, err := os.ReadFile(filepath.Join(dir, MessagesDir, h[1]))
-				if err != nil {
-					t.Fatal(err)
-				}
-				writeFile(t, filepath.Join(dir, MessagesDir, h[0]), other)
+				other := objectsIn(t, filepath.Join(dir, MessagesDir))[h[1]]
+				rewriteObject(t, filepath.Join(dir, MessagesDir), h[0], other)
 				return h
 			},
 			wantErr: ErrCorrupt,
@@ -65,7 +62,7 @@ func TestLoadRequestErrors(t *testing.T) {
 		{
 			name: "message not zstd",
 			damage: func(t *testing.T, dir string, h []string) []string {
-				writeFile(t, filepath.Join(dir, MessagesDir, h[0]), []byte(`{"role":"system"}`))
+				rewriteObject(t, filepath.Join(dir, MessagesDir), h[0], []byte(`{"role":"system"}`))
 				return h
 			},
 			wantErr: ErrCorrupt,
@@ -161,11 +158,9 @@ func TestMessageStoreWithoutCacheRereads(t *testing.T) {
 	if diff := cmp.Diff(msgs, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if err := os.Remove(filepath.Join(dir, MessagesDir, hashes[0])); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Message(hashes[0]); !errors.Is(err, ErrNotFound) {
-		t.Errorf("uncached load of a removed message: %v, want ErrNotFound", err)
+	damageObject(t, filepath.Join(dir, MessagesDir), hashes[0])
+	if _, err := s.Message(hashes[0]); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("uncached load of a message damaged since: %v, want ErrCorrupt", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -21,9 +22,9 @@ import (
 const (
 	RecordsFile  = "rollouts.jsonl" // one Record per line
 	SummaryFile  = "summary.json"   // the latest Summary
-	MessagesDir  = "messages"       // messages/<sha256>: zstd canonical JSON
+	MessagesDir  = "messages"       // messages/pack-<n>: packed zstd canonical JSON (older runs: messages/<sha256>)
 	ImagesDir    = "images"         // images/<sha256>.png
-	TokensDir    = "tokens"         // tokens/<sha256>: zstd JSON chunks of prompt token ids
+	TokensDir    = "tokens"         // tokens/pack-<n>: packed zstd chunks of prompt token ids (older runs: tokens/<sha256>)
 	ServiceFile  = "service.jsonl"  // a service's journal: its groups, policy changes and stream
 	RegradeFile  = "regrades.jsonl" // one Regrade per line: kept end states graded again
 	EndStatesDir = "end-states"     // end-states/: the fake backend's kept end states
@@ -71,6 +72,9 @@ type Run struct {
 	// Hashes known to be stored, so that history messages repeated in every
 	// prompt cost a hash and no syscall.
 	msgs, imgs, toks sync.Map // [32]byte → struct{}
+	// msgPack and tokPack take new messages and token chunks (see
+	// packWriter); images are files of their own.
+	msgPack, tokPack *packWriter
 	flight           singleflight.Group
 	scratch          sync.Pool // *imageScratch
 
@@ -130,6 +134,8 @@ func openRun(dir string, create bool) (_ *Run, err error) {
 		tokDir: filepath.Join(dir, TokensDir),
 		f:      f,
 	}
+	r.msgPack = &packWriter{dir: r.msgDir, known: &r.msgs}
+	r.tokPack = &packWriter{dir: r.tokDir, known: &r.toks}
 	for _, d := range []string{r.msgDir, r.imgDir, r.tokDir} {
 		if err := os.MkdirAll(d, dirMode); err != nil {
 			return nil, fmt.Errorf("open run: %w", err)
@@ -223,6 +229,11 @@ func (r *Run) Close() error {
 	r.closed = true
 	// No Append holds life, so no commit is in flight.
 	err := r.syncContent()
+	for _, p := range []*packWriter{r.msgPack, r.tokPack} {
+		if cerr := p.close(); err == nil {
+			err = cerr
+		}
+	}
 	if cerr := r.f.Close(); err == nil {
 		err = cerr
 	}
@@ -374,12 +385,29 @@ func (r *Run) commit(lines []byte) error {
 // hooks let tests watch commits; nil fields are skipped. They are set
 // before the Run is shared and never change.
 type hooks struct {
-	joined    func(lead bool)    // an Append added its line to a group
-	synced    func(path string)  // an fsync of path succeeded (concurrently for content files)
-	committed func(lines []byte) // lines are durable; their Appends return next
+	joined func(lead bool)   // an Append added its line to a group
+	synced func(path string) // an fsync of path succeeded (concurrently for content files)
+	// packSynced says, after synced, that the fsync of a pack covered its
+	// bytes before size.
+	packSynced func(path string, size int64)
+	committed  func(lines []byte) // lines are durable; their Appends return next
 	// summaryWrite fails a summary's atomic write when it returns an
 	// error, as a full disk does.
 	summaryWrite hookErr
+	// syncFile fails the fsync of a content file (a pack, an image) when
+	// it returns an error.
+	syncFile hookPathErr
+}
+
+// hookPathErr is a test hook on a path that may return an error; nil does
+// nothing.
+type hookPathErr func(path string) error
+
+func (h hookPathErr) run(path string) error {
+	if h == nil {
+		return nil
+	}
+	return h(path)
 }
 
 // hookErr is a test hook that may return an error; nil does nothing.
@@ -415,38 +443,62 @@ func (r *Run) markUnsynced(path string, obj storedObject) {
 // journaling file systems concurrent fsyncs share journal commits.
 const syncParallel = 16
 
-// syncContent fsyncs the content files stored since the last commit, each
-// once, then their directories, so that the files and their names survive
-// a power loss.
+// syncContent makes the content stored since the last commit durable:
+// the packs appended to and the loose files (images) written, each once and
+// in parallel, then the directories that gained names (a new pack, new
+// files), so that the objects and their names survive a power loss.
 func (r *Run) syncContent() error {
 	r.unsyncedMu.Lock()
 	objs := r.unsynced
 	r.unsynced = nil
 	r.unsyncedMu.Unlock()
-	if len(objs) == 0 {
-		return nil
-	}
+	packs := []packSync{r.msgPack.take(), r.tokPack.take()}
+
 	var (
 		mu     sync.Mutex
 		failed []string
 		g      errgroup.Group
 	)
 	g.SetLimit(syncParallel)
-	dirs := make(map[string]bool, 2)
+	dirs := make(map[string]bool, 4)
+	syncOne := func(path string, f *os.File, packSize int64) error {
+		err := r.hooks.syncFile.run(path)
+		if err == nil && f != nil {
+			if err = f.Sync(); err != nil {
+				err = fmt.Errorf("sync %s: %w", path, err)
+			} else {
+				err = stillNamed(f)
+			}
+		}
+		if err == nil && f == nil {
+			err = syncFile(path)
+		}
+		if err != nil {
+			mu.Lock()
+			failed = append(failed, path)
+			mu.Unlock()
+			return err
+		}
+		if h := r.hooks.synced; h != nil {
+			h(path)
+		}
+		if h := r.hooks.packSynced; h != nil && f != nil {
+			h(path, packSize)
+		}
+		return nil
+	}
 	for path := range objs {
 		dirs[filepath.Dir(path)] = true
-		g.Go(func() error {
-			if err := syncFile(path); err != nil {
-				mu.Lock()
-				failed = append(failed, path)
-				mu.Unlock()
-				return err
-			}
-			if h := r.hooks.synced; h != nil {
-				h(path)
-			}
-			return nil
-		})
+		g.Go(func() error { return syncOne(path, nil, 0) })
+	}
+	for _, ps := range packs {
+		if ps.f == nil {
+			continue
+		}
+		if ps.newFile {
+			dirs[ps.p.dir] = true
+		}
+		g.Go(func() error { return syncOne(ps.f.Name(), ps.f, ps.size) })
 	}
 	err := g.Wait()
 	if err == nil {
@@ -463,9 +515,17 @@ func (r *Run) syncContent() error {
 		// Keep every file for the next commit. A file whose fsync failed
 		// is also forgotten, so that the next PutMessages of its content
 		// writes it again: after a failed fsync the kernel may have dropped
-		// its dirty pages and a second fsync may succeed without them.
+		// its dirty pages and a second fsync may succeed without them. So
+		// are the objects appended to a pack since its last sync.
 		for _, path := range failed {
-			objs[path].known.Delete(objs[path].sum)
+			if obj, ok := objs[path]; ok {
+				obj.known.Delete(obj.sum)
+			}
+		}
+		for _, ps := range packs {
+			if ps.f != nil {
+				ps.p.failed(ps, slices.Contains(failed, ps.f.Name()))
+			}
 		}
 		r.unsyncedMu.Lock()
 		for path, obj := range r.unsynced {

@@ -23,16 +23,19 @@ const pngDataURLPrefix = "data:image/png;base64,"
 // PutMessages stores msgs in the run's content store and returns their
 // hashes, in order, for Step.Request. msgs is not modified. Messages and
 // images already stored cost a hash and no disk access, so callers pass the
-// whole prompt of every step. Each new object appears under its name
-// complete (temp file and rename) but is not synced: the next Append syncs
-// it before writing its record, so the step path pays no fsync. Objects
-// are durable once a later Append (or Close) returns.
+// whole prompt of every step. Each new object appears complete (a whole
+// pack entry, an image renamed into place) but is not synced: the next
+// Append syncs it before writing its record, so the step path pays no
+// fsync. Objects are durable once a later Append (or Close) returns.
 //
 // The content store keeps each distinct message of a run once, so storage
 // grows with the number of steps, not with the square of the history:
 //
-//	messages/<sha256>      zstd frame of the message's canonical JSON
+//	messages/pack-<n>      entries of zstd frames of messages' canonical JSON (see packWriter)
 //	images/<sha256>.png    the PNG bytes of an image
+//
+// Runs written before packs hold each message as messages/<sha256>, the
+// same zstd frame; readers take both.
 //
 // A message's canonical JSON is encoding/json.Marshal of the Message after
 // every image data URL has been replaced by ImageScheme + the sha256 (hex)
@@ -82,7 +85,7 @@ func (r *Run) putMessage(m *Message) (string, error) {
 		if _, ok := r.msgs.Load(sum); ok {
 			return nil, nil
 		}
-		if err := r.writeObject(r.msgDir, h, storedObject{&r.msgs, sum}, r.enc.EncodeAll(canon, nil)); err != nil {
+		if err := r.msgPack.put(sum, r.enc.EncodeAll(canon, nil)); err != nil {
 			return nil, err
 		}
 		r.msgs.Store(sum, struct{}{})

@@ -78,7 +78,7 @@ func TestPutMessagesRoundTrip(t *testing.T) {
 	if diff := cmp.Diff(sorted([]string{sha(shotA) + ".png", sha(shotB) + ".png"}), sorted(names(t, filepath.Join(dir, ImagesDir)))); diff != "" {
 		t.Errorf("images/ (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(sorted(slices.Compact(sorted(hashes))), sorted(names(t, filepath.Join(dir, MessagesDir)))); diff != "" {
+	if diff := cmp.Diff(sorted(slices.Compact(sorted(hashes))), objectHashes(t, filepath.Join(dir, MessagesDir))); diff != "" {
 		t.Errorf("messages/ (-want +got):\n%s", diff)
 	}
 }
@@ -114,8 +114,8 @@ func TestPutMessagesIsIdempotent(t *testing.T) {
 			t.Errorf("%s: hashes (-want +got):\n%s", name, diff)
 		}
 	}
-	if n := len(names(t, filepath.Join(dir, MessagesDir))); n != 2 {
-		t.Errorf("messages/ holds %d files, want 2", n)
+	if n := len(objectHashes(t, filepath.Join(dir, MessagesDir))); n != 2 {
+		t.Errorf("messages/ holds %d objects, want 2", n)
 	}
 }
 

@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 )
 
@@ -29,7 +27,7 @@ func (r *Run) PutTokenIDs(ids []int64) ([]string, error) {
 // A TokenWriter stores the prompt token ids of the successive steps of one
 // attempt, cut as PromptChunker cuts them:
 //
-//	tokens/<sha256>    zstd frame of the chunk's content (see PromptChunk)
+//	tokens/pack-<n>    entries of zstd frames of chunks' content (see PromptChunk, packWriter)
 //
 // so a step stores about the ids its prompt added, not the whole prompt
 // again. Like PutMessages, new chunks are synced by the next Append. A
@@ -78,7 +76,7 @@ func (r *Run) putTokenChunk(c PromptChunk) error {
 		if _, ok := r.toks.Load(c.sum); ok {
 			return nil, nil
 		}
-		if err := r.writeObject(r.tokDir, c.Hash, storedObject{&r.toks, c.sum}, r.enc.EncodeAll(c.Content, nil)); err != nil {
+		if err := r.tokPack.put(c.sum, r.enc.EncodeAll(c.Content, nil)); err != nil {
 			return nil, err
 		}
 		r.toks.Store(c.sum, struct{}{})
@@ -112,7 +110,8 @@ type PromptChunker struct {
 //	uint64             the index of the chunk's first id in its prompt
 //	ids                little-endian: uint32, or int64
 //
-// The hash is the sha256 (hex) of the content. The index makes a chunk
+// The hash is the sha256 (hex) of the content, what the chunk's pack entry
+// is keyed by (a file's name, in runs written before packs). The index makes a chunk
 // out of place (dropped, repeated or swapped in a record) an error when
 // read, since chunks no longer all hold TokenChunk ids. Runs written
 // before this format hold chunks of the canonical JSON of the ids
@@ -320,9 +319,9 @@ func (s *MessageStore) tokenChunk(hash string) (storedChunk, error) {
 }
 
 func (s *MessageStore) readTokenChunk(hash string, sum [32]byte) (storedChunk, error) {
-	b, err := os.ReadFile(filepath.Join(s.tokDir, hash))
+	b, err := readObject(s.tokPacks, s.tokDir, hash, sum)
 	if err != nil {
-		return storedChunk{}, notFound(err)
+		return storedChunk{}, err
 	}
 	content, err := s.dec.DecodeAll(b, nil)
 	if err != nil {

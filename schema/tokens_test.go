@@ -8,7 +8,6 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -101,9 +100,9 @@ func TestPutTokenIDsRoundTrip(t *testing.T) {
 // chunkContent is the uncompressed content of the stored token chunk h.
 func chunkContent(t *testing.T, dir, h string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, TokensDir, h))
-	if err != nil {
-		t.Fatal(err)
+	b, ok := objectsIn(t, filepath.Join(dir, TokensDir))[h]
+	if !ok {
+		t.Fatalf("token chunk %s is not stored", h)
 	}
 	dec, _ := zstd.NewReader(nil)
 	defer dec.Close()
@@ -163,8 +162,8 @@ func TestTokenWriterSharesChunks(t *testing.T) {
 	if len(second) != 4 || !slices.Equal(first, second[:3]) {
 		t.Errorf("chunks of a prompt extending the one before: %v, want %v and one more", second, first)
 	}
-	if got := len(names(t, filepath.Join(dir, TokensDir))); got != 4 {
-		t.Errorf("%d chunk files after two prompts, want 4", got)
+	if got := len(objectHashes(t, filepath.Join(dir, TokensDir))); got != 4 {
+		t.Errorf("%d chunks stored after two prompts, want 4", got)
 	}
 	// The same prompt again stores nothing and names the same chunks.
 	again, err := w.Put(longer)
@@ -186,12 +185,12 @@ func TestTokenWriterSharesChunks(t *testing.T) {
 	}
 	// A sibling's writer, starting from the same first prompt, names the
 	// same chunks and writes none.
-	before := len(names(t, filepath.Join(dir, TokensDir)))
+	before := entryCount(t, filepath.Join(dir, TokensDir))
 	sib, err := r.NewTokenWriter().Put(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(sib, first) || len(names(t, filepath.Join(dir, TokensDir))) != before {
+	if !slices.Equal(sib, first) || entryCount(t, filepath.Join(dir, TokensDir)) != before {
 		t.Errorf("a sibling's first prompt: chunks %v, want %v with no new file", sib, first)
 	}
 	if err := r.Close(); err != nil {
@@ -248,15 +247,12 @@ func TestPromptTokenIDsErrors(t *testing.T) {
 		{"malformed hash", func(_ *testing.T, _ string, c []string) []string { return []string{c[0], "../rollouts.jsonl"} }, ErrBadHash},
 		{"missing chunk", func(_ *testing.T, _ string, c []string) []string { return []string{strings.Repeat("a", 64)} }, ErrNotFound},
 		{"chunk swapped for another", func(t *testing.T, dir string, c []string) []string {
-			other, err := os.ReadFile(filepath.Join(dir, TokensDir, c[1]))
-			if err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, filepath.Join(dir, TokensDir, c[0]), other)
+			other := objectsIn(t, filepath.Join(dir, TokensDir))[c[1]]
+			rewriteObject(t, filepath.Join(dir, TokensDir), c[0], other)
 			return c
 		}, ErrCorrupt},
 		{"not zstd", func(t *testing.T, dir string, c []string) []string {
-			writeFile(t, filepath.Join(dir, TokensDir, c[0]), []byte("[1,2,3]"))
+			rewriteObject(t, filepath.Join(dir, TokensDir), c[0], []byte("[1,2,3]"))
 			return c
 		}, ErrCorrupt},
 		// A chunk out of place would shift every later id.

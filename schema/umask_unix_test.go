@@ -82,7 +82,7 @@ func TestFilesHonourUmask(t *testing.T) {
 			}
 			for _, f := range []string{
 				filepath.Join(dir, RecordsFile), filepath.Join(dir, SummaryFile), filepath.Join(dir, BatchFile),
-				filepath.Join(dir, MessagesDir, msgHash), imgPath, out,
+				filepath.Join(dir, MessagesDir, objectFile(t, filepath.Join(dir, MessagesDir), msgHash)), imgPath, out,
 			} {
 				checkMode(t, f, 0o666, m)
 			}

@@ -80,7 +80,7 @@ func TestExportCommand(t *testing.T) {
 				"dropped 2 groups with equal rewards (5 samples)\n"},
 		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: tornCopy,
 			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
-			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 19727): no newline at the end"},
+			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 20429): no newline at the end"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
