@@ -140,6 +140,10 @@ type CollectOptions struct {
 	// EndStateBytes bounds the space of the batch's kept end states: past
 	// it the oldest are dropped (default DefaultEndStateBytes).
 	EndStateBytes int64
+
+	// onCommitted, for benchmarks, is told how long each finished try's
+	// record took from its hand-over to being durable.
+	onCommitted func(time.Duration)
 }
 
 // DefaultEndStateBytes is the default bound on a batch's kept end states.

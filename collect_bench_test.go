@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -245,4 +246,53 @@ func BenchmarkStorePrompt(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N*steps), "ms/step")
 		})
 	}
+}
+
+// BenchmarkCommitLatency runs 1,000 attempts at once on 1,000 instant
+// desktops (no desktop or model latency: the batch is all CPU and disk, in
+// real time) and reports how long finished tries' records took from their
+// hand-over to being durable (commit-p50-ms, commit-p99-ms,
+// commit-max-ms), and graded attempts per second. The desktop of a
+// finished try takes its next attempt at hand-over, not at commit.
+func BenchmarkCommitLatency(b *testing.B) {
+	const tasks, group, desktops, maxSteps = 250, 4, 1000, 5
+	var waits []time.Duration
+	var mu sync.Mutex
+	graded := 0
+	var elapsed time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		dir := filepath.Join(b.TempDir(), "run")
+		srv := policytest.NewPipeServer(policytest.Options{NoLatency: true})
+		fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, DefaultReward: fake.Reward{P: 0.5}, ReadyWaiter: true, Stepper: true})
+		pol := PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "bench", StepTimeout: time.Hour, HTTPClient: srv.Client()}
+		opts := CollectOptions{Out: dir, NewDesktop: fleet.New, Desktops: desktops, Group: group, MaxSteps: maxSteps,
+			onCommitted: func(d time.Duration) {
+				mu.Lock()
+				waits = append(waits, d)
+				mu.Unlock()
+			}}
+		b.StartTimer()
+		start := time.Now()
+		sum, err := Collect(b.Context(), testTasks(tasks), pol, opts)
+		elapsed += time.Since(start)
+		srv.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for s, n := range sum.Counts {
+			if s.Graded() {
+				graded += n
+			}
+		}
+	}
+	if len(waits) == 0 {
+		b.Fatal("no record committed")
+	}
+	slices.Sort(waits)
+	ms := func(q float64) float64 { return float64(waits[int(q*float64(len(waits)-1))].Microseconds()) / 1e3 }
+	b.ReportMetric(ms(0.5), "commit-p50-ms")
+	b.ReportMetric(ms(0.99), "commit-p99-ms")
+	b.ReportMetric(ms(1), "commit-max-ms")
+	b.ReportMetric(float64(graded)/elapsed.Seconds(), "rollouts/s")
 }

@@ -37,11 +37,14 @@ type batch struct {
 	// service's trainer may move it (moveMain). mains lists every one the
 	// batch had, for the totals and to close them; ready is closed once
 	// run set up the first.
-	main    atomic.Pointer[modelServer]
-	mains   []*modelServer
-	ready   chan struct{}
-	runCtx  context.Context
-	probes  sync.WaitGroup
+	main   atomic.Pointer[modelServer]
+	mains  []*modelServer
+	ready  chan struct{}
+	runCtx context.Context
+	probes sync.WaitGroup
+	// commits are the records handed to the store and not yet durable
+	// (record).
+	commits sync.WaitGroup
 	started time.Time
 	// earlier is what the batch's earlier runs left in summary.json that
 	// its records do not hold: outages and stops (see earlierRuns).
@@ -122,6 +125,10 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 		})
 	}
 	_ = workers.Wait()
+	// Workers wait in the scheduler for running attempts, so none is left
+	// uncommitted here unless the batch stopped: its finished tries are
+	// still written.
+	b.commits.Wait()
 	stop(nil) // ends the probers
 	stopTicker()
 	ended.close()
@@ -208,10 +215,24 @@ func (b *batch) work(ctx context.Context, slot int) {
 			continue
 		}
 		fillOutcome(rec, v, e)
-		// The write syncs to disk; doing it outside the scheduler's lock
-		// keeps the other workers scheduling meanwhile, and lets the
-		// store commit their records together.
+		b.record(a, rec, e)
+	}
+}
+
+// record hands a finished try's record to the store and returns at once,
+// so the desktop takes its next attempt while the record commits with
+// those of other desktops (one sync for all, see schema.Run.Append). The
+// attempt stays running until its record is durable: only then does the
+// scheduler count it (recorded), so a kill before that runs it again on
+// resume, as a kill before a synchronous append did. The batch waits for
+// every commit before it ends (commits).
+func (b *batch) record(a *attempt, rec *Record, e ending) {
+	ended := time.Now()
+	b.commits.Go(func() {
 		off, err := b.store.AppendAt(rec)
+		if h := b.opts.onCommitted; h != nil {
+			h(time.Since(ended))
+		}
 		b.sched.recorded(a, rec, off, err == nil)
 		if err != nil {
 			b.fail(&storeFailure{fmt.Errorf("write record: %w", err)})
@@ -221,7 +242,7 @@ func (b *batch) work(ctx context.Context, slot int) {
 		if b.quar != nil {
 			b.quar.observe(a.g.task, rec, e)
 		}
-	}
+	})
 }
 
 // writeUnstarted records a try that never started (skipped, or no

@@ -31,10 +31,13 @@ type scheduler struct {
 	groups  []*group
 	queue   []*attempt // front first
 	running int        // attempts taken from the queue whose try has not been recorded
-	slots   int        // workers that still have a desktop slot
-	stopped bool       // the batch is stopping: no attempt starts
-	counts  map[Status]int
-	summary *export.SummaryBuilder
+	// committing counts the running attempts in phase committing: they
+	// need no desktop again.
+	committing int
+	slots      int  // workers that still have a desktop slot
+	stopped    bool // the batch is stopping: no attempt starts
+	counts     map[Status]int
+	summary    *export.SummaryBuilder
 
 	// errorReruns is the batch's bound on reruns of an error record
 	// (batch.json), whatever this run does.
@@ -86,6 +89,9 @@ const (
 	queued attemptPhase = iota
 	stepping
 	grading
+	// committing: its try ended with a final verdict and its record is on
+	// its way to the store (batch.record); its desktop has moved on.
+	committing
 	// skipping: taken from the queue of a closed group, its skipped
 	// record being written; the group does not end before it is.
 	skipping
@@ -309,7 +315,9 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 		if len(s.queue) > 0 {
 			a := s.queue[0]
 			s.queue = s.queue[1:]
-			if a.g.closed {
+			// A group whose last needed attempts are committing closes
+			// once they are: its queued attempts are skipped, not started.
+			if a.g.closed || a.g.reserved >= a.g.size {
 				v := s.settleLocked(a, ending{})
 				a.phase = skipping
 				s.running++ // the batch is not over while it is written
@@ -369,7 +377,12 @@ func (s *scheduler) startGrading(a *attempt) bool {
 func (s *scheduler) settle(a *attempt, e ending) verdict {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.settleLocked(a, e)
+	v := s.settleLocked(a, e)
+	if v.status != "" && v.status != schema.StatusRetried {
+		a.phase = committing
+		s.committing++
+	}
+	return v
 }
 
 func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
@@ -391,6 +404,9 @@ func (s *scheduler) recorded(a *attempt, rec *Record, off int64, written bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.running--
+	if a.phase == committing {
+		s.committing--
+	}
 	if !written {
 		s.requeueLocked(a)
 		return
@@ -471,7 +487,7 @@ func (s *scheduler) endAttemptLocked(a *attempt) {
 
 func anyActive(g *group) bool {
 	for _, a := range g.attempts {
-		if a.phase == stepping || a.phase == grading || a.phase == skipping {
+		if a.phase == stepping || a.phase == grading || a.phase == committing || a.phase == skipping {
 			return true
 		}
 	}
@@ -521,7 +537,9 @@ func (s *scheduler) stop() {
 func (s *scheduler) workLeft(ctx context.Context) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return ctx.Err() == nil && !s.stopped && (s.open || len(s.queue) > 0 || s.running > 0)
+	// An attempt whose record is committing needs no desktop: only a try
+	// still running may come back to the queue.
+	return ctx.Err() == nil && !s.stopped && (s.open || len(s.queue) > 0 || s.running > s.committing)
 }
 
 // slotLost is called by a worker that gave up its desktop slot for cause.
@@ -532,7 +550,9 @@ func (s *scheduler) slotLost(cause error, write writeFunc) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slots--
-	if s.slots > 0 || s.running > 0 {
+	// Tries still running may need a slot again; records committing do
+	// not.
+	if s.slots > 0 || s.running > s.committing {
 		return nil
 	}
 	queue := s.queue
