@@ -227,7 +227,7 @@ func (s syntheticRun) write(dir string) error {
 					PromptTokenCount:  count,
 					StartedAt:         rec.StartedAt,
 					Response: schema.Response{Content: content, Reasoning: "The spreadsheet is open; column B holds the values.",
-						TokenIDs: ids, Logprobs: lps, FinishReason: "stop"},
+						TokenIDs: ids, Logprobs: lps, FinishReason: "stop", TokenIDsSource: schema.SourceReturnTokenIDs},
 					Model:   schema.ModelCall{Seconds: 1.5, Attempts: 1, PromptTokens: 2000 + 1200*k, CompletionTokens: 80, CachedTokens: new(1200 * k)},
 					Actions: []schema.ActionRecord{{Action: fmt.Sprintf("import pyautogui; pyautogui.click(%d, %d)", 100+k, 200), ActS: 0.2, WaitS: 1, ObsS: 0.3}},
 				})
@@ -364,16 +364,6 @@ func generate(b, owner *testing.B, run syntheticRun, keepEnv string) string {
 // reading the file it wrote and writing a copy, synced: the bound the
 // disk sets), and the run's size on disk per rollout.
 func benchExport(b *testing.B, run syntheticRun, dir string, opts export.Options) {
-	for _, part := range []struct{ sub, unit string }{{"", "run"}, {schema.TokensDir, "tokens"}} {
-		apparent, disk, err := diskUsage(filepath.Join(dir, part.sub))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if disk > 0 {
-			b.ReportMetric(float64(apparent)/1e3/float64(run.rollouts), part.unit+"-KB/rollout")
-			b.ReportMetric(float64(disk)/1e3/float64(run.rollouts), part.unit+"-disk-KB/rollout")
-		}
-	}
 	runtime.GC()
 	out := filepath.Join(b.TempDir(), "train.jsonl")
 	b.ResetTimer()
@@ -410,6 +400,17 @@ func benchExport(b *testing.B, run syntheticRun, dir string, opts export.Options
 	}
 	if c := copyTime(b, out); c > 0 {
 		b.ReportMetric(elapsed.Seconds()/float64(b.N)/c.Seconds(), "x-copy")
+	}
+	// After the loop: ResetTimer drops reported metrics.
+	for _, part := range []struct{ sub, unit string }{{"", "run"}, {schema.TokensDir, "tokens"}} {
+		apparent, disk, err := diskUsage(filepath.Join(dir, part.sub))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if disk > 0 {
+			b.ReportMetric(float64(apparent)/1e3/float64(run.rollouts), part.unit+"-KB/rollout")
+			b.ReportMetric(float64(disk)/1e3/float64(run.rollouts), part.unit+"-disk-KB/rollout")
+		}
 	}
 }
 

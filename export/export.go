@@ -262,6 +262,10 @@ type sampleHead struct {
 type sampleTail struct {
 	PromptPrefixIDs   int                  `json:"prompt_prefix_ids,omitempty"`
 	PromptTokenIDs    []int64              `json:"prompt_token_ids,omitempty"`
+	// promptChunks, when set, are the prompt's ids as the store's chunks
+	// (PromptTokenIDs is then nil): appendTail writes them one after the
+	// other, without first copying the prompt into one slice.
+	promptChunks      [][]int64
 	ResponseText      string               `json:"response_text"`
 	ResponseReasoning string               `json:"response_reasoning"`
 	ResponseTokenIDs  []int64              `json:"response_token_ids"`
@@ -584,7 +588,7 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 			return lines, err
 		}
 		if opts.PromptPrefix {
-			whole := tail.PromptTokenIDs
+			whole := tail.promptIDs()
 			n := commonPrefix(prev, whole)
 			tail.PromptPrefixIDs, tail.PromptTokenIDs = n, whole[n:]
 			prev = whole
@@ -607,14 +611,14 @@ func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float
 	if err != nil {
 		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
-	promptIDs, err := store.PromptTokenIDs(*step)
+	promptChunks, _, err := store.PromptTokenIDChunks(*step)
 	if err != nil {
 		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
 	head := sampleHead{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt,
 		Step: i, Status: rec.Status, PolicyVersion: step.Version(rec), Reward: *rec.Reward, Advantage: adv}
 	tail := sampleTail{
-		PromptTokenIDs:    promptIDs,
+		promptChunks:      promptChunks,
 		ResponseText:      step.Response.Content,
 		ResponseReasoning: step.Response.Reasoning,
 		ResponseTokenIDs:  step.Response.TokenIDs,
@@ -651,7 +655,7 @@ func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, 
 		out = append(out, Sample{
 			RolloutID: h.RolloutID, TaskID: h.TaskID, GroupID: h.GroupID, Attempt: h.Attempt, Step: h.Step,
 			Status: h.Status, PolicyVersion: h.PolicyVersion, Reward: h.Reward, Advantage: h.Advantage,
-			Messages: msgs, PromptPrefixIDs: t.PromptPrefixIDs, PromptTokenIDs: t.PromptTokenIDs, ResponseText: t.ResponseText,
+			Messages: msgs, PromptPrefixIDs: t.PromptPrefixIDs, PromptTokenIDs: t.promptIDs(), ResponseText: t.ResponseText,
 			ResponseReasoning: t.ResponseReasoning, ResponseTokenIDs: t.ResponseTokenIDs,
 			ResponseLogprobs: t.ResponseLogprobs, ResponseTokens: t.ResponseTokens,
 			TokenIDsSource: t.TokenIDsSource, FinishReason: t.FinishReason, Warnings: t.Warnings,
@@ -749,4 +753,21 @@ func commonPrefix(a, b []int64) int {
 		}
 	}
 	return n
+}
+
+// promptIDs moves the prompt's ids into PromptTokenIDs, as one slice of
+// the caller's, and returns them.
+func (t *sampleTail) promptIDs() []int64 {
+	if t.promptChunks != nil {
+		n := 0
+		for _, c := range t.promptChunks {
+			n += len(c)
+		}
+		ids := make([]int64, 0, n)
+		for _, c := range t.promptChunks {
+			ids = append(ids, c...)
+		}
+		t.PromptTokenIDs, t.promptChunks = ids, nil
+	}
+	return t.PromptTokenIDs
 }

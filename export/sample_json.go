@@ -2,6 +2,7 @@ package export
 
 import (
 	"math"
+	"slices"
 	"strconv"
 
 	"legato/rl/schema"
@@ -30,10 +31,25 @@ func appendTail(b []byte, t *sampleTail, enc func(any) ([]byte, error)) ([]byte,
 		b = strconv.AppendInt(b, int64(t.PromptPrefixIDs), 10)
 		b = append(b, ',')
 	}
-	if len(t.PromptTokenIDs) > 0 {
+	switch {
+	case len(t.PromptTokenIDs) > 0:
 		b = append(b, `"prompt_token_ids":`...)
 		b = appendInts(b, t.PromptTokenIDs)
 		b = append(b, ',')
+	case slices.ContainsFunc(t.promptChunks, func(c []int64) bool { return len(c) > 0 }):
+		// The chunks' arrays, joined: [1,2]+[3] → [1,2,3].
+		b = append(b, `"prompt_token_ids":[`...)
+		first := true
+		for _, c := range t.promptChunks {
+			for _, id := range c {
+				if !first {
+					b = append(b, ',')
+				}
+				first = false
+				b = strconv.AppendInt(b, id, 10)
+			}
+		}
+		b = append(b, ']', ',')
 	}
 	if err := str(`"response_text":`, t.ResponseText); err != nil {
 		return b, err

@@ -60,8 +60,24 @@ func TestAppendTail(t *testing.T) {
 		if err != nil {
 			t.Fatalf("tail %d: %v", i, err)
 		}
-		if w := want(&tails[i]); !bytes.Equal(got, w) {
+		w := want(&tails[i])
+		if !bytes.Equal(got, w) {
 			t.Errorf("tail %d:\n got %s\nwant %s", i, got, w)
+		}
+		// The same ids as the store's chunks, cut anywhere (empty
+		// chunks too), write the same bytes.
+		if ids := tails[i].PromptTokenIDs; len(ids) > 0 {
+			chunked := tails[i]
+			chunked.PromptTokenIDs = nil
+			for start := 0; start < len(ids); {
+				n := min(rng.IntN(7), len(ids)-start)
+				chunked.promptChunks = append(chunked.promptChunks, ids[start:start+n])
+				start += n
+			}
+			got, err := appendTail(nil, &chunked, sw.encode)
+			if err != nil || !bytes.Equal(got, w) {
+				t.Errorf("tail %d from %d chunks:\n got %s (%v)\nwant %s", i, len(chunked.promptChunks), got, err, w)
+			}
 		}
 	}
 	for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {

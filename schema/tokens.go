@@ -255,42 +255,57 @@ func LoadPromptTokenIDs(runDir string, step Step) ([]int64, error) {
 // PromptTokenIDs rebuilds the prompt token ids of step; nil when the step
 // has none. The result is the caller's.
 func (s *MessageStore) PromptTokenIDs(step Step) ([]int64, error) {
+	chunks, n, err := s.PromptTokenIDChunks(step)
+	if err != nil || chunks == nil {
+		return nil, err
+	}
+	out := make([]int64, 0, n)
+	for _, c := range chunks {
+		out = append(out, c...)
+	}
+	return out, nil
+}
+
+// PromptTokenIDChunks returns the prompt token ids of step as its chunks'
+// ids, in order, and how many there are; nil when the step has none. The
+// slices are shared with the store's cache and must not be modified: a
+// writer appending them saves copying each prompt into one slice first.
+func (s *MessageStore) PromptTokenIDChunks(step Step) ([][]int64, int, error) {
 	if len(step.PromptTokenChunks) == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
 	s.life.RLock()
 	defer s.life.RUnlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, 0, ErrClosed
 	}
-	var out []int64
+	out := make([][]int64, 0, len(step.PromptTokenChunks))
+	n := 0
 	for i, h := range step.PromptTokenChunks {
 		c, err := s.tokenChunk(h)
 		if err != nil {
-			return nil, fmt.Errorf("load prompt token ids: chunk %d: %w", i, err)
+			return nil, 0, fmt.Errorf("load prompt token ids: chunk %d: %w", i, err)
 		}
 		misplaced := ""
 		switch {
-		case c.index >= 0 && c.index != len(out):
-			misplaced = fmt.Sprintf("it starts at id %d of its prompt, but the chunks before it hold %d", c.index, len(out))
+		case c.index >= 0 && c.index != n:
+			misplaced = fmt.Sprintf("it starts at id %d of its prompt, but the chunks before it hold %d", c.index, n)
 		case c.index < 0 && i < len(step.PromptTokenChunks)-1 && len(c.ids) != TokenChunk:
 			// A JSON chunk (an older run's) holds TokenChunk ids unless it
 			// is the last; anything else would shift every later id.
 			misplaced = fmt.Sprintf("%d ids in a chunk that is not the last, want %d", len(c.ids), TokenChunk)
 		}
 		if misplaced != "" {
-			return nil, fmt.Errorf("load prompt token ids: chunk %d: %w", i, &ObjectError{Op: "load", Kind: "token chunk", Hash: h,
+			return nil, 0, fmt.Errorf("load prompt token ids: chunk %d: %w", i, &ObjectError{Op: "load", Kind: "token chunk", Hash: h,
 				Err: fmt.Errorf("%w: %s", ErrCorrupt, misplaced)})
 		}
-		if out == nil {
-			out = make([]int64, 0, max(step.PromptTokenCount, len(c.ids)))
-		}
-		out = append(out, c.ids...)
+		out = append(out, c.ids)
+		n += len(c.ids)
 	}
-	if step.PromptTokenCount > 0 && len(out) != step.PromptTokenCount {
-		return nil, fmt.Errorf("load prompt token ids: %w: its chunks hold %d ids, the step says %d", ErrCorrupt, len(out), step.PromptTokenCount)
+	if step.PromptTokenCount > 0 && n != step.PromptTokenCount {
+		return nil, 0, fmt.Errorf("load prompt token ids: %w: its chunks hold %d ids, the step says %d", ErrCorrupt, n, step.PromptTokenCount)
 	}
-	return out, nil
+	return out, n, nil
 }
 
 // storedChunk is a token chunk as read: its ids and their index in the
