@@ -260,8 +260,8 @@ type sampleHead struct {
 }
 
 type sampleTail struct {
-	PromptPrefixIDs   int                  `json:"prompt_prefix_ids,omitempty"`
-	PromptTokenIDs    []int64              `json:"prompt_token_ids,omitempty"`
+	PromptPrefixIDs int     `json:"prompt_prefix_ids,omitempty"`
+	PromptTokenIDs  []int64 `json:"prompt_token_ids,omitempty"`
 	// promptChunks, when set, are the prompt's ids as the store's chunks
 	// (PromptTokenIDs is then nil): appendTail writes them one after the
 	// other, without first copying the prompt into one slice.
