@@ -317,7 +317,7 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 			s.queue = s.queue[1:]
 			// A group whose last needed attempts are committing closes
 			// once they are: its queued attempts are skipped, not started.
-			if a.g.closed || a.g.reserved >= a.g.size {
+			if a.g.full() {
 				v := s.settleLocked(a, ending{})
 				a.phase = skipping
 				s.running++ // the batch is not over while it is written
@@ -387,7 +387,7 @@ func (s *scheduler) settle(a *attempt, e ending) verdict {
 
 func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
 	e.stopped = e.stopped || s.stopped
-	e.groupClosed = a.g.closed || a.g.reserved >= a.g.size
+	e.groupClosed = a.g.full()
 	e.triesLeft = a.tries-a.tryBase+1 < s.maxTries
 	e.staleLeft = a.staleRuns < maxStaleReruns
 	v := decide(e)
@@ -396,6 +396,10 @@ func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
 	}
 	return v
 }
+
+// full says whether g has closed or will once the records of its finished
+// attempts are written: it needs no more attempts.
+func (g *group) full() bool { return g.closed || g.reserved >= g.size }
 
 // recorded updates the attempt's group once its record rec was written
 // (written reports whether it was). Retried attempts go back to the front

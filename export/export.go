@@ -334,9 +334,12 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	var rs schema.ReadStats
 	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
 		// A file that fits keepRecordsBytes is decoded once: the first
-		// pass keeps its records for the second.
+		// pass keeps its records for the second (kept not nil).
 		var kept []schema.Record
 		keep := r.Size() <= keepRecordsBytes
+		if keep {
+			kept = []schema.Record{}
+		}
 		rs, err := schema.ReadRecordLines(r, func(rec schema.Record, line int) error {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -408,11 +411,6 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		// finished record it meets has its advantage.
 		if _, err := r.Seek(0, io.SeekStart); err != nil {
 			return rs, err
-		}
-		if !keep {
-			kept = nil
-		} else if kept == nil {
-			kept = []schema.Record{} // read, and none to write
 		}
 		st.Bytes, err = schema.WriteFileAtomic(outPath, func(w io.Writer) error {
 			return writeSamples(ctx, r, kept, w, store, groups, regraded, opts, &st)

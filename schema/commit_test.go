@@ -50,10 +50,20 @@ func (l *syncLog) join(lead bool) {
 	}
 }
 
-func (l *syncLog) synced(path string) {
+// rel names path relative to the run; ok is false (and the test fails)
+// for a path outside it.
+func (l *syncLog) rel(path string) (string, bool) {
 	rel, err := filepath.Rel(l.dir, path)
 	if err != nil {
 		l.t.Errorf("fsync outside the run: %v", err)
+		return "", false
+	}
+	return rel, true
+}
+
+func (l *syncLog) synced(path string) {
+	rel, ok := l.rel(path)
+	if !ok {
 		return
 	}
 	l.mu.Lock()
@@ -66,9 +76,8 @@ func (l *syncLog) synced(path string) {
 }
 
 func (l *syncLog) packSynced(path string, size int64) {
-	rel, err := filepath.Rel(l.dir, path)
-	if err != nil {
-		l.t.Errorf("fsync outside the run: %v", err)
+	rel, ok := l.rel(path)
+	if !ok {
 		return
 	}
 	l.mu.Lock()
@@ -111,7 +120,7 @@ func (l *syncLog) checkSynced(id string, st Step) {
 	}
 	// Messages and token chunks are packed: the pack must have been
 	// synced past their entries, and its name into the directory.
-	type packed struct{ pack, hash string }
+	type packed struct{ dir, hash string } // dir: messages/ or tokens/
 	var need []string
 	var inPacks []packed
 	for _, sub := range []string{MessagesDir, TokensDir} {
@@ -134,25 +143,24 @@ func (l *syncLog) checkSynced(id string, st Step) {
 			}
 		}
 	}
-	ends := map[packed]struct {
+	// Where each object's entry ends, in which pack (relative to the run).
+	type entryEnd struct {
 		pack string
 		end  int64
-	}{}
+	}
+	ends := map[packed]entryEnd{}
 	entries := map[string]map[string][]packedEntry{}
 	for _, p := range inPacks {
-		if entries[p.pack] == nil {
-			entries[p.pack] = packEntries(l.t, filepath.Join(l.dir, p.pack))
+		if entries[p.dir] == nil {
+			entries[p.dir] = packEntries(l.t, filepath.Join(l.dir, p.dir))
 		}
-		es := entries[p.pack][p.hash]
+		es := entries[p.dir][p.hash]
 		if len(es) == 0 {
-			l.t.Errorf("record %s refers to %s/%s, which no pack holds", id, p.pack, p.hash)
+			l.t.Errorf("record %s refers to %s/%s, which no pack holds", id, p.dir, p.hash)
 			continue
 		}
 		// The first entry: the one put before the record's Append.
-		ends[p] = struct {
-			pack string
-			end  int64
-		}{filepath.Join(p.pack, es[0].pack), es[0].off + int64(len(es[0].data))}
+		ends[p] = entryEnd{filepath.Join(p.dir, es[0].pack), es[0].off + int64(len(es[0].data))}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -164,7 +172,7 @@ func (l *syncLog) checkSynced(id string, st Step) {
 	for p, e := range ends {
 		if l.packUpTo[e.pack] < e.end {
 			l.t.Errorf("record %s committed before %s/%s was fsynced (%s synced up to byte %d, the entry ends at %d)",
-				id, p.pack, p.hash, e.pack, l.packUpTo[e.pack], e.end)
+				id, p.dir, p.hash, e.pack, l.packUpTo[e.pack], e.end)
 		}
 	}
 }

@@ -157,10 +157,13 @@ func (p *packWriter) failed(ps packSync, fileFailed bool) {
 	p.mu.Unlock()
 }
 
-// stillNamed fails when f, an open pack, is no longer the file its name
-// holds (its directory was removed or replaced): appends to it would be
-// lost with it.
-func stillNamed(f *os.File) error {
+// syncPack fsyncs the open pack f, and fails when f is no longer the file
+// its name holds (its directory was removed or replaced): what was
+// appended to it is lost with it.
+func syncPack(f *os.File) error {
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", f.Name(), err)
+	}
 	open, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("stat %s: %w", f.Name(), err)

@@ -313,9 +313,10 @@ func TestPackReadWhileWriting(t *testing.T) {
 	}
 }
 
-// TestPackLengthTooLarge: an entry whose length runs past any bound ends
-// what the reader takes from its pack, instead of claiming that memory.
-func TestPackLengthTooLarge(t *testing.T) {
+// TestPackLengthPastEnd: an entry whose length runs past the end of its
+// pack (a damaged length, here the largest there is) is not indexed: its
+// object is not found, rather than read past the end or allocated.
+func TestPackLengthPastEnd(t *testing.T) {
 	dir := t.TempDir()
 	r := mustCreate(t, dir)
 	if err := r.Close(); err != nil {

@@ -463,15 +463,12 @@ func (r *Run) syncContent() error {
 	dirs := make(map[string]bool, 4)
 	syncOne := func(path string, f *os.File, packSize int64) error {
 		err := r.hooks.syncFile.run(path)
-		if err == nil && f != nil {
-			if err = f.Sync(); err != nil {
-				err = fmt.Errorf("sync %s: %w", path, err)
-			} else {
-				err = stillNamed(f)
-			}
-		}
-		if err == nil && f == nil {
+		switch {
+		case err != nil:
+		case f == nil: // a loose file
 			err = syncFile(path)
+		default:
+			err = syncPack(f)
 		}
 		if err != nil {
 			mu.Lock()
