@@ -2,6 +2,7 @@ package rl
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -108,6 +109,59 @@ func TestGradeTwiceQuarantines(t *testing.T) {
 		sum3, err := third.collect(t.Context())
 		if err != nil || len(sum3.QuarantineSkipped) != 0 {
 			t.Errorf("a fixed task: skipped %v, err %v; want it run", sum3.QuarantineSkipped, err)
+		}
+	})
+}
+
+// TestSetupUnfit: the setup quarantine wants K failed desktops and
+// failures outnumbering passes.
+func TestSetupUnfit(t *testing.T) {
+	for _, c := range []struct {
+		failed, passed, k int
+		want              bool
+	}{
+		{3, 0, 3, true},   // a broken task: every reset fails
+		{2, 0, 3, false},  // not yet k desktops
+		{3, 2, 3, true},   // most of its resets fail
+		{3, 3, 3, false},  // half: the fleet may be to blame
+		{3, 40, 3, false}, // a flaky fleet in a long batch
+		{10, 9, 3, true},  // more failures than passes, past k
+		{1, 0, 1, true},   // k = 1: the first failure, with no pass
+		{1, 1, 1, false},  // k = 1 after a pass
+		{1000, 0, 1 << 20, false},
+	} {
+		if got := setupUnfit(c.failed, c.passed, c.k); got != c.want {
+			t.Errorf("setupUnfit(failed %d, passed %d, k %d) = %v, want %v", c.failed, c.passed, c.k, got, c.want)
+		}
+	}
+}
+
+// TestQuarantineSetupFailsFlakyFleet: a task whose reset fails on three
+// desktops but passed on more (the desktops fail, not the task) is not
+// quarantined, and its group fills.
+func TestQuarantineSetupFailsFlakyFleet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(1)
+		// Each of three desktops fails its second reset; their first resets
+		// passed, so the third failure comes after three passes at least.
+		var faults []fake.Fault
+		for i := range 3 {
+			faults = append(faults, fake.Fault{Phase: fake.PhaseReset, Kind: fake.FaultError, OnCall: 2, Desktop: fmt.Sprintf("fake-%d", i)})
+		}
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, fake.Config{DefaultReward: fake.Reward{P: 1}, Faults: faults})
+		e.opts.Desktops, e.opts.Group, e.opts.QuarantineSetupFails, e.opts.EnvRetries = 4, 8, 3, 3
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatalf("Collect: %v, want every attempt graded", err)
+		}
+		if len(sum.Quarantined) != 0 {
+			t.Errorf("quarantined %v, want none: the task's resets passed more often than they failed", sum.Quarantined)
+		}
+		if got := sum.Counts[schema.StatusOK]; got != 8 {
+			t.Errorf("%d attempts graded, want the group's 8 (counts %v)", got, sum.Counts)
+		}
+		if got := sum.Counts[schema.StatusRetried]; got != 3 {
+			t.Errorf("%d retried, want the 3 tries whose reset failed (counts %v)", got, sum.Counts)
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,7 +21,8 @@ import (
 )
 
 // DefaultQuarantineSetupFails is how many desktops a task's reset must fail
-// on before the task is quarantined.
+// on before the task is quarantined (and on more than half of its resets:
+// see setupUnfit).
 const DefaultQuarantineSetupFails = 3
 
 // TaskSHA is the SHA-256 of a task's config as it was read (its raw JSON;
@@ -53,14 +55,16 @@ type quarantine struct {
 	// desktop: each failed desktop is replaced, so they are as many
 	// desktops.
 	resetFailures map[string][]string
-	added         map[string]string // task id → reason, by this batch
+	// resetsPassed counts, per task, the tries whose reset succeeded.
+	resetsPassed map[string]int
+	added        map[string]string // task id → reason, by this batch
 }
 
 // openQuarantine reads the quarantines of a batch into dir: dir's own and,
 // if shared is not "", the shared file.
 func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quarantine, error) {
 	q := &quarantine{runFile: filepath.Join(dir, schema.TaskQuarantineFile), shared: shared, run: dir,
-		setupFails: setupFails, log: log, resetFailures: map[string][]string{}, added: map[string]string{}}
+		setupFails: setupFails, log: log, resetFailures: map[string][]string{}, resetsPassed: map[string]int{}, added: map[string]string{}}
 	held, err := schema.ReadQuarantine(q.runFile)
 	if err != nil {
 		return nil, err
@@ -129,16 +133,32 @@ func (q *quarantine) observe(t Task, rec *Record, e ending) {
 	if errors.Is(e.err, errBadReward) {
 		q.put(t, schema.QuarantineRewardOutOfRange, e.err.Error(), rec.RolloutID)
 	}
-	if e.resetFailed && e.desktopFailed {
+	switch {
+	case e.resetFailed && e.desktopFailed:
 		q.mu.Lock()
 		q.resetFailures[t.ID] = append(q.resetFailures[t.ID], rec.RolloutID)
-		ids := q.resetFailures[t.ID]
+		ids := slices.Clone(q.resetFailures[t.ID])
+		passed := q.resetsPassed[t.ID]
 		q.mu.Unlock()
-		if len(ids) == q.setupFails {
+		if setupUnfit(len(ids), passed, q.setupFails) {
 			q.put(t, schema.QuarantineSetupFails,
-				fmt.Sprintf("its reset failed on %d desktops; the last: %v", len(ids), e.err), ids...)
+				fmt.Sprintf("its reset failed on %d desktops and passed on %d; the last failure: %v", len(ids), passed, e.err), ids...)
 		}
+	case e.started && !e.resetFailed:
+		q.mu.Lock()
+		q.resetsPassed[t.ID]++
+		q.mu.Unlock()
 	}
+}
+
+// setupUnfit says whether a task is quarantined for its setup, its reset
+// having failed the desktop failed times and passed passed times in this
+// batch: on k desktops at least, and on more than half of its resets. The
+// share keeps a fleet whose resets fail now and then, whatever the task,
+// from quarantining a healthy task in a long batch (one in ten failing
+// reaches any k given enough attempts); a broken task fails nearly all.
+func setupUnfit(failed, passed, k int) bool {
+	return failed >= k && failed > passed
 }
 
 // addedNow returns the tasks this batch quarantined, with why.

@@ -104,7 +104,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.StringVar(&f.opts.Quarantine, "quarantine", "", "task quarantine file shared across batches: tasks it holds are skipped (named in the summary); tasks this batch finds unfit go into it and into the run's quarantine.json")
 	fs.BoolVar(&f.opts.KeepEndStates, "keep-end-states", false, "keep every attempt's end state before its grade, so legato rl regrade can grade it again later (fake backend: in DIR/end-states)")
 	fs.Var(byteSize64{&f.opts.EndStateBytes}, "end-states-max", "bound on the space of kept end states; the oldest are dropped past it (`size`: bytes, or with KiB, MiB, GiB; default 100GiB)")
-	intVar(fs, &f.opts.QuarantineSetupFails, "quarantine-setup-fails", rl.DefaultQuarantineSetupFails, 1, 1000, "desktops a task's reset must fail on before it is quarantined")
+	intVar(fs, &f.opts.QuarantineSetupFails, "quarantine-setup-fails", rl.DefaultQuarantineSetupFails, 1, 1000, "desktops a task's reset must fail on before it is quarantined (and on more than half of its resets)")
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
 	fs.Float64Var(&f.fake.success, "fake-success", 0.5, "fake backend: probability that an attempt of a feasible task scores 1")
