@@ -54,8 +54,8 @@ func runKillBatch(ctx context.Context, dir string) (*Summary, error) {
 	}, CollectOptions{
 		Out: dir, NewDesktop: fleet.New, Desktops: 4, Group: killGroup, Oversample: killOversample,
 		EnvRetries: 8, MaxSteps: 6,
-		// The resets fail at random (one in ten): a task whose reset
-		// failed on 3 desktops in one run would be quarantined and its
+		// The resets fail at random (one in ten): a task whose first
+		// resets all failed on 3 desktops would be quarantined and its
 		// group never close, which is not what this test is about.
 		QuarantineSetupFails: 1 << 20,
 		Ready:                desktop.ReadyOptions{Interval: 10 * time.Millisecond, Max: time.Second},

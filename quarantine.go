@@ -51,20 +51,18 @@ type quarantine struct {
 	// held is every task held now: by the files at the start, and by
 	// this batch since.
 	held *schema.Quarantine
-	// resetFailures counts, per task, the tries whose reset failed the
-	// desktop: each failed desktop is replaced, so they are as many
-	// desktops.
-	resetFailures map[string][]string
-	// resetsPassed counts, per task, the tries whose reset succeeded.
-	resetsPassed map[string]int
-	added        map[string]string // task id → reason, by this batch
+	// resets counts, per task, its tries whose reset failed the desktop
+	// (each failed desktop is replaced, so they are as many desktops) and
+	// those whose reset passed.
+	resets map[string]*taskResets
+	added  map[string]string // task id → reason, by this batch
 }
 
 // openQuarantine reads the quarantines of a batch into dir: dir's own and,
 // if shared is not "", the shared file.
 func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quarantine, error) {
 	q := &quarantine{runFile: filepath.Join(dir, schema.TaskQuarantineFile), shared: shared, run: dir,
-		setupFails: setupFails, log: log, resetFailures: map[string][]string{}, resetsPassed: map[string]int{}, added: map[string]string{}}
+		setupFails: setupFails, log: log, resets: map[string]*taskResets{}, added: map[string]string{}}
 	held, err := schema.ReadQuarantine(q.runFile)
 	if err != nil {
 		return nil, err
@@ -136,9 +134,9 @@ func (q *quarantine) observe(t Task, rec *Record, e ending) {
 	switch {
 	case e.resetFailed && e.desktopFailed:
 		q.mu.Lock()
-		q.resetFailures[t.ID] = append(q.resetFailures[t.ID], rec.RolloutID)
-		ids := slices.Clone(q.resetFailures[t.ID])
-		passed := q.resetsPassed[t.ID]
+		r := q.taskResets(t.ID)
+		r.failed = append(r.failed, rec.RolloutID)
+		ids, passed := slices.Clone(r.failed), r.passed
 		q.mu.Unlock()
 		if setupUnfit(len(ids), passed, q.setupFails) {
 			q.put(t, schema.QuarantineSetupFails,
@@ -146,9 +144,25 @@ func (q *quarantine) observe(t Task, rec *Record, e ending) {
 		}
 	case e.started && !e.resetFailed:
 		q.mu.Lock()
-		q.resetsPassed[t.ID]++
+		q.taskResets(t.ID).passed++
 		q.mu.Unlock()
 	}
+}
+
+// taskResets are a task's resets in this batch.
+type taskResets struct {
+	failed []string // rollout ids of the tries whose reset failed the desktop
+	passed int
+}
+
+// taskResets returns task id's resets, adding them; q.mu is held.
+func (q *quarantine) taskResets(id string) *taskResets {
+	r := q.resets[id]
+	if r == nil {
+		r = &taskResets{}
+		q.resets[id] = r
+	}
+	return r
 }
 
 // setupUnfit says whether a task is quarantined for its setup, its reset
