@@ -141,9 +141,11 @@ type CollectOptions struct {
 	// it the oldest are dropped (default DefaultEndStateBytes).
 	EndStateBytes int64
 
-	// onCommitted, for benchmarks, is told how long each finished try's
-	// record took from its hand-over to being durable.
-	onCommitted func(time.Duration)
+	// OnCommitted, when set, is told how long each finished try's record
+	// took from its hand-over to being durable: how long the try's
+	// attempt stays unrecorded (legato rl bench prints its distribution).
+	// It is called from the committing goroutines, concurrently.
+	OnCommitted func(time.Duration)
 }
 
 // DefaultEndStateBytes is the default bound on a batch's kept end states.

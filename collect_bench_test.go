@@ -267,7 +267,7 @@ func BenchmarkCommitLatency(b *testing.B) {
 		fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, DefaultReward: fake.Reward{P: 0.5}, ReadyWaiter: true, Stepper: true})
 		pol := PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "bench", StepTimeout: time.Hour, HTTPClient: srv.Client()}
 		opts := CollectOptions{Out: dir, NewDesktop: fleet.New, Desktops: desktops, Group: group, MaxSteps: maxSteps,
-			onCommitted: func(d time.Duration) {
+			OnCommitted: func(d time.Duration) {
 				mu.Lock()
 				waits = append(waits, d)
 				mu.Unlock()

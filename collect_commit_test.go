@@ -47,7 +47,7 @@ func TestDesktopDoesNotWaitForCommit(t *testing.T) {
 		}
 		var mu sync.Mutex
 		var waits []time.Duration
-		e.opts.onCommitted = func(d time.Duration) {
+		e.opts.OnCommitted = func(d time.Duration) {
 			mu.Lock()
 			first := len(waits) == 0
 			waits = append(waits, d)

@@ -230,7 +230,7 @@ func (b *batch) record(a *attempt, rec *Record, e ending) {
 	ended := time.Now()
 	b.commits.Go(func() {
 		off, err := b.store.AppendAt(rec)
-		if h := b.opts.onCommitted; h != nil {
+		if h := b.opts.OnCommitted; h != nil {
 			h(time.Since(ended))
 		}
 		b.sched.recorded(a, rec, off, err == nil)

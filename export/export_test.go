@@ -22,6 +22,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"legato/rl/export"
+	"legato/rl/internal/benchrun"
 	"legato/rl/schema"
 )
 
@@ -631,7 +632,7 @@ func TestTimelineQueueAnchored(t *testing.T) {
 // token ids included.
 func TestExportParallel(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run")
-	if err := (syntheticRun{rollouts: 96, steps: 3, group: 4, promptIDs: true}).write(dir); err != nil {
+	if err := (benchrun.Run{Rollouts: 96, Steps: 3, Group: 4, PromptIDs: true}).Write(dir); err != nil {
 		t.Fatal(err)
 	}
 	export1 := func(procs int) []byte {

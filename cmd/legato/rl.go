@@ -38,6 +38,7 @@ func commands() []command {
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", new(profileCommand).Run},
 		{"hosts", "list the libvirt hosts (answers? cap, image held?); hosts sync uploads the image to them", new(hostsCommand).Run},
 		{"gc", "remove the VMs and their volumes a crashed batch left behind on each host", new(gcCommand).Run},
+		{"bench", "measure export speed beside copying the same bytes, and how long finished attempts wait for their commit", new(benchCommand).Run},
 		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", new(servePolicyCommand).Run},
 		{"help", "show this help, or the help of one subcommand", runHelp},
 	}

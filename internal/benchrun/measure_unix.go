@@ -1,6 +1,6 @@
 //go:build unix
 
-package export_test
+package benchrun
 
 import (
 	"io/fs"
@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// cpuTime returns the CPU time (user + system) the process has used, so a
+// CPUTime returns the CPU time (user + system) the process has used, so a
 // benchmark on a shared machine can report work done per CPU second, which
 // other processes' load does not change.
-func cpuTime() time.Duration {
+func CPUTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
@@ -20,9 +20,9 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// diskUsage returns the apparent size of the files under dir and the
+// DiskUsage returns the apparent size of the files under dir and the
 // space they take on disk (their blocks), which small files round up.
-func diskUsage(dir string) (apparent, disk int64, err error) {
+func DiskUsage(dir string) (apparent, disk int64, err error) {
 	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err

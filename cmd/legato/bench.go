@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop/fake"
+	"legato/rl/export"
+	"legato/rl/internal/benchrun"
+	"legato/rl/policy/policytest"
+)
+
+// benchCommand is `legato rl bench`: the export's speed beside copying the
+// same bytes, and how long finished attempts wait for their records'
+// commit, measured on this machine.
+type benchCommand struct {
+	run      benchrun.Run
+	dir      string
+	only     string
+	desktops int
+	attempts int
+}
+
+// benchShapes are the export shapes bench measures, by their names in
+// --only and in its table.
+var benchShapes = []struct {
+	name string
+	opts export.Options
+}{
+	{"steps", export.Options{}},
+	{"prefix", export.Options{PromptPrefix: true}},
+	{"contiguous", export.Options{Contiguous: true}},
+}
+
+func (c *benchCommand) flagSet(stderr io.Writer) *flag.FlagSet {
+	fs := newFlagSet("legato rl bench", stderr)
+	fs.IntVar(&c.run.Rollouts, "rollouts", 2000, "export: rollouts in the synthetic run")
+	fs.IntVar(&c.run.Steps, "steps", 15, "export: steps per rollout (each prompt 2,000 token ids + 300 a step)")
+	fs.IntVar(&c.run.Group, "group", 8, "export: attempts per task")
+	fs.StringVar(&c.dir, "dir", "", "export: keep the synthetic run in `DIR` and reuse it next time (default: a temporary directory, removed)")
+	fs.StringVar(&c.only, "only", "", "measure only `WHAT`: export, commit, or one export shape (steps, prefix, contiguous)")
+	fs.IntVar(&c.desktops, "desktops", 1000, "commit: instant fake desktops")
+	fs.IntVar(&c.attempts, "attempts", 1000, "commit: attempts in the batch (groups of 4, at most 5 steps each)")
+	setUsage(fs, `Usage: legato rl bench [flags]
+
+Measures this machine's export and commit speed, without a model or a VM.
+
+Export: writes a synthetic run (stored as collect stores one, prompt token ids
+included), exports it in each shape and prints MB/s, rollouts/s and CPU
+seconds beside the time reading and writing the same bytes takes (a cat to a
+synced file): x-cat is the export's time over that.
+
+Commit: runs a batch on instant fake desktops with a scripted model server in
+the process and prints how long finished attempts waited for their records
+to be durable (p50, p90, p99, max), and graded rollouts per second.
+
+`)
+	return fs
+}
+
+func (c *benchCommand) check() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"--rollouts", c.run.Rollouts}, {"--steps", c.run.Steps}, {"--group", c.run.Group}, {"--desktops", c.desktops}, {"--attempts", c.attempts}} {
+		if f.v <= 0 {
+			return usageErrorf("%s %d: want a positive number", f.name, f.v)
+		}
+	}
+	switch c.only {
+	case "", "export", "commit":
+		return nil
+	}
+	for _, s := range benchShapes {
+		if s.name == c.only {
+			return nil
+		}
+	}
+	return usageErrorf("--only %q: want one of %s", c.only, benchOnlyNames())
+}
+
+// Run parses args and prints each measurement as it is made.
+func (c *benchCommand) Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := c.flagSet(stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected arguments %q", fs.Args())
+	}
+	if err := c.check(); err != nil {
+		return err
+	}
+	c.run.PromptIDs = true
+	if c.only != "commit" {
+		if err := c.benchExport(ctx, stdout); err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+	}
+	if c.only == "" || c.only == "commit" {
+		if err := c.benchCommit(ctx, stdout); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	return nil
+}
+
+func (c *benchCommand) benchExport(ctx context.Context, stdout io.Writer) error {
+	tmp, err := os.MkdirTemp("", "legato-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	dir := c.dir
+	if dir == "" {
+		dir = filepath.Join(tmp, "run")
+	}
+	t0, cpu0 := time.Now(), benchrun.CPUTime()
+	wrote, err := benchrun.Generate(dir, c.run)
+	if err != nil {
+		return err
+	}
+	how := fmt.Sprintf("reused %s", dir)
+	if wrote {
+		how = fmt.Sprintf("generated in %.1f s (%.1f CPU-s)", time.Since(t0).Seconds(), (benchrun.CPUTime() - cpu0).Seconds())
+	}
+	apparent, disk, err := benchrun.DiskUsage(dir)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "export: %d rollouts × %d steps, groups of %d; run %s; %.1f KB per rollout (%.1f KB on disk)\n",
+		c.run.Rollouts, c.run.Steps, c.run.Group, how,
+		float64(apparent)/1e3/float64(c.run.Rollouts), float64(disk)/1e3/float64(c.run.Rollouts))
+	// Fixed widths rather than a tabwriter: each line is printed as soon
+	// as its export is measured.
+	const row = "  %-10s %9s %8s %8s %10s %7s %7s %6s\n"
+	fmt.Fprintf(stdout, row, "shape", "MB", "seconds", "MB/s", "rollouts/s", "CPU-s", "cat-s", "x-cat")
+	for _, s := range benchShapes {
+		if c.only != "" && c.only != "export" && c.only != s.name {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		out := filepath.Join(tmp, s.name+".jsonl")
+		t0, cpu0 := time.Now(), benchrun.CPUTime()
+		st, err := export.ExportSteps(dir, out, s.opts)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		took, cpu := time.Since(t0), benchrun.CPUTime()-cpu0
+		cat, err := benchrun.CopyTime(out)
+		if err != nil {
+			return err
+		}
+		if err := os.Remove(out); err != nil {
+			return err
+		}
+		mb := float64(st.Bytes) / 1e6
+		f := func(format string, v float64) string { return fmt.Sprintf(format, v) }
+		fmt.Fprintf(stdout, row, s.name, f("%.1f", mb), f("%.2f", took.Seconds()), f("%.1f", mb/took.Seconds()),
+			f("%.0f", float64(st.Rollouts)/took.Seconds()), f("%.2f", cpu.Seconds()), f("%.2f", cat.Seconds()), f("%.1f", took.Seconds()/cat.Seconds()))
+	}
+	return nil
+}
+
+// benchTasks are n feasible tasks for the fake desktops.
+func benchTasks(n int) []rl.Task {
+	ts := make([]rl.Task, n)
+	for i := range ts {
+		ts[i] = rl.Task{ID: fmt.Sprintf("bench-%d", i), Domain: "os", Instruction: fmt.Sprintf("do thing number %d", i),
+			Evaluator: json.RawMessage(`{"func":"exact_match"}`)}
+	}
+	return ts
+}
+
+func (c *benchCommand) benchCommit(ctx context.Context, stdout io.Writer) error {
+	const group, maxSteps, width, height = 4, 5, 320, 192
+	dir, err := os.MkdirTemp("", "legato-bench-commit-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv := policytest.NewPipeServer(policytest.Options{NoLatency: true})
+	defer srv.Close()
+	fleet := fake.NewFleet(fake.Config{Width: width, Height: height, DefaultReward: fake.Reward{P: 0.5}, ReadyWaiter: true, Stepper: true})
+	var (
+		mu    sync.Mutex
+		waits []time.Duration
+	)
+	opts := rl.CollectOptions{Out: filepath.Join(dir, "run"), NewDesktop: fleet.New, Desktops: c.desktops, Group: group, MaxSteps: maxSteps,
+		OnCommitted: func(d time.Duration) {
+			mu.Lock()
+			waits = append(waits, d)
+			mu.Unlock()
+		}}
+	pol := rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "bench", StepTimeout: time.Hour, HTTPClient: srv.Client()}
+	start := time.Now()
+	sum, err := rl.Collect(ctx, benchTasks((c.attempts+group-1)/group), pol, opts)
+	elapsed := time.Since(start)
+	if err != nil {
+		return err
+	}
+	graded := 0
+	for s, n := range sum.Counts {
+		if s.Graded() {
+			graded += n
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(waits) == 0 {
+		return errors.New("no record was committed")
+	}
+	slices.Sort(waits)
+	q := func(p float64) string {
+		return fmt.Sprintf("%.0f ms", float64(waits[int(p*float64(len(waits)-1))].Microseconds())/1e3)
+	}
+	fmt.Fprintf(stdout, "commit: %d instant desktops (%dx%d screens), %d records: wait p50 %s, p90 %s, p99 %s, max %s; %.0f graded rollouts/s\n",
+		c.desktops, width, height, len(waits), q(0.5), q(0.9), q(0.99), q(1), float64(graded)/elapsed.Seconds())
+	return nil
+}
+
+// benchOnlyNames lists --only's values.
+func benchOnlyNames() string {
+	names := []string{"export", "commit"}
+	for _, s := range benchShapes {
+		names = append(names, s.name)
+	}
+	return strings.Join(names, ", ")
+}
