@@ -572,18 +572,46 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 		if err != nil {
 			return 0, err
 		}
-		b, err := sw.encode(&AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
-			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: *seq})
+		sw.tail, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
+			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: *seq}, sw.encode)
 		if err == nil {
-			_, err = sw.w.Write(append(b, '\n'))
+			_, err = sw.w.Write(append(sw.tail, '\n'))
 		}
 		return 1, err
 	}
 	var prev []int64 // the previous step's prompt ids, for PromptPrefix
+	// A step's prompt repeats the messages of the steps before it: each
+	// distinct message of the attempt is encoded once (with images inline
+	// they are too big to keep, and encoded as they are written).
+	clear(sw.msgJSON)
 	for i := range rec.Steps {
-		head, msgs, tail, err := stepSample(store, rec, i, adv, load)
+		step := &rec.Steps[i]
+		head, tail, err := stepHeadTail(store, rec, i, adv)
 		if err != nil {
 			return lines, err
+		}
+		msg := func(k int) ([]byte, error) {
+			b, ok := sw.msgJSON[step.Request[k]]
+			if ok {
+				return b, nil
+			}
+			m, err := store.Message(step.Request[k])
+			if err == nil {
+				b, err = sw.encode(&m)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("rollout %s step %d: load request: message %d: %w", rec.RolloutID, i, k, err)
+			}
+			b = bytes.Clone(b)
+			sw.msgJSON[step.Request[k]] = b
+			return b, nil
+		}
+		if !load.KeepImageRefs {
+			msgs, err := store.LoadRequest(*step, load)
+			if err != nil {
+				return lines, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+			}
+			msg = func(k int) ([]byte, error) { return sw.encode(&msgs[k]) }
 		}
 		if opts.PromptPrefix {
 			whole := tail.promptIDs()
@@ -591,7 +619,7 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 			tail.PromptPrefixIDs, tail.PromptTokenIDs = n, whole[n:]
 			prev = whole
 		}
-		if err := sw.write(&head, msgs, &tail); err != nil {
+		if err := sw.write(&head, len(step.Request), msg, &tail); err != nil {
 			return lines, err
 		}
 		lines++
@@ -600,18 +628,24 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 }
 
 // stepSample loads the sample of step i of rec, with advantage adv, in the
-// three pieces a line is written in. Logprobs with a defect are left out
-// and the defect named in its warnings: only an export with
-// AllowBadLogprobs gets that far.
+// three pieces a line is written in (stepHeadTail, and the messages).
 func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float64, load schema.LoadOptions) (sampleHead, []schema.Message, sampleTail, error) {
-	step := &rec.Steps[i]
-	msgs, err := store.LoadRequest(*step, load)
+	msgs, err := store.LoadRequest(rec.Steps[i], load)
 	if err != nil {
 		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
+	head, tail, err := stepHeadTail(store, rec, i, adv)
+	return head, msgs, tail, err
+}
+
+// stepHeadTail loads the fields of step i's sample before and after its
+// messages. Logprobs with a defect are left out and the defect named in
+// its warnings: only an export with AllowBadLogprobs gets that far.
+func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv float64) (sampleHead, sampleTail, error) {
+	step := &rec.Steps[i]
 	promptChunks, _, err := store.PromptTokenIDChunks(*step)
 	if err != nil {
-		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+		return sampleHead{}, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
 	head := sampleHead{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt,
 		Step: i, Status: rec.Status, PolicyVersion: step.Version(rec), Reward: *rec.Reward, Advantage: adv}
@@ -632,7 +666,7 @@ func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float
 			tail.Warnings = append(slices.Clone(tail.Warnings), d)
 		}
 	}
-	return head, msgs, tail, nil
+	return head, tail, nil
 }
 
 // RecordSamples returns the samples export writes for rec, one per step,
@@ -670,10 +704,13 @@ type sampleWriter struct {
 	scratch bytes.Buffer
 	enc     *json.Encoder
 	tail    []byte // the tail's JSON, reused from line to line
+	// msgJSON holds the JSON of the messages of the attempt being
+	// written, by hash.
+	msgJSON map[string][]byte
 }
 
 func newSampleWriter(w io.Writer) *sampleWriter {
-	sw := &sampleWriter{w: w}
+	sw := &sampleWriter{w: w, msgJSON: map[string][]byte{}}
 	sw.enc = json.NewEncoder(&sw.scratch)
 	sw.enc.SetEscapeHTML(false)
 	return sw
@@ -689,8 +726,9 @@ func (sw *sampleWriter) encode(v any) ([]byte, error) {
 	return bytes.TrimSuffix(sw.scratch.Bytes(), []byte("\n")), nil
 }
 
-// write writes one line: head's fields, "messages", then tail's fields.
-func (sw *sampleWriter) write(head *sampleHead, msgs []schema.Message, tail *sampleTail) error {
+// write writes one line: head's fields, "messages" (n of them, msg(k)
+// giving the JSON of the k-th), then tail's fields.
+func (sw *sampleWriter) write(head *sampleHead, n int, msg func(k int) ([]byte, error), tail *sampleTail) error {
 	b, err := sw.encode(head)
 	if err != nil {
 		return err
@@ -701,13 +739,13 @@ func (sw *sampleWriter) write(head *sampleHead, msgs []schema.Message, tail *sam
 	if _, err := io.WriteString(sw.w, `,"messages":[`); err != nil {
 		return err
 	}
-	for i := range msgs {
-		if i > 0 {
+	for k := range n {
+		if k > 0 {
 			if _, err := io.WriteString(sw.w, ","); err != nil {
 				return err
 			}
 		}
-		b, err := sw.encode(&msgs[i])
+		b, err := msg(k)
 		if err != nil {
 			return err
 		}

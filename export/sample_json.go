@@ -95,32 +95,115 @@ func appendInts(b []byte, ids []int64) []byte {
 }
 
 // appendFloats appends fs as a JSON array in encoding/json's number format
-// (ES6: exponents only below 1e-6 and from 1e21 on, two digits at least
-// dropped to one); ok is false for NaN or ±Inf, which JSON cannot hold.
+// (appendFloat); ok is false for NaN or ±Inf, which JSON cannot hold.
 func appendFloats(b []byte, fs []float64) (_ []byte, ok bool) {
 	if fs == nil {
 		return append(b, "null"...), true
 	}
 	b = append(b, '[')
 	for i, f := range fs {
-		if math.IsNaN(f) || math.IsInf(f, 0) {
-			return b, false
-		}
 		if i > 0 {
 			b = append(b, ',')
 		}
-		format := byte('f')
-		if a := math.Abs(f); a != 0 && (a < 1e-6 || a >= 1e21) {
-			format = 'e'
-		}
-		b = strconv.AppendFloat(b, f, format, -1, 64)
-		if format == 'e' {
-			// e-07 → e-7, as encoding/json writes it.
-			if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-				b[n-2] = b[n-1]
-				b = b[:n-1]
-			}
+		if b, ok = appendFloat(b, f); !ok {
+			return b, false
 		}
 	}
 	return append(b, ']'), true
+}
+
+// appendFloat appends f in encoding/json's number format (ES6: exponents
+// only below 1e-6 and from 1e21 on, two digits at least dropped to one);
+// ok is false for NaN or ±Inf.
+func appendFloat(b []byte, f float64) (_ []byte, ok bool) {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return b, false
+	}
+	format := byte('f')
+	if a := math.Abs(f); a != 0 && (a < 1e-6 || a >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// e-07 → e-7, as encoding/json writes it.
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b, true
+}
+
+// appendAttemptSample appends s's JSON object, byte for byte what
+// encoding/json writes for it (HTML characters not escaped), its number
+// arrays appended directly: a contiguous sample is three arrays as long as
+// the attempt's sequence. The strings go through enc. TestAppendAttemptSample
+// holds it to encoding/json.
+func appendAttemptSample(b []byte, s *AttemptSample, enc func(any) ([]byte, error)) ([]byte, error) {
+	var err error
+	str := func(name string, v any) {
+		if err != nil {
+			return
+		}
+		var j []byte
+		if j, err = enc(v); err == nil {
+			b = append(b, name...)
+			b = append(b, j...)
+		}
+	}
+	num := func(name string, f float64) {
+		if err != nil {
+			return
+		}
+		b = append(b, name...)
+		var ok bool
+		if b, ok = appendFloat(b, f); !ok {
+			_, err = enc(f) // NaN or ±Inf: encoding/json's error says which
+		}
+	}
+	str(`{"rollout_id":`, s.RolloutID)
+	str(`,"task_id":`, s.TaskID)
+	str(`,"group_id":`, s.GroupID)
+	if err != nil {
+		return b, err
+	}
+	b = append(b, `,"attempt":`...)
+	b = strconv.AppendInt(b, int64(s.Attempt), 10)
+	str(`,"status":`, s.Status)
+	num(`,"reward":`, s.Reward)
+	num(`,"advantage":`, s.Advantage)
+	if err != nil {
+		return b, err
+	}
+	b = append(b, `,"token_ids":`...)
+	b = appendInts(b, s.TokenIDs)
+	b = append(b, `,"loss_mask":`...)
+	b = appendInts32(b, s.LossMask)
+	b = append(b, `,"logprobs":`...)
+	var ok bool
+	if b, ok = appendFloats(b, s.Logprobs); !ok {
+		_, err := enc(s.Logprobs)
+		return b, err
+	}
+	b = append(b, `,"prompt_length":`...)
+	b = strconv.AppendInt(b, int64(s.PromptLength), 10)
+	b = append(b, `,"step_starts":`...)
+	b = appendInts32(b, s.StepStarts)
+	str(`,"policy_versions":`, s.PolicyVersions)
+	return append(b, '}'), err
+}
+
+// appendInts32 appends ints as a JSON array; nil is null.
+func appendInts32(b []byte, ints []int) []byte {
+	if ints == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, v := range ints {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(v), 10)
+	}
+	return append(b, ']')
 }

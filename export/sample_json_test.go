@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 
 	"legato/rl/schema"
@@ -83,6 +84,63 @@ func TestAppendTail(t *testing.T) {
 	for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
 		if _, err := appendTail(nil, &sampleTail{ResponseLogprobs: []float64{-1, bad}}, sw.encode); err == nil {
 			t.Errorf("logprob %v: no error; encoding/json refuses it", bad)
+		}
+	}
+}
+
+// TestAppendAttemptSample: a contiguous sample's JSON is encoding/json's,
+// byte for byte, for edge values and random sequences; NaN and ±Inf are
+// refused as encoding/json refuses them.
+func TestAppendAttemptSample(t *testing.T) {
+	sw := newSampleWriter(nil)
+	want := func(s *AttemptSample) []byte {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(s); err != nil {
+			t.Fatal(err)
+		}
+		return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	}
+	samples := []AttemptSample{
+		{},
+		{RolloutID: "r<1>&\"", TaskID: "\u2028é\xff", GroupID: "v1/t", Attempt: -3, Status: schema.StatusTruncated,
+			Reward: math.Copysign(0, -1), Advantage: -1e-7, Sequence: Sequence{TokenIDs: []int64{}, LossMask: []int{}, Logprobs: []float64{},
+				StepStarts: []int{}, PolicyVersions: []string{}}},
+		{Reward: 1e21, Advantage: math.MaxFloat64, Sequence: Sequence{TokenIDs: []int64{math.MinInt64, math.MaxInt64}, LossMask: []int{0, 1},
+			Logprobs: []float64{0, math.SmallestNonzeroFloat64}, PromptLength: 1, StepStarts: []int{1}, PolicyVersions: []string{"v<2>"}}},
+	}
+	rng := rand.New(rand.NewPCG(28, 2))
+	for range 100 {
+		n := rng.IntN(300)
+		s := AttemptSample{RolloutID: string(rune(rng.IntN(0x3000))), Attempt: rng.IntN(16), Status: schema.StatusOK,
+			Reward: float64(rng.IntN(2)), Advantage: rng.NormFloat64(), Sequence: Sequence{
+				TokenIDs: make([]int64, n), LossMask: make([]int, n), PromptLength: rng.IntN(n + 1)}}
+		if rng.IntN(3) > 0 {
+			s.Logprobs = make([]float64, n)
+		}
+		for i := range n {
+			s.TokenIDs[i] = rng.Int64N(200_000)
+			s.LossMask[i] = rng.IntN(2)
+			if s.Logprobs != nil && s.LossMask[i] == 1 {
+				s.Logprobs[i] = -rng.ExpFloat64() * math.Pow(10, float64(rng.IntN(40)-30))
+			}
+		}
+		for range rng.IntN(5) {
+			s.StepStarts = append(s.StepStarts, rng.IntN(n+1))
+			s.PolicyVersions = append(s.PolicyVersions, "step-"+strconv.Itoa(rng.IntN(100)))
+		}
+		samples = append(samples, s)
+	}
+	for i := range samples {
+		got, err := appendAttemptSample(nil, &samples[i], sw.encode)
+		if w := want(&samples[i]); err != nil || !bytes.Equal(got, w) {
+			t.Errorf("sample %d:\n got %s (%v)\nwant %s", i, got, err, w)
+		}
+	}
+	for _, bad := range []AttemptSample{{Reward: math.NaN()}, {Advantage: math.Inf(1)}, {Sequence: Sequence{Logprobs: []float64{math.Inf(-1)}}}} {
+		if _, err := appendAttemptSample(nil, &bad, sw.encode); err == nil {
+			t.Errorf("%+v: no error; encoding/json refuses it", bad)
 		}
 	}
 }

@@ -58,7 +58,9 @@ func TestSampleWriterLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
-	if err := newSampleWriter(&got).write(&head, msgs, &tail); err != nil {
+	sw := newSampleWriter(&got)
+	msg := func(k int) ([]byte, error) { return sw.encode(&msgs[k]) }
+	if err := sw.write(&head, len(msgs), msg, &tail); err != nil {
 		t.Fatal(err)
 	}
 	if got.String() != wantLine.String() {

@@ -93,13 +93,13 @@ func TestReadRecords(t *testing.T) {
 		{
 			name:  "unparseable last line",
 			input: a + "\n" + `{"schema":"legato.rollout/v0",` + "\n",
-			want: readResult{IDs: []string{"a"}, TornLine: 2, TornReason: "unexpected end of JSON input",
+			want: readResult{IDs: []string{"a"}, TornLine: 2, TornReason: "jsontext: unexpected EOF after offset 30",
 				Stats: ReadStats{Records: 1, Lines: 2, TornLines: 1, TornTail: true, TornOffset: int64(len(a) + 1)}},
 		},
 		{
 			name:  "corrupt line in the middle",
 			input: "garbage\n" + a + "\n" + b + "\n",
-			want: readResult{IDs: []string{"a", "b"}, TornLine: 1, Inside: 1, TornReason: "invalid character 'g' looking for beginning of value",
+			want: readResult{IDs: []string{"a", "b"}, TornLine: 1, Inside: 1, TornReason: "jsontext: invalid character 'g' at start of value",
 				Stats: ReadStats{Records: 2, Lines: 3, TornLines: 1}},
 		},
 		{
@@ -111,7 +111,7 @@ func TestReadRecords(t *testing.T) {
 		{
 			name:  "corrupt line in the middle and a torn tail",
 			input: a + "\nxx\n" + b + "\n" + a[:20],
-			want: readResult{IDs: []string{"a", "b"}, TornLine: 2, Inside: 2, TornReason: "invalid character 'x' looking for beginning of value",
+			want: readResult{IDs: []string{"a", "b"}, TornLine: 2, Inside: 2, TornReason: "jsontext: invalid character 'x' at start of value",
 				Stats: ReadStats{Records: 2, Lines: 4, TornLines: 2, TornTail: true, TornOffset: int64(len(a) + 1)}},
 		},
 		{
@@ -122,7 +122,7 @@ func TestReadRecords(t *testing.T) {
 		{
 			name:  "blank lines after a torn line",
 			input: a + "\nxx\n\n  ",
-			want: readResult{IDs: []string{"a"}, TornLine: 2, TornReason: "invalid character 'x' looking for beginning of value",
+			want: readResult{IDs: []string{"a"}, TornLine: 2, TornReason: "jsontext: invalid character 'x' at start of value",
 				Stats: ReadStats{Records: 1, Lines: 4, BlankLines: 2, TornLines: 1, TornTail: true, TornOffset: int64(len(a) + 1)}},
 		},
 		{
