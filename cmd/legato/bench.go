@@ -19,6 +19,7 @@ import (
 	"legato/rl/export"
 	"legato/rl/internal/benchrun"
 	"legato/rl/policy/policytest"
+	"legato/rl/schema"
 )
 
 // benchCommand is `legato rl bench`: the export's speed beside copying the
@@ -59,7 +60,9 @@ Measures this machine's export and commit speed, without a model or a VM.
 Export: writes a synthetic run (stored as collect stores one, prompt token ids
 included), exports it in each shape and prints MB/s, rollouts/s and CPU
 seconds beside the time reading and writing the same bytes takes (a cat to a
-synced file): x-cat is the export's time over that.
+synced file): x-cat is the export's time over that. io-s adds the time to read
+what the export reads (records, messages, token ids): x-io is the export's
+time over that, the disk's bound for a shape that writes less than it reads.
 
 Commit: runs a batch on instant fake desktops with a scripted model server in
 the process and prints how long finished attempts waited for their records
@@ -144,8 +147,8 @@ func (c *benchCommand) benchExport(ctx context.Context, stdout io.Writer) error 
 		float64(apparent)/1e3/float64(c.run.Rollouts), float64(disk)/1e3/float64(c.run.Rollouts))
 	// Fixed widths rather than a tabwriter: each line is printed as soon
 	// as its export is measured.
-	const row = "  %-10s %9s %8s %8s %10s %7s %7s %6s\n"
-	fmt.Fprintf(stdout, row, "shape", "MB", "seconds", "MB/s", "rollouts/s", "CPU-s", "cat-s", "x-cat")
+	const row = "  %-10s %9s %8s %8s %10s %7s %7s %6s %7s %6s\n"
+	fmt.Fprintf(stdout, row, "shape", "MB", "seconds", "MB/s", "rollouts/s", "CPU-s", "cat-s", "x-cat", "io-s", "x-io")
 	for _, s := range benchShapes {
 		if c.only != "" && c.only != "export" && c.only != s.name {
 			continue
@@ -164,13 +167,21 @@ func (c *benchCommand) benchExport(ctx context.Context, stdout io.Writer) error 
 		if err != nil {
 			return err
 		}
+		// What the export must read (images stay references): with the
+		// copy of what it wrote, the disk's bound for the export itself.
+		read, _, err := benchrun.ReadTime(filepath.Join(dir, schema.RecordsFile), filepath.Join(dir, schema.MessagesDir), filepath.Join(dir, schema.TokensDir))
+		if err != nil {
+			return err
+		}
+		bound := cat + read
 		if err := os.Remove(out); err != nil {
 			return err
 		}
 		mb := float64(st.Bytes) / 1e6
 		f := func(format string, v float64) string { return fmt.Sprintf(format, v) }
 		fmt.Fprintf(stdout, row, s.name, f("%.1f", mb), f("%.2f", took.Seconds()), f("%.1f", mb/took.Seconds()),
-			f("%.0f", float64(st.Rollouts)/took.Seconds()), f("%.2f", cpu.Seconds()), f("%.2f", cat.Seconds()), f("%.1f", took.Seconds()/cat.Seconds()))
+			f("%.0f", float64(st.Rollouts)/took.Seconds()), f("%.2f", cpu.Seconds()), f("%.2f", cat.Seconds()), f("%.1f", took.Seconds()/cat.Seconds()),
+			f("%.2f", bound.Seconds()), f("%.1f", took.Seconds()/bound.Seconds()))
 	}
 	return nil
 }

@@ -28,7 +28,7 @@ func TestBenchCommand(t *testing.T) {
 		t.Errorf("no export header saying the run was generated:\n%s", out)
 	}
 	for _, shape := range []string{"steps", "prefix", "contiguous"} {
-		m := regexp.MustCompile(`(?m)^  ` + shape + ` +([0-9.]+) +([0-9.]+) +([0-9.]+) +([0-9]+) +([0-9.]+) +([0-9.]+) +([0-9.]+|\+Inf)$`).FindStringSubmatch(out)
+		m := regexp.MustCompile(`(?m)^  ` + shape + ` +([0-9.]+) +([0-9.]+) +([0-9.]+) +([0-9]+) +([0-9.]+) +([0-9.]+) +([0-9.]+|\+Inf) +([0-9.]+) +([0-9.]+|\+Inf)$`).FindStringSubmatch(out)
 		if m == nil {
 			t.Errorf("no line for %s:\n%s", shape, out)
 			continue

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -55,4 +56,31 @@ func Generate(dir string, r Run) (wrote bool, err error) {
 		return false, err
 	}
 	return true, os.WriteFile(complete, nil, 0o644)
+}
+
+// ReadTime reads every file under each of paths (files or directories)
+// to the end and returns how long that took and how many bytes it read.
+func ReadTime(paths ...string) (time.Duration, int64, error) {
+	t0 := time.Now()
+	var n int64
+	buf := make([]byte, 1<<20)
+	for _, root := range paths {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			m, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{f}, buf)
+			n += m
+			return err
+		})
+		if err != nil {
+			return 0, n, err
+		}
+	}
+	return time.Since(t0), n, nil
 }
