@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -411,20 +410,18 @@ func runAppends(t *testing.T, r *Run, l *syncLog, workers, each int) {
 func TestAppendContentSyncFails(t *testing.T) {
 	dir := t.TempDir()
 	r := mustCreate(t, dir)
-	// The fsync of the messages' pack fails, as on a failing disk. (Set
-	// before anything is stored: images are synced as they are written.)
-	var failing atomic.Bool
-	failing.Store(true)
-	r.hooks.syncFile = func(path string) error {
-		if failing.Load() && filepath.Dir(path) == filepath.Join(dir, MessagesDir) {
-			return errors.New("input/output error")
-		}
-		return nil
-	}
 	msgs := []Message{{Role: "user", Content: []Part{TextPart("lost"), ImagePart(dataURL(withTextChunk(tinyPNG, "lost")))}}}
 	hashes, err := r.PutMessages(msgs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The fsync of the messages' pack fails, as on a failing disk.
+	failing := true
+	r.hooks.syncFile = func(path string) error {
+		if failing && filepath.Dir(path) == filepath.Join(dir, MessagesDir) {
+			return errors.New("input/output error")
+		}
+		return nil
 	}
 	rec := fullRecord("a")
 	rec.Steps = rec.Steps[:1]
@@ -435,7 +432,7 @@ func TestAppendContentSyncFails(t *testing.T) {
 	if _, st := readAll(t, dir); st.Lines != 0 {
 		t.Fatalf("a failed Append left %d lines", st.Lines)
 	}
-	failing.Store(false)
+	failing = false
 	again, err := r.PutMessages(msgs)
 	if err != nil {
 		t.Fatal(err)

@@ -85,15 +85,6 @@ type Run struct {
 	// the syncs.
 	unsyncedMu sync.Mutex
 	unsynced   map[string]storedObject // path → object
-	// early syncs content files as they are written, off the commit path
-	// (see syncEarly): a commit then finds most of its files synced, with
-	// only their directories left to sync (syncedDirs). seq numbers the
-	// files marked, so an early sync never clears a newer write of a path.
-	early      chan storedObject
-	earlyDone  sync.WaitGroup
-	earlyMu    sync.RWMutex // held shared by each early sync in flight
-	seq        uint64
-	syncedDirs map[string]bool
 
 	hooks hooks
 
@@ -238,13 +229,6 @@ func (r *Run) Close() error {
 	r.closed = true
 	// No Append holds life, so no commit is in flight.
 	err := r.syncContent()
-	r.unsyncedMu.Lock()
-	if r.early != nil {
-		close(r.early)
-		r.early = nil
-	}
-	r.unsyncedMu.Unlock()
-	r.earlyDone.Wait()
 	for _, p := range []*packWriter{r.msgPack, r.tokPack} {
 		if cerr := p.close(); err == nil {
 			err = cerr
@@ -440,91 +424,19 @@ func (h hookErr) run() error {
 type storedObject struct {
 	known *sync.Map // r.msgs, r.imgs or r.toks
 	sum   [32]byte
-	path  string
-	seq   uint64 // which write of path (markUnsynced)
-	// failed is the error of its early fsync: the commit fails with it.
-	failed error
 }
 
-// earlySyncers is how many goroutines sync content files as they are
-// written; earlyQueue bounds the files waiting for them, past which a
-// file waits for the next commit instead.
-const (
-	earlySyncers = 4
-	earlyQueue   = 4096
-)
-
 // markUnsynced records that path holds new content for the next commit to
-// sync, and queues it for an early sync. It is called before the object
-// is marked known, so a caller that finds the object known also finds it
-// here or synced by a commit that has ended.
+// sync. It is called before the object is marked known, so a caller that
+// finds the object known also finds it here or synced by a commit that
+// has ended.
 func (r *Run) markUnsynced(path string, obj storedObject) {
 	r.unsyncedMu.Lock()
 	defer r.unsyncedMu.Unlock()
 	if r.unsynced == nil {
 		r.unsynced = make(map[string]storedObject)
 	}
-	r.seq++
-	obj.path, obj.seq = path, r.seq
 	r.unsynced[path] = obj
-	if r.early == nil && !r.closed {
-		early := make(chan storedObject, earlyQueue)
-		r.early = early
-		for range earlySyncers {
-			r.earlyDone.Go(func() { r.syncEarly(early) })
-		}
-	}
-	select {
-	case r.early <- obj:
-	default: // the next commit syncs it
-	}
-}
-
-// syncEarly fsyncs the files queued on early as they come, so that a
-// commit, which a finished attempt waits for, finds most of them done: a
-// step's screenshots are written seconds before its attempt's record. A
-// file it syncs leaves unsynced unless a newer write of its path came
-// since (or a commit took it), and its directory is left for the next
-// commit to sync. A commit waits for the early syncs in flight before it
-// takes what is unsynced (earlyMu), so no file is synced twice. A failed
-// fsync is the next commit's failure: a second fsync could succeed without
-// the pages the first dropped.
-func (r *Run) syncEarly(early <-chan storedObject) {
-	for obj := range early {
-		r.earlyMu.RLock()
-		r.unsyncedMu.Lock()
-		cur, ok := r.unsynced[obj.path]
-		current := ok && cur.seq == obj.seq
-		if current {
-			delete(r.unsynced, obj.path)
-		}
-		r.unsyncedMu.Unlock()
-		if current {
-			err := r.hooks.syncFile.run(obj.path)
-			if err == nil {
-				err = syncFile(obj.path)
-			}
-			if err == nil {
-				if h := r.hooks.synced; h != nil {
-					h(obj.path)
-				}
-			}
-			r.unsyncedMu.Lock()
-			if err != nil {
-				if _, newer := r.unsynced[obj.path]; !newer {
-					obj.failed = err
-					r.unsynced[obj.path] = obj
-				}
-			} else {
-				if r.syncedDirs == nil {
-					r.syncedDirs = make(map[string]bool)
-				}
-				r.syncedDirs[filepath.Dir(obj.path)] = true
-			}
-			r.unsyncedMu.Unlock()
-		}
-		r.earlyMu.RUnlock()
-	}
 }
 
 // syncParallel bounds the fsyncs of one commit in flight together: on
@@ -536,14 +448,10 @@ const syncParallel = 16
 // in parallel, then the directories that gained names (a new pack, new
 // files), so that the objects and their names survive a power loss.
 func (r *Run) syncContent() error {
-	r.earlyMu.Lock() // no early sync in flight
 	r.unsyncedMu.Lock()
 	objs := r.unsynced
 	r.unsynced = nil
-	earlyDirs := r.syncedDirs
-	r.syncedDirs = nil
 	r.unsyncedMu.Unlock()
-	r.earlyMu.Unlock()
 	packs := []packSync{r.msgPack.take(), r.tokPack.take()}
 
 	var (
@@ -553,15 +461,10 @@ func (r *Run) syncContent() error {
 	)
 	g.SetLimit(syncParallel)
 	dirs := make(map[string]bool, 4)
-	for dir := range earlyDirs {
-		dirs[dir] = true
-	}
 	syncOne := func(path string, f *os.File, packSize int64) error {
 		err := r.hooks.syncFile.run(path)
 		switch {
 		case err != nil:
-		case f == nil && objs[path].failed != nil:
-			err = objs[path].failed
 		case f == nil: // a loose file
 			err = syncFile(path)
 		default:
@@ -621,21 +524,11 @@ func (r *Run) syncContent() error {
 				ps.p.failed(ps, slices.Contains(failed, ps.f.Name()))
 			}
 		}
-		for path, obj := range objs {
-			obj.failed = nil // failed this commit; the next syncs it again
-			objs[path] = obj
-		}
 		r.unsyncedMu.Lock()
 		for path, obj := range r.unsynced {
 			objs[path] = obj
 		}
 		r.unsynced = objs
-		if r.syncedDirs == nil {
-			r.syncedDirs = make(map[string]bool)
-		}
-		for dir := range earlyDirs {
-			r.syncedDirs[dir] = true
-		}
 		r.unsyncedMu.Unlock()
 		return fmt.Errorf("sync stored content: %w", err)
 	}

@@ -154,7 +154,7 @@ func (r *Run) putImage(url string) (string, error) {
 		if _, ok := r.imgs.Load(sum); ok {
 			return nil, nil
 		}
-		if err := r.writeObject(r.imgDir, h+".png", storedObject{known: &r.imgs, sum: sum}, png); err != nil {
+		if err := r.writeObject(r.imgDir, h+".png", storedObject{&r.imgs, sum}, png); err != nil {
 			return nil, err
 		}
 		r.imgs.Store(sum, struct{}{})
@@ -182,7 +182,7 @@ func (r *Run) checkImageRef(ref string) error {
 		return &ObjectError{Op: "put", Kind: "image", Hash: h, Err: fmt.Errorf("%w: a reference must name an image of this run", ErrNotFound)}
 	}
 	// An earlier process may have died before syncing it.
-	r.markUnsynced(path, storedObject{known: &r.imgs, sum: sum})
+	r.markUnsynced(path, storedObject{&r.imgs, sum})
 	r.imgs.Store(sum, struct{}{})
 	return nil
 }
