@@ -47,7 +47,15 @@ func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence,
 		return nil, fmt.Errorf("rollout %s: no steps", rec.RolloutID)
 	}
 	seq := &Sequence{}
+	if last := &rec.Steps[len(rec.Steps)-1]; last.PromptTokenCount > 0 {
+		// The sequence is the last prompt and its reply: allocate once.
+		n := last.PromptTokenCount + len(last.Response.TokenIDs)
+		seq.TokenIDs = make([]int64, 0, n)
+		seq.LossMask = make([]int, 0, n)
+		seq.Logprobs = make([]float64, 0, n)
+	}
 	allLogprobs := true
+	var prevChunks []string // the step before's chunk hashes
 	for i := range rec.Steps {
 		st := &rec.Steps[i]
 		r := &st.Response
@@ -57,32 +65,26 @@ func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence,
 		if st.LogprobDefect() != "" || (r.Logprobs != nil && len(r.Logprobs) != len(r.TokenIDs)) {
 			return nil, fmt.Errorf("rollout %s step %d: logprobs not one per generated id (%s)", rec.RolloutID, i, st.LogprobDefect())
 		}
-		prompt, err := store.PromptTokenIDs(*st)
+		chunks, n, err := store.PromptTokenIDChunks(*st)
 		if err != nil {
 			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 		}
-		if len(prompt) == 0 {
+		if n == 0 {
 			return nil, fmt.Errorf("rollout %s step %d: the server returned no prompt token ids, which a sequence is made of (vLLM and SGLang return them with return_token_ids)", rec.RolloutID, i)
 		}
 		if i == 0 {
-			seq.PromptLength = len(prompt)
-		} else if len(prompt) < len(seq.TokenIDs) || !slices.Equal(prompt[:len(seq.TokenIDs)], seq.TokenIDs) {
-			at := len(prompt)
-			for k := range min(len(prompt), len(seq.TokenIDs)) {
-				if prompt[k] != seq.TokenIDs[k] {
-					at = k
-					break
-				}
-			}
+			seq.PromptLength = n
+		} else if at := departure(chunks, n, sharedChunks(prevChunks, st.PromptTokenChunks), seq.TokenIDs); at >= 0 {
 			return nil, fmt.Errorf("rollout %s step %d: %w: its prompt departs from the previous prompt and reply at token %d of %d (an evicted screenshot, reasoning the template leaves out of the history, or a reply re-tokenized differently)",
 				rec.RolloutID, i, ErrNotContiguous, at, len(seq.TokenIDs))
 		}
+		prevChunks = st.PromptTokenChunks
 		// What the environment added since the last reply: context, not
 		// trained on.
-		added := prompt[len(seq.TokenIDs):]
-		seq.TokenIDs = append(seq.TokenIDs, added...)
-		seq.LossMask = append(seq.LossMask, make([]int, len(added))...)
-		seq.Logprobs = append(seq.Logprobs, make([]float64, len(added))...)
+		added := n - len(seq.TokenIDs)
+		seq.TokenIDs = appendIDsFrom(seq.TokenIDs, chunks, len(seq.TokenIDs))
+		seq.LossMask = append(seq.LossMask, make([]int, added)...)
+		seq.Logprobs = append(seq.Logprobs, make([]float64, added)...)
 		seq.StepStarts = append(seq.StepStarts, len(seq.TokenIDs))
 		seq.PolicyVersions = append(seq.PolicyVersions, st.Version(rec))
 		seq.TokenIDs = append(seq.TokenIDs, r.TokenIDs...)
@@ -102,6 +104,69 @@ func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence,
 		seq.Logprobs = nil
 	}
 	return seq, nil
+}
+
+// sharedChunks is how many leading chunk hashes of a step's prompt are the
+// step before's: those chunks hold the same ids at the same places, so a
+// prompt that extends the one before need not compare them.
+func sharedChunks(prev, cur []string) int {
+	k := 0
+	for k < len(prev) && k < len(cur) && prev[k] == cur[k] {
+		k++
+	}
+	return k
+}
+
+// departure is where a prompt of n ids, as chunks, stops extending seq (the
+// previous prompt and its reply), or -1 when it starts with all of seq. Its
+// first skip chunks are the previous prompt's own, which seq starts with.
+func departure(chunks [][]int64, n, skip int, seq []int64) int {
+	if n < len(seq) {
+		// Too short to hold seq: report the first differing id, or the
+		// prompt's end.
+		at := 0
+		for _, c := range chunks {
+			for _, id := range c {
+				if id != seq[at] {
+					return at
+				}
+				at++
+			}
+		}
+		return at
+	}
+	at := 0
+	for k, c := range chunks {
+		if at >= len(seq) {
+			break
+		}
+		if k < skip {
+			at += len(c)
+			continue
+		}
+		m := min(len(c), len(seq)-at)
+		if !slices.Equal(c[:m], seq[at:at+m]) {
+			for j := range m {
+				if c[j] != seq[at+j] {
+					return at + j
+				}
+			}
+		}
+		at += m
+	}
+	return -1
+}
+
+// appendIDsFrom appends the ids of chunks from id from on.
+func appendIDsFrom(dst []int64, chunks [][]int64, from int) []int64 {
+	at := 0
+	for _, c := range chunks {
+		if end := at + len(c); end > from {
+			dst = append(dst, c[max(from-at, 0):]...)
+		}
+		at += len(c)
+	}
+	return dst
 }
 
 // AttemptSample is one line of a contiguous export: one finished attempt

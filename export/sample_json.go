@@ -116,6 +116,10 @@ func appendFloats(b []byte, fs []float64) (_ []byte, ok bool) {
 // only below 1e-6 and from 1e21 on, two digits at least dropped to one);
 // ok is false for NaN or ±Inf.
 func appendFloat(b []byte, f float64) (_ []byte, ok bool) {
+	if f == 0 && !math.Signbit(f) {
+		// Most of a contiguous sample's logprobs: the context's zeros.
+		return append(b, '0'), true
+	}
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		return b, false
 	}
@@ -202,6 +206,11 @@ func appendInts32(b []byte, ints []int) []byte {
 	for i, v := range ints {
 		if i > 0 {
 			b = append(b, ',')
+		}
+		if v == 0 || v == 1 {
+			// A loss mask's digits.
+			b = append(b, byte('0'+v))
+			continue
 		}
 		b = strconv.AppendInt(b, int64(v), 10)
 	}
