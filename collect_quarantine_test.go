@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -199,6 +201,10 @@ func TestQuarantineSetupFails(t *testing.T) {
 		if err != nil || !slices.Equal(sum2.QuarantineSkipped, []string{bad}) {
 			t.Errorf("resume: skipped %v, err %v; want %s skipped and the batch complete", sum2.QuarantineSkipped, err, bad)
 		}
+		// The resumed batch's summary still says the batch quarantined it.
+		if diff := cmp.Diff(map[string]string{bad: schema.QuarantineSetupFails}, sum2.Quarantined); diff != "" {
+			t.Errorf("resumed summary's quarantined (-want +got):\n%s", diff)
+		}
 	})
 }
 
@@ -259,6 +265,62 @@ func TestServiceQuarantine(t *testing.T) {
 	}
 	if _, err := s.Close(); err != nil {
 		t.Fatal(err)
+	}
+	checkClosed(t, e.fleet)
+}
+
+// TestServiceRestartEndsQuarantined: a group queued before a restart whose
+// task was quarantined since (here in the shared file) ends short when the
+// service comes back, named in its summary, and a group of another task
+// runs on.
+func TestServiceRestartEndsQuarantined(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	e.opts.Quarantine = filepath.Join(t.TempDir(), "shared-quarantine.json")
+	s := e.serve(t)
+	if _, err := s.SetPolicy("v1", true); err != nil { // nothing runs
+		t.Fatal(err)
+	}
+	bad, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := s.resolve(inlineTask(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := schema.AddQuarantined(e.opts.Quarantine, map[string]schema.QuarantinedTask{
+		"t0": {TaskSHA: TaskSHA(task), Reason: schema.QuarantineGraderDisagrees, Evidence: "another batch's grades"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := e.serve(t)
+	defer s2.Close()
+	// The policy is paused: a group left queued never ends, so the wait
+	// has a bound (any delay while it ends would be the machine's).
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if info, err := s2.Wait(ctx, bad.ID); err != nil || info.State != GroupShort {
+		t.Errorf("queued group of the task quarantined since: %+v %v, want it ended short", info, err)
+	}
+	if _, err := s2.SetPolicy("v1", false); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitEnded(t, s2, good.ID); info.State != GroupClosed {
+		t.Errorf("group of another task: %+v, want closed", info)
+	}
+	sum, err := s2.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sum.QuarantineSkipped, []string{"t0"}) {
+		t.Errorf("summary's quarantine_skipped %v, want [t0]", sum.QuarantineSkipped)
 	}
 	checkClosed(t, e.fleet)
 }

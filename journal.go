@@ -44,6 +44,10 @@ type journalEntry struct {
 	// Task is the group's task as a tasks-file entry with its whole
 	// config, so a restart needs no tasks file.
 	Task json.RawMessage `json:"task,omitempty"`
+	// TaskSHA is TaskSHA of the task as submitted: Task holds its config
+	// compacted (encoding/json rewrites a raw message so), whose hash is
+	// another, and records and quarantines know the task by this one.
+	TaskSHA string `json:"task_sha256,omitempty"`
 	// Policy is the group's own model server, without its key; Keyed
 	// says it had one.
 	Policy *GroupPolicy `json:"policy,omitempty"`

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -56,6 +57,10 @@ type quarantine struct {
 	// those whose reset passed.
 	resets map[string]*taskResets
 	added  map[string]string // task id → reason, by this batch
+	// before is what the run directory's file held at the start: what
+	// earlier runs of the batch (and replays of it) put in, which a
+	// resumed batch's summary names with its own.
+	before map[string]string
 }
 
 // openQuarantine reads the quarantines of a batch into dir: dir's own and,
@@ -66,6 +71,10 @@ func openQuarantine(dir, shared string, setupFails int, log *slog.Logger) (*quar
 	held, err := schema.ReadQuarantine(q.runFile)
 	if err != nil {
 		return nil, err
+	}
+	q.before = make(map[string]string, len(held.Tasks))
+	for id, e := range held.Tasks {
+		q.before[id] = e.Reason
 	}
 	if shared != "" {
 		s, err := schema.ReadQuarantine(shared)
@@ -175,17 +184,17 @@ func setupUnfit(failed, passed, k int) bool {
 	return failed >= k && failed > passed
 }
 
-// addedNow returns the tasks this batch quarantined, with why.
-func (q *quarantine) addedNow() map[string]string {
+// batchAdded returns the tasks this batch quarantined, in this run or an
+// earlier one into the same directory, with why.
+func (q *quarantine) batchAdded() map[string]string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.added) == 0 {
+	if len(q.added)+len(q.before) == 0 {
 		return nil
 	}
-	out := make(map[string]string, len(q.added))
-	for id, r := range q.added {
-		out[id] = r
-	}
+	out := make(map[string]string, len(q.added)+len(q.before))
+	maps.Copy(out, q.before)
+	maps.Copy(out, q.added)
 	return out
 }
 

@@ -404,7 +404,7 @@ func (b *batch) summary(final bool) *schema.Summary {
 		s.Warnings = append(s.Warnings, quarantineWarning(b.skipped))
 	}
 	if b.quar != nil {
-		s.Quarantined = b.quar.addedNow()
+		s.Quarantined = b.quar.batchAdded()
 	}
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -280,6 +281,12 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	if _, err := sched.resume(opts.Out, reruns); err != nil {
 		return fail(err)
 	}
+	// Groups queued before a restart whose task was quarantined since (by
+	// this service's grades, or in the shared file) end short, as collect
+	// ends them, instead of training on a task found unfit.
+	if b.skipped = sched.holdQuarantined(b.quar); len(b.skipped) > 0 {
+		opts.Logger.Warn("ending the unfinished groups of tasks quarantined since they were submitted", "tasks", strings.Join(b.skipped, " "))
+	}
 	b.started = time.Now()
 	go func() {
 		defer close(s.done)
@@ -328,6 +335,11 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 				s.keys[e.Key] = e.ID
 			}
 			g := newGroup(e.ID, tasks[0], e.Size, e.Attempts)
+			if e.TaskSHA != "" {
+				// The config as submitted, not as journaled: its records
+				// and quarantine entries before the restart name it so.
+				g.taskSHA = e.TaskSHA
+			}
 			if e.History == "contiguous" {
 				if g.harness = s.opts.ContiguousHarness; g.harness == nil {
 					return fmt.Errorf("%s line %d: group %s has history contiguous, which this service's harness cannot give; serve with the harness it had", JournalFile, i+2, e.ID)
@@ -542,7 +554,7 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	id := fmt.Sprintf("g%06d", s.next+1)
 	attempts := AttemptsPerTask(size, s.opts.Oversample)
 	now := time.Now().UTC()
-	if err := s.journal.append(journalEntry{Op: opGroup, At: now, ID: id, Key: req.Key, Size: size, Attempts: attempts, Task: entry,
+	if err := s.journal.append(journalEntry{Op: opGroup, At: now, ID: id, Key: req.Key, Size: size, Attempts: attempts, Task: entry, TaskSHA: TaskSHA(task),
 		Policy: req.Policy, Keyed: req.Policy != nil && req.APIKey != "", History: req.History}); err != nil {
 		return GroupInfo{}, false, err
 	}

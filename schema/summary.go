@@ -116,7 +116,8 @@ type Summary struct {
 	GraderDisagreements map[string]int `json:"grader_disagreements,omitempty"`
 	// QuarantineSkipped names the tasks this batch did not run because a
 	// quarantine held them at its start; Quarantined the tasks it put in
-	// quarantine, with why.
+	// quarantine, with why, in this run or an earlier one of the batch (a
+	// resume): what its directory's quarantine.json holds.
 	QuarantineSkipped []string          `json:"quarantine_skipped,omitempty"`
 	Quarantined       map[string]string `json:"quarantined,omitempty"`
 
