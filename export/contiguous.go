@@ -3,7 +3,6 @@ package export
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"legato/rl/schema"
 )
@@ -118,41 +117,27 @@ func sharedChunks(prev, cur []string) int {
 }
 
 // departure is where a prompt of n ids, as chunks, stops extending seq (the
-// previous prompt and its reply), or -1 when it starts with all of seq. Its
+// previous prompt and its reply): the first id that differs, or n when the
+// prompt is a shorter prefix of seq; -1 when it starts with all of seq. Its
 // first skip chunks are the previous prompt's own, which seq starts with.
 func departure(chunks [][]int64, n, skip int, seq []int64) int {
-	if n < len(seq) {
-		// Too short to hold seq: report the first differing id, or the
-		// prompt's end.
-		at := 0
-		for _, c := range chunks {
-			for _, id := range c {
-				if id != seq[at] {
-					return at
-				}
-				at++
-			}
-		}
-		return at
-	}
 	at := 0
 	for k, c := range chunks {
-		if at >= len(seq) {
+		m := min(len(c), len(seq)-at)
+		if m <= 0 {
 			break
 		}
-		if k < skip {
-			at += len(c)
-			continue
-		}
-		m := min(len(c), len(seq)-at)
-		if !slices.Equal(c[:m], seq[at:at+m]) {
-			for j := range m {
-				if c[j] != seq[at+j] {
+		if k >= skip {
+			for j, id := range c[:m] {
+				if id != seq[at+j] {
 					return at + j
 				}
 			}
 		}
 		at += m
+	}
+	if n < len(seq) {
+		return n
 	}
 	return -1
 }
