@@ -3,11 +3,14 @@ package schema
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"math/rand/v2"
 	"os"
 	"reflect"
 	"testing"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -94,5 +97,60 @@ func TestParseRecordAgrees(t *testing.T) {
 	}
 	if every.Env == nil || every.Steps[0].Response.TokenIDs == nil {
 		t.Fatal("fill left fields empty")
+	}
+}
+
+// TestNumberArrays holds the record decoding's arrays of ids and logprobs
+// to encoding/json: the same values, and an error where it gives one, on
+// hand-picked edges (nulls, ranges, fractions in ids, whitespace) and on
+// random arrays as encoding/json writes them.
+func TestNumberArrays(t *testing.T) {
+	type arrays struct {
+		I []int64   `json:"i"`
+		F []float64 `json:"f"`
+	}
+	var texts []string
+	for _, a := range []string{
+		`[]`, `[ ]`, `null`, `[0]`, `[-0]`, `[1,2,3]`, `[ 1 , 2 ]`, "[\n1,\t2\r]",
+		`[9223372036854775807]`, `[-9223372036854775808]`, `[9223372036854775808]`,
+		`[-9223372036854775809]`, `[18446744073709551616]`, `[99999999999999999999]`,
+		`[1.5]`, `[1e3]`, `[1E+2]`, `[-1e-2]`, `[null]`, `[1,null,2]`, `["1"]`, `[[1]]`, `[{}]`,
+		`[true]`, `[0.1,0.2]`, `[5e-324]`, `[2.4703282292062328e-324]`, `[1e400]`, `[-1e400]`,
+		`[1.7976931348623157e308]`, `[-0.0]`, `[1e-400]`,
+	} {
+		texts = append(texts, `{"i":`+a+`}`, `{"f":`+a+`}`)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 500 {
+		var a arrays
+		for range rng.IntN(40) {
+			a.I = append(a.I, rng.Int64()>>rng.IntN(64)*int64(1-2*rng.IntN(2)))
+			a.F = append(a.F, -rng.ExpFloat64()*math.Pow(10, float64(rng.IntN(40)-20)))
+		}
+		b, err := json.Marshal(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts = append(texts, string(b))
+	}
+	for _, text := range texts {
+		var want, got arrays
+		wantErr := json.Unmarshal([]byte(text), &want)
+		gotErr := jsonv2.Unmarshal([]byte(text), &got, recordDecoding)
+		if (wantErr == nil) != (gotErr == nil) {
+			t.Errorf("%s: encoding/json's error %v, record decoding's %v", text, wantErr, gotErr)
+			continue
+		}
+		if wantErr != nil {
+			continue
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s (-encoding/json +record decoding):\n%s", text, diff)
+		}
+		for i := range want.F {
+			if math.Signbit(want.F[i]) != math.Signbit(got.F[i]) {
+				t.Errorf("%s: element %d is %v, encoding/json's %v", text, i, got.F[i], want.F[i])
+			}
+		}
 	}
 }
