@@ -84,7 +84,10 @@ func OpenMessageStore(runDir string, opts StoreOptions) (*MessageStore, error) {
 		imgs:   newLRU[[32]byte, string](orDefault(opts.ImageCacheBytes, DefaultImageCacheBytes)),
 		toks:   newLRU[[32]byte, storedChunk](orDefault(opts.TokenCacheBytes, DefaultTokenCacheBytes)),
 	}
-	s.msgPacks, s.tokPacks = newPackIndex(s.msgDir), newPackIndex(s.tokDir)
+	// A disabled cache rereads every object from the disk: its pack
+	// windows are disabled with it.
+	s.msgPacks = newPackIndex(s.msgDir, opts.MessageCacheBytes >= 0)
+	s.tokPacks = newPackIndex(s.tokDir, opts.TokenCacheBytes >= 0)
 	fi, err := os.Stat(s.msgDir)
 	if err != nil {
 		return nil, fmt.Errorf("open message store: %w", err)

@@ -228,6 +228,29 @@ type packIndex struct {
 	indexed bool // refresh ran once
 	packs   map[string]*packFile
 	locs    map[[32]byte]packLoc
+
+	// Objects are read a window of the pack at a time: a reader goes
+	// through a run about in the order it was written, and one read per
+	// object (a few KB) was most of loading it. A window holds entries
+	// already indexed, which a pack never changes, so a window is never
+	// stale; the oldest is replaced.
+	windowed bool
+	wmu      sync.Mutex
+	windows  [packWindows]packWindow
+	nextWin  int
+}
+
+// packWindows windows of packWindowBytes each are kept per index: one or
+// two per reading goroutine of an export on most machines, a few MB.
+const (
+	packWindows     = 8
+	packWindowBytes = 256 << 10
+)
+
+type packWindow struct {
+	pack *packFile
+	off  int64
+	data []byte
 }
 
 type packFile struct {
@@ -241,8 +264,10 @@ type packLoc struct {
 	n    int
 }
 
-func newPackIndex(dir string) *packIndex {
-	return &packIndex{dir: dir, packs: make(map[string]*packFile), locs: make(map[[32]byte]packLoc)}
+// newPackIndex indexes the packs of dir; windowed says whether objects
+// are read through windows or one read each.
+func newPackIndex(dir string, windowed bool) *packIndex {
+	return &packIndex{dir: dir, packs: make(map[string]*packFile), locs: make(map[[32]byte]packLoc), windowed: windowed}
 }
 
 // get returns the stored data of the object hashing to sum if the packs
@@ -252,6 +277,10 @@ func (x *packIndex) get(sum [32]byte) (_ []byte, ok bool, err error) {
 	x.mu.RLock()
 	loc, ok := x.locs[sum]
 	indexed := x.indexed
+	var scanned int64
+	if ok {
+		scanned = loc.pack.scanned
+	}
 	x.mu.RUnlock()
 	if !ok && !indexed {
 		if err := x.refresh(); err != nil {
@@ -259,16 +288,52 @@ func (x *packIndex) get(sum [32]byte) (_ []byte, ok bool, err error) {
 		}
 		x.mu.RLock()
 		loc, ok = x.locs[sum]
+		if ok {
+			scanned = loc.pack.scanned
+		}
 		x.mu.RUnlock()
 	}
 	if !ok {
 		return nil, false, nil
 	}
-	b := make([]byte, loc.n)
-	if _, err := loc.pack.f.ReadAt(b, loc.off); err != nil {
-		return nil, true, fmt.Errorf("read %s: %w", loc.pack.f.Name(), err)
+	b, err := x.read(loc, scanned)
+	return b, true, err
+}
+
+// read returns loc's data from a window of its pack, reading one that
+// starts at loc when none holds it. The data is shared with the window:
+// callers only read it. A window ends where the pack was indexed to
+// (scanned): past it, a writer may yet cut a failed entry and write
+// another in its place.
+func (x *packIndex) read(loc packLoc, scanned int64) ([]byte, error) {
+	x.wmu.Lock()
+	for _, w := range x.windows {
+		if w.pack == loc.pack && w.off <= loc.off && loc.off+int64(loc.n) <= w.off+int64(len(w.data)) {
+			x.wmu.Unlock()
+			start := loc.off - w.off
+			return w.data[start : start+int64(loc.n) : start+int64(loc.n)], nil
+		}
 	}
-	return b, true, nil
+	x.wmu.Unlock()
+	size := loc.n
+	if x.windowed {
+		size = max(size, packWindowBytes)
+	}
+	data := make([]byte, size)
+	got, err := loc.pack.f.ReadAt(data, loc.off)
+	if got < loc.n {
+		if err == nil || err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("read %s: %w", loc.pack.f.Name(), err)
+	}
+	if x.windowed {
+		x.wmu.Lock()
+		x.windows[x.nextWin] = packWindow{pack: loc.pack, off: loc.off, data: data[:min(int64(got), scanned-loc.off)]}
+		x.nextWin = (x.nextWin + 1) % packWindows
+		x.wmu.Unlock()
+	}
+	return data[:loc.n:loc.n], nil
 }
 
 // refresh indexes the entries written since the last refresh, in packs
@@ -345,4 +410,7 @@ func (x *packIndex) close() {
 		p.f.Close()
 	}
 	x.packs, x.locs = nil, nil
+	x.wmu.Lock()
+	x.windows = [packWindows]packWindow{}
+	x.wmu.Unlock()
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sync/errgroup"
 )
 
 // Helpers that read and damage a content directory (messages/, tokens/)
@@ -368,5 +371,89 @@ func TestPackRemovedUnderRun(t *testing.T) {
 	}
 	if _, st := readAll(t, dir); st.Lines != 0 {
 		t.Errorf("%d records written", st.Lines)
+	}
+}
+
+// TestPackWindows: objects read through windows of their packs load as
+// put, whatever the order and however many goroutines read: objects
+// larger than a window, objects a window cuts, two packs, and objects
+// appended after the store read a window ending at the pack's end then.
+func TestPackWindows(t *testing.T) {
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(3, 4))
+	bytesSrc := rand.NewChaCha8([32]byte{5})
+	text := func() string {
+		n := 10 + rng.IntN(24<<10)
+		if rng.IntN(50) == 0 {
+			n = 3*packWindowBytes + rng.IntN(packWindowBytes) // more than a window packed
+		}
+		b := make([]byte, n/2+1)
+		bytesSrc.Read(b)
+		return hex.EncodeToString(b) // zstd packs it to about half
+	}
+	want := map[string]string{}
+	put := func(r *Run, n int) []string {
+		var hs []string
+		for range n {
+			s := text()
+			h, err := r.PutMessages([]Message{{Role: "user", Content: []Part{TextPart(s)}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want[h[0]] = s
+			hs = append(hs, h[0])
+		}
+		return hs
+	}
+	r := mustCreate(t, dir)
+	hashes := put(r, 150)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r = mustCreate(t, dir)
+	defer r.Close()
+	hashes = append(hashes, put(r, 60)...)
+	large := 0
+	for _, es := range packEntries(t, filepath.Join(dir, MessagesDir)) {
+		if len(es[0].data) > packWindowBytes {
+			large++
+		}
+	}
+	if large == 0 {
+		t.Fatal("no object packed is larger than a window: the test does not test that")
+	}
+	s, err := OpenMessageStore(dir, StoreOptions{MessageCacheBytes: 1}) // windows without decoded messages
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check := func(hs []string) error {
+		for _, h := range hs {
+			m, err := s.Message(h)
+			if err != nil {
+				return fmt.Errorf("message %s: %w", h, err)
+			}
+			if got := m.Content[0].Text; got != want[h] {
+				return fmt.Errorf("message %s loads as %d bytes, put as %d", h, len(got), len(want[h]))
+			}
+		}
+		return nil
+	}
+	var g errgroup.Group
+	for i := range 3 {
+		order := slices.Clone(hashes)
+		if i > 0 { // one reader in the order written, two in others
+			rand.New(rand.NewPCG(uint64(i), 0)).Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+		}
+		g.Go(func() error { return check(order) })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(put(r, 20)); err != nil {
+		t.Fatalf("after the store read to the pack's end: %v", err)
+	}
+	if err := check(hashes); err != nil {
+		t.Fatal(err)
 	}
 }
