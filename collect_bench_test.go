@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -263,7 +264,9 @@ func BenchmarkCommitLatency(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		dir := filepath.Join(b.TempDir(), "run")
-		srv := policytest.NewPipeServer(policytest.Options{NoLatency: true})
+		// Two workers per CPU: the scripted server stands in for one on
+		// its own machine (policytest.Options.Workers).
+		srv := policytest.NewPipeServer(policytest.Options{NoLatency: true, Workers: 2 * runtime.GOMAXPROCS(0)})
 		fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, DefaultReward: fake.Reward{P: 0.5}, ReadyWaiter: true, Stepper: true})
 		pol := PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "bench", StepTimeout: time.Hour, HTTPClient: srv.Client()}
 		opts := CollectOptions{Out: dir, NewDesktop: fleet.New, Desktops: desktops, Group: group, MaxSteps: maxSteps,

@@ -9,7 +9,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +33,7 @@ type benchCommand struct {
 	only     string
 	desktops int
 	attempts int
+	workers  optInt
 }
 
 // benchShapes are the export shapes bench measures, by their names in
@@ -53,6 +56,7 @@ func (c *benchCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.only, "only", "", "measure only `WHAT`: export, commit, or one export shape (steps, prefix, contiguous)")
 	fs.IntVar(&c.desktops, "desktops", 1000, "commit: instant fake desktops")
 	fs.IntVar(&c.attempts, "attempts", 1000, "commit: attempts in the batch (groups of 4, at most 5 steps each)")
+	fs.Var(&c.workers, "server-workers", "commit: the scripted server works on `n` requests at once, 0 for no bound (default: two per CPU)")
 	setUsage(fs, `Usage: legato rl bench [flags]
 
 Measures this machine's export and commit speed, without a model or a VM.
@@ -66,7 +70,9 @@ time over that, the disk's bound for a shape that writes less than it reads.
 
 Commit: runs a batch on instant fake desktops with a scripted model server in
 the process and prints how long finished attempts waited for their records
-to be durable (p50, p90, p99, max), and graded rollouts per second.
+to be durable (p50, p90, p99, max), and graded rollouts per second. A real
+server runs on a machine of its own: --server-workers keeps this one from
+taking the batch's CPU with a thousand requests at once.
 
 `)
 	return fs
@@ -203,7 +209,14 @@ func (c *benchCommand) benchCommit(ctx context.Context, stdout io.Writer) error 
 		return err
 	}
 	defer os.RemoveAll(dir)
-	srv := policytest.NewPipeServer(policytest.Options{NoLatency: true})
+	// The scripted server stands in for one on its own machine: bounded,
+	// it does not crowd the batch out of the scheduler (see
+	// policytest.Options.Workers).
+	workers := 2 * runtime.GOMAXPROCS(0)
+	if c.workers.v != nil {
+		workers = *c.workers.v
+	}
+	srv := policytest.NewPipeServer(policytest.Options{NoLatency: true, Workers: workers})
 	defer srv.Close()
 	fleet := fake.NewFleet(fake.Config{Width: width, Height: height, DefaultReward: fake.Reward{P: 0.5}, ReadyWaiter: true, Stepper: true})
 	var (
@@ -238,8 +251,12 @@ func (c *benchCommand) benchCommit(ctx context.Context, stdout io.Writer) error 
 	q := func(p float64) string {
 		return fmt.Sprintf("%.0f ms", float64(waits[int(p*float64(len(waits)-1))].Microseconds())/1e3)
 	}
-	fmt.Fprintf(stdout, "commit: %d instant desktops (%dx%d screens), %d records: wait p50 %s, p90 %s, p99 %s, max %s; %.0f graded rollouts/s\n",
-		c.desktops, width, height, len(waits), q(0.5), q(0.9), q(0.99), q(1), float64(graded)/elapsed.Seconds())
+	bound := "no bound"
+	if workers > 0 {
+		bound = strconv.Itoa(workers)
+	}
+	fmt.Fprintf(stdout, "commit: %d instant desktops (%dx%d screens), server workers %s, %d records: wait p50 %s, p90 %s, p99 %s, max %s; %.0f graded rollouts/s\n",
+		c.desktops, width, height, bound, len(waits), q(0.5), q(0.9), q(0.99), q(1), float64(graded)/elapsed.Seconds())
 	return nil
 }
 
@@ -250,4 +267,24 @@ func benchOnlyNames() string {
 		names = append(names, s.name)
 	}
 	return strings.Join(names, ", ")
+}
+
+// optInt is an int flag that tells "not given" (nil) from any value, 0
+// included; it takes 0 or more.
+type optInt struct{ v *int }
+
+func (o *optInt) String() string {
+	if o == nil || o.v == nil {
+		return ""
+	}
+	return strconv.Itoa(*o.v)
+}
+
+func (o *optInt) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < 0 {
+		return errors.New("want an integer ≥ 0")
+	}
+	o.v = &n
+	return nil
 }

@@ -18,7 +18,7 @@ func TestBenchCommand(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	keep := filepath.Join(t.TempDir(), "run")
-	args := []string{"--rollouts", "24", "--steps", "3", "--group", "4", "--desktops", "6", "--attempts", "12", "--dir", keep}
+	args := []string{"--rollouts", "24", "--steps", "3", "--group", "4", "--desktops", "6", "--attempts", "12", "--server-workers", "3", "--dir", keep}
 	var stdout, stderr bytes.Buffer
 	if err := new(benchCommand).Run(t.Context(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("bench: %v\nstderr: %s", err, stderr.String())
@@ -40,7 +40,7 @@ func TestBenchCommand(t *testing.T) {
 			t.Errorf("%s: %s rollouts/s", shape, m[4])
 		}
 	}
-	m := regexp.MustCompile(`commit: 6 instant desktops \(320x192 screens\), (\d+) records: wait p50 \d+ ms, p90 \d+ ms, p99 \d+ ms, max \d+ ms; \d+ graded rollouts/s`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`commit: 6 instant desktops \(320x192 screens\), server workers 3, (\d+) records: wait p50 \d+ ms, p90 \d+ ms, p99 \d+ ms, max \d+ ms; \d+ graded rollouts/s`).FindStringSubmatch(out)
 	if m == nil || m[1] != "12" {
 		t.Errorf("commit line: %q; want 12 records:\n%s", m, out)
 	}
@@ -69,6 +69,7 @@ func TestBenchCommandErrors(t *testing.T) {
 	}{
 		{[]string{"--steps", "0"}, "--steps 0: want a positive number", true},
 		{[]string{"--desktops", "-1"}, "--desktops -1: want a positive number", true},
+		{[]string{"--server-workers", "-1"}, "want an integer ≥ 0", true},
 		{[]string{"--only", "json"}, `--only "json": want one of export, commit, steps, prefix, contiguous`, true},
 		{[]string{"extra"}, "unexpected arguments", true},
 		{[]string{"--only", "export", "--dir", notRun}, "holds files but no complete generated run", false},

@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -396,7 +397,9 @@ func startBuiltinServer(f *collectFlags, stderr io.Writer) (*policytest.Server, 
 	if f.fake.speed == "none" {
 		lat = policytest.Latency{}
 	}
-	srv, err := policytest.Listen("127.0.0.1:0", policytest.Options{Model: f.pol.Model, Latency: lat, NoLatency: f.fake.speed == "none"})
+	// Two workers per CPU: the server shares this process with the
+	// batch, which a real one does not (policytest.Options.Workers).
+	srv, err := policytest.Listen("127.0.0.1:0", policytest.Options{Model: f.pol.Model, Latency: lat, NoLatency: f.fake.speed == "none", Workers: 2 * runtime.GOMAXPROCS(0)})
 	if err != nil {
 		return nil, fmt.Errorf("start the built-in model server: %w", err)
 	}

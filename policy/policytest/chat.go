@@ -18,10 +18,16 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	n, inflight, done := s.admit()
 	defer done()
 	ctx := r.Context()
-
+	// The body is read and the answer written without a worker: both
+	// wait on the client more than they work.
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		s.fail(w, &answerError{status: http.StatusBadRequest, msg: "cannot read request body: " + err.Error()})
+		return
+	}
+	wk := &worker{s: s}
+	defer wk.free()
+	if !wk.take(ctx) {
 		return
 	}
 	wr, err := parseRequest(body)
@@ -35,14 +41,14 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, e)
 		return
 	}
-	if !s.playFault(ctx, w, fault, &wr) {
+	if !s.playFault(ctx, wk, w, fault, &wr) {
 		return
 	}
-	g, ok := s.generate(ctx, &wr, req, fault, inflight)
+	g, ok := s.generate(ctx, wk, &wr, req, fault, inflight)
 	if !ok {
 		return
 	}
-	s.answer(w, n, fault, s.shape(n, &wr, g, fault))
+	s.answer(w, wk, n, fault, s.shape(n, &wr, g, fault))
 }
 
 // admit counts a request in; done counts it out.
@@ -118,9 +124,10 @@ func (s *Server) check(wr *wireRequest, req Request, fault Fault) *answerError {
 
 // playFault plays the faults that come before a reply; it reports whether
 // to go on and answer.
-func (s *Server) playFault(ctx context.Context, w http.ResponseWriter, fault Fault, wr *wireRequest) bool {
+func (s *Server) playFault(ctx context.Context, wk *worker, w http.ResponseWriter, fault Fault, wr *wireRequest) bool {
 	switch fault {
 	case FaultHang:
+		wk.free()
 		select {
 		case <-ctx.Done():
 		case <-s.closed:
@@ -141,7 +148,7 @@ func (s *Server) playFault(ctx context.Context, w http.ResponseWriter, fault Fau
 		s.writeError(w, http.StatusUnauthorized, stringError, "Unauthorized", "")
 		return false
 	case FaultSlowFirstByte:
-		return sleep(ctx, s.closed, s.opts.FirstByteDelay)
+		return wk.sleep(ctx, s.opts.FirstByteDelay)
 	case FaultUnavailable:
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -170,7 +177,7 @@ type generation struct {
 // generate runs the script, tokenizes the reply, serves the prompt from the
 // prefix cache and waits as the latency model says; it reports false when
 // the request was given up meanwhile.
-func (s *Server) generate(ctx context.Context, wr *wireRequest, req Request, fault Fault, inflight int) (*generation, bool) {
+func (s *Server) generate(ctx context.Context, wk *worker, wr *wireRequest, req Request, fault Fault, inflight int) (*generation, bool) {
 	g := &generation{toks: generate(s.script(req)), finish: "stop", images: req.Images}
 	if wr.MaxTokens > 0 && len(g.toks) > wr.MaxTokens {
 		g.toks, g.finish = g.toks[:wr.MaxTokens], "length"
@@ -189,7 +196,7 @@ func (s *Server) generate(ctx context.Context, wr *wireRequest, req Request, fau
 
 	if !s.opts.NoLatency {
 		d := s.latency.Duration(inflight, len(g.promptIDs)-g.cached, len(g.toks))
-		if !sleep(ctx, s.closed, d) {
+		if !wk.sleep(ctx, d) {
 			return nil, false
 		}
 	}
@@ -203,7 +210,7 @@ func (s *Server) generate(ctx context.Context, wr *wireRequest, req Request, fau
 }
 
 // answer writes the reply, or the broken body a fault asks for.
-func (s *Server) answer(w http.ResponseWriter, n int, fault Fault, resp *wireResponse) {
+func (s *Server) answer(w http.ResponseWriter, wk *worker, n int, fault Fault, resp *wireResponse) {
 	switch fault {
 	case FaultMalformedJSON:
 		w.Header().Set("Content-Type", "application/json")
@@ -220,8 +227,61 @@ func (s *Server) answer(w http.ResponseWriter, n int, fault Fault, resp *wireRes
 		// does not log this sentinel.
 		panic(http.ErrAbortHandler)
 	default:
-		writeJSON(w, http.StatusOK, resp)
+		b := mustJSON(resp)
+		wk.free()
+		writeBody(w, http.StatusOK, b)
 	}
+}
+
+// worker is a request's hold on one of the server's workers
+// (Options.Workers): taken to work on the request, given back while it
+// waits.
+type worker struct {
+	s    *Server
+	held bool
+}
+
+// take waits for a worker; it reports false if ctx ends or the server
+// closes first.
+func (wk *worker) take(ctx context.Context) bool {
+	if wk.s.workers == nil || wk.held {
+		return true
+	}
+	select {
+	case wk.s.workers <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	case <-wk.s.closed:
+		return false
+	}
+	wk.held = true
+	wk.s.mu.Lock()
+	wk.s.stats.Working++
+	wk.s.stats.MaxWorking = max(wk.s.stats.MaxWorking, wk.s.stats.Working)
+	wk.s.mu.Unlock()
+	return true
+}
+
+// free gives the worker back, if held.
+func (wk *worker) free() {
+	if !wk.held {
+		return
+	}
+	wk.held = false
+	wk.s.mu.Lock()
+	wk.s.stats.Working--
+	wk.s.mu.Unlock()
+	<-wk.s.workers
+}
+
+// sleep waits d without a worker (a real server's wait costs it no CPU)
+// and takes one again after; it reports whether both happened.
+func (wk *worker) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	wk.free()
+	return sleep(ctx, wk.s.closed, d) && wk.take(ctx)
 }
 
 // sleep waits d unless ctx is done or the server closes first; it reports

@@ -144,7 +144,11 @@ func pyString(s string) string {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b := mustJSON(v)
+	writeBody(w, status, mustJSON(v))
+}
+
+// writeBody answers with status and the JSON b.
+func writeBody(w http.ResponseWriter, status int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)

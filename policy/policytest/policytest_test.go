@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -512,6 +513,100 @@ func TestLatencyUnderLoad(t *testing.T) {
 	})
 }
 
+// TestWorkers: a server with two workers works on two requests at once
+// and queues the rest; each request is answered.
+func TestWorkers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var entered, cur, most atomic.Int32
+		script := func(Request) string {
+			entered.Add(1)
+			n := cur.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-release
+			cur.Add(-1)
+			return "done"
+		}
+		s := NewPipeServer(Options{NoLatency: true, Workers: 2, Script: script})
+		defer s.Close()
+		const n = 5
+		errs := make(chan error, n)
+		for range n {
+			go func() { errs <- postErr(t.Context(), s, chatBody) }()
+		}
+		synctest.Wait() // every request blocked: in the script, or waiting for a worker
+		if st := s.Stats(); entered.Load() != 2 || st.Working != 2 || st.InFlight != n {
+			t.Errorf("with every request blocked: %d in the script, stats %+v; want 2 working of %d in flight", entered.Load(), st, n)
+		}
+		close(release)
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if st := s.Stats(); most.Load() != 2 || st.MaxWorking != 2 || st.Working != 0 || st.Completed != n {
+			t.Errorf("at most %d scripts at once, stats %+v; want 2 at most, %d completed", most.Load(), st, n)
+		}
+	})
+}
+
+// TestWorkersFreeWhileWaiting: a request that hangs or waits to answer
+// holds no worker, so a server with one answers the next request.
+func TestWorkersFreeWhileWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		faults := func(n int, _ Request) Fault {
+			return map[int]Fault{0: FaultHang, 1: FaultSlowFirstByte}[n]
+		}
+		s := NewPipeServer(Options{NoLatency: true, Workers: 1, Faults: faults, FirstByteDelay: time.Hour})
+		defer s.Close()
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		waiting := make(chan error, 2)
+		go func() { waiting <- postErr(ctx, s, chatBody) }()
+		synctest.Wait() // request 0 hangs
+		go func() { waiting <- postErr(ctx, s, chatBody) }()
+		synctest.Wait() // request 1 waits to answer
+		if st := s.Stats(); st.InFlight != 2 || st.Working != 0 {
+			t.Errorf("stats %+v with a request hanging and one waiting: want 2 in flight, none working", st)
+		}
+		// Were a waiting request holding the only worker, this one would
+		// never be answered (synctest reports the deadlock).
+		if err := postErr(t.Context(), s, chatBody); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		for range 2 {
+			if err := <-waiting; err == nil {
+				t.Error("a request given up was answered")
+			}
+		}
+	})
+}
+
+// postErr is post for any goroutine: it returns an error where post fails
+// the test, and for an answer other than 200.
+func postErr(ctx context.Context, s *Server, body string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := s.Client().Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d: %s", res.StatusCode, b)
+	}
+	return nil
+}
+
 func TestRequestChecks(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -748,6 +843,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"first byte", Options{FirstByteDelay: -time.Second}, "FirstByteDelay -1s"},
 		{"version", Options{Dialect: SGLang, Version: "0.10.2"}, `unknown sglang version "0.10.2": want one of 0.4, 0.5.13, latest`},
 		{"image limit", Options{ImageLimit: -1}, "ImageLimit -1"},
+		{"workers", Options{Workers: -1}, "Workers -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

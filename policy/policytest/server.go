@@ -107,6 +107,16 @@ type Options struct {
 	Latency Latency
 	// NoLatency answers as fast as possible, for tests.
 	NoLatency bool
+	// Workers bounds the requests the server works on at once (reading,
+	// tokenizing, answering); the others wait in line, as a real server
+	// queues what its batch cannot take. Waits (the latency model, a
+	// fault that hangs or delays) hold no worker. Zero means no bound.
+	//
+	// A server in the process of the batch it serves competes with the
+	// batch for the CPU, which a real server on its own machine does not:
+	// unbounded, a thousand requests at once fill the Go scheduler's run
+	// queues ahead of the batch's record commits.
+	Workers int
 	// Faults picks the fault of the n-th request (n from 0); nil means none.
 	Faults func(n int, req Request) Fault
 	// RetryAfter is the delay FaultRateLimit asks for; zero means
@@ -134,6 +144,11 @@ type Stats struct {
 	// highest value so far.
 	InFlight    int
 	MaxInFlight int
+	// Working is the number of requests holding a worker (Options.Workers)
+	// and MaxWorking its highest value so far; both stay 0 without a
+	// bound.
+	Working    int
+	MaxWorking int
 	// Token totals over completed requests.
 	PromptTokens     int
 	CachedTokens     int
@@ -155,6 +170,8 @@ type Server struct {
 	closeOnce sync.Once
 	serveDone chan struct{}
 	conns     sync.WaitGroup
+
+	workers chan struct{} // a token per request worked on; nil without a bound
 
 	mu       sync.Mutex
 	n        int
@@ -189,6 +206,9 @@ func (o Options) Validate() error {
 	}
 	if o.ImageLimit < 0 {
 		errs = append(errs, fmt.Errorf("ImageLimit %d: want 0 (no limit) or more", o.ImageLimit))
+	}
+	if o.Workers < 0 {
+		errs = append(errs, fmt.Errorf("Workers %d: want 0 (no bound) or more", o.Workers))
 	}
 	for _, d := range []struct {
 		name string
@@ -238,6 +258,9 @@ func newServer(opts Options) (*Server, error) {
 	}
 	if s.script == nil {
 		s.script = DefaultScript
+	}
+	if opts.Workers > 0 {
+		s.workers = make(chan struct{}, opts.Workers)
 	}
 	return s, nil
 }
