@@ -106,7 +106,7 @@ func envReport(r desktop.AttemptReport) *schema.EnvReport {
 	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Golden: r.Golden, Host: r.Host, VM: r.VM,
 		Ended: processes(r.Ended), Spared: processes(r.Spared)}
 	for _, m := range r.Grading {
-		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via})
+		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via, ResultSHA256: m.Result, ExpectedSHA256: m.Expected})
 	}
 	return env
 }

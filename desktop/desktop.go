@@ -315,4 +315,11 @@ type MetricRun struct {
 	Metric string
 	// Via is how it ran: "native" (Go) or "python" (OSWorld's own code).
 	Via string
+	// Result and Expected are digests of what the metric was given, the
+	// values its result and expected getters returned (empty: no such
+	// getter, the metric did not run, or the value has no stable form). A
+	// grade of the same state gives the same digests: two grades that
+	// disagree with equal inputs have a metric that disagrees with itself;
+	// with unequal ones, the state or a getter changed.
+	Result, Expected string
 }

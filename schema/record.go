@@ -132,9 +132,14 @@ type Process struct {
 }
 
 // MetricRun is one metric of a grade and how it ran: "native" or "python".
+// ResultSHA256 and ExpectedSHA256 are digests of the values the metric was
+// given (see desktop.MetricRun); empty when there were none, in records
+// written before they existed too.
 type MetricRun struct {
-	Metric string `json:"metric"`
-	Via    string `json:"via"`
+	Metric         string `json:"metric"`
+	Via            string `json:"via"`
+	ResultSHA256   string `json:"result_sha256,omitempty"`
+	ExpectedSHA256 string `json:"expected_sha256,omitempty"`
 }
 
 // Policy identifies the weights that produced a record, and how they were

@@ -73,6 +73,11 @@ type bridgeAnswer struct {
 	Metrics    map[string]*string `json:"metrics"`
 	Getters    map[string]*string `json:"getters"`
 	Missing    map[string]string  `json:"missing"`
+	// Inputs are the digests of what the metric was given (inputDigest).
+	Inputs *struct {
+		Result   *string `json:"result"`
+		Expected *string `json:"expected"`
+	} `json:"inputs"`
 }
 
 // bridgeSpec is how to start a bridge process.

@@ -19,7 +19,8 @@ Requests:
    or null, "options": {...}, "cache_dir": DIR, "env": {...}}
 
 The first line is {"ready": true, "python": VERSION, "executable": PATH,
-"pid": PID}. Answers carry the request's id and either the outcome ("score";
+"pid": PID}. Answers carry the request's id and either the outcome ("score",
+with "inputs": the digests of the metric's result and expected values;
 "metrics" and "getters", each name mapped to null when it imports, else the
 reason, with "missing" naming the module a name lacks; "pong") or "error"
 with a "kind":
@@ -37,6 +38,7 @@ unavailable.
 """
 
 import ast
+import hashlib
 import importlib
 import importlib.machinery
 import json
@@ -355,6 +357,44 @@ def exception_answer(where, e):
     }
 
 
+def input_digest(value, cache_dir):
+    """The SHA-256 of repr(value), each str in it that names a regular file
+    in the grade's cache directory (a getter's download) replaced first by
+    "file sha256:" and the file's digest, so that it follows the content and
+    not where the cache is; grade.inputDigest is the same for native
+    metrics. None when the repr names a memory address, which no other
+    grade repeats."""
+    top = os.path.abspath(cache_dir) + os.sep
+
+    def by_content(v):
+        if isinstance(v, str):
+            if os.path.isabs(v) and os.path.abspath(v).startswith(top) and os.path.isfile(v):
+                try:
+                    h = hashlib.sha256()
+                    with open(v, "rb") as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+                    return "file sha256:" + h.hexdigest()
+                except OSError:
+                    return v
+            return v
+        if isinstance(v, list):
+            return [by_content(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(by_content(x) for x in v)
+        if isinstance(v, dict):
+            return {k: by_content(x) for k, x in v.items()}
+        return v
+
+    try:
+        text = repr(by_content(value))
+    except Exception:
+        return None
+    if " at 0x" in text:
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def grade(evaluators, req):
     env = Env(req.get("env") or {}, req["cache_dir"])
     try:
@@ -384,6 +424,9 @@ def grade(evaluators, req):
             return {"error": str(e), "kind": "unavailable", "where": "expected getter"}
         except BaseException as e:
             return exception_answer("expected getter", e)
+    # Before the metric, which may open what the getters fetched.
+    cache_dir = req["cache_dir"]
+    inputs = {"result": input_digest(result, cache_dir), "expected": input_digest(args[1], cache_dir) if len(args) > 1 else None}
 
     try:
         value = metric(*args, **(req.get("options") or {}))
@@ -398,7 +441,7 @@ def grade(evaluators, req):
         return {"error": "metric returned %r, not a number" % (value,), "kind": "bad_score"}
     if not math.isfinite(score):
         return {"error": "metric returned %r" % (value,), "kind": "bad_score"}
-    return {"score": score}
+    return {"score": score, "inputs": inputs}
 
 
 def main():
