@@ -132,7 +132,7 @@ func (q *quarantine) put(t Task, reason, evidence string, rollouts ...string) bo
 // observe looks at a try's record for what quarantines its task: a grader
 // that disagreed with itself, a reward out of range, a reset that failed
 // the task's K-th desktop.
-func (q *quarantine) observe(t Task, rec *Record, e ending) {
+func (q *quarantine) observe(t Task, rec *Record, e ending, setup *setupVerdict) {
 	if g := rec.SecondGrade; g != nil && g.Reward != nil && !g.Agrees && rec.Reward != nil {
 		q.put(t, schema.QuarantineGraderDisagrees,
 			fmt.Sprintf("graded twice on the same end state: reward %v, then %v", *rec.Reward, *g.Reward), rec.RolloutID)
@@ -140,28 +140,52 @@ func (q *quarantine) observe(t Task, rec *Record, e ending) {
 	if errors.Is(e.err, errBadReward) {
 		q.put(t, schema.QuarantineRewardOutOfRange, e.err.Error(), rec.RolloutID)
 	}
+	if setup != nil {
+		q.put(t, schema.QuarantineSetupFails, setup.evidence, setup.rollouts...)
+	}
+}
+
+// setupVerdict is a task found unfit for its setup by countReset, with the
+// evidence: the tries whose reset failed.
+type setupVerdict struct {
+	evidence string
+	rollouts []string
+}
+
+// countReset counts how a try's reset went, on the worker that ran it, as
+// soon as the try ends: counted when its record had committed, a desktop's
+// pass could be counted after its next reset's failure (commits end in
+// any order), and a flaky fleet looked like a broken task. It returns the
+// verdict when this failure makes the task unfit; the caller quarantines
+// it once the record is durable (observe).
+func (q *quarantine) countReset(t Task, rec *Record, e ending) *setupVerdict {
 	switch {
 	case e.resetFailed && e.desktopFailed:
 		q.mu.Lock()
 		r := q.taskResets(t.ID)
 		r.failed = append(r.failed, rec.RolloutID)
 		ids, passed := slices.Clone(r.failed), r.passed
+		// One verdict per task: the failures after it are no evidence
+		// of more.
+		unfit := !r.unfit && setupUnfit(len(ids), passed, q.setupFails)
+		r.unfit = r.unfit || unfit
 		q.mu.Unlock()
-		if setupUnfit(len(ids), passed, q.setupFails) {
-			q.put(t, schema.QuarantineSetupFails,
-				fmt.Sprintf("its reset failed on %d desktops and passed on %d; the last failure: %v", len(ids), passed, e.err), ids...)
+		if unfit {
+			return &setupVerdict{fmt.Sprintf("its reset failed on %d desktops and passed on %d; the last failure: %v", len(ids), passed, e.err), ids}
 		}
 	case e.started && !e.resetFailed:
 		q.mu.Lock()
 		q.taskResets(t.ID).passed++
 		q.mu.Unlock()
 	}
+	return nil
 }
 
 // taskResets are a task's resets in this batch.
 type taskResets struct {
 	failed []string // rollout ids of the tries whose reset failed the desktop
 	passed int
+	unfit  bool // countReset gave its verdict
 }
 
 // taskResets returns task id's resets, adding them; q.mu is held.

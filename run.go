@@ -228,6 +228,10 @@ func (b *batch) work(ctx context.Context, slot int) {
 // every commit before it ends (commits).
 func (b *batch) record(a *attempt, rec *Record, e ending) {
 	ended := time.Now()
+	var setup *setupVerdict
+	if b.quar != nil {
+		setup = b.quar.countReset(a.g.task, rec, e)
+	}
 	b.commits.Go(func() {
 		off, err := b.store.AppendAt(rec)
 		if h := b.opts.OnCommitted; h != nil {
@@ -240,7 +244,7 @@ func (b *batch) record(a *attempt, rec *Record, e ending) {
 		}
 		b.checkData(rec)
 		if b.quar != nil {
-			b.quar.observe(a.g.task, rec, e)
+			b.quar.observe(a.g.task, rec, e, setup)
 		}
 	})
 }
