@@ -168,7 +168,9 @@ func (q *quarantine) countReset(t Task, rec *Record, e ending) *setupVerdict {
 		// One verdict per task: the failures after it are no evidence
 		// of more.
 		unfit := !r.unfit && setupUnfit(len(ids), passed, q.setupFails)
-		r.unfit = r.unfit || unfit
+		if unfit {
+			r.unfit = true
+		}
 		q.mu.Unlock()
 		if unfit {
 			return &setupVerdict{fmt.Sprintf("its reset failed on %d desktops and passed on %d; the last failure: %v", len(ids), passed, e.err), ids}

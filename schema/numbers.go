@@ -21,47 +21,38 @@ var recordDecoding = jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
 	jsonv2.UnmarshalFromFunc(unmarshalFloat64s),
 ))
 
-func unmarshalInt64s(dec *jsontext.Decoder, v *[]int64) error {
-	if dec.PeekKind() != '[' {
-		return errors.ErrUnsupported
-	}
-	raw, err := dec.ReadValue()
-	if err != nil {
-		return err
-	}
-	out := make([]int64, 0, countElements(raw))
-	ok := eachNumber(raw, func(num []byte) bool {
-		n, ok := parseInt64(num)
-		out = append(out, n)
-		return ok
-	})
-	if !ok {
-		return jsonv2.Unmarshal(raw, v)
-	}
-	*v = out
-	return nil
-}
-
-func unmarshalFloat64s(dec *jsontext.Decoder, v *[]float64) error {
-	if dec.PeekKind() != '[' {
-		return errors.ErrUnsupported
-	}
-	raw, err := dec.ReadValue()
-	if err != nil {
-		return err
-	}
-	out := make([]float64, 0, countElements(raw))
-	ok := eachNumber(raw, func(num []byte) bool {
+var (
+	unmarshalInt64s   = unmarshalNumbers(parseInt64)
+	unmarshalFloat64s = unmarshalNumbers(func(num []byte) (float64, bool) {
 		// string(num) does not allocate: ParseFloat keeps no reference.
 		f, err := strconv.ParseFloat(string(num), 64)
-		out = append(out, f)
-		return err == nil
+		return f, err == nil
 	})
-	if !ok {
-		return jsonv2.Unmarshal(raw, v)
+)
+
+// unmarshalNumbers decodes a JSON array of numbers into a []T with parse,
+// handing anything parse or eachNumber refuses to the default decoding.
+func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool)) func(*jsontext.Decoder, *[]T) error {
+	return func(dec *jsontext.Decoder, v *[]T) error {
+		if dec.PeekKind() != '[' {
+			return errors.ErrUnsupported
+		}
+		raw, err := dec.ReadValue()
+		if err != nil {
+			return err
+		}
+		out := make([]T, 0, countElements(raw))
+		ok := eachNumber(raw, func(num []byte) bool {
+			n, ok := parse(num)
+			out = append(out, n)
+			return ok
+		})
+		if !ok {
+			return jsonv2.Unmarshal(raw, v)
+		}
+		*v = out
+		return nil
 	}
-	*v = out
-	return nil
 }
 
 // countElements returns how many elements the valid JSON array raw holds

@@ -274,30 +274,30 @@ func newPackIndex(dir string, windowed bool) *packIndex {
 // indexed so far (all of them at the first call) hold it; ok is false if
 // not.
 func (x *packIndex) get(sum [32]byte) (_ []byte, ok bool, err error) {
-	x.mu.RLock()
-	loc, ok := x.locs[sum]
-	indexed := x.indexed
-	var scanned int64
-	if ok {
-		scanned = loc.pack.scanned
-	}
-	x.mu.RUnlock()
+	loc, scanned, ok, indexed := x.lookup(sum)
 	if !ok && !indexed {
 		if err := x.refresh(); err != nil {
 			return nil, false, err
 		}
-		x.mu.RLock()
-		loc, ok = x.locs[sum]
-		if ok {
-			scanned = loc.pack.scanned
-		}
-		x.mu.RUnlock()
+		loc, scanned, ok, _ = x.lookup(sum)
 	}
 	if !ok {
 		return nil, false, nil
 	}
 	b, err := x.read(loc, scanned)
 	return b, true, err
+}
+
+// lookup returns where the object hashing to sum is, if indexed, with how
+// far its pack is indexed (scanned); indexed reports whether refresh ran.
+func (x *packIndex) lookup(sum [32]byte) (loc packLoc, scanned int64, ok, indexed bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	loc, ok = x.locs[sum]
+	if ok {
+		scanned = loc.pack.scanned
+	}
+	return loc, scanned, ok, x.indexed
 }
 
 // read returns loc's data from a window of its pack, reading one that

@@ -73,10 +73,11 @@ type bridgeAnswer struct {
 	Metrics    map[string]*string `json:"metrics"`
 	Getters    map[string]*string `json:"getters"`
 	Missing    map[string]string  `json:"missing"`
-	// Inputs are the digests of what the metric was given (inputDigest).
-	Inputs *struct {
-		Result   *string `json:"result"`
-		Expected *string `json:"expected"`
+	// Inputs are the digests of what the metric was given (inputDigest);
+	// null, as for no expected getter, decodes as "".
+	Inputs struct {
+		Result   string `json:"result"`
+		Expected string `json:"expected"`
 	} `json:"inputs"`
 }
 

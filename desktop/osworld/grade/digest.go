@@ -69,10 +69,3 @@ func fileDigest(p, dir string) (sum string, ok bool) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), true
 }
-
-func deref(p *string) string {
-	if p == nil {
-		return ""
-	}
-	return *p
-}

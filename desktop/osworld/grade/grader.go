@@ -373,8 +373,12 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 			via = ViaPython
 		}
 		*runs = append(*runs, desktop.MetricRun{Metric: m.Func, Via: via})
-		s, in, err := g.runMetric(ctx, task.ID, i, m, runners[i], cacheDir)
-		(*runs)[len(*runs)-1].Result, (*runs)[len(*runs)-1].Expected = in.result, in.expected
+		var in inputs
+		s, err := g.runMetric(ctx, task.ID, i, m, runners[i], cacheDir, &in)
+		if err == nil {
+			r := &(*runs)[len(*runs)-1]
+			r.Result, r.Expected = in.result, in.expected
+		}
 		var nr *noResultFile
 		if errors.As(err, &nr) {
 			g.log.Info("grade: result file not found; the metric scores 0", "task", task.ID, "metric", m.Func, "err", err)
@@ -495,15 +499,16 @@ type noResultFile struct{ err error }
 func (e *noResultFile) Error() string { return e.err.Error() }
 func (e *noResultFile) Unwrap() error { return e.err }
 
-// runMetric runs one metric with its getters and returns its score.
-func (g *Grader) runMetric(parent context.Context, taskID string, index int, m Metric, where runner, cacheDir string) (float64, inputs, error) {
+// runMetric runs one metric with its getters and returns its score; in
+// gets the digests of what the metric was given.
+func (g *Grader) runMetric(parent context.Context, taskID string, index int, m Metric, where runner, cacheDir string, in *inputs) (float64, error) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeoutCause(parent, g.timeout, ErrTimeout)
 	defer cancel()
 	env := &nativeEnv{guest: g.cfg.Guest, ports: g.cfg.Env, guestHTTP: g.guestHTTP, cacheDir: cacheDir,
 		client: g.client, now: g.now, downloads: g.download}
 
-	s, in, err := func() (float64, inputs, error) {
+	s, err := func() (float64, error) {
 		// Cloud files are fetched here for the bridge too (Python's getter
 		// then finds them in place): one download path, one HTTP client,
 		// one cache.
@@ -513,17 +518,17 @@ func (g *Grader) runMetric(parent context.Context, taskID string, index int, m M
 			}
 			cfg, err := getterConfig(gt.Getter)
 			if err != nil {
-				return 0, inputs{}, &Error{Op: gt.op(), Err: err}
+				return 0, &Error{Op: gt.op(), Err: err}
 			}
 			if _, err := getCloudFile(ctx, env, cfg); err != nil {
-				return 0, inputs{}, &Error{Op: gt.op(), Err: err}
+				return 0, &Error{Op: gt.op(), Err: err}
 			}
 		}
 		if where == runBridge {
 			deadline, _ := ctx.Deadline()
-			return g.bridgeMetric(parent, time.Until(deadline), m, cacheDir)
+			return g.bridgeMetric(parent, time.Until(deadline), m, cacheDir, in)
 		}
-		return g.nativeMetric(ctx, env, m)
+		return g.nativeMetric(ctx, env, m, in)
 	}()
 	var ge *Error
 	if errors.As(err, &ge) {
@@ -533,14 +538,14 @@ func (g *Grader) runMetric(parent context.Context, taskID string, index int, m M
 		}
 	}
 	if err != nil {
-		return 0, inputs{}, err
+		return 0, err
 	}
 	if !(s >= 0 && s <= 1) {
-		return 0, inputs{}, &Error{TaskID: taskID, Metric: m.Func, Index: index, Op: "metric", Err: fmt.Errorf("score %v outside [0, 1]", s)}
+		return 0, &Error{TaskID: taskID, Metric: m.Func, Index: index, Op: "metric", Err: fmt.Errorf("score %v outside [0, 1]", s)}
 	}
 	g.log.Debug("grade: metric", "task", taskID, "metric", m.Func, "index", index,
 		"runner", where.String(), "score", s, "took", time.Since(began))
-	return s, in, nil
+	return s, nil
 }
 
 // roleGetter is a getter with its role in the metric call.
@@ -571,32 +576,32 @@ func getterConfig(gt Getter) (*pyDict, error) {
 	return d, nil
 }
 
-func (g *Grader) nativeMetric(ctx context.Context, env *nativeEnv, m Metric) (float64, inputs, error) {
+func (g *Grader) nativeMetric(ctx context.Context, env *nativeEnv, m Metric, in *inputs) (float64, error) {
 	values := make([]any, 0, 2)
 	for _, gt := range m.getters() {
 		get, _ := nativeGetterFor(gt.Type)
 		cfg, err := getterConfig(gt.Getter)
 		if err != nil {
-			return 0, inputs{}, &Error{Op: gt.op(), Err: err}
+			return 0, &Error{Op: gt.op(), Err: err}
 		}
 		v, err := get(ctx, env, cfg)
 		if err != nil {
 			err = &Error{Op: gt.op(), Err: err}
 			if gt.role == "result" && errors.Is(err, ErrNoFile) {
-				return 0, inputs{}, &noResultFile{err}
+				return 0, &noResultFile{err}
 			}
-			return 0, inputs{}, err
+			return 0, err
 		}
 		values = append(values, v)
 	}
 	// Before the metric, which may open what the getters fetched.
-	in := inputs{result: inputDigest(values[0], env.cacheDir)}
+	in.result = inputDigest(values[0], env.cacheDir)
 	if len(values) == 2 {
 		in.expected = inputDigest(values[1], env.cacheDir)
 	}
 	opts, err := decodePy(m.Options)
 	if err != nil {
-		return 0, inputs{}, &Error{Op: "metric", Err: fmt.Errorf("options: %w", err)}
+		return 0, &Error{Op: "metric", Err: fmt.Errorf("options: %w", err)}
 	}
 	metric, ok := g.extraMetrics[m.Func]
 	if !ok {
@@ -608,14 +613,14 @@ func (g *Grader) nativeMetric(ctx context.Context, env *nativeEnv, m Metric) (fl
 	}
 	s, err := metric.call(m.Func, values[0], expected, len(values) == 2, opts.(*pyDict))
 	if err != nil {
-		return 0, inputs{}, &Error{Op: "metric", Err: err}
+		return 0, &Error{Op: "metric", Err: err}
 	}
-	return s, in, nil
+	return s, nil
 }
 
 // bridgeMetric runs the metric in the bridge. The bridge enforces the
 // timeout itself, by killing the process.
-func (g *Grader) bridgeMetric(ctx context.Context, timeout time.Duration, m Metric, cacheDir string) (float64, inputs, error) {
+func (g *Grader) bridgeMetric(ctx context.Context, timeout time.Duration, m Metric, cacheDir string, in *inputs) (float64, error) {
 	req := &bridgeRequest{
 		Op:       "grade",
 		Metric:   m.Func,
@@ -635,14 +640,11 @@ func (g *Grader) bridgeMetric(ctx context.Context, timeout time.Duration, m Metr
 	}
 	ans, err := g.pool.do(ctx, req, timeout)
 	if err != nil {
-		return 0, inputs{}, &Error{Op: "bridge", Err: err}
+		return 0, &Error{Op: "bridge", Err: err}
 	}
 	if ans.Score != nil {
-		var in inputs
-		if ans.Inputs != nil {
-			in = inputs{result: deref(ans.Inputs.Result), expected: deref(ans.Inputs.Expected)}
-		}
-		return *ans.Score, in, nil
+		*in = inputs{result: ans.Inputs.Result, expected: ans.Inputs.Expected}
+		return *ans.Score, nil
 	}
 	op := "metric"
 	switch ans.Where {
@@ -655,9 +657,9 @@ func (g *Grader) bridgeMetric(ctx context.Context, timeout time.Duration, m Metr
 	}
 	err = &Error{Op: op, Err: errAnswer(ans)}
 	if ans.Kind == "file_not_found" {
-		return 0, inputs{}, &noResultFile{err}
+		return 0, &noResultFile{err}
 	}
-	return 0, inputs{}, err
+	return 0, err
 }
 
 // emptyDir makes dir an empty directory. It removes what is in it rather
