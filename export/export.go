@@ -579,7 +579,10 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 		}
 		return 1, err
 	}
-	var prev []int64 // the previous step's prompt ids, for PromptPrefix
+	// The previous step's prompt, for PromptPrefix: its ids as chunks, and
+	// the chunks' hashes.
+	var prev [][]int64
+	var prevHashes []string
 	// A step's prompt repeats the messages of the steps before it: each
 	// distinct message of the attempt is encoded once (with images inline
 	// they are too big to keep, and encoded as they are written).
@@ -614,10 +617,9 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 			msg = func(k int) ([]byte, error) { return sw.encode(&msgs[k]) }
 		}
 		if opts.PromptPrefix {
-			whole := tail.promptIDs()
-			n := commonPrefix(prev, whole)
-			tail.PromptPrefixIDs, tail.PromptTokenIDs = n, whole[n:]
-			prev = whole
+			n := commonChunkPrefix(prev, tail.promptChunks, sharedChunks(prevHashes, step.PromptTokenChunks))
+			prev, prevHashes = tail.promptChunks, step.PromptTokenChunks
+			tail.PromptPrefixIDs, tail.promptChunks = n, dropIDs(tail.promptChunks, n)
 		}
 		if err := sw.write(&head, len(step.Request), msg, &tail); err != nil {
 			return lines, err
@@ -778,6 +780,45 @@ func readRun(runDir string, read func(*io.SectionReader) (schema.ReadStats, erro
 		return schema.ReadStats{}, fmt.Errorf("read records: %w", err)
 	}
 	return read(io.NewSectionReader(f, 0, fi.Size()))
+}
+
+// commonChunkPrefix is how many ids the prompts a and b, as chunks, start
+// with alike. Their first skip chunks are the same chunks (equal hashes),
+// which need no comparing.
+func commonChunkPrefix(a, b [][]int64, skip int) int {
+	n := 0
+	for _, c := range b[:skip] {
+		n += len(c)
+	}
+	ai, ao, bi, bo := skip, 0, skip, 0
+	for ai < len(a) && bi < len(b) {
+		switch {
+		case ao == len(a[ai]):
+			ai, ao = ai+1, 0
+		case bo == len(b[bi]):
+			bi, bo = bi+1, 0
+		default:
+			k := min(len(a[ai])-ao, len(b[bi])-bo)
+			m := commonPrefix(a[ai][ao:ao+k], b[bi][bo:bo+k])
+			n += m
+			if m < k {
+				return n
+			}
+			ao, bo = ao+k, bo+k
+		}
+	}
+	return n
+}
+
+// dropIDs returns chunks without their first n ids, sharing their memory.
+func dropIDs(chunks [][]int64, n int) [][]int64 {
+	for i, c := range chunks {
+		if n < len(c) {
+			return append([][]int64{c[n:]}, chunks[i+1:]...)
+		}
+		n -= len(c)
+	}
+	return nil
 }
 
 // commonPrefix is how many ids a and b start with alike.

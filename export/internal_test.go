@@ -3,8 +3,10 @@ package export
 import (
 	"bytes"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -312,4 +314,54 @@ func TestExportReadsRecordsTwicePastBound(t *testing.T) {
 	if errA != nil || errB != nil || len(a) == 0 || !bytes.Equal(a, b) {
 		t.Errorf("export reading records twice differs from one keeping them (%d and %d bytes; %v, %v)", len(a), len(b), errA, errB)
 	}
+}
+
+// TestCommonChunkPrefix: the prefix two chunked prompts share, and the ids
+// after it, are those of the prompts joined, wherever the chunks are cut
+// and however many leading chunks are known to be shared.
+func TestCommonChunkPrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cut := func(ids []int64) [][]int64 {
+		var out [][]int64
+		for len(ids) > 0 {
+			k := rng.IntN(min(len(ids), 6) + 1)
+			out = append(out, ids[:k])
+			ids = ids[k:]
+		}
+		return out
+	}
+	flat := func(chunks [][]int64) []int64 {
+		out := []int64{}
+		for _, c := range chunks {
+			out = append(out, c...)
+		}
+		return out
+	}
+	for range 2000 {
+		shared := make([]int64, rng.IntN(12))
+		for i := range shared {
+			shared[i] = rng.Int64N(3)
+		}
+		head := cut(shared) // the chunks both prompts start with
+		a := append(slices.Clone(head), cut(randIDs(rng, rng.IntN(10)))...)
+		b := append(slices.Clone(head), cut(randIDs(rng, rng.IntN(10)))...)
+		skip := rng.IntN(len(head) + 1)
+		fa, fb := flat(a), flat(b)
+		want := commonPrefix(fa, fb)
+		n := commonChunkPrefix(a, b, skip)
+		if n != want {
+			t.Fatalf("commonChunkPrefix(%v, %v, %d) = %d, want %d", a, b, skip, n, want)
+		}
+		if got := flat(dropIDs(b, n)); !slices.Equal(got, fb[n:]) {
+			t.Fatalf("dropIDs(%v, %d) = %v, want %v", b, n, got, fb[n:])
+		}
+	}
+}
+
+func randIDs(rng *rand.Rand, n int) []int64 {
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = rng.Int64N(3)
+	}
+	return ids
 }

@@ -37,19 +37,9 @@ func appendTail(b []byte, t *sampleTail, enc func(any) ([]byte, error)) ([]byte,
 		b = appendInts(b, t.PromptTokenIDs)
 		b = append(b, ',')
 	case slices.ContainsFunc(t.promptChunks, func(c []int64) bool { return len(c) > 0 }):
-		// The chunks' arrays, joined: [1,2]+[3] → [1,2,3].
-		b = append(b, `"prompt_token_ids":[`...)
-		first := true
-		for _, c := range t.promptChunks {
-			for _, id := range c {
-				if !first {
-					b = append(b, ',')
-				}
-				first = false
-				b = strconv.AppendInt(b, id, 10)
-			}
-		}
-		b = append(b, ']', ',')
+		b = append(b, `"prompt_token_ids":`...)
+		b = schema.AppendTokenIDChunks(b, t.promptChunks)
+		b = append(b, ',')
 	}
 	if err := str(`"response_text":`, t.ResponseText); err != nil {
 		return b, err

@@ -3,7 +3,9 @@ package schema
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"testing"
 )
@@ -186,4 +188,34 @@ func BenchmarkAppendParallel(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
 		})
 	}
+}
+
+// BenchmarkAppendTokenIDs compares AppendTokenIDs with the strconv.AppendInt
+// loop it replaced, on a prompt's worth of ids of a 150k vocabulary.
+func BenchmarkAppendTokenIDs(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids := make([]int64, 6500)
+	for i := range ids {
+		ids[i] = rng.Int64N(151_000)
+	}
+	var buf []byte
+	b.Run("digit-pairs", func(b *testing.B) {
+		for b.Loop() {
+			buf = AppendTokenIDs(buf[:0], ids)
+		}
+		b.SetBytes(int64(len(buf)))
+	})
+	b.Run("strconv", func(b *testing.B) {
+		for b.Loop() {
+			buf = append(buf[:0], '[')
+			for i, id := range ids {
+				if i > 0 {
+					buf = append(buf, ',')
+				}
+				buf = strconv.AppendInt(buf, id, 10)
+			}
+			buf = append(buf, ']')
+		}
+		b.SetBytes(int64(len(buf)))
+	})
 }

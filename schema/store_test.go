@@ -307,3 +307,18 @@ func sorted(s []string) []string {
 	slices.Sort(s)
 	return s
 }
+
+// TestParseHash: a hash is 64 lower-case hex digits, nothing else.
+func TestParseHash(t *testing.T) {
+	sum := sha256.Sum256([]byte("chunk"))
+	good := hex.EncodeToString(sum[:])
+	if got, err := parseHash(good); err != nil || got != sum {
+		t.Errorf("parseHash(%s) = %x, %v; want %x", good, got, err, sum)
+	}
+	for _, bad := range []string{"", good[:63], good + "0", strings.ToUpper(good), good[:10] + "g" + good[11:],
+		good[:63] + "/", "../" + good[3:], good[:20] + "A" + good[21:]} {
+		if _, err := parseHash(bad); !errors.Is(err, ErrBadHash) {
+			t.Errorf("parseHash(%q) = %v, want ErrBadHash", bad, err)
+		}
+	}
+}

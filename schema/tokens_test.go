@@ -377,10 +377,19 @@ func TestTokenIDsClosed(t *testing.T) {
 // older runs' token chunks hold and exports write.
 func TestCanonicalIDs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
+	edges := []int64{0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 151643, 9999999, 10000000, 99999999, 1e8, 1e8 + 1,
+		-1, -10, -99999999, -1e8, math.MaxInt64, math.MinInt64}
 	for n := range 50 {
 		ids := make([]int64, n)
 		for i := range ids {
-			ids[i] = int64(rng.Uint64())
+			switch i % 3 {
+			case 0:
+				ids[i] = int64(rng.Uint64())
+			case 1:
+				ids[i] = rng.Int64N(1 << (rng.IntN(28) + 1)) // up to past 10^8
+			default:
+				ids[i] = edges[rng.IntN(len(edges))]
+			}
 		}
 		want, err := json.Marshal(ids)
 		if err != nil {
@@ -391,6 +400,19 @@ func TestCanonicalIDs(t *testing.T) {
 		}
 		if got := AppendTokenIDs(nil, ids); string(got) != string(want) {
 			t.Errorf("AppendTokenIDs(%v) = %s, want %s", ids, got, want)
+		}
+		// The same ids cut into chunks, some empty, join into the same
+		// array, after bytes already in the buffer.
+		var chunks [][]int64
+		for rest := ids; ; {
+			k := rng.IntN(min(len(rest), 5) + 1)
+			chunks = append(chunks, rest[:k])
+			if rest = rest[k:]; len(rest) == 0 && rng.IntN(2) == 0 {
+				break
+			}
+		}
+		if got := AppendTokenIDChunks([]byte("x"), chunks); string(got) != "x"+string(want) {
+			t.Errorf("AppendTokenIDChunks(%v) = %s, want x%s", chunks, got, want)
 		}
 	}
 }
