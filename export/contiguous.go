@@ -3,6 +3,7 @@ package export
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"legato/rl/schema"
 )
@@ -42,16 +43,32 @@ var ErrNotContiguous = errors.New("the attempt's prompts are not one growing tok
 // an evicted screenshot or a reply re-tokenized differently breaks it, and
 // the error names the step.
 func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence, error) {
-	if len(rec.Steps) == 0 {
-		return nil, fmt.Errorf("rollout %s: no steps", rec.RolloutID)
-	}
 	seq := &Sequence{}
+	if err := fillSequence(seq, store, rec); err != nil {
+		return nil, err
+	}
+	return seq, nil
+}
+
+// fillSequence builds rec's sequence in seq, reusing the memory of seq's
+// slices: an export builds one per attempt on each worker, three arrays as
+// long as the attempt's last prompt, and allocating them anew was a tenth
+// of its CPU with the collection they cost.
+func fillSequence(seq *Sequence, store *schema.MessageStore, rec *schema.Record) error {
+	if len(rec.Steps) == 0 {
+		return fmt.Errorf("rollout %s: no steps", rec.RolloutID)
+	}
+	n := 0
 	if last := &rec.Steps[len(rec.Steps)-1]; last.PromptTokenCount > 0 {
-		// The sequence is the last prompt and its reply: allocate once.
-		n := last.PromptTokenCount + len(last.Response.TokenIDs)
-		seq.TokenIDs = make([]int64, 0, n)
-		seq.LossMask = make([]int, 0, n)
-		seq.Logprobs = make([]float64, 0, n)
+		// The sequence is the last prompt and its reply: grow once.
+		n = last.PromptTokenCount + len(last.Response.TokenIDs)
+	}
+	*seq = Sequence{
+		TokenIDs:       slices.Grow(seq.TokenIDs[:0], n),
+		LossMask:       slices.Grow(seq.LossMask[:0], n),
+		Logprobs:       slices.Grow(seq.Logprobs[:0], n),
+		StepStarts:     seq.StepStarts[:0],
+		PolicyVersions: seq.PolicyVersions[:0],
 	}
 	allLogprobs := true
 	var prevChunks []string // the step before's chunk hashes
@@ -59,22 +76,22 @@ func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence,
 		st := &rec.Steps[i]
 		r := &st.Response
 		if !r.TokenIDsSource.Exact() || len(r.TokenIDs) == 0 {
-			return nil, fmt.Errorf("rollout %s step %d: no exact generated token ids (token_ids_source %q): a sequence needs them; check the server with legato rl probe", rec.RolloutID, i, r.TokenIDsSource)
+			return fmt.Errorf("rollout %s step %d: no exact generated token ids (token_ids_source %q): a sequence needs them; check the server with legato rl probe", rec.RolloutID, i, r.TokenIDsSource)
 		}
 		if st.LogprobDefect() != "" || (r.Logprobs != nil && len(r.Logprobs) != len(r.TokenIDs)) {
-			return nil, fmt.Errorf("rollout %s step %d: logprobs not one per generated id (%s)", rec.RolloutID, i, st.LogprobDefect())
+			return fmt.Errorf("rollout %s step %d: logprobs not one per generated id (%s)", rec.RolloutID, i, st.LogprobDefect())
 		}
 		chunks, n, err := store.PromptTokenIDChunks(*st)
 		if err != nil {
-			return nil, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
+			return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("rollout %s step %d: the server returned no prompt token ids, which a sequence is made of (vLLM and SGLang return them with return_token_ids)", rec.RolloutID, i)
+			return fmt.Errorf("rollout %s step %d: the server returned no prompt token ids, which a sequence is made of (vLLM and SGLang return them with return_token_ids)", rec.RolloutID, i)
 		}
 		if i == 0 {
 			seq.PromptLength = n
 		} else if at := departure(chunks, n, sharedChunks(prevChunks, st.PromptTokenChunks), seq.TokenIDs); at >= 0 {
-			return nil, fmt.Errorf("rollout %s step %d: %w: its prompt departs from the previous prompt and reply at token %d of %d (an evicted screenshot, reasoning the template leaves out of the history, or a reply re-tokenized differently)",
+			return fmt.Errorf("rollout %s step %d: %w: its prompt departs from the previous prompt and reply at token %d of %d (an evicted screenshot, reasoning the template leaves out of the history, or a reply re-tokenized differently)",
 				rec.RolloutID, i, ErrNotContiguous, at, len(seq.TokenIDs))
 		}
 		prevChunks = st.PromptTokenChunks
@@ -102,7 +119,7 @@ func AttemptSequence(store *schema.MessageStore, rec *schema.Record) (*Sequence,
 		// probability 1: none at all rather than some made up.
 		seq.Logprobs = nil
 	}
-	return seq, nil
+	return nil
 }
 
 // sharedChunks is how many leading chunk hashes of a step's prompt are the

@@ -568,12 +568,11 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
 	adv, _ := groups.advantage(rec.GroupID, rec.RolloutID)
 	if opts.Contiguous {
-		seq, err := AttemptSequence(store, rec)
-		if err != nil {
+		if err := fillSequence(&sw.seq, store, rec); err != nil {
 			return 0, err
 		}
 		sw.tail, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
-			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: *seq}, sw.encode)
+			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq}, sw.encode)
 		if err == nil {
 			_, err = sw.w.Write(append(sw.tail, '\n'))
 		}
@@ -705,7 +704,8 @@ type sampleWriter struct {
 	w       io.Writer
 	scratch bytes.Buffer
 	enc     *json.Encoder
-	tail    []byte // the tail's JSON, reused from line to line
+	tail    []byte   // the tail's JSON, reused from line to line
+	seq     Sequence // a contiguous sample's sequence, reused likewise
 	// msgJSON holds the JSON of the messages of the attempt being
 	// written, by hash.
 	msgJSON map[string][]byte
