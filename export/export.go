@@ -446,7 +446,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 	}
 	type job struct {
 		rec   *schema.Record
-		buf   bytes.Buffer
+		buf   *bytes.Buffer
 		lines int
 		err   error
 		done  chan struct{} // closed once buf or err is set
@@ -455,6 +455,11 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 	// queue holds the records in the file's order, for the writer; its
 	// size bounds how far the reader and the workers run ahead of it.
 	queue := make(chan *job, 2*max(workers, 1))
+	// free holds the buffers of written jobs for the next ones: a record's
+	// samples are hundreds of KB, and growing a new buffer for each was a
+	// tenth of a per-step export's CPU. No more jobs than the queue holds
+	// and the workers work on are alive at once.
+	free := make(chan *bytes.Buffer, cap(queue)+workers)
 	jobs := make(chan *job, max(workers, 1))
 	send := func(ch chan<- *job, j *job) error {
 		select {
@@ -499,6 +504,12 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 				}
 			}
 			j := &job{rec: &rec, done: make(chan struct{})}
+			select {
+			case j.buf = <-free:
+				j.buf.Reset()
+			default:
+				j.buf = new(bytes.Buffer)
+			}
 			if err := send(queue, j); err != nil || workers == 0 {
 				return err
 			}
@@ -519,7 +530,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 		g.Go(func() error {
 			sw := newSampleWriter(nil)
 			for j := range jobs {
-				sw.w = &j.buf
+				sw.w = j.buf
 				j.lines, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
 				close(j.done)
 			}
@@ -548,6 +559,10 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 				}
 				if _, err := w.Write(j.buf.Bytes()); err != nil {
 					return err
+				}
+				select {
+				case free <- j.buf:
+				default:
 				}
 				st.Lines += j.lines
 			}
