@@ -265,7 +265,10 @@ type sampleTail struct {
 	// promptChunks, when set, are the prompt's ids as the store's chunks
 	// (PromptTokenIDs is then nil): appendTail writes them one after the
 	// other, without first copying the prompt into one slice.
-	promptChunks      [][]int64
+	promptChunks [][]int64
+	// logprobsText, when set, is ResponseLogprobs as the record's line
+	// holds them (schema.RecordText), which appendTail copies.
+	logprobsText      []byte
 	ResponseText      string               `json:"response_text"`
 	ResponseReasoning string               `json:"response_reasoning"`
 	ResponseTokenIDs  []int64              `json:"response_token_ids"`
@@ -335,12 +338,18 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
 		// A file that fits keepRecordsBytes is decoded once: the first
 		// pass keeps its records for the second (kept not nil).
-		var kept []schema.Record
+		var kept []keptRecord
 		keep := r.Size() <= keepRecordsBytes
-		if keep {
-			kept = []schema.Record{}
+		read := func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
+			return schema.ReadRecordLines(r, func(rec schema.Record, line int) error { return fn(rec, nil, line) })
 		}
-		rs, err := schema.ReadRecordLines(r, func(rec schema.Record, line int) error {
+		if keep {
+			kept = []keptRecord{}
+			read = func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
+				return schema.ReadRecordsText(r, fn)
+			}
+		}
+		rs, err := read(func(rec schema.Record, text *schema.RecordText, line int) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -368,7 +377,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 				st.MissingReward++
 			}
 			if keep {
-				kept = append(kept, rec)
+				kept = append(kept, keptRecord{rec, text})
 			}
 			return nil
 		})
@@ -430,6 +439,13 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	return st, nil
 }
 
+// keptRecord is a record the first pass of an export keeps for the second,
+// with its text.
+type keptRecord struct {
+	rec  schema.Record
+	text *schema.RecordText
+}
+
 // writeSamples is the second pass of an export; records take their
 // regraded reward where regraded has one. A reader goroutine takes the
 // records the first pass kept, or parses them from r again when it kept
@@ -439,13 +455,14 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 // writes the buffers in the records' order. With inline images a record's
 // samples are too big to hold (a prompt's screenshots are tens of MB per
 // line): the writer encodes them itself, straight to w.
-func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.Writer, store *schema.MessageStore, groups *groupTable, regraded map[string]float64, opts Options, st *Stats) error {
+func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writer, store *schema.MessageStore, groups *groupTable, regraded map[string]float64, opts Options, st *Stats) error {
 	workers := runtime.GOMAXPROCS(0)
 	if opts.InlineImages {
 		workers = 0
 	}
 	type job struct {
 		rec   *schema.Record
+		text  *schema.RecordText
 		buf   *bytes.Buffer
 		lines int
 		err   error
@@ -473,7 +490,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 		defer close(queue)
 		defer close(jobs)
 		seen := make(map[string]struct{})
-		each := func(rec schema.Record) error {
+		each := func(rec schema.Record, text *schema.RecordText) error {
 			if reward, ok := regraded[rec.RolloutID]; ok && rec.Status.Finished() && rec.Reward != nil {
 				rec.Reward = &reward
 			}
@@ -503,7 +520,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 					}
 				}
 			}
-			j := &job{rec: &rec, done: make(chan struct{})}
+			j := &job{rec: &rec, text: text, done: make(chan struct{})}
 			select {
 			case j.buf = <-free:
 				j.buf.Reset()
@@ -516,11 +533,11 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 			return send(jobs, j)
 		}
 		if kept == nil {
-			_, err := schema.ReadRecords(r, each)
+			_, err := schema.ReadRecordsText(r, func(rec schema.Record, text *schema.RecordText, _ int) error { return each(rec, text) })
 			return err
 		}
-		for _, rec := range kept {
-			if err := each(rec); err != nil {
+		for _, k := range kept {
+			if err := each(k.rec, k.text); err != nil {
 				return err
 			}
 		}
@@ -531,7 +548,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 			sw := newSampleWriter(nil)
 			for j := range jobs {
 				sw.w = j.buf
-				j.lines, j.err = writeRecord(ctx, j.rec, sw, store, groups, opts)
+				j.lines, j.err = writeRecord(ctx, j.rec, j.text, sw, store, groups, opts)
 				close(j.done)
 			}
 			return nil
@@ -543,7 +560,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 		defer func() { st.Groups = len(exported) }()
 		for j := range queue {
 			if workers == 0 {
-				lines, err := writeRecord(ctx, j.rec, sw, store, groups, opts)
+				lines, err := writeRecord(ctx, j.rec, j.text, sw, store, groups, opts)
 				st.Lines += lines
 				if err != nil {
 					return err
@@ -576,7 +593,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []schema.Record, w io.W
 
 // writeRecord writes the samples of rec with sw and returns how many it
 // wrote.
-func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, store *schema.MessageStore, groups *groupTable, opts Options) (lines int, err error) {
+func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordText, sw *sampleWriter, store *schema.MessageStore, groups *groupTable, opts Options) (lines int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -586,8 +603,19 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 		if err := fillSequence(&sw.seq, store, rec); err != nil {
 			return 0, err
 		}
+		sw.texts = sw.texts[:0]
+		if sw.seq.Logprobs != nil && copyLogprobText {
+			for i := range rec.Steps {
+				t := text.Logprobs(rec, i)
+				if t == nil {
+					sw.texts = sw.texts[:0]
+					break
+				}
+				sw.texts = append(sw.texts, stepText{t, len(rec.Steps[i].Response.Logprobs)})
+			}
+		}
 		sw.tail, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
-			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq}, sw.encode)
+			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq}, sw.texts, sw.encode)
 		if err == nil {
 			_, err = sw.w.Write(append(sw.tail, '\n'))
 		}
@@ -606,6 +634,9 @@ func writeRecord(ctx context.Context, rec *schema.Record, sw *sampleWriter, stor
 		head, tail, err := stepHeadTail(store, rec, i, adv)
 		if err != nil {
 			return lines, err
+		}
+		if tail.ResponseLogprobs != nil && copyLogprobText {
+			tail.logprobsText = text.Logprobs(rec, i)
 		}
 		msg := func(k int) ([]byte, error) {
 			b, ok := sw.msgJSON[step.Request[k]]
@@ -685,6 +716,10 @@ func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv flo
 	return head, tail, nil
 }
 
+// copyLogprobText lets the writers copy logprobs from the records' text
+// (schema.RecordText); a test turns it off to compare.
+var copyLogprobText = true
+
 // RecordSamples returns the samples export writes for rec, one per step,
 // with advantage adv; rec must be graded (a reward). Images stay
 // references unless inline. A service hands them to a trainer one group
@@ -719,8 +754,9 @@ type sampleWriter struct {
 	w       io.Writer
 	scratch bytes.Buffer
 	enc     *json.Encoder
-	tail    []byte   // the tail's JSON, reused from line to line
-	seq     Sequence // a contiguous sample's sequence, reused likewise
+	tail    []byte     // the tail's JSON, reused from line to line
+	seq     Sequence   // a contiguous sample's sequence, reused likewise
+	texts   []stepText // the text of its steps' logprobs, likewise
 	// msgJSON holds the JSON of the messages of the attempt being
 	// written, by hash.
 	msgJSON map[string][]byte

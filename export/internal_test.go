@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"legato/rl/internal/benchrun"
 	"legato/rl/schema"
 )
 
@@ -364,4 +365,57 @@ func randIDs(rng *rand.Rand, n int) []int64 {
 		ids[i] = rng.Int64N(3)
 	}
 	return ids
+}
+
+// TestCopiedLogprobsAsFormatted: an export copying logprobs from the
+// records' text writes the bytes it writes formatting them, in every
+// shape, with the records kept or read twice, on a generated run (every
+// step's text copied) and on the fixture run (logprobs null, missing and
+// mismatched).
+func TestCopiedLogprobsAsFormatted(t *testing.T) {
+	gen := filepath.Join(t.TempDir(), "gen")
+	if _, err := benchrun.Generate(gen, benchrun.Run{Rollouts: 16, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+		t.Fatal(err)
+	}
+	texts := 0
+	if _, err := schema.ReadRunRecordsText(gen, func(rec schema.Record, text *schema.RecordText, _ int) error {
+		for i := range rec.Steps {
+			if text.Logprobs(&rec, i) != nil {
+				texts++
+			}
+		}
+		return nil
+	}); err != nil || texts != 16*3 {
+		t.Fatalf("%d of %d steps with their logprobs' text: %v", texts, 16*3, err)
+	}
+	loose := Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}
+	defer func(b int64) { keepRecordsBytes = b }(keepRecordsBytes)
+	defer func() { copyLogprobText = true }()
+	for _, tc := range []struct {
+		run  string
+		opts Options
+	}{
+		{gen, Options{}}, {gen, Options{PromptPrefix: true}}, {gen, Options{Contiguous: true}},
+		{"testdata/run", loose}, {"testdata/run", Options{PromptPrefix: true, AllowMissingLogprobs: true, AllowBadLogprobs: true}},
+	} {
+		for _, keep := range []int64{256 << 20, 0} {
+			keepRecordsBytes = keep
+			var outs [2][]byte
+			for i, copyText := range []bool{true, false} {
+				copyLogprobText = copyText
+				out := filepath.Join(t.TempDir(), "out.jsonl")
+				if _, err := ExportSteps(tc.run, out, tc.opts); err != nil {
+					t.Fatalf("%s %+v: %v", tc.run, tc.opts, err)
+				}
+				var err error
+				if outs[i], err = os.ReadFile(out); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(outs[0]) == 0 || !bytes.Equal(outs[0], outs[1]) {
+				t.Errorf("%s %+v, keeping records %v: copying logprobs wrote %d bytes, formatting them %d, not the same",
+					tc.run, tc.opts, keep > 0, len(outs[0]), len(outs[1]))
+			}
+		}
+	}
 }

@@ -51,7 +51,11 @@ func appendTail(b []byte, t *sampleTail, enc func(any) ([]byte, error)) ([]byte,
 	b = appendInts(b, t.ResponseTokenIDs)
 	b = append(b, `,"response_logprobs":`...)
 	var ok bool
-	if b, ok = appendFloats(b, t.ResponseLogprobs); !ok {
+	if t.logprobsText != nil {
+		b = append(b, '[')
+		b = append(b, t.logprobsText...)
+		b = append(b, ']')
+	} else if b, ok = appendFloats(b, t.ResponseLogprobs); !ok {
 		// NaN or ±Inf: encoding/json's error says which.
 		_, err := enc(t.ResponseLogprobs)
 		return b, err
@@ -133,7 +137,7 @@ func appendFloat(b []byte, f float64) (_ []byte, ok bool) {
 // arrays appended directly: a contiguous sample is three arrays as long as
 // the attempt's sequence. The strings go through enc. TestAppendAttemptSample
 // holds it to encoding/json.
-func appendAttemptSample(b []byte, s *AttemptSample, enc func(any) ([]byte, error)) ([]byte, error) {
+func appendAttemptSample(b []byte, s *AttemptSample, texts []stepText, enc func(any) ([]byte, error)) ([]byte, error) {
 	var err error
 	str := func(name string, v any) {
 		if err != nil {
@@ -175,7 +179,9 @@ func appendAttemptSample(b []byte, s *AttemptSample, enc func(any) ([]byte, erro
 	b = appendInts32(b, s.LossMask)
 	b = append(b, `,"logprobs":`...)
 	var ok bool
-	if b, ok = appendFloats(b, s.Logprobs); !ok {
+	if len(texts) > 0 && len(texts) == len(s.StepStarts) && s.Logprobs != nil {
+		b = appendSequenceLogprobs(b, len(s.Logprobs), s.StepStarts, texts)
+	} else if b, ok = appendFloats(b, s.Logprobs); !ok {
 		_, err := enc(s.Logprobs)
 		return b, err
 	}
@@ -204,5 +210,38 @@ func appendInts32(b []byte, ints []int) []byte {
 		}
 		b = strconv.AppendInt(b, int64(v), 10)
 	}
+	return append(b, ']')
+}
+
+// stepText is the text of one step's logprobs (schema.RecordText) and how
+// many numbers it holds.
+type stepText struct {
+	text []byte
+	n    int
+}
+
+// appendSequenceLogprobs appends the logprobs of a sequence of n tokens
+// whose step i generated texts[i].n tokens from starts[i]: zeros, with
+// each step's logprobs copied from its text, as appendFloats writes them.
+func appendSequenceLogprobs(b []byte, n int, starts []int, texts []stepText) []byte {
+	b = append(b, '[')
+	at := 0
+	zeros := func(to int) {
+		for ; at < to; at++ {
+			if at > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '0')
+		}
+	}
+	for i, t := range texts {
+		zeros(starts[i])
+		if at > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, t.text...)
+		at += t.n
+	}
+	zeros(n)
 	return append(b, ']')
 }

@@ -133,13 +133,13 @@ func TestAppendAttemptSample(t *testing.T) {
 		samples = append(samples, s)
 	}
 	for i := range samples {
-		got, err := appendAttemptSample(nil, &samples[i], sw.encode)
+		got, err := appendAttemptSample(nil, &samples[i], nil, sw.encode)
 		if w := want(&samples[i]); err != nil || !bytes.Equal(got, w) {
 			t.Errorf("sample %d:\n got %s (%v)\nwant %s", i, got, err, w)
 		}
 	}
 	for _, bad := range []AttemptSample{{Reward: math.NaN()}, {Advantage: math.Inf(1)}, {Sequence: Sequence{Logprobs: []float64{math.Inf(-1)}}}} {
-		if _, err := appendAttemptSample(nil, &bad, sw.encode); err == nil {
+		if _, err := appendAttemptSample(nil, &bad, nil, sw.encode); err == nil {
 			t.Errorf("%+v: no error; encoding/json refuses it", bad)
 		}
 	}

@@ -22,17 +22,21 @@ var recordDecoding = jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
 ))
 
 var (
-	unmarshalInt64s   = unmarshalNumbers(parseInt64)
-	unmarshalFloat64s = unmarshalNumbers(func(num []byte) (float64, bool) {
-		// string(num) does not allocate: ParseFloat keeps no reference.
-		f, err := strconv.ParseFloat(string(num), 64)
-		return f, err == nil
-	})
+	unmarshalInt64s   = unmarshalNumbers(parseInt64, nil)
+	unmarshalFloat64s = unmarshalNumbers(parseFloat64, nil)
 )
+
+func parseFloat64(num []byte) (float64, bool) {
+	// string(num) does not allocate: ParseFloat keeps no reference.
+	f, err := strconv.ParseFloat(string(num), 64)
+	return f, err == nil
+}
 
 // unmarshalNumbers decodes a JSON array of numbers into a []T with parse,
 // handing anything parse or eachNumber refuses to the default decoding.
-func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool)) func(*jsontext.Decoder, *[]T) error {
+// keep, when set, is given each array decoded here without whitespace and
+// the text between its brackets.
+func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep func(v []T, inner []byte)) func(*jsontext.Decoder, *[]T) error {
 	return func(dec *jsontext.Decoder, v *[]T) error {
 		if dec.PeekKind() != '[' {
 			return errors.ErrUnsupported
@@ -41,7 +45,8 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool)) func(
 		if err != nil {
 			return err
 		}
-		out := make([]T, 0, countElements(raw))
+		count, plain := countElements(raw)
+		out := make([]T, 0, count)
 		ok := eachNumber(raw, func(num []byte) bool {
 			n, ok := parse(num)
 			out = append(out, n)
@@ -51,28 +56,84 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool)) func(
 			return jsonv2.Unmarshal(raw, v)
 		}
 		*v = out
+		if keep != nil && plain && len(out) > 0 {
+			keep(out, raw[1:len(raw)-1])
+		}
 		return nil
 	}
 }
 
+// A RecordText holds the text of a record's logprobs as its line holds
+// them, for a writer to copy instead of formatting each number again:
+// formatting them was a tenth of an export's CPU, and a real server's
+// logprobs have 17 digits. ReadRecordsText gives one with each record.
+type RecordText struct {
+	arena []byte // the arrays' texts, one after the other
+	spans []textSpan
+}
+
+// textSpan is where the text of one array is in the arena, and the slice
+// decoded from it.
+type textSpan struct {
+	first      *float64
+	n          int
+	start, end int
+}
+
+// keep records the text of the array decoded into v.
+func (t *RecordText) keep(v []float64, inner []byte) {
+	start := len(t.arena)
+	t.arena = append(t.arena, inner...)
+	t.spans = append(t.spans, textSpan{first: &v[0], n: len(v), start: start, end: len(t.arena)})
+}
+
+// Logprobs returns the text of the logprobs of rec's step i: the numbers
+// as the record's line holds them, separated by commas, without brackets
+// or whitespace, each parsing to its value in Logprobs. It is nil when
+// the line held them otherwise (a null, whitespace, an empty array), when
+// t is nil, and when the step's Logprobs is not the slice read with t (a
+// caller replaced it). Numbers written by legato are in encoding/json's
+// format, which is what a writer formatting the values writes.
+func (t *RecordText) Logprobs(rec *Record, i int) []byte {
+	if t == nil || i < 0 || i >= len(rec.Steps) {
+		return nil
+	}
+	lp := rec.Steps[i].Response.Logprobs
+	if len(lp) == 0 {
+		return nil
+	}
+	match := func(sp textSpan) bool { return sp.first == &lp[0] && sp.n == len(lp) }
+	if i < len(t.spans) && match(t.spans[i]) { // in the line's order, usually
+		return t.arena[t.spans[i].start:t.spans[i].end:t.spans[i].end]
+	}
+	for _, sp := range t.spans {
+		if match(sp) {
+			return t.arena[sp.start:sp.end:sp.end]
+		}
+	}
+	return nil
+}
+
 // countElements returns how many elements the valid JSON array raw holds
 // when they are numbers or null (commas + 1), an upper bound on the
-// values eachNumber gives otherwise.
-func countElements(raw []byte) int {
-	n, empty := 0, true
+// values eachNumber gives otherwise, and whether raw has no whitespace.
+func countElements(raw []byte) (n int, plain bool) {
+	empty := true
+	plain = true
 	for _, c := range raw[1 : len(raw)-1] {
 		switch c {
 		case ',':
 			n++
 		case ' ', '\t', '\r', '\n':
+			plain = false
 		default:
 			empty = false
 		}
 	}
 	if empty {
-		return 0
+		return 0, plain
 	}
-	return n + 1
+	return n + 1, plain
 }
 
 // eachNumber calls fn with each element of the valid JSON array raw while

@@ -3,10 +3,12 @@ package schema
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -94,6 +96,13 @@ func TestParseRecordAgrees(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("line %d (-encoding/json +parseRecord):\n%s", i, diff)
 		}
+		got, _, err = parseRecordText(line)
+		if err != nil {
+			t.Fatalf("line %d: parseRecordText: %v", i, err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("line %d (-encoding/json +parseRecordText):\n%s", i, diff)
+		}
 	}
 	if every.Env == nil || every.Steps[0].Response.TokenIDs == nil {
 		t.Fatal("fill left fields empty")
@@ -152,5 +161,101 @@ func TestNumberArrays(t *testing.T) {
 				t.Errorf("%s: element %d is %v, encoding/json's %v", text, i, got.F[i], want.F[i])
 			}
 		}
+	}
+}
+
+// TestRecordText: the text a record keeps of each step's logprobs is what
+// encoding/json writes for them (what export would format) and parses to
+// their values, for records read in parallel batches; there is none for
+// logprobs held otherwise (null elements, whitespace, empty, absent) or
+// replaced after reading.
+func TestRecordText(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var lines bytes.Buffer
+	var want [][][]float64 // per record, per step: the logprobs written
+	for r := range 300 {
+		rec := fullRecord(fmt.Sprintf("r-%d", r))
+		rec.Steps = nil
+		var steps [][]float64
+		for range rng.IntN(6) + 1 {
+			var lps []float64
+			switch rng.IntN(5) {
+			case 0: // none
+			case 1:
+				lps = []float64{}
+			default:
+				for range rng.IntN(30) + 1 {
+					lps = append(lps, -rng.ExpFloat64()*math.Pow(10, float64(rng.IntN(30)-25)))
+				}
+			}
+			steps = append(steps, lps)
+			rec.Steps = append(rec.Steps, Step{Response: Response{Content: "x", TokenIDs: make([]int64, len(lps)), Logprobs: lps}})
+		}
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines.Write(b)
+		lines.WriteByte('\n')
+		want = append(want, steps)
+	}
+	n := 0
+	texts := 0
+	_, err := ReadRecordsText(&lines, func(rec Record, text *RecordText, line int) error {
+		steps := want[line-1]
+		for i, lps := range steps {
+			got := text.Logprobs(&rec, i)
+			if len(lps) == 0 {
+				if got != nil {
+					t.Errorf("line %d step %d: text %q for logprobs %v", line, i, got, lps)
+				}
+				continue
+			}
+			texts++
+			canon, err := json.Marshal(lps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(canon[1:len(canon)-1]) {
+				t.Errorf("line %d step %d: text %q, want %s", line, i, got, canon)
+			}
+			var back []float64
+			if err := json.Unmarshal([]byte("["+string(got)+"]"), &back); err != nil || !slices.Equal(back, rec.Steps[i].Response.Logprobs) {
+				t.Errorf("line %d step %d: text %q parses to %v (%v), logprobs %v", line, i, got, back, err, rec.Steps[i].Response.Logprobs)
+			}
+		}
+		n++
+		return nil
+	})
+	if err != nil || n != len(want) || texts == 0 {
+		t.Fatalf("read %d of %d records, %d texts: %v", n, len(want), texts, err)
+	}
+
+	held := func(lps string) (Record, *RecordText) {
+		t.Helper()
+		rec, text, err := parseRecordText([]byte(`{"schema":"` + Version + `","steps":[{"response":{"logprobs":` + lps + `}}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec, text
+	}
+	for _, lps := range []string{`[-0.5, -1]`, "[-0.5,\n-1]", `[-0.5,null]`, `[]`, `null`} {
+		if rec, text := held(lps); text.Logprobs(&rec, 0) != nil {
+			t.Errorf("logprobs %s: text %q, want none", lps, text.Logprobs(&rec, 0))
+		}
+	}
+	rec, text := held(`[-0.5,-1e-7]`)
+	if got := text.Logprobs(&rec, 0); string(got) != "-0.5,-1e-7" {
+		t.Errorf("text %q, want -0.5,-1e-7", got)
+	}
+	if got := text.Logprobs(&rec, 1); got != nil {
+		t.Errorf("text of a step past the record's: %q", got)
+	}
+	if got := (*RecordText)(nil).Logprobs(&rec, 0); got != nil {
+		t.Errorf("nil RecordText: text %q", got)
+	}
+	rec.Steps[0].Response.Logprobs = slices.Clone(rec.Steps[0].Response.Logprobs)
+	if got := text.Logprobs(&rec, 0); got != nil {
+		t.Errorf("logprobs replaced after reading: text %q, want none", got)
 	}
 }

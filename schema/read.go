@@ -75,6 +75,22 @@ func ReadRecordLines(r io.Reader, fn func(rec Record, line int) error) (ReadStat
 	return readRecords(r, func(rec Record, line int, _ int64) error { return fn(rec, line) }, MaxRecordBytes)
 }
 
+// ReadRecordsText is ReadRecordLines giving fn each record's RecordText
+// too, which holds the text of its logprobs for a writer to copy.
+func ReadRecordsText(r io.Reader, fn func(rec Record, text *RecordText, line int) error) (ReadStats, error) {
+	return readRecordsText(r, true, func(rec Record, t *RecordText, line int, _ int64) error { return fn(rec, t, line) }, MaxRecordBytes)
+}
+
+// ReadRunRecordsText reads dir/rollouts.jsonl with ReadRecordsText.
+func ReadRunRecordsText(dir string, fn func(rec Record, text *RecordText, line int) error) (ReadStats, error) {
+	f, err := os.Open(filepath.Join(dir, RecordsFile))
+	if err != nil {
+		return ReadStats{}, fmt.Errorf("read records: %w", err)
+	}
+	defer f.Close()
+	return ReadRecordsText(f, fn)
+}
+
 // ReadRunRecordsAt reads dir/rollouts.jsonl like ReadRunRecordLines,
 // passing each record's byte offset too, for ReadRecordAt.
 func ReadRunRecordsAt(dir string, fn func(rec Record, line int, off int64) error) (ReadStats, error) {
@@ -161,16 +177,24 @@ type readBatch struct {
 	data  []byte
 	lines []batchLine
 	recs  []Record
+	texts []*RecordText // with the records, when the reader asked
 	errs  []error
 	err   error // the read error met after these lines
 	done  chan struct{}
 }
 
-func (b *readBatch) parse() {
+func (b *readBatch) parse(text bool) {
 	b.recs = make([]Record, len(b.lines))
 	b.errs = make([]error, len(b.lines))
+	if text {
+		b.texts = make([]*RecordText, len(b.lines))
+	}
 	for i, ln := range b.lines {
-		if ln.kind == lineRecord {
+		switch {
+		case ln.kind != lineRecord:
+		case text:
+			b.recs[i], b.texts[i], b.errs[i] = parseRecordText(b.data[ln.start:ln.end])
+		default:
 			b.recs[i], b.errs[i] = parseRecord(b.data[ln.start:ln.end])
 		}
 	}
@@ -183,6 +207,12 @@ func (b *readBatch) parse() {
 // order, as one pass would make it. Parsing is most of reading a run, so
 // an export, a summary or a resume reads at the speed of every core.
 func readRecords(r io.Reader, fn func(Record, int, int64) error, maxLine int) (st ReadStats, err error) {
+	return readRecordsText(r, false, func(rec Record, _ *RecordText, line int, off int64) error { return fn(rec, line, off) }, maxLine)
+}
+
+// readRecordsText is readRecords giving fn each record's text too, when
+// text is set (nil otherwise).
+func readRecordsText(r io.Reader, text bool, fn func(Record, *RecordText, int, int64) error, maxLine int) (st ReadStats, err error) {
 	workers := runtime.GOMAXPROCS(0)
 	order := make(chan *readBatch, 2*workers)
 	work := make(chan *readBatch, 2*workers)
@@ -196,7 +226,7 @@ func readRecords(r io.Reader, fn func(Record, int, int64) error, maxLine int) (s
 	for range workers {
 		wg.Go(func() {
 			for b := range work {
-				b.parse()
+				b.parse(text)
 			}
 		})
 	}
@@ -233,7 +263,11 @@ func readRecords(r io.Reader, fn func(Record, int, int64) error, maxLine int) (s
 				}
 				st.TornTail = false
 				st.Records++
-				if err := fn(b.recs[i], st.Lines, at.Offset); err != nil {
+				var t *RecordText
+				if text {
+					t, b.texts[i] = b.texts[i], nil
+				}
+				if err := fn(b.recs[i], t, st.Lines, at.Offset); err != nil {
 					return st, err
 				}
 				b.recs[i] = Record{} // let fn's copy be the only one
@@ -332,8 +366,26 @@ func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, stop <
 // (TestParseRecordAgrees); v2 is stricter only with what legato never
 // writes (names in another case, a name twice, invalid UTF-8).
 func parseRecord(line []byte) (Record, error) {
+	return parseRecordWith(line, recordDecoding)
+}
+
+// parseRecordText is parseRecord keeping the text of the record's
+// logprobs.
+func parseRecordText(line []byte) (Record, *RecordText, error) {
+	t := &RecordText{}
+	rec, err := parseRecordWith(line, jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
+		jsonv2.UnmarshalFromFunc(unmarshalInt64s),
+		jsonv2.UnmarshalFromFunc(unmarshalNumbers(parseFloat64, t.keep)),
+	)))
+	if err != nil {
+		return Record{}, nil, err
+	}
+	return rec, t, nil
+}
+
+func parseRecordWith(line []byte, decoding jsonv2.Options) (Record, error) {
 	var rec Record
-	if err := jsonv2.Unmarshal(line, &rec, recordDecoding); err != nil {
+	if err := jsonv2.Unmarshal(line, &rec, decoding); err != nil {
 		return Record{}, err
 	}
 	switch rec.Schema {
