@@ -72,6 +72,7 @@ func fillSequence(seq *Sequence, store *schema.MessageStore, rec *schema.Record)
 	}
 	allLogprobs := true
 	var prevChunks []string // the step before's chunk hashes
+	var prevIDs [][]int64   // and its ids, as chunks
 	for i := range rec.Steps {
 		st := &rec.Steps[i]
 		r := &st.Response
@@ -81,7 +82,11 @@ func fillSequence(seq *Sequence, store *schema.MessageStore, rec *schema.Record)
 		if st.LogprobDefect() != "" || (r.Logprobs != nil && len(r.Logprobs) != len(r.TokenIDs)) {
 			return fmt.Errorf("rollout %s step %d: logprobs not one per generated id (%s)", rec.RolloutID, i, st.LogprobDefect())
 		}
-		chunks, n, err := store.PromptTokenIDChunks(*st)
+		var prevStep schema.Step
+		if i > 0 {
+			prevStep = rec.Steps[i-1]
+		}
+		chunks, n, err := store.PromptTokenIDChunksAfter(*st, prevStep, prevIDs)
 		if err != nil {
 			return fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 		}
@@ -94,7 +99,7 @@ func fillSequence(seq *Sequence, store *schema.MessageStore, rec *schema.Record)
 			return fmt.Errorf("rollout %s step %d: %w: its prompt departs from the previous prompt and reply at token %d of %d (an evicted screenshot, reasoning the template leaves out of the history, or a reply re-tokenized differently)",
 				rec.RolloutID, i, ErrNotContiguous, at, len(seq.TokenIDs))
 		}
-		prevChunks = st.PromptTokenChunks
+		prevChunks, prevIDs = st.PromptTokenChunks, chunks
 		// What the environment added since the last reply: context, not
 		// trained on.
 		added := n - len(seq.TokenIDs)

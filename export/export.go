@@ -621,17 +621,14 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 		}
 		return 1, err
 	}
-	// The previous step's prompt, for PromptPrefix: its ids as chunks, and
-	// the chunks' hashes.
-	var prev [][]int64
-	var prevHashes []string
+	var prev [][]int64 // the previous step's prompt ids, as chunks
 	// A step's prompt repeats the messages of the steps before it: each
 	// distinct message of the attempt is encoded once (with images inline
 	// they are too big to keep, and encoded as they are written).
 	clear(sw.msgJSON)
 	for i := range rec.Steps {
 		step := &rec.Steps[i]
-		head, tail, err := stepHeadTail(store, rec, i, adv)
+		head, tail, err := stepHeadTail(store, rec, i, adv, prev)
 		if err != nil {
 			return lines, err
 		}
@@ -661,11 +658,12 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 			}
 			msg = func(k int) ([]byte, error) { return sw.encode(&msgs[k]) }
 		}
-		if opts.PromptPrefix {
-			n := commonChunkPrefix(prev, tail.promptChunks, sharedChunks(prevHashes, step.PromptTokenChunks))
-			prev, prevHashes = tail.promptChunks, step.PromptTokenChunks
-			tail.PromptPrefixIDs, tail.promptChunks = n, dropIDs(tail.promptChunks, n)
+		whole := tail.promptChunks
+		if opts.PromptPrefix && i > 0 {
+			n := commonChunkPrefix(prev, whole, sharedChunks(rec.Steps[i-1].PromptTokenChunks, step.PromptTokenChunks))
+			tail.PromptPrefixIDs, tail.promptChunks = n, dropIDs(whole, n)
 		}
+		prev = whole
 		if err := sw.write(&head, len(step.Request), msg, &tail); err != nil {
 			return lines, err
 		}
@@ -681,16 +679,21 @@ func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float
 	if err != nil {
 		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
-	head, tail, err := stepHeadTail(store, rec, i, adv)
+	head, tail, err := stepHeadTail(store, rec, i, adv, nil)
 	return head, msgs, tail, err
 }
 
 // stepHeadTail loads the fields of step i's sample before and after its
-// messages. Logprobs with a defect are left out and the defect named in
-// its warnings: only an export with AllowBadLogprobs gets that far.
-func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv float64) (sampleHead, sampleTail, error) {
+// messages; prev is the prompt of step i-1 as chunks, nil for none.
+// Logprobs with a defect are left out and the defect named in its
+// warnings: only an export with AllowBadLogprobs gets that far.
+func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv float64, prev [][]int64) (sampleHead, sampleTail, error) {
 	step := &rec.Steps[i]
-	promptChunks, _, err := store.PromptTokenIDChunks(*step)
+	var prevStep schema.Step
+	if i > 0 {
+		prevStep = rec.Steps[i-1]
+	}
+	promptChunks, _, err := store.PromptTokenIDChunksAfter(*step, prevStep, prev)
 	if err != nil {
 		return sampleHead{}, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}

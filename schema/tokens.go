@@ -349,6 +349,16 @@ func (s *MessageStore) PromptTokenIDs(step Step) ([]int64, error) {
 // slices are shared with the store's cache and must not be modified: a
 // writer appending them saves copying each prompt into one slice first.
 func (s *MessageStore) PromptTokenIDChunks(step Step) ([][]int64, int, error) {
+	return s.PromptTokenIDChunksAfter(step, Step{}, nil)
+}
+
+// PromptTokenIDChunksAfter is PromptTokenIDChunks for a step whose prompt
+// starts with chunks of the prompt of prev, an earlier step, as
+// PromptTokenIDChunks returned them (prevChunks): those shared leading
+// chunks (equal hashes) come from prevChunks, not the store. A writer
+// going through an attempt's steps loads each chunk once this way, not
+// once per step that holds it.
+func (s *MessageStore) PromptTokenIDChunksAfter(step, prev Step, prevChunks [][]int64) ([][]int64, int, error) {
 	if len(step.PromptTokenChunks) == 0 {
 		return nil, 0, nil
 	}
@@ -360,6 +370,16 @@ func (s *MessageStore) PromptTokenIDChunks(step Step) ([][]int64, int, error) {
 	out := make([][]int64, 0, len(step.PromptTokenChunks))
 	n := 0
 	for i, h := range step.PromptTokenChunks {
+		last, prevLast := i == len(step.PromptTokenChunks)-1, i == len(prev.PromptTokenChunks)-1
+		if i < len(prevChunks) && i < len(prev.PromptTokenChunks) && prev.PromptTokenChunks[i] == h && (last || !prevLast) {
+			// The same chunk at the same place after the same chunks:
+			// checked as this one would be where prev loaded it (a last
+			// chunk is checked less).
+			out = append(out, prevChunks[i])
+			n += len(prevChunks[i])
+			continue
+		}
+		prevChunks = nil // past the shared ones
 		c, err := s.tokenChunk(h)
 		if err != nil {
 			return nil, 0, fmt.Errorf("load prompt token ids: chunk %d: %w", i, err)

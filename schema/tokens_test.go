@@ -442,3 +442,76 @@ func TestParseCanonicalIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestPromptTokenIDChunksAfter: an attempt's steps loaded each after the
+// one before give what loading each alone gives, taking the chunks they
+// share with it from the caller (not the store); a chunk shared but
+// checked less before (an older run's short last chunk, now in the middle)
+// is still refused.
+func TestPromptTokenIDChunksAfter(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	w := r.NewTokenWriter()
+	prompt := promptIDs(TokenChunk+100, 5)
+	var steps []Step
+	for k := range 6 {
+		if k == 4 {
+			prompt = append(slices.Clone(prompt[:50]), prompt[60:]...) // changes early
+		}
+		chunks, err := w.Put(prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps = append(steps, Step{PromptTokenChunks: chunks, PromptTokenCount: len(prompt)})
+		prompt = append(prompt, promptIDs(300+k, uint64(k))...)
+	}
+	// An older run's JSON chunks: a short last chunk, then in the middle.
+	full, short := promptIDs(TokenChunk, 9), promptIDs(10, 10)
+	a, b := putRawChunk(t, dir, AppendTokenIDs(nil, full)), putRawChunk(t, dir, AppendTokenIDs(nil, short))
+	c := putRawChunk(t, dir, AppendTokenIDs(nil, []int64{1, 2}))
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenMessageStore(dir, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var prev Step
+	var prevChunks [][]int64
+	reused := 0
+	for i, st := range steps {
+		want, wantN, err := s.PromptTokenIDChunks(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, n, err := s.PromptTokenIDChunksAfter(st, prev, prevChunks)
+		if err != nil || n != wantN || !cmp.Equal(got, want) {
+			t.Fatalf("step %d: %d ids (%v), want %d as loaded alone", i, n, err, wantN)
+		}
+		for k := range min(len(got), len(prevChunks)) {
+			if len(got[k]) > 0 && &got[k][0] == &prevChunks[k][0] {
+				reused++
+			}
+		}
+		prev, prevChunks = st, got
+	}
+	if reused == 0 {
+		t.Error("no chunk taken from the step before")
+	}
+	// The shared chunk comes from the caller.
+	mine := [][]int64{slices.Repeat([]int64{7}, len(prevChunks[0]))}
+	got, _, err := s.PromptTokenIDChunksAfter(prev, prev, mine)
+	if err != nil || got[0][0] != 7 {
+		t.Errorf("a shared chunk not taken from the caller: %v", err)
+	}
+	old := Step{PromptTokenChunks: []string{a, b}}
+	oldChunks, _, err := s.PromptTokenIDChunks(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := Step{PromptTokenChunks: []string{a, b, c}}
+	if _, _, err := s.PromptTokenIDChunksAfter(next, old, oldChunks); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a short JSON chunk in the middle, shared with a step it ended: %v, want ErrCorrupt", err)
+	}
+}
