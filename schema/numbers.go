@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"strconv"
@@ -34,9 +35,9 @@ func parseFloat64(num []byte) (float64, bool) {
 
 // unmarshalNumbers decodes a JSON array of numbers into a []T with parse,
 // handing anything parse or eachNumber refuses to the default decoding.
-// keep, when set, is given each array decoded here without whitespace and
-// the text between its brackets.
-func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep func(v []T, inner []byte)) func(*jsontext.Decoder, *[]T) error {
+// keep, when set, is given each array decoded here without whitespace, its
+// text and the input offset just past it.
+func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep func(v []T, raw []byte, end int64)) func(*jsontext.Decoder, *[]T) error {
 	return func(dec *jsontext.Decoder, v *[]T) error {
 		if dec.PeekKind() != '[' {
 			return errors.ErrUnsupported
@@ -57,7 +58,7 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep 
 		}
 		*v = out
 		if keep != nil && plain && len(out) > 0 {
-			keep(out, raw[1:len(raw)-1])
+			keep(out, raw, dec.InputOffset())
 		}
 		return nil
 	}
@@ -68,23 +69,47 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep 
 // formatting them was a tenth of an export's CPU, and a real server's
 // logprobs have 17 digits. ReadRecordsText gives one with each record.
 type RecordText struct {
-	arena []byte // the arrays' texts, one after the other
+	line  []byte // the record's line, which the texts are slices of
 	spans []textSpan
 }
 
-// textSpan is where the text of one array is in the arena, and the slice
+// textSpan is the text of one array, between its brackets, and the slice
 // decoded from it.
 type textSpan struct {
-	first      *float64
-	n          int
-	start, end int
+	first *float64
+	n     int
+	text  []byte
 }
 
-// keep records the text of the array decoded into v.
-func (t *RecordText) keep(v []float64, inner []byte) {
-	start := len(t.arena)
-	t.arena = append(t.arena, inner...)
-	t.spans = append(t.spans, textSpan{first: &v[0], n: len(v), start: start, end: len(t.arena)})
+// keep records the text of the array decoded into v, raw, which ends at
+// offset end of the input. The decoder hands out slices of its input when
+// the input is a []byte (the line): the text is then the line's until own
+// copies the texts.
+func (t *RecordText) keep(v []float64, raw []byte, end int64) {
+	var text []byte
+	if start := int(end) - len(raw); start >= 0 && int(end) <= len(t.line) && &t.line[start] == &raw[0] {
+		text = t.line[start+1 : end-1 : end-1]
+	} else {
+		text = bytes.Clone(raw[1 : len(raw)-1])
+	}
+	t.spans = append(t.spans, textSpan{first: &v[0], n: len(v), text: text})
+}
+
+// own copies the texts into memory of t's own, allocated once at their
+// size: slices of the line would keep its whole batch of lines (a MiB)
+// as long as an export keeps the record.
+func (t *RecordText) own() {
+	n := 0
+	for _, sp := range t.spans {
+		n += len(sp.text)
+	}
+	arena := make([]byte, 0, n)
+	for i := range t.spans {
+		start := len(arena)
+		arena = append(arena, t.spans[i].text...)
+		t.spans[i].text = arena[start:len(arena):len(arena)]
+	}
+	t.line = nil
 }
 
 // Logprobs returns the text of the logprobs of rec's step i: the numbers
@@ -104,11 +129,11 @@ func (t *RecordText) Logprobs(rec *Record, i int) []byte {
 	}
 	match := func(sp textSpan) bool { return sp.first == &lp[0] && sp.n == len(lp) }
 	if i < len(t.spans) && match(t.spans[i]) { // in the line's order, usually
-		return t.arena[t.spans[i].start:t.spans[i].end:t.spans[i].end]
+		return t.spans[i].text
 	}
 	for _, sp := range t.spans {
 		if match(sp) {
-			return t.arena[sp.start:sp.end:sp.end]
+			return sp.text
 		}
 	}
 	return nil

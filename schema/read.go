@@ -291,7 +291,8 @@ func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, stop <
 	var off int64
 	// Each batch's data is allocated once at its bound: grown line by
 	// line, it was copied as it doubled, a third of an export's reading.
-	// The first is small, for the many reads of short files.
+	// The first is small, for the many reads of short files. A batch's
+	// data is never reused: a RecordText holds slices of it.
 	size := 64 << 10
 	newBatch := func() *readBatch {
 		b := &readBatch{data: make([]byte, 0, size), done: make(chan struct{})}
@@ -372,7 +373,7 @@ func parseRecord(line []byte) (Record, error) {
 // parseRecordText is parseRecord keeping the text of the record's
 // logprobs.
 func parseRecordText(line []byte) (Record, *RecordText, error) {
-	t := &RecordText{}
+	t := &RecordText{line: line}
 	rec, err := parseRecordWith(line, jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
 		jsonv2.UnmarshalFromFunc(unmarshalInt64s),
 		jsonv2.UnmarshalFromFunc(unmarshalNumbers(parseFloat64, t.keep)),
@@ -380,6 +381,7 @@ func parseRecordText(line []byte) (Record, *RecordText, error) {
 	if err != nil {
 		return Record{}, nil, err
 	}
+	t.own()
 	return rec, t, nil
 }
 
