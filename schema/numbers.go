@@ -66,10 +66,11 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep 
 
 // A RecordText holds the text of a record's logprobs as its line holds
 // them, for a writer to copy instead of formatting each number again:
-// formatting them was a tenth of an export's CPU, and a real server's
-// logprobs have 17 digits. ReadRecordsText gives one with each record.
+// formatting them was a tenth of an export's CPU, with numbers shorter
+// than a real server's (up to 17 significant digits). ReadRecordsText
+// gives one with each record.
 type RecordText struct {
-	line  []byte // the record's line, which the texts are slices of
+	line  []byte // the record's line while it is parsed (see keep, own)
 	spans []textSpan
 }
 

@@ -291,8 +291,7 @@ func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, stop <
 	var off int64
 	// Each batch's data is allocated once at its bound: grown line by
 	// line, it was copied as it doubled, a third of an export's reading.
-	// The first is small, for the many reads of short files. A batch's
-	// data is never reused: a RecordText holds slices of it.
+	// The first is small, for the many reads of short files.
 	size := 64 << 10
 	newBatch := func() *readBatch {
 		b := &readBatch{data: make([]byte, 0, size), done: make(chan struct{})}
