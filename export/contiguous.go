@@ -71,8 +71,7 @@ func fillSequence(seq *Sequence, store *schema.MessageStore, rec *schema.Record)
 		PolicyVersions: seq.PolicyVersions[:0],
 	}
 	allLogprobs := true
-	var prevChunks []string // the step before's chunk hashes
-	var prevIDs [][]int64   // and its ids, as chunks
+	var prevIDs [][]int64 // the step before's prompt ids, as chunks
 	for i := range rec.Steps {
 		st := &rec.Steps[i]
 		r := &st.Response
@@ -95,11 +94,11 @@ func fillSequence(seq *Sequence, store *schema.MessageStore, rec *schema.Record)
 		}
 		if i == 0 {
 			seq.PromptLength = n
-		} else if at := departure(chunks, n, sharedChunks(prevChunks, st.PromptTokenChunks), seq.TokenIDs); at >= 0 {
+		} else if at := departure(chunks, n, sharedChunks(prevStep.PromptTokenChunks, st.PromptTokenChunks), seq.TokenIDs); at >= 0 {
 			return fmt.Errorf("rollout %s step %d: %w: its prompt departs from the previous prompt and reply at token %d of %d (an evicted screenshot, reasoning the template leaves out of the history, or a reply re-tokenized differently)",
 				rec.RolloutID, i, ErrNotContiguous, at, len(seq.TokenIDs))
 		}
-		prevChunks, prevIDs = st.PromptTokenChunks, chunks
+		prevIDs = chunks
 		// What the environment added since the last reply: context, not
 		// trained on.
 		added := n - len(seq.TokenIDs)

@@ -282,7 +282,9 @@ const digitPairs = "0001020304050607080910111213141516171819" +
 	"8081828384858687888990919293949596979899"
 
 // putSmall writes the decimal digits of u < 10^8 at b[n:], which has room,
-// and returns the index after them.
+// and returns the index after them. Counting the digits first lets them go
+// straight to their places: writing them into a scratch array and copying
+// that took 1.4 to 1.8 times as long (BenchmarkAppendTokenIDs).
 func putSmall(b []byte, n int, u uint32) int {
 	digits := 1
 	switch {
