@@ -27,7 +27,7 @@ const (
 	TokensDir    = "tokens"         // tokens/pack-<n>: packed zstd chunks of prompt token ids (older runs: tokens/<sha256>)
 	ServiceFile  = "service.jsonl"  // a service's journal: its groups, policy changes and stream
 	RegradeFile  = "regrades.jsonl" // one Regrade per line: kept end states graded again
-	EndStatesDir = "end-states"     // end-states/: the fake backend's kept end states
+	EndStatesDir = "end-states"     // end-states/: kept end states (a file or directory each)
 )
 
 // MaxRecordBytes bounds one line of rollouts.jsonl. A 15-step record with

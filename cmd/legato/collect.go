@@ -103,7 +103,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	f.ow.Register(fs)
 	fs.Var(&fraction{p: &f.opts.GradeTwice, bare: 1}, "grade-twice", "grade this fraction of end states a second time (getters and metric, no postconfig), 0 to 1 (bare: every one); a task whose grader gives another reward is quarantined")
 	fs.StringVar(&f.opts.Quarantine, "quarantine", "", "task quarantine file shared across batches: tasks it holds are skipped (named in the summary); tasks this batch finds unfit go into it and into the run's quarantine.json")
-	fs.BoolVar(&f.opts.KeepEndStates, "keep-end-states", false, "keep every attempt's end state before its grade, so legato rl regrade can grade it again later (fake backend: in DIR/end-states)")
+	fs.BoolVar(&f.opts.KeepEndStates, "keep-end-states", false, "keep every attempt's end state before its grade, so legato rl regrade can grade it again later, in DIR/end-states (osworld backend: root and VMs on this machine; the guest RAM and disk changes, tens of MB per attempt)")
 	fs.Var(byteSize64{&f.opts.EndStateBytes}, "end-states-max", "bound on the space of kept end states; the oldest are dropped past it (`size`: bytes, or with KiB, MiB, GiB; default 100GiB)")
 	intVar(fs, &f.opts.QuarantineSetupFails, "quarantine-setup-fails", rl.DefaultQuarantineSetupFails, 1, 1000, "desktops a task's reset must fail on before it is quarantined (and on more than half of its resets)")
 	fs.StringVar(&f.backend, "backend", "fake", "desktops: fake (no VMs) or osworld (libvirt VMs)")
@@ -273,8 +273,17 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		}
 		f.opts.NewDesktop = fake.NewFleet(cfg).New
 	case "osworld":
-		if f.opts.KeepEndStates {
-			return cleanup, nil, usageErrorf("--keep-end-states: the osworld backend cannot keep end states yet (the fake backend can); leave it out")
+		if f.opts.KeepEndStates || f.endStatesIn != "" {
+			if len(f.ow.cfg.Guests) > 0 {
+				return cleanup, nil, usageErrorf("--keep-end-states: guests given by --guest-url cannot keep end states (a kept state is a VM's RAM and disk): run VMs (--image)")
+			}
+			if os.Geteuid() != 0 {
+				return cleanup, nil, usageErrorf("--keep-end-states: the osworld backend keeps end states as root only (it reads libvirt's QEMU command line and runs the clones that bring states back): run legato as root or leave it out")
+			}
+			f.ow.cfg.EndStates = filepath.Join(f.out, schema.EndStatesDir)
+			if f.endStatesIn != "" {
+				f.ow.cfg.EndStates = filepath.Join(f.endStatesIn, schema.EndStatesDir)
+			}
 		}
 		pool, err := f.ow.Pool(ctx, log)
 		if err != nil {

@@ -63,7 +63,8 @@ func TestRegradeCLI(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"rl", "regrade", plain, "--fake-speed", "none"},
-		{"rl", "collect", "--out", plain, "--backend", "osworld", "--keep-end-states", "--tasks", "x.json"},
+		// A guest given by URL has no VM to keep.
+		{"rl", "collect", "--out", plain, "--backend", "osworld", "--guest-url", "http://127.0.0.1:1", "--keep-end-states", "--tasks", "x.json"},
 	} {
 		err := run(t.Context(), args, &stdout, &stderr)
 		var u *usageError

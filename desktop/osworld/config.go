@@ -226,6 +226,13 @@ type Config struct {
 	// (pycache), shared by every desktop and kept across runs (default:
 	// DefaultCacheDir()).
 	CacheDir string
+	// EndStates is where desktops keep attempts' end states
+	// (desktop.EndStateKeeper) and bring them back to grade them again:
+	// a directory on disk per state, the guest's whole RAM in QEMU's
+	// migration stream (zstd) and its disk's changes as a qcow2 layer. It
+	// needs what Golden.Fork needs: root and VMs on this machine. Empty
+	// means desktops keep none.
+	EndStates string
 	// ClientPassword is the guest user's password, for the {CLIENT_PASSWORD}
 	// placeholder of setup steps and for sudo (default "password", as in
 	// OSWorld's images). It never appears in logs or errors.
@@ -630,6 +637,9 @@ func (c Config) Validate() error {
 	}
 	if c.Golden.Fork && !c.vmMode() {
 		add("Golden.Fork (--golden-fork) forks VMs this process starts; guests given by URL cannot fork: drop it or run VMs")
+	}
+	if c.EndStates != "" && !c.vmMode() {
+		add("EndStates (--keep-end-states): guests given by URL cannot keep end states (a kept state is a VM's RAM and disk): drop it or run VMs")
 	}
 	for _, id := range c.Golden.Refuse {
 		if strings.TrimSpace(id) == "" {

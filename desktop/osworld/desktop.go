@@ -53,8 +53,10 @@ type ResetReport struct {
 
 // Desktop is one OSWorld guest, driven through its guest server: a VM this
 // process started (see VMDesktop) or a guest that runs elsewhere. It
-// implements desktop.Desktop, desktop.ReadyWaiter and desktop.Regrader. Its methods follow the contract of package
-// desktop: no two run at once, except Close.
+// implements desktop.Desktop, desktop.ReadyWaiter and desktop.Regrader, and on a
+// VM with Config.EndStates desktop.EndStateKeeper and desktop.EndStateGrader.
+// Its methods follow the contract of package desktop: no two run at once,
+// except Close.
 type Desktop struct {
 	name   string
 	cfg    Config

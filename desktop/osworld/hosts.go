@@ -191,6 +191,17 @@ func (p *Pool) prepareHost(ctx context.Context, ph *poolHost, leftBy string) err
 			// Not the host's fault: its VMs run all the same.
 			p.log.Warn("could not remove every fork template left behind; legato rl gc --fork-dir removes them", "dir", p.cfg.VM.ForkDir, "err", ferr)
 		}
+		if p.cfg.EndStates != "" {
+			// Kept end states cut off half-written (ours are locked
+			// while they are written).
+			kept, kerr := vm.SweepKept(p.cfg.EndStates)
+			for _, k := range kept {
+				p.log.Warn("removed an end state left half-written by "+leftBy, "dir", k)
+			}
+			if kerr != nil {
+				p.log.Warn("could not remove every half-written end state", "dir", p.cfg.EndStates, "err", kerr)
+			}
+		}
 	}
 	return err
 }

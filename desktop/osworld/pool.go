@@ -355,8 +355,9 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	}
 	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel, dial: dial}
 	vcfg := p.cfg.VM
-	// Only a VM on this machine can give fork templates.
-	vcfg.Fork = p.cfg.Golden.Fork && !p.cfg.Golden.Off && !ph.h.Remote()
+	// Only a VM on this machine can give fork templates, or keep end
+	// states (both read QEMU's command line, and a clone runs on it).
+	vcfg.Fork = (p.cfg.Golden.Fork && !p.cfg.Golden.Off || p.cfg.EndStates != "") && !ph.h.Remote()
 	vcfg.Ready = prep.ready
 	vcfg.BootTimeout = p.cfg.BootTimeout
 	v, err := vm.StartOn(sctx, ph.h, vcfg, slot)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -129,7 +130,7 @@ func (t *Template) Fork(ctx context.Context) (*Clone, error) {
 	}
 	t.mu.Unlock()
 	if c != nil {
-		err := c.load(ctx, t.state)
+		err := c.load(ctx)
 		if err == nil {
 			return c, nil
 		}
@@ -145,7 +146,7 @@ func (t *Template) Fork(ctx context.Context) (*Clone, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.load(ctx, t.state); err != nil {
+	if err := c.load(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("clone %s: %w", c.name, err), c.Close())
 	}
 	return c, nil
@@ -275,13 +276,22 @@ func (c *Clone) startQEMU(ctx context.Context, overlay string) error {
 // netdevArg is the -netdev value of legato's user network with forwards.
 func netdevArg(fs []forward) string { return domainSpec{Forwards: fs}.NetdevArg() }
 
-// load feeds the device state to the waiting QEMU and resumes the guest.
-func (c *Clone) load(ctx context.Context, state []byte) error {
+// load feeds the template's state to the waiting QEMU and resumes the
+// guest.
+func (c *Clone) load(ctx context.Context) error {
 	t0 := time.Now()
 	mon := func(ctx context.Context, cmd string, args, out any) error { return c.mon.run(ctx, cmd, args, out) }
-	if err := setIgnoreShared(ctx, mon, true); err != nil {
+	// A template's state leaves the shared RAM out; a kept state's
+	// stream holds it, and QEMU reads it only with the capability as the
+	// sender had it.
+	if err := setIgnoreShared(ctx, mon, c.t.kept == ""); err != nil {
 		return err
 	}
+	state, err := c.t.openState()
+	if err != nil {
+		return err
+	}
+	defer state.Close()
 	sock := filepath.Join(c.dir, "in.sock")
 	if err := mon(ctx, "migrate-incoming", map[string]any{"uri": "unix:" + sock}, nil); err != nil {
 		return err
@@ -293,7 +303,7 @@ func (c *Clone) load(ctx context.Context, state []byte) error {
 	}
 	// A QEMU that stops reading must not hold the caller past ctx.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	_, err = conn.Write(state)
+	_, err = io.Copy(conn, readerCtx{ctx, state})
 	stop()
 	conn.Close()
 	if err != nil {

@@ -70,6 +70,15 @@ type Template struct {
 	ramSum  [32]byte
 	ramStat ramStat // the RAM file as copied: a changed one is never forked
 	state   []byte  // QEMU's device state, kept in memory
+	// base is the base image's volume under the disk layer, ramBytes
+	// the guest RAM's size: what a clone's kept state records.
+	base     string
+	ramBytes int64
+	// kept is the directory of the kept state the template loads
+	// (LoadKept): its clones load the whole stream, RAM and all, whose
+	// hash must be keptSum.
+	kept    string
+	keptSum string
 	cfg     Config
 	log     *slog.Logger
 	lock    *os.File // flocked while this process owns the directory
@@ -143,6 +152,7 @@ func (v *VM) Template(ctx context.Context) (*Template, error) {
 	if err != nil {
 		return nil, v.fail("template", err)
 	}
+	t.base, t.ramBytes = v.images[RoleBase], int64(v.cfg.MemoryMiB)<<20
 	if err := t.capture(ctx, v, p); err != nil {
 		t.Close()
 		return nil, v.fail("template", err)

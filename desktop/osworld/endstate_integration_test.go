@@ -1,0 +1,139 @@
+//go:build integration
+
+package osworld
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
+)
+
+// TestIntegrationEndStates keeps the end states of attempts on the test
+// guest, one in the VM and one in a clone of the task's golden state, and
+// grades them again without the agent: as the task is, each gets its
+// recorded reward; after the task's expected value changes, the new one.
+// Dropped states go with their files.
+func TestIntegrationEndStates(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("keeping end states needs root")
+	}
+	cfg := itConfig(t, "legato-itosw-endst-")
+	cfg.Golden = GoldenConfig{Max: 2, Fork: true}
+	cfg.VM.ForkDir = "/dev/shm/legato-itosw-endst"
+	out := t.TempDir()
+	cfg.EndStates = filepath.Join(out, schema.EndStatesDir)
+	ctx := t.Context()
+	p, all := itPool(t, cfg, filepath.Join("testdata", "tasks", "guest_tasks.json"))
+	var task desktop.Task
+	for _, tk := range all {
+		if tk.ID == "legato-term-echo" {
+			task = tk
+		}
+	}
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
+	defer srv.Close()
+
+	start := time.Now()
+	// One desktop, two attempts: the first takes the golden state and
+	// its template and runs in the VM, the second in a clone.
+	if _, err := rl.Collect(ctx, []desktop.Task{task}, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-endstates"}, rl.CollectOptions{
+		Out: out, NewDesktop: p.New, Desktops: 1, Group: 2, MaxSteps: 4, EnvRetries: -1, KeepEndStates: true, Logger: cfg.Logger,
+	}); err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	collectS := time.Since(start).Seconds()
+	var refs []string
+	forked := 0
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		if r.EndState == nil || r.EndState.Ref == "" || r.Reward == nil || *r.Reward != 1 {
+			t.Errorf("%s: end state %+v, reward %s: want a kept state and reward 1", r.RolloutID, r.EndState, fmtReward(r.Reward))
+			return nil
+		}
+		if r.Env != nil && r.Env.Reset == string(ResetGoldenFork) {
+			forked++
+		}
+		refs = append(refs, r.EndState.Ref)
+		t.Logf("%s: kept %s, %d MiB on disk", r.RolloutID, r.EndState.Ref, r.EndState.Bytes>>20)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(refs) != 2 {
+		t.Fatalf("%d attempts kept end states, want 2", len(refs))
+	}
+	if forked == 0 {
+		t.Error("no attempt ran in a clone of the golden state: a clone's keep was not tested")
+	}
+
+	// As the task is, each state grades as it did: here on a desktop of
+	// the test's (a fresh VM), which brings the state back in a clone.
+	// Slot 1: Regrade's desktop below takes slot 0, and a pool closes a
+	// slot's desktop when it makes another.
+	d, err := p.New(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	g := d.(desktop.EndStateGrader)
+	for _, ref := range refs {
+		t0 := time.Now()
+		r, err := g.GradeEndState(ctx, ref, task, desktop.Action{})
+		if err != nil || r != 1 {
+			t.Errorf("end state %s graded as the task is: %v, %v; want 1", ref, r, err)
+		}
+		t.Logf("end state %s brought back and graded in %.1f s", ref, time.Since(t0).Seconds())
+	}
+	// The desktop serves attempts again after: its VM took its ports back.
+	if err := d.Reset(ctx, task); err != nil {
+		t.Fatalf("Reset after grading kept end states: %v", err)
+	}
+	if r, err := d.Evaluate(ctx, task); err != nil || r != 0 {
+		t.Errorf("a fresh attempt graded %v, %v; want 0 (nothing done)", r, err)
+	}
+
+	// The expected value changes: regrade gives the same end states the
+	// new reward, beside the recorded one.
+	changed := task
+	changed.Evaluator = bytes.ReplaceAll(task.Evaluator, []byte(`"hello legato"`), []byte(`"goodbye legato"`))
+	if bytes.Equal(changed.Evaluator, task.Evaluator) {
+		t.Fatal("the task's expected value did not change")
+	}
+	t0 := time.Now()
+	rep, err := rl.Regrade(ctx, out, rl.RegradeOptions{NewDesktop: p.New, Tasks: []desktop.Task{changed}, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatalf("Regrade: %v", err)
+	}
+	t.Logf("regraded %d end states in %.1f s, a desktop's start included (collect took %.1f s for them)", len(rep.Regrades), time.Since(t0).Seconds(), collectS)
+	if rep.Changed != 2 {
+		t.Errorf("%d rewards changed after the expected value did, want 2", rep.Changed)
+	}
+	for _, r := range rep.Regrades {
+		if r.Regraded == nil || *r.Regraded != 0 || r.Reward == nil || *r.Reward != 1 {
+			t.Errorf("%s regraded with the changed task: %s (recorded %s), error %q; want 0 beside 1", r.RolloutID, fmtReward(r.Regraded), fmtReward(r.Reward), r.Error)
+		}
+	}
+
+	// Dropping a state removes its directory; grading it then says it is
+	// gone.
+	k := d.(desktop.EndStateKeeper)
+	if err := k.DropEndState(ctx, refs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.EndStates, refs[0])); err == nil {
+		t.Errorf("end state %s still on disk after DropEndState", refs[0])
+	}
+	if _, err := g.GradeEndState(ctx, refs[0], task, desktop.Action{}); !errors.Is(err, desktop.ErrNoEndState) {
+		t.Errorf("grading a dropped end state: %v, want ErrNoEndState", err)
+	}
+	if err := k.DropEndState(ctx, "../../etc"); err == nil {
+		t.Error("DropEndState took a name that is not an end state's")
+	}
+}

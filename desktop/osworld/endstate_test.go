@@ -1,0 +1,46 @@
+package osworld
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"legato/rl/desktop"
+)
+
+// TestEndStateDir: only an osworld end state's name maps to a directory,
+// inside Config.EndStates; a desktop without a VM or a directory keeps
+// none.
+func TestEndStateDir(t *testing.T) {
+	root := t.TempDir()
+	d := &Desktop{cfg: Config{EndStates: root}}
+	good := endStatePrefix + strings.Repeat("0a", 16)
+	if dir, err := d.endStateDir(good); err != nil || dir != filepath.Join(root, good) {
+		t.Errorf("endStateDir(%q) = %q, %v", good, dir, err)
+	}
+	for _, ref := range []string{"", "..", "../x", endStatePrefix, endStatePrefix + "zz", endStatePrefix + strings.Repeat("0a", 15),
+		endStatePrefix + strings.Repeat("0a", 16) + "/..", "fake-end-" + strings.Repeat("0a", 16), endStatePrefix + "../" + strings.Repeat("0", 29)} {
+		if dir, err := d.endStateDir(ref); err == nil {
+			t.Errorf("endStateDir(%q) = %q, want an error", ref, dir)
+		}
+	}
+	if err := (&Desktop{cfg: Config{EndStates: root}}).canKeep(); !errors.Is(err, desktop.ErrUnsupported) {
+		t.Errorf("a desktop without a VM: canKeep = %v, want ErrUnsupported", err)
+	}
+	if _, err := (&Desktop{}).endStateDir(good); !errors.Is(err, desktop.ErrUnsupported) {
+		t.Errorf("no Config.EndStates: %v, want ErrUnsupported", err)
+	}
+}
+
+// TestValidateEndStates: guests given by URL cannot keep end states.
+func TestValidateEndStates(t *testing.T) {
+	cfg := Config{Guests: []GuestAddr{{URL: "http://127.0.0.1:5000"}}, EndStates: t.TempDir()}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "EndStates") {
+		t.Errorf("Validate = %v, want an error about EndStates", err)
+	}
+	cfg.EndStates = ""
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("without EndStates: %v", err)
+	}
+}

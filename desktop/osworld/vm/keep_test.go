@@ -1,0 +1,52 @@
+package vm
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestSweepKept: a kept state whose writer died is removed; one being
+// written, a whole one, and directories not made by Keep stay.
+func TestSweepKept(t *testing.T) {
+	dir := t.TempDir()
+	writing, writingLock, err := newKeptDir(filepath.Join(dir, "osworld-end-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writingLock.Close()
+	died, diedLock, err := newKeptDir(filepath.Join(dir, "osworld-end-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	diedLock.Close() // its writer is gone
+	if err := os.WriteFile(filepath.Join(died, keptStream), []byte("half a stream"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	whole := filepath.Join(dir, "osworld-end-c")
+	foreign := filepath.Join(dir, keptNewPrefix+"someone-elses")
+	for _, d := range []string{whole, foreign} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := SweepKept(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{died}) {
+		t.Errorf("SweepKept removed %q, want only %q", removed, died)
+	}
+	for _, d := range []string{writing, whole, foreign} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s: %v; want it kept", d, err)
+		}
+	}
+	if _, err := os.Stat(died); err == nil {
+		t.Errorf("%s still exists", died)
+	}
+	if removed, err := SweepKept(filepath.Join(dir, "none")); err != nil || removed != nil {
+		t.Errorf("SweepKept of a missing directory: %q, %v", removed, err)
+	}
+}
