@@ -142,4 +142,21 @@ func gradeTwiceOnGuest(t *testing.T, p *Pool, base desktop.Task, cfg Config) {
 	if err != nil || len(sum.QuarantineSkipped) != 1 || sum.Records != 0 {
 		t.Errorf("the next batch: %v, skipped %v, %d records; want the task skipped, no record", err, sum.QuarantineSkipped, sum.Records)
 	}
+
+	// tasks check before a batch, on the guest: each task reset twice and
+	// its start state graded twice each time. The steady task is fit; the
+	// flaky grader is caught without an attempt.
+	probes, err := rl.ProbeTasks(ctx, []desktop.Task{base, flaky}, rl.ProbeTasksOptions{NewDesktop: p.New, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatalf("ProbeTasks: %v", err)
+	}
+	for _, pr := range probes {
+		t.Logf("tasks check %s: resets %.1f s and %.1f s; unfit: %q (%s)", pr.TaskID, pr.Runs[0].ResetS, pr.Runs[1].ResetS, pr.Reason, pr.Evidence)
+	}
+	if pr := probes[0]; pr.Reason != "" {
+		t.Errorf("tasks check found %s unfit: %s (%s)", pr.TaskID, pr.Reason, pr.Evidence)
+	}
+	if pr := probes[1]; pr.Reason != schema.QuarantineGraderDisagrees {
+		t.Errorf("tasks check of %s: %q (%s), want %s", pr.TaskID, pr.Reason, pr.Evidence, schema.QuarantineGraderDisagrees)
+	}
 }
