@@ -179,7 +179,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 	}
 }
 
-// TestGCFlags: gc lists and takes only its own four flags, not the many of
+// TestGCFlags: gc lists and takes only its own five flags, not the many of
 // the osworld backend.
 func TestGCFlags(t *testing.T) {
 	var stderr bytes.Buffer
@@ -193,7 +193,7 @@ func TestGCFlags(t *testing.T) {
 			listed = append(listed, strings.Fields(line)[0])
 		}
 	}
-	if diff := cmp.Diff([]string{"-fork-dir", "-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
+	if diff := cmp.Diff([]string{"-end-states", "-fork-dir", "-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
 		t.Errorf("gc -h flags (-want +got):\n%s", diff)
 	}
 	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})

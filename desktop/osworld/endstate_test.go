@@ -1,7 +1,9 @@
 package osworld
 
 import (
+	"bytes"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -42,5 +44,39 @@ func TestValidateEndStates(t *testing.T) {
 	cfg.EndStates = ""
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("without EndStates: %v", err)
+	}
+}
+
+// TestGCEndStates: gc removes an end state left half-written (its writer's
+// lock free), keeps and counts the whole ones.
+func TestGCEndStates(t *testing.T) {
+	dir := t.TempDir()
+	half := filepath.Join(dir, ".new-"+endStatePrefix+strings.Repeat("1", 32))
+	whole := filepath.Join(dir, endStatePrefix+strings.Repeat("2", 32))
+	for _, d := range []string{half, whole} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(half, "lock"), []byte("123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(whole, "state.zst"), bytes.Repeat([]byte{1}, 3<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := GCEndStates(dir, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(half); err == nil {
+		t.Errorf("%s still exists", half)
+	}
+	if _, err := os.Stat(whole); err != nil {
+		t.Errorf("the whole end state went: %v", err)
+	}
+	for _, want := range []string{"removed half-written end state " + half, ": 1 kept end states, 3 MiB on disk"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("gc said %q; want %q in it", out.String(), want)
+		}
 	}
 }

@@ -2,8 +2,13 @@ package osworld
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"legato/rl/desktop/osworld/vm"
 )
@@ -76,4 +81,40 @@ func gcForks(cfg vm.Config, w io.Writer) error {
 		return fmt.Errorf("remove leftover fork templates: %w", err)
 	}
 	return nil
+}
+
+// GCEndStates removes from dir, a run's directory of kept end states, the
+// ones a killed batch left half-written, and writes what it removed and
+// what the whole ones take to w.
+func GCEndStates(dir string, w io.Writer) error {
+	removed, err := vm.SweepKept(dir)
+	for _, r := range removed {
+		if _, werr := fmt.Fprintf(w, "removed half-written end state %s\n", r); werr != nil {
+			return werr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove half-written end states: %w", err)
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		_, err = fmt.Fprintf(w, "%s: no kept end states\n", dir)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	n, bytes := 0, int64(0)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := vm.DiskUsage(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		n, bytes = n+1, bytes+b
+	}
+	_, err = fmt.Fprintf(w, "%s: %d kept end states, %d MiB on disk\n", dir, n, bytes>>20)
+	return err
 }
