@@ -208,8 +208,12 @@ func keep(ctx context.Context, src keepSource, dir string) (st KeptStats, err er
 	if err := os.Rename(tmp, dir); err != nil {
 		return st, fmt.Errorf("keep state: %w", err)
 	}
-	st.Bytes, err = DiskUsage(dir)
-	return st, err
+	// The state is whole now: a failed count must not lose it (the
+	// caller would not record it), so the stream's size stands in.
+	if st.Bytes, err = DiskUsage(dir); err != nil {
+		st.Bytes = n
+	}
+	return st, nil
 }
 
 // keptNewPrefix names a kept state's directory while it is written.
