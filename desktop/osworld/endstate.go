@@ -119,14 +119,23 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 		return 0, err
 	}
 	if err := d.checkTask(task); err != nil {
-		return 0, err
+		return 0, d.fail("grade end state", err)
 	}
 	t0 := time.Now()
 	t, err := d.vm.LoadKept(ctx, dir)
 	if err != nil {
-		return 0, fmt.Errorf("end state %s: %w", ref, err)
+		return 0, d.fail("grade end state", fmt.Errorf("end state %s: %w", ref, err))
 	}
-	defer t.Close()
+	// Close ends it too: its files are on tmpfs.
+	f := &d.golden.fork
+	if !f.hold(func() { f.kept = t }) {
+		t.Close()
+		return 0, d.fail("grade end state", desktop.ErrClosed)
+	}
+	defer func() {
+		f.hold(func() { f.kept = nil })
+		t.Close()
+	}()
 	defer func() {
 		// The VM takes its ports back whatever happened, so the
 		// desktop serves its next call.

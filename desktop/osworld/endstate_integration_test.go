@@ -18,9 +18,9 @@ import (
 
 // TestIntegrationEndStates keeps the end states of attempts on the test
 // guest, one in the VM and one in a clone of the task's golden state, and
-// grades them again without the agent: as the task is, each gets its
-// recorded reward; after the task's expected value changes, the new one.
-// Dropped states go with their files.
+// grades them again without the agent after the task's wrong expected
+// value is fixed: the solved attempts, recorded 0, get 1, which a fresh
+// desktop (nothing done) would not. Dropped states go with their files.
 func TestIntegrationEndStates(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("keeping end states needs root")
@@ -38,13 +38,20 @@ func TestIntegrationEndStates(t *testing.T) {
 			task = tk
 		}
 	}
+	// The task as first published, with a wrong expected value: the
+	// solved attempts score 0.
+	broken := task
+	broken.Evaluator = bytes.ReplaceAll(task.Evaluator, []byte(`"hello legato"`), []byte(`"goodbye legato"`))
+	if bytes.Equal(broken.Evaluator, task.Evaluator) {
+		t.Fatal("the task's expected value did not change")
+	}
 	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
 	defer srv.Close()
 
 	start := time.Now()
 	// One desktop, two attempts: the first takes the golden state and
 	// its template and runs in the VM, the second in a clone.
-	if _, err := rl.Collect(ctx, []desktop.Task{task}, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-endstates"}, rl.CollectOptions{
+	if _, err := rl.Collect(ctx, []desktop.Task{broken}, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-endstates"}, rl.CollectOptions{
 		Out: out, NewDesktop: p.New, Desktops: 1, Group: 2, MaxSteps: 4, EnvRetries: -1, KeepEndStates: true, Logger: cfg.Logger,
 	}); err != nil {
 		t.Fatalf("Collect: %v", err)
@@ -53,8 +60,8 @@ func TestIntegrationEndStates(t *testing.T) {
 	var refs []string
 	forked := 0
 	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
-		if r.EndState == nil || r.EndState.Ref == "" || r.Reward == nil || *r.Reward != 1 {
-			t.Errorf("%s: end state %+v, reward %s: want a kept state and reward 1", r.RolloutID, r.EndState, fmtReward(r.Reward))
+		if r.EndState == nil || r.EndState.Ref == "" || r.Reward == nil || *r.Reward != 0 {
+			t.Errorf("%s: end state %+v, reward %s: want a kept state and reward 0 (the wrong expected value)", r.RolloutID, r.EndState, fmtReward(r.Reward))
 			return nil
 		}
 		if r.Env != nil && r.Env.Reset == string(ResetGoldenFork) {
@@ -73,8 +80,8 @@ func TestIntegrationEndStates(t *testing.T) {
 		t.Error("no attempt ran in a clone of the golden state: a clone's keep was not tested")
 	}
 
-	// As the task is, each state grades as it did: here on a desktop of
-	// the test's (a fresh VM), which brings the state back in a clone.
+	// With the fixed task, each state grades 1: here on a desktop of the
+	// test's (a fresh VM), which brings the state back in a clone.
 	// Slot 1: Regrade's desktop below takes slot 0, and a pool closes a
 	// slot's desktop when it makes another.
 	d, err := p.New(ctx, 1)
@@ -87,11 +94,12 @@ func TestIntegrationEndStates(t *testing.T) {
 		t0 := time.Now()
 		r, err := g.GradeEndState(ctx, ref, task, desktop.Action{})
 		if err != nil || r != 1 {
-			t.Errorf("end state %s graded as the task is: %v, %v; want 1", ref, r, err)
+			t.Errorf("end state %s graded with the fixed task: %v, %v; want 1", ref, r, err)
 		}
 		t.Logf("end state %s brought back and graded in %.1f s", ref, time.Since(t0).Seconds())
 	}
-	// The desktop serves attempts again after: its VM took its ports back.
+	// The desktop serves attempts again after, on its own VM: a fresh
+	// attempt that did nothing scores 0 with the same task.
 	if err := d.Reset(ctx, task); err != nil {
 		t.Fatalf("Reset after grading kept end states: %v", err)
 	}
@@ -99,25 +107,19 @@ func TestIntegrationEndStates(t *testing.T) {
 		t.Errorf("a fresh attempt graded %v, %v; want 0 (nothing done)", r, err)
 	}
 
-	// The expected value changes: regrade gives the same end states the
-	// new reward, beside the recorded one.
-	changed := task
-	changed.Evaluator = bytes.ReplaceAll(task.Evaluator, []byte(`"hello legato"`), []byte(`"goodbye legato"`))
-	if bytes.Equal(changed.Evaluator, task.Evaluator) {
-		t.Fatal("the task's expected value did not change")
-	}
+	// regrade writes the new rewards beside the recorded ones.
 	t0 := time.Now()
-	rep, err := rl.Regrade(ctx, out, rl.RegradeOptions{NewDesktop: p.New, Tasks: []desktop.Task{changed}, Logger: cfg.Logger})
+	rep, err := rl.Regrade(ctx, out, rl.RegradeOptions{NewDesktop: p.New, Tasks: []desktop.Task{task}, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatalf("Regrade: %v", err)
 	}
 	t.Logf("regraded %d end states in %.1f s, a desktop's start included (collect took %.1f s for them)", len(rep.Regrades), time.Since(t0).Seconds(), collectS)
 	if rep.Changed != 2 {
-		t.Errorf("%d rewards changed after the expected value did, want 2", rep.Changed)
+		t.Errorf("%d rewards changed after the expected value was fixed, want 2", rep.Changed)
 	}
 	for _, r := range rep.Regrades {
-		if r.Regraded == nil || *r.Regraded != 0 || r.Reward == nil || *r.Reward != 1 {
-			t.Errorf("%s regraded with the changed task: %s (recorded %s), error %q; want 0 beside 1", r.RolloutID, fmtReward(r.Regraded), fmtReward(r.Reward), r.Error)
+		if r.Regraded == nil || *r.Regraded != 1 || r.Reward == nil || *r.Reward != 0 {
+			t.Errorf("%s regraded with the fixed task: %s (recorded %s), error %q; want 1 beside 0", r.RolloutID, fmtReward(r.Regraded), fmtReward(r.Reward), r.Error)
 		}
 	}
 

@@ -2,6 +2,7 @@ package osworld
 
 import (
 	"bytes"
+	"crypto/rand"
 	"errors"
 	"os"
 	"path/filepath"
@@ -61,7 +62,8 @@ func TestGCEndStates(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(half, "lock"), []byte("123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(whole, "state.zst"), bytes.Repeat([]byte{1}, 3<<20), 0o600); err != nil {
+	// Random: a compressing file system takes it whole too.
+	if err := os.WriteFile(filepath.Join(whole, "state.zst"), randomBytes(t, 3<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
@@ -79,4 +81,13 @@ func TestGCEndStates(t *testing.T) {
 			t.Errorf("gc said %q; want %q in it", out.String(), want)
 		}
 	}
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

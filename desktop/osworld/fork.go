@@ -221,6 +221,9 @@ type forkState struct {
 	// does.
 	clone *vm.Clone
 	using *forkTemplate
+	// kept is the template of a kept end state being graded
+	// (GradeEndState), which Close ends with its clone.
+	kept *vm.Template
 	// closed says Close ended the clone: one made later is closed at once.
 	closed bool
 	// parked says the VM is paused with its ports moved to clone (or
@@ -452,12 +455,15 @@ func (d *Desktop) closeFork() error {
 	f := &d.golden.fork
 	f.mu.Lock()
 	f.closed = true
-	c, ft := f.clone, f.using
-	f.clone, f.using = nil, nil
+	c, ft, kept := f.clone, f.using, f.kept
+	f.clone, f.using, f.kept = nil, nil, nil
 	f.mu.Unlock()
 	var err error
 	if c != nil {
 		err = c.Close()
+	}
+	if kept != nil {
+		err = errors.Join(err, kept.Close())
 	}
 	if ft != nil {
 		d.golden.forks.release(ft)

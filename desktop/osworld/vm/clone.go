@@ -112,7 +112,8 @@ func (t *Template) Fork(ctx context.Context) (*Clone, error) {
 		return nil, ErrClosed
 	}
 	// A stat per fork; the full sum is CheckRAM's, off the fork's path.
-	if st, err := statRAM(t.ramPath()); err != nil || st != t.ramStat {
+	// A kept state's clones have RAM of their own, no file.
+	if st, err := statRAM(t.ramPath()); t.kept == "" && (err != nil || st != t.ramStat) {
 		return nil, errors.Join(fmt.Errorf("template %s: its RAM file changed or went since it was taken", t.name), err)
 	}
 	t.mu.Lock()
@@ -215,8 +216,12 @@ func (c *Clone) startQEMU(ctx context.Context, overlay string) error {
 	t := c.t
 	monitor := filepath.Join(c.dir, "qmp.sock")
 	os.Remove(monitor)
+	ram := t.ramPath()
+	if t.kept != "" {
+		ram = ""
+	}
 	args, err := cloneArgs(t.argv[1:], cloneSpec{
-		Name: c.name, Monitor: monitor, RAM: t.ramPath(), Overlay: overlay,
+		Name: c.name, Monitor: monitor, RAM: ram, Overlay: overlay,
 		Netdev: netdevArg(c.ports.forwards(t.cfg)),
 	})
 	if err != nil {

@@ -100,6 +100,26 @@ func TestCloneArgs(t *testing.T) {
 	}
 }
 
+// TestCloneArgsAnonymousRAM: a kept state's clone (no RAM file) gets
+// anonymous RAM under the same id, so the stream's RAM block matches.
+func TestCloneArgsAnonymousRAM(t *testing.T) {
+	got, err := cloneArgs(libvirtArgv(t)[1:], cloneSpec{Name: "c", Monitor: "/f/qmp.sock", Overlay: "/f/disk.qcow2",
+		Netdev: "user,id=legatonet,restrict=on"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ram map[string]any
+	for i := 0; i+1 < len(got); i++ {
+		if got[i] == "-object" && strings.Contains(got[i+1], `"pc.ram"`) {
+			json.Unmarshal([]byte(got[i+1]), &ram)
+		}
+	}
+	want := map[string]any{"qom-type": "memory-backend-ram", "id": "pc.ram", "x-use-canonical-path-for-ramblock-id": false, "size": float64(1610612736)}
+	if diff := cmp.Diff(want, ram); diff != "" {
+		t.Errorf("guest RAM (-want +got):\n%s", diff)
+	}
+}
+
 // TestCloneArgsAfterRevert: libvirt starts a VM it reverted to a snapshot
 // with -loadvm, which QEMU refuses next to -incoming ("'incoming' and
 // 'loadvm' options are mutually exclusive"): a template taken after a

@@ -114,7 +114,9 @@ func procIDs(pid int) (uid, gid int, groups []uint32, err error) {
 type cloneSpec struct {
 	Name    string // the clone's -name guest=
 	Monitor string // path of the clone's QMP socket
-	RAM     string // the template's RAM file, mapped copy-on-write
+	// RAM is the template's RAM file, mapped copy-on-write; "" gives the
+	// clone anonymous RAM of its own (a kept state's stream fills it all).
+	RAM     string
 	Overlay string // the clone's qcow2 overlay on the template's disk
 	// Netdev is the clone's -netdev value for the NIC libvirt's argv gave
 	// (QEMU user networking, its host forwards).
@@ -182,12 +184,20 @@ func cloneArgs(argv []string, s cloneSpec) ([]string, error) {
 					return nil, fmt.Errorf("%w: guest RAM is not shared (%s): start the VM with Config.Fork", errNotForkable, val)
 				}
 				seen.ram = true
-				m["qom-type"] = "memory-backend-file"
-				m["mem-path"] = s.RAM
-				m["share"] = false
 				delete(m, "hugetlb")
 				delete(m, "hugetlbsize")
 				delete(m, "seal")
+				if s.RAM == "" {
+					// Anonymous: a page the stream says is zero stays
+					// the kernel's zero page (a private map of a tmpfs
+					// file would fill the file as QEMU reads it).
+					m["qom-type"] = "memory-backend-ram"
+					delete(m, "share")
+				} else {
+					m["qom-type"] = "memory-backend-file"
+					m["mem-path"] = s.RAM
+					m["share"] = false
+				}
 				b, err := json.Marshal(m)
 				if err != nil {
 					return nil, err

@@ -54,6 +54,9 @@ type keptManifestV struct {
 	// clone's: its template's): a QEMU that loads the state must have the
 	// same devices.
 	Argv []string `json:"argv"`
+	// QEMU is the binary's size and modification time: a QEMU upgraded in
+	// place under the same path may not load the stream.
+	QEMU fileID `json:"qemu"`
 	// Base is the disk layer's backing file, the base image's volume.
 	Base string `json:"base"`
 	// RAMBytes is the guest RAM's size.
@@ -62,6 +65,20 @@ type keptManifestV struct {
 	StreamSHA256 string    `json:"stream_sha256"`
 	StreamBytes  int64     `json:"stream_bytes"`
 	Kept         time.Time `json:"kept"`
+}
+
+// fileID tells a file from another at the same path.
+type fileID struct {
+	Size  int64     `json:"size"`
+	MTime time.Time `json:"mtime"`
+}
+
+func statID(path string) (fileID, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fileID{}, err
+	}
+	return fileID{Size: st.Size(), MTime: st.ModTime().UTC()}, nil
 }
 
 // KeptStats says what keeping a state took.
@@ -142,9 +159,16 @@ func keep(ctx context.Context, src keepSource, dir string) (st KeptStats, err er
 	if err != nil {
 		return st, fmt.Errorf("keep state: %w", err)
 	}
+	renamed := false
 	defer func() {
 		if err != nil {
+			// Also once renamed: the guest did not run on after it (cont
+			// failed), and the caller, given an error, records no state
+			// that a bound would ever drop.
 			os.RemoveAll(tmp)
+			if renamed {
+				os.RemoveAll(dir)
+			}
 		}
 		lock.Close()
 	}()
@@ -194,7 +218,11 @@ func keep(ctx context.Context, src keepSource, dir string) (st KeptStats, err er
 		return st, fmt.Errorf("%s: disk layer: qemu-img convert: %w: %s", src.what, err, bytes.TrimSpace(out))
 	}
 	st.Disk = time.Since(t2)
-	m, err := json.MarshalIndent(keptManifestV{Argv: src.argv, Base: src.base, RAMBytes: src.ramBytes,
+	qemu, err := statID(src.argv[0])
+	if err != nil {
+		return st, fmt.Errorf("%s: %w", src.what, err)
+	}
+	m, err := json.MarshalIndent(keptManifestV{Argv: src.argv, QEMU: qemu, Base: src.base, RAMBytes: src.ramBytes,
 		StreamSHA256: hex.EncodeToString(sum[:]), StreamBytes: n, Kept: time.Now().UTC()}, "", "  ")
 	if err != nil {
 		return st, err
@@ -208,6 +236,7 @@ func keep(ctx context.Context, src keepSource, dir string) (st KeptStats, err er
 	if err := os.Rename(tmp, dir); err != nil {
 		return st, fmt.Errorf("keep state: %w", err)
 	}
+	renamed = true
 	// The state is whole now: a failed count must not lose it (the
 	// caller would not record it), so the stream's size stands in.
 	if st.Bytes, err = DiskUsage(dir); err != nil {
@@ -216,8 +245,12 @@ func keep(ctx context.Context, src keepSource, dir string) (st KeptStats, err er
 	return st, nil
 }
 
-// keptNewPrefix names a kept state's directory while it is written.
-const keptNewPrefix = ".new-"
+// keptNewPrefix names a kept state's directory while it is written,
+// keptMakePrefix while it is made and locked.
+const (
+	keptNewPrefix  = ".new-"
+	keptMakePrefix = ".mk-"
+)
 
 // newKeptDir makes the directory a kept state is written in, named
 // keptNewPrefix and dir's name, locked while this process writes it:
@@ -225,7 +258,7 @@ const keptNewPrefix = ".new-"
 // locked, then renamed, so a sweep never sees it unlocked.
 func newKeptDir(dir string) (string, *os.File, error) {
 	parent, name := filepath.Dir(dir), filepath.Base(dir)
-	mk := filepath.Join(parent, ".mk-"+name)
+	mk := filepath.Join(parent, keptMakePrefix+name)
 	tmp := filepath.Join(parent, keptNewPrefix+name)
 	if err := os.Mkdir(mk, 0o700); err != nil {
 		return "", nil, err
@@ -257,13 +290,22 @@ func SweepKept(dir string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range ents {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), keptNewPrefix) {
+		made := strings.HasPrefix(e.Name(), keptMakePrefix)
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), keptNewPrefix) && !made {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
 		lock, err := openNoFollow(filepath.Join(path, "lock"), os.O_RDWR, 0)
 		if err != nil {
-			continue // not one of ours, or not yet locked
+			// Not one of ours, or not yet locked. A made one that never
+			// got its lock (the writer died in between) is empty: gone
+			// after a minute, which no writer takes to lock it.
+			if info, ierr := e.Info(); made && errors.Is(err, fs.ErrNotExist) && ierr == nil && time.Since(info.ModTime()) > time.Minute {
+				if os.Remove(path) == nil {
+					removed = append(removed, path)
+				}
+			}
+			continue
 		}
 		if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
 			lock.Close()
@@ -365,7 +407,7 @@ func DiskUsage(dir string) (int64, error) {
 
 // LoadKept makes a Template of the state kept in dir, to fork a clone in
 // that state on this VM's machine: the clone loads the whole stream into
-// RAM of its own (the template's RAM file is empty). The state must have
+// anonymous RAM of its own. The state must have
 // been kept over the base image this VM boots from, and with the same QEMU.
 // Close the template when done.
 func (v *VM) LoadKept(ctx context.Context, dir string) (*Template, error) {
@@ -388,7 +430,11 @@ func (v *VM) LoadKept(ctx context.Context, dir string) (*Template, error) {
 		return nil, err
 	}
 	if m.Argv[0] != p.argv[0] {
-		return nil, fmt.Errorf("kept state %s was written by %s; this VM runs %s: a QEMU loads only states of its own version", dir, m.Argv[0], p.argv[0])
+		return nil, fmt.Errorf("kept state %s was written by %s; this VM runs %s: grade it with the QEMU that kept it", dir, m.Argv[0], p.argv[0])
+	}
+	if id, err := statID(p.argv[0]); err != nil || !id.MTime.Equal(m.QEMU.MTime) || id.Size != m.QEMU.Size {
+		return nil, fmt.Errorf("kept state %s was written by another build of %s (then %d bytes, %v; now %+v, %v): QEMU may not load it; grade it with the QEMU that kept it",
+			dir, p.argv[0], m.QEMU.Size, m.QEMU.MTime, id, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, keptStream)); err != nil {
 		return nil, fmt.Errorf("kept state %s: %w", dir, err)
@@ -406,9 +452,9 @@ func (v *VM) LoadKept(ctx context.Context, dir string) (*Template, error) {
 	return t, nil
 }
 
-// loadKeptFiles gives a template of a kept state its files: the disk layer
-// copied (QEMU's user reads it, and a clone's overlay is backed by it) and
-// an empty RAM file of the guest's size for the clones' private mapping.
+// loadKeptFiles gives a template of a kept state its disk layer, copied:
+// QEMU's user reads it, and each clone's overlay is backed by it. Its
+// clones' RAM is anonymous, filled by the stream; they map no file.
 func (t *Template) loadKeptFiles(ctx context.Context, dir string) error {
 	src, err := os.Open(filepath.Join(dir, keptDisk))
 	if err != nil {
@@ -423,22 +469,7 @@ func (t *Template) loadKeptFiles(ctx context.Context, dir string) error {
 	if err == nil {
 		err = dst.Chown(-1, t.gid)
 	}
-	if err = errors.Join(err, dst.Close()); err != nil {
-		return err
-	}
-	ram, err := openNoFollow(t.ramPath(), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
-	}
-	err = ram.Truncate(t.ramBytes)
-	if err == nil {
-		err = ram.Chown(t.uid, t.gid)
-	}
-	if err = errors.Join(err, ram.Close()); err != nil {
-		return err
-	}
-	t.ramStat, err = statRAM(t.ramPath())
-	return err
+	return errors.Join(err, dst.Close())
 }
 
 // openState opens the state a clone loads: the device state in memory, or

@@ -67,6 +67,16 @@ func TestIntegrationKeep(t *testing.T) {
 	if got := cg.state(ctx); got != want {
 		t.Errorf("clone of the kept VM: %+v, want %+v", got, want)
 	}
+	// The clone's RAM is its own, anonymous: the template holds only the
+	// disk layer on tmpfs, not a file the RAM fills.
+	onTmpfs, err := DiskUsage(tmpl.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the kept state's template takes %d MiB of %s", onTmpfs>>20, cfg.ForkDir)
+	if ram := int64(cfg.MemoryMiB) << 20; onTmpfs > ram/4 {
+		t.Errorf("the kept state's template takes %d MiB of tmpfs; the guest has %d MiB of RAM", onTmpfs>>20, ram>>20)
+	}
 	if out, rc, _ := cg.try(ctx, "cat /home/user/after-keep"); rc == 0 {
 		t.Errorf("the clone of the kept state reads a file written after the keep: %q", out)
 	}

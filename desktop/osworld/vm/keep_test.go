@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestSweepKept: a kept state whose writer died is removed; one being
@@ -31,14 +32,28 @@ func TestSweepKept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Made, never locked (the writer died in between): empty, and gone
+	// once a minute old; a fresh one may be locked any moment.
+	oldMade := filepath.Join(dir, keptMakePrefix+"osworld-end-d")
+	newMade := filepath.Join(dir, keptMakePrefix+"osworld-end-e")
+	for _, d := range []string{oldMade, newMade} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hour := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(oldMade, hour, hour); err != nil {
+		t.Fatal(err)
+	}
 	removed, err := SweepKept(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(removed, []string{died}) {
-		t.Errorf("SweepKept removed %q, want only %q", removed, died)
+	slices.Sort(removed)
+	if want := []string{oldMade, died}; !slices.Equal(removed, want) {
+		t.Errorf("SweepKept removed %q, want only %q", removed, want)
 	}
-	for _, d := range []string{writing, whole, foreign} {
+	for _, d := range []string{writing, whole, foreign, newMade} {
 		if _, err := os.Stat(d); err != nil {
 			t.Errorf("%s: %v; want it kept", d, err)
 		}
