@@ -275,10 +275,10 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 	case "osworld":
 		if f.opts.KeepEndStates || f.endStatesIn != "" {
 			if len(f.ow.cfg.Guests) > 0 {
-				return cleanup, nil, usageErrorf("--keep-end-states: guests given by --guest-url cannot keep end states (a kept state is a VM's RAM and disk): run VMs (--image)")
+				return cleanup, nil, usageErrorf("kept end states: guests given by --guest-url cannot keep or bring back end states (a kept state is a VM's RAM and disk): run VMs (--image)")
 			}
 			if os.Geteuid() != 0 {
-				return cleanup, nil, usageErrorf("--keep-end-states: the osworld backend keeps end states as root only (it reads libvirt's QEMU command line and runs the clones that bring states back): run legato as root or leave it out")
+				return cleanup, nil, usageErrorf("kept end states: the osworld backend keeps and brings back end states as root only (it reads libvirt's QEMU command line and runs the clones that bring states back): run legato as root")
 			}
 			f.ow.cfg.EndStates = filepath.Join(f.out, schema.EndStatesDir)
 			if f.endStatesIn != "" {

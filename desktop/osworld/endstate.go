@@ -167,27 +167,15 @@ func (d *Desktop) forkKept(ctx context.Context, t *vm.Template) error {
 	if err := d.endClone(ctx, true); err != nil {
 		return err
 	}
-	f := &d.golden.fork
-	if !f.parked {
-		f.parked = true
-		if err := d.vm.Park(ctx); err != nil {
-			return err
-		}
+	if err := d.park(ctx); err != nil {
+		return err
 	}
 	return d.restore(ctx, resetKeptState, func(ctx context.Context) error {
 		c, err := t.Fork(ctx)
 		if err != nil {
 			return err
 		}
-		if !f.hold(func() { f.clone = c }) {
-			c.Close()
-			return desktop.ErrClosed
-		}
-		if err := c.Forward(ctx, d.vm.Ports()); err != nil {
-			return fmt.Errorf("forward the desktop's ports to clone %s: %w", c.Name(), err)
-		}
-		d.dropConnections()
-		return d.waitGuest(ctx)
+		return d.serveClone(ctx, c)
 	}, newSeed())
 }
 

@@ -315,14 +315,8 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 		return r, desktop.ErrClosed
 	}
 	t0 := time.Now()
-	if !f.parked {
-		// Parked before Park returns: a Park cut off half way is
-		// undone by the next endClone's Unpark, which can run on a VM
-		// in any state of it.
-		f.parked = true
-		if err := d.vm.Park(ctx); err != nil {
-			return r, err
-		}
+	if err := d.park(ctx); err != nil {
+		return r, err
 	}
 	var c *vm.Clone
 	var t1, t2, t3 time.Time
@@ -333,16 +327,8 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 			r.templateFault = !errors.Is(err, vm.ErrClosed)
 			return err
 		}
-		if !f.hold(func() { f.clone = c }) {
-			c.Close()
-			return desktop.ErrClosed
-		}
 		t2 = time.Now()
-		if err := c.Forward(ctx, d.vm.Ports()); err != nil {
-			return fmt.Errorf("forward the desktop's ports to clone %s: %w", c.Name(), err)
-		}
-		d.dropConnections()
-		err = d.waitGuest(ctx)
+		err = d.serveClone(ctx, c)
 		t3 = time.Now()
 		return err
 	}, newSeed())
@@ -361,6 +347,35 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 		"clone_restore", c.Restore(), "prestarted", spare, "clone_start", started, "forward_and_answer", t3.Sub(t2), "thaw", time.Since(t3))
 	d.spare(ft)
 	return r, nil
+}
+
+// park pauses the VM and frees its ports for a clone, unless it is parked
+// already.
+func (d *Desktop) park(ctx context.Context) error {
+	f := &d.golden.fork
+	if f.parked {
+		return nil
+	}
+	// Parked before Park returns: a Park cut off half way is undone by
+	// the next endClone's Unpark, which can run on a VM in any state of
+	// it.
+	f.parked = true
+	return d.vm.Park(ctx)
+}
+
+// serveClone makes c the desktop's clone, which Close ends, forwards the
+// desktop's ports to it and waits until its guest answers on them.
+func (d *Desktop) serveClone(ctx context.Context, c *vm.Clone) error {
+	f := &d.golden.fork
+	if !f.hold(func() { f.clone = c }) {
+		c.Close()
+		return desktop.ErrClosed
+	}
+	if err := c.Forward(ctx, d.vm.Ports()); err != nil {
+		return fmt.Errorf("forward the desktop's ports to clone %s: %w", c.Name(), err)
+	}
+	d.dropConnections()
+	return d.waitGuest(ctx)
 }
 
 // waitGuest waits until the guest answers on the desktop's ports, within

@@ -13,7 +13,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,8 +21,6 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
-
-	"legato/rl/internal/childenv"
 )
 
 // A kept state is a guest's whole state written to a directory of its own
@@ -44,8 +41,8 @@ const (
 	keptDisk     = "disk.qcow2"
 )
 
-// keptBandwidth lifts QEMU's migration bandwidth limit (128 MiB/s by
-// default) while a kept state is written: the guest is paused anyway.
+// keptBandwidth lifts QEMU's migration bandwidth limit while a kept state
+// is written: the guest is paused anyway.
 const keptBandwidth = 1 << 40
 
 // keptManifestV is a kept state's manifest.
@@ -211,11 +208,8 @@ func keep(ctx context.Context, src keepSource, dir string) (st KeptStats, err er
 	}
 	st.Stream, st.StreamBytes = time.Since(t1), n
 	t2 := time.Now()
-	convert := exec.CommandContext(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2",
-		"-B", src.base, "-F", "qcow2", src.overlay, filepath.Join(tmp, keptDisk))
-	convert.Env = childenv.Minimal()
-	if out, err := convert.CombinedOutput(); err != nil {
-		return st, fmt.Errorf("%s: disk layer: qemu-img convert: %w: %s", src.what, err, bytes.TrimSpace(out))
+	if err := convertLayer(ctx, src.overlay, src.base, filepath.Join(tmp, keptDisk)); err != nil {
+		return st, fmt.Errorf("%s: disk layer: %w", src.what, err)
 	}
 	st.Disk = time.Since(t2)
 	qemu, err := statID(src.argv[0])
@@ -322,61 +316,27 @@ func SweepKept(dir string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// sendStream has the paused QEMU migrate, RAM and all, to a socket on
-// 127.0.0.1 (libvirt's sandbox forbids exec), and writes what it sends to
-// path compressed with zstd. It returns the stream's hash and size.
+// sendStream has the paused QEMU migrate, RAM and all, and writes what it
+// sends to path compressed with zstd. It returns the stream's hash and
+// size.
 func sendStream(ctx context.Context, mon func(context.Context, string, any, any) error, path string) (sum [32]byte, n int64, err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return sum, 0, err
 	}
 	defer f.Close()
-	ln, err := ListenLoopback()
-	if err != nil {
-		return sum, 0, err
-	}
-	defer ln.Close()
-	type result struct {
-		sum [32]byte
-		n   int64
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- result{err: err}
-			return
-		}
-		defer c.Close()
-		stop := context.AfterFunc(ctx, func() { c.Close() })
-		defer stop()
+	err = migrateToLoopback(ctx, mon, func(r io.Reader) error {
 		bw := bufio.NewWriterSize(f, 1<<20)
 		zw, err := zstd.NewWriter(bw, zstd.WithEncoderLevel(zstd.SpeedFastest))
 		if err != nil {
-			got <- result{err: err}
-			return
+			return err
 		}
 		h := sha256.New()
-		n, err := io.Copy(io.MultiWriter(zw, h), c)
-		err = errors.Join(err, zw.Close(), bw.Flush(), f.Sync())
-		var r result
-		r.n, r.err = n, err
-		h.Sum(r.sum[:0])
-		got <- r
-	}()
-	if err := mon(ctx, "migrate", map[string]any{"uri": "tcp:" + ln.Addr().String()}, nil); err != nil {
-		ln.Close()
-		<-got
-		return sum, 0, err
-	}
-	if err := waitMigration(ctx, mon); err != nil {
-		ln.Close()
-		<-got
-		return sum, 0, err
-	}
-	r := <-got
-	return r.sum, r.n, r.err
+		n, err = io.Copy(io.MultiWriter(zw, h), r)
+		h.Sum(sum[:0])
+		return errors.Join(err, zw.Close(), bw.Flush(), f.Sync())
+	})
+	return sum, n, err
 }
 
 // syncDir fsyncs a directory, so that the names in it are on disk.

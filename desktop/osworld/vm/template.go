@@ -303,49 +303,52 @@ func setIgnoreShared(ctx context.Context, mon func(context.Context, string, any,
 	}, nil)
 }
 
-// sendState has the paused QEMU migrate, without its shared RAM, to a
-// socket on 127.0.0.1, and returns what it sent. QEMU runs in libvirt's
-// sandbox, which forbids exec: a TCP socket is what it may open.
+// sendState has the paused QEMU migrate without its shared RAM, and
+// returns what it sent.
 func (t *Template) sendState(ctx context.Context, mon func(context.Context, string, any, any) error) ([]byte, error) {
-	ln, err := ListenLoopback()
-	if err != nil {
+	if err := setIgnoreShared(ctx, mon, true); err != nil {
 		return nil, err
 	}
-	defer ln.Close()
-	type result struct {
-		b   []byte
-		err error
+	var state []byte
+	err := migrateToLoopback(ctx, mon, func(r io.Reader) (err error) {
+		state, err = io.ReadAll(r)
+		return err
+	})
+	return state, err
+}
+
+// migrateToLoopback has the paused QEMU migrate to a socket on 127.0.0.1
+// and hands what it sends to recv, which must read it all. QEMU runs in
+// libvirt's sandbox, which forbids exec: a TCP socket is what it may open.
+func migrateToLoopback(ctx context.Context, mon func(context.Context, string, any, any) error, recv func(io.Reader) error) error {
+	ln, err := ListenLoopback()
+	if err != nil {
+		return err
 	}
-	got := make(chan result, 1)
+	defer ln.Close()
+	got := make(chan error, 1)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
-			got <- result{nil, err}
+			got <- err
 			return
 		}
 		defer c.Close()
 		stop := context.AfterFunc(ctx, func() { c.Close() })
 		defer stop()
-		b, err := io.ReadAll(c)
-		got <- result{b, err}
+		got <- recv(c)
 	}()
-	if err := setIgnoreShared(ctx, mon, true); err != nil {
-		ln.Close()
-		<-got
-		return nil, err
-	}
 	if err := mon(ctx, "migrate", map[string]any{"uri": "tcp:" + ln.Addr().String()}, nil); err != nil {
 		ln.Close()
 		<-got
-		return nil, err
+		return err
 	}
 	if err := waitMigration(ctx, mon); err != nil {
 		ln.Close()
 		<-got
-		return nil, err
+		return err
 	}
-	r := <-got
-	return r.b, r.err
+	return <-got
 }
 
 // waitMigration polls query-migrate until the migration completed.
@@ -455,18 +458,27 @@ func statRAM(path string) (ramStat, error) {
 // the overlay, so qemu-img reads it with -U (the guest is paused and the
 // migration flushed QEMU's caches).
 func (t *Template) copyDisk(ctx context.Context, v *VM) error {
-	base := v.images[RoleBase]
-	convert := exec.CommandContext(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2",
-		"-B", base, "-F", "qcow2", v.overlay, t.diskPath())
-	convert.Env = childenv.Minimal()
-	out, err := convert.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img convert: %w: %s", err, bytes.TrimSpace(out))
+	if err := convertLayer(ctx, v.overlay, v.images[RoleBase], t.diskPath()); err != nil {
+		return err
 	}
 	if err := os.Chmod(t.diskPath(), 0o640); err != nil {
 		return err
 	}
 	return os.Chown(t.diskPath(), -1, t.gid)
+}
+
+// convertLayer writes the disk the qcow2 overlay holds to dst as a layer
+// over base: only what differs from it. QEMU holds the overlay, so
+// qemu-img reads it with -U (the guest must be paused, and QEMU's caches
+// flushed, as a migration does).
+func convertLayer(ctx context.Context, overlay, base, dst string) error {
+	convert := exec.CommandContext(ctx, "qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2",
+		"-B", base, "-F", "qcow2", overlay, dst)
+	convert.Env = childenv.Minimal()
+	if out, err := convert.CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img convert: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 // writeFileAs writes a file the QEMU user's group can read.
