@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +147,21 @@ type hangProxy struct {
 	hang func(path string, body []byte) bool
 	// hung receives a value each time a request starts hanging.
 	hung chan struct{}
+
+	mu sync.Mutex
+	// served is the time requests spent in the proxy (hung or forwarded)
+	// since the last takeServed.
+	served time.Duration
+}
+
+// takeServed returns the time requests spent in the proxy since it was
+// last called: time in the guest (or hanging), not in the client.
+func (h *hangProxy) takeServed() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := h.served
+	h.served = 0
+	return d
 }
 
 func newHangProxy(t *testing.T, target string, hang func(path string, body []byte) bool) *hangProxy {
@@ -160,6 +176,12 @@ func newHangProxy(t *testing.T, target string, hang func(path string, body []byt
 	rp.Transport = &http.Transport{DisableKeepAlives: true}
 	h := &hangProxy{hang: hang, hung: make(chan struct{}, 16)}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t0 := time.Now()
+		defer func() {
+			h.mu.Lock()
+			h.served += time.Since(t0)
+			h.mu.Unlock()
+		}()
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)

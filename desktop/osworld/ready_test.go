@@ -180,16 +180,23 @@ func TestWaitReadyHandsOverItsScreenshot(t *testing.T) {
 // bound, and cuts off what would run past it. Before it did, a probe and a
 // screenshot started just before the bound ran a few seconds past it. The
 // margin is one screenshot: the estimate of its cost may lag the truth.
+//
+// What is bounded is the time the wait's calls spend in the guest, as the
+// proxy in front of it measures: that is what the plan decides. The wall
+// time of the wait also holds the host's own delays, which on a loaded
+// machine (a CI runner at -race) reached a second; it is logged, not
+// asserted. A settle that hangs in the guest shows the cut-off: the wait
+// still returns the screen, its guest time within the same bound.
 func TestWaitReadyHonoursItsBound(t *testing.T) {
 	g := startHostGuest(t)
 	const shot = time.Second
-	proxy := newHangProxy(t, g.URL, nil)
-	proxy.hang = func(path string, _ []byte) bool {
+	var hangSettle atomic.Bool
+	proxy := newHangProxy(t, g.URL, func(path string, body []byte) bool {
 		if path == "/screenshot" {
 			time.Sleep(shot)
 		}
-		return false
-	}
+		return hangSettle.Load() && path == "/execute" && bytes.Contains(body, []byte(`\"op\":\"settle\"`))
+	})
 	for _, noDamage := range []bool{false, true} {
 		t.Run(fmt.Sprintf("NoDamage=%v", noDamage), func(t *testing.T) {
 			cfg := g.config(t, proxy.srv.URL)
@@ -201,20 +208,35 @@ func TestWaitReadyHonoursItsBound(t *testing.T) {
 				t.Fatal(err)
 			}
 			g.WaitWindow(t, "legato-clock")
-			for _, max := range []time.Duration{3 * time.Second, 2500 * time.Millisecond, 4 * time.Second} {
+			wait := func(max time.Duration) {
+				t.Helper()
+				proxy.takeServed()
 				t0 := time.Now()
 				r, err := d.WaitReady(ctx, max)
-				took := time.Since(t0)
+				took, inGuest := time.Since(t0), proxy.takeServed()
 				if err != nil {
 					t.Fatal(err)
 				}
 				if r.Settled || len(r.Observation.Screenshot) == 0 {
 					t.Errorf("max %v: settled %v with %d bytes; want the unsettled screen as it is", max, r.Settled, len(r.Observation.Screenshot))
 				}
-				t.Logf("max %v: took %v", max, took)
-				if took > max+shot {
-					t.Errorf("max %v: the wait took %v, more than its bound and one screenshot", max, took)
+				t.Logf("max %v: took %v, %v of it in the guest", max, took, inGuest)
+				if inGuest > max+shot {
+					t.Errorf("max %v: the wait's calls took %v in the guest, more than its bound and one screenshot", max, inGuest)
 				}
+			}
+			for _, max := range []time.Duration{3 * time.Second, 2500 * time.Millisecond, 4 * time.Second} {
+				wait(max)
+			}
+			if noDamage {
+				return
+			}
+			hangSettle.Store(true)
+			defer hangSettle.Store(false)
+			hung := len(proxy.hung)
+			wait(3 * time.Second)
+			if len(proxy.hung) == hung {
+				t.Errorf("no settle hung in the guest: the cut-off was not tested")
 			}
 		})
 	}
