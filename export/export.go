@@ -346,7 +346,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		if keep {
 			kept = []keptRecord{}
 			read = func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
-				return schema.ReadRecordsText(r, fn)
+				return schema.ReadRecordsTextWith(r, readOptions(opts), fn)
 			}
 		}
 		rs, err := read(func(rec schema.Record, text *schema.RecordText, line int) error {
@@ -437,6 +437,13 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		}
 	}
 	return st, nil
+}
+
+// readOptions is what an export with opts leaves out of the records it
+// reads: a sequence holds no messages, so a contiguous export skips the
+// requests' hashes.
+func readOptions(opts Options) schema.ReadOptions {
+	return schema.ReadOptions{NoRequests: opts.Contiguous}
 }
 
 // keptRecord is a record the first pass of an export keeps for the second,
@@ -533,7 +540,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 			return send(jobs, j)
 		}
 		if kept == nil {
-			_, err := schema.ReadRecordsText(r, func(rec schema.Record, text *schema.RecordText, _ int) error { return each(rec, text) })
+			_, err := schema.ReadRecordsTextWith(r, readOptions(opts), func(rec schema.Record, text *schema.RecordText, _ int) error { return each(rec, text) })
 			return err
 		}
 		for _, k := range kept {

@@ -84,6 +84,7 @@ func TestParseRecordAgrees(t *testing.T) {
 		}
 		lines = append(lines, bytes.Split(bytes.TrimSpace(b), []byte("\n"))...)
 	}
+	requests := 0
 	for i, line := range lines {
 		var want Record
 		if err := json.Unmarshal(line, &want); err != nil {
@@ -96,16 +97,63 @@ func TestParseRecordAgrees(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("line %d (-encoding/json +parseRecord):\n%s", i, diff)
 		}
-		got, _, err = parseRecordText(line)
+		got, _, err = parseRecordText(line, ReadOptions{})
 		if err != nil {
 			t.Fatalf("line %d: parseRecordText: %v", i, err)
 		}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("line %d (-encoding/json +parseRecordText):\n%s", i, diff)
 		}
+		// Without requests: the same record, each step's request nil.
+		got, _, err = parseRecordText(line, ReadOptions{NoRequests: true})
+		if err != nil {
+			t.Fatalf("line %d: parseRecordText without requests: %v", i, err)
+		}
+		for k := range want.Steps {
+			requests += len(want.Steps[k].Request)
+			want.Steps[k].Request = nil
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("line %d (-encoding/json without requests +parseRecordText NoRequests):\n%s", i, diff)
+		}
+	}
+	if requests == 0 {
+		t.Error("no request to leave out")
 	}
 	if every.Env == nil || every.Steps[0].Response.TokenIDs == nil {
 		t.Fatal("fill left fields empty")
+	}
+}
+
+// TestNoRequestsChecksThem: a record read without its requests is refused
+// where a request is not an array of strings, as it is when read whole; a
+// request of strings with escapes and whitespace is skipped whole.
+func TestNoRequestsChecksThem(t *testing.T) {
+	for _, tt := range []struct {
+		request string
+		ok      bool
+	}{
+		{`[]`, true}, {`null`, true}, {`["a","b"]`, true}, {` [ "a" , "b" ] `, true},
+		{`["a\"b]","c\\",  "\u005d"]`, true}, {`["[","]",","]`, true},
+		{`[1]`, false}, {`["a",1]`, false}, {`[null]`, true}, {`["a", null]`, true}, {`["a",["b"]]`, false},
+		{`{}`, false}, {`"a"`, false}, {`true`, false}, {`[{"a":"b"}]`, false},
+	} {
+		line := []byte(`{"schema":"` + Version + `","steps":[{"request":` + tt.request + `,"prompt_token_chunks":["x"]}],"task_id":"t"}`)
+		whole, _, errWhole := parseRecordText(line, ReadOptions{})
+		rec, _, err := parseRecordText(line, ReadOptions{NoRequests: true})
+		if (errWhole == nil) != tt.ok || (err == nil) != tt.ok {
+			t.Errorf("request %s: read whole: %v; without requests: %v; want ok %v", tt.request, errWhole, err, tt.ok)
+			continue
+		}
+		if !tt.ok {
+			continue
+		}
+		if rec.Steps[0].Request != nil || rec.TaskID != "t" || !slices.Equal(rec.Steps[0].PromptTokenChunks, []string{"x"}) {
+			t.Errorf("request %s: read without requests as %+v", tt.request, rec.Steps[0])
+		}
+		if tt.request != "null" && tt.request != "[]" && len(whole.Steps[0].Request) == 0 {
+			t.Errorf("request %s: read whole as %q", tt.request, whole.Steps[0].Request)
+		}
 	}
 }
 
@@ -233,7 +281,7 @@ func TestRecordText(t *testing.T) {
 
 	held := func(lps string) (Record, *RecordText) {
 		t.Helper()
-		rec, text, err := parseRecordText([]byte(`{"schema":"` + Version + `","steps":[{"response":{"logprobs":` + lps + `}}]}`))
+		rec, text, err := parseRecordText([]byte(`{"schema":"`+Version+`","steps":[{"response":{"logprobs":`+lps+`}}]}`), ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,9 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 
 	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // ReadStats describes one pass over rollouts.jsonl.
@@ -78,7 +80,29 @@ func ReadRecordLines(r io.Reader, fn func(rec Record, line int) error) (ReadStat
 // ReadRecordsText is ReadRecordLines giving fn each record's RecordText
 // too, which holds the text of its logprobs for a writer to copy.
 func ReadRecordsText(r io.Reader, fn func(rec Record, text *RecordText, line int) error) (ReadStats, error) {
-	return readRecordsText(r, true, func(rec Record, t *RecordText, line int, _ int64) error { return fn(rec, t, line) }, MaxRecordBytes)
+	return ReadRecordsTextWith(r, ReadOptions{}, fn)
+}
+
+// ReadOptions say what a reader leaves out of the records it is given.
+type ReadOptions struct {
+	// NoRequests leaves each step's Request nil. Every step's request
+	// repeats the one before's message hashes and adds its own, a third of
+	// a record's line and of its parse; a reader that never loads the
+	// prompts' messages (a contiguous export) need not decode them. The
+	// line is still checked whole: a request that is not an array of
+	// strings is refused as ever.
+	NoRequests bool
+}
+
+// ReadRecordsTextWith is ReadRecordsText leaving out what opts say.
+func ReadRecordsTextWith(r io.Reader, opts ReadOptions, fn func(rec Record, text *RecordText, line int) error) (ReadStats, error) {
+	return readRecordsText(r, parseMode{text: true, ReadOptions: opts}, func(rec Record, t *RecordText, line int, _ int64) error { return fn(rec, t, line) }, MaxRecordBytes)
+}
+
+// parseMode is how readRecordsText's workers parse a line.
+type parseMode struct {
+	text bool // with a RecordText
+	ReadOptions
 }
 
 // ReadRunRecordsText reads dir/rollouts.jsonl with ReadRecordsText.
@@ -183,17 +207,17 @@ type readBatch struct {
 	done  chan struct{}
 }
 
-func (b *readBatch) parse(text bool) {
+func (b *readBatch) parse(mode parseMode) {
 	b.recs = make([]Record, len(b.lines))
 	b.errs = make([]error, len(b.lines))
-	if text {
+	if mode.text {
 		b.texts = make([]*RecordText, len(b.lines))
 	}
 	for i, ln := range b.lines {
 		switch {
 		case ln.kind != lineRecord:
-		case text:
-			b.recs[i], b.texts[i], b.errs[i] = parseRecordText(b.data[ln.start:ln.end])
+		case mode.text:
+			b.recs[i], b.texts[i], b.errs[i] = parseRecordText(b.data[ln.start:ln.end], mode.ReadOptions)
 		default:
 			b.recs[i], b.errs[i] = parseRecord(b.data[ln.start:ln.end])
 		}
@@ -207,12 +231,12 @@ func (b *readBatch) parse(text bool) {
 // order, as one pass would make it. Parsing is most of reading a run, so
 // an export, a summary or a resume reads at the speed of every core.
 func readRecords(r io.Reader, fn func(Record, int, int64) error, maxLine int) (st ReadStats, err error) {
-	return readRecordsText(r, false, func(rec Record, _ *RecordText, line int, off int64) error { return fn(rec, line, off) }, maxLine)
+	return readRecordsText(r, parseMode{}, func(rec Record, _ *RecordText, line int, off int64) error { return fn(rec, line, off) }, maxLine)
 }
 
 // readRecordsText is readRecords giving fn each record's text too, when
-// text is set (nil otherwise).
-func readRecordsText(r io.Reader, text bool, fn func(Record, *RecordText, int, int64) error, maxLine int) (st ReadStats, err error) {
+// mode.text is set (nil otherwise).
+func readRecordsText(r io.Reader, mode parseMode, fn func(Record, *RecordText, int, int64) error, maxLine int) (st ReadStats, err error) {
 	workers := runtime.GOMAXPROCS(0)
 	order := make(chan *readBatch, 2*workers)
 	work := make(chan *readBatch, 2*workers)
@@ -226,7 +250,7 @@ func readRecordsText(r io.Reader, text bool, fn func(Record, *RecordText, int, i
 	for range workers {
 		wg.Go(func() {
 			for b := range work {
-				b.parse(text)
+				b.parse(mode)
 			}
 		})
 	}
@@ -264,7 +288,7 @@ func readRecordsText(r io.Reader, text bool, fn func(Record, *RecordText, int, i
 				st.TornTail = false
 				st.Records++
 				var t *RecordText
-				if text {
+				if mode.text {
 					t, b.texts[i] = b.texts[i], nil
 				}
 				if err := fn(b.recs[i], t, st.Lines, at.Offset); err != nil {
@@ -371,17 +395,69 @@ func parseRecord(line []byte) (Record, error) {
 
 // parseRecordText is parseRecord keeping the text of the record's
 // logprobs.
-func parseRecordText(line []byte) (Record, *RecordText, error) {
+func parseRecordText(line []byte, opts ReadOptions) (Record, *RecordText, error) {
 	t := &RecordText{line: line}
-	rec, err := parseRecordWith(line, jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
+	unmarshalers := []*jsonv2.Unmarshalers{
 		jsonv2.UnmarshalFromFunc(unmarshalInt64s),
 		jsonv2.UnmarshalFromFunc(unmarshalNumbers(parseFloat64, t.keep)),
-	)))
+	}
+	if opts.NoRequests {
+		unmarshalers = append(unmarshalers, jsonv2.UnmarshalFromFunc(skipRequest))
+	}
+	rec, err := parseRecordWith(line, jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(unmarshalers...)))
 	if err != nil {
 		return Record{}, nil, err
 	}
 	t.own()
 	return rec, t, nil
+}
+
+// skipRequest checks a step's request, an array of strings, and leaves it
+// undecoded; any other []string is decoded as ever.
+func skipRequest(dec *jsontext.Decoder, v *[]string) error {
+	p := dec.StackPointer()
+	if !strings.HasPrefix(string(p), "/steps/") || p.LastToken() != "request" || strings.Count(string(p), "/") != 3 {
+		return errors.ErrUnsupported
+	}
+	if k := dec.PeekKind(); k != '[' && k != 'n' {
+		return errors.ErrUnsupported // the decoder's own error names it
+	}
+	raw, err := dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	if !stringArray(raw) {
+		return jsonv2.Unmarshal(raw, v) // for the decoder's error
+	}
+	return nil
+}
+
+// stringArray reports whether raw, a valid JSON value, is null or an array
+// of strings and nulls (which decode as "", as the decoder has them).
+func stringArray(raw []byte) bool {
+	if string(raw) == "null" {
+		return true
+	}
+	for i := 1; i < len(raw)-1; {
+		switch raw[i] {
+		case ' ', '\t', '\r', '\n', ',':
+			i++
+		case '"':
+			// Valid JSON: a backslash is followed by what it escapes,
+			// and the string ends.
+			for i++; raw[i] != '"'; i++ {
+				if raw[i] == '\\' {
+					i++
+				}
+			}
+			i++
+		case 'n':
+			i += len("null")
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func parseRecordWith(line []byte, decoding jsonv2.Options) (Record, error) {
