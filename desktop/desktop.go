@@ -36,9 +36,11 @@ package desktop
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -261,6 +263,26 @@ type EndStateGrader interface {
 type EndState struct {
 	Ref   string
 	Bytes int64
+}
+
+// EndStateRef is the name a backend gives a kept end state: its prefix
+// (one per backend) and 32 hex digits of sum's first 16 bytes (the
+// state's content hash, or random bytes where the backend has none). A
+// name of this shape is safe as a file name.
+func EndStateRef(prefix string, sum []byte) string {
+	return prefix + hex.EncodeToString(sum[:16])
+}
+
+// IsEndStateRef reports whether ref has the shape EndStateRef gives with
+// prefix: a backend checks a name it is handed before it builds a path of
+// it, so no name reaches outside its directory of end states.
+func IsEndStateRef(prefix, ref string) bool {
+	h, ok := strings.CutPrefix(ref, prefix)
+	if !ok || len(h) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil
 }
 
 // ErrNoEndState means a kept end state no longer exists (dropped to keep

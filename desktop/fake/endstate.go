@@ -3,7 +3,6 @@ package fake
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"legato/rl/desktop"
 	"legato/rl/schema"
@@ -50,7 +48,7 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 		return desktop.EndState{}, err
 	}
 	sum := sha256.Sum256(b)
-	ref := endStatePrefix + hex.EncodeToString(sum[:16])
+	ref := desktop.EndStateRef(endStatePrefix, sum[:])
 	if err := os.MkdirAll(d.cfg.EndStates, 0o755); err != nil {
 		return desktop.EndState{}, d.fail(PhaseEvaluate, err)
 	}
@@ -115,8 +113,7 @@ func (d *Desktop) endStatePath(ref string) string {
 // checkedEndStatePath is the file of ref, refusing a ref that is not a
 // fake end state's name (it must not name another file).
 func (d *Desktop) checkedEndStatePath(ref string) (string, error) {
-	hexPart, ok := strings.CutPrefix(ref, endStatePrefix)
-	if _, err := hex.DecodeString(hexPart); !ok || err != nil || len(hexPart) != 32 {
+	if !desktop.IsEndStateRef(endStatePrefix, ref) {
 		return "", fmt.Errorf("%q is not the name of a fake's kept end state", ref)
 	}
 	if d.cfg.EndStates == "" {

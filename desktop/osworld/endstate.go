@@ -3,13 +3,11 @@ package osworld
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"legato/rl/desktop"
@@ -46,7 +44,7 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 	if _, err := rand.Read(suffix[:]); err != nil {
 		return desktop.EndState{}, err
 	}
-	ref := endStatePrefix + hex.EncodeToString(suffix[:])
+	ref := desktop.EndStateRef(endStatePrefix, suffix[:])
 	if err := os.MkdirAll(d.cfg.EndStates, 0o755); err != nil {
 		return desktop.EndState{}, d.fail("keep end state", err)
 	}
@@ -182,8 +180,7 @@ func (d *Desktop) forkKept(ctx context.Context, t *vm.Template) error {
 // endStateDir is the directory of ref, refusing a ref that is not an
 // osworld end state's name (it must not name another file).
 func (d *Desktop) endStateDir(ref string) (string, error) {
-	hexPart, ok := strings.CutPrefix(ref, endStatePrefix)
-	if _, err := hex.DecodeString(hexPart); !ok || err != nil || len(hexPart) != 32 {
+	if !desktop.IsEndStateRef(endStatePrefix, ref) {
 		return "", fmt.Errorf("%q is not the name of an osworld desktop's kept end state", ref)
 	}
 	if d.cfg.EndStates == "" {
