@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestIntegrationKeep keeps a running VM's whole state on disk, and then a
@@ -144,31 +145,44 @@ func TestIntegrationKeep(t *testing.T) {
 			c3.Close()
 		}
 	}
-	// A state kept over another base image is refused.
+	// A state kept by another build of QEMU at the same path (one upgraded
+	// in place), or over another base image, is refused by name.
 	m := filepath.Join(first, keptManifest)
 	b, err := os.ReadFile(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(m, replaceBase(t, b, "/nonexistent/legato-base-0000000000000000.qcow2"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := v.LoadKept(ctx, first); err == nil {
-		t.Error("LoadKept took a state kept over another base image")
+	for _, tt := range []struct {
+		edit func(*keptManifestV)
+		want string
+	}{
+		{func(m *keptManifestV) { m.QEMU.MTime = m.QEMU.MTime.Add(-time.Hour) }, "another build of"},
+		{func(m *keptManifestV) { m.QEMU.Size++ }, "another build of"},
+		{func(m *keptManifestV) { m.Base = "/nonexistent/legato-base-0000000000000000.qcow2" }, "written over the base image"},
+	} {
+		if err := os.WriteFile(m, editManifest(t, b, tt.edit), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if tmpl, err := v.LoadKept(ctx, first); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("LoadKept of an edited manifest: %v, want an error saying %q", err, tt.want)
+			if tmpl != nil {
+				tmpl.Close()
+			}
+		}
 	}
 }
 
 // processAlive says whether pid names a process (a zombie counts).
 func processAlive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
-// replaceBase is a kept state's manifest with another base image.
-func replaceBase(t *testing.T, manifest []byte, base string) []byte {
+// editManifest is a kept state's manifest changed by edit.
+func editManifest(t *testing.T, manifest []byte, edit func(*keptManifestV)) []byte {
 	t.Helper()
 	var m keptManifestV
 	if err := json.Unmarshal(manifest, &m); err != nil {
 		t.Fatal(err)
 	}
-	m.Base = base
+	edit(&m)
 	b, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
