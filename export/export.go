@@ -341,7 +341,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		var kept []keptRecord
 		keep := r.Size() <= keepRecordsBytes
 		read := func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
-			return schema.ReadRecordLines(r, func(rec schema.Record, line int) error { return fn(rec, nil, line) })
+			return schema.ReadRecordLinesWith(r, readOptions(opts), func(rec schema.Record, line int) error { return fn(rec, nil, line) })
 		}
 		if keep {
 			kept = []keptRecord{}

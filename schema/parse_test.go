@@ -116,6 +116,13 @@ func TestParseRecordAgrees(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("line %d (-encoding/json without requests +parseRecordText NoRequests):\n%s", i, diff)
 		}
+		got, err = parseRecordOpts(line, ReadOptions{NoRequests: true})
+		if err != nil {
+			t.Fatalf("line %d: parseRecordOpts without requests: %v", i, err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("line %d (-encoding/json without requests +parseRecordOpts NoRequests):\n%s", i, diff)
+		}
 	}
 	if requests == 0 {
 		t.Error("no request to leave out")
@@ -141,15 +148,18 @@ func TestNoRequestsChecksThem(t *testing.T) {
 		line := []byte(`{"schema":"` + Version + `","steps":[{"request":` + tt.request + `,"prompt_token_chunks":["x"]}],"task_id":"t"}`)
 		whole, _, errWhole := parseRecordText(line, ReadOptions{})
 		rec, _, err := parseRecordText(line, ReadOptions{NoRequests: true})
-		if (errWhole == nil) != tt.ok || (err == nil) != tt.ok {
-			t.Errorf("request %s: read whole: %v; without requests: %v; want ok %v", tt.request, errWhole, err, tt.ok)
+		plain, errPlain := parseRecordOpts(line, ReadOptions{NoRequests: true})
+		if (errWhole == nil) != tt.ok || (err == nil) != tt.ok || (errPlain == nil) != tt.ok {
+			t.Errorf("request %s: read whole: %v; without requests: %v, and without text: %v; want ok %v", tt.request, errWhole, err, errPlain, tt.ok)
 			continue
 		}
 		if !tt.ok {
 			continue
 		}
-		if rec.Steps[0].Request != nil || rec.TaskID != "t" || !slices.Equal(rec.Steps[0].PromptTokenChunks, []string{"x"}) {
-			t.Errorf("request %s: read without requests as %+v", tt.request, rec.Steps[0])
+		for _, rec := range []Record{rec, plain} {
+			if rec.Steps[0].Request != nil || rec.TaskID != "t" || !slices.Equal(rec.Steps[0].PromptTokenChunks, []string{"x"}) {
+				t.Errorf("request %s: read without requests as %+v", tt.request, rec.Steps[0])
+			}
 		}
 		if tt.request != "null" && tt.request != "[]" && len(whole.Steps[0].Request) == 0 {
 			t.Errorf("request %s: read whole as %q", tt.request, whole.Steps[0].Request)

@@ -94,6 +94,11 @@ type ReadOptions struct {
 	NoRequests bool
 }
 
+// ReadRecordLinesWith is ReadRecordLines leaving out what opts say.
+func ReadRecordLinesWith(r io.Reader, opts ReadOptions, fn func(rec Record, line int) error) (ReadStats, error) {
+	return readRecordsText(r, parseMode{ReadOptions: opts}, func(rec Record, _ *RecordText, line int, _ int64) error { return fn(rec, line) }, MaxRecordBytes)
+}
+
 // ReadRecordsTextWith is ReadRecordsText leaving out what opts say.
 func ReadRecordsTextWith(r io.Reader, opts ReadOptions, fn func(rec Record, text *RecordText, line int) error) (ReadStats, error) {
 	return readRecordsText(r, parseMode{text: true, ReadOptions: opts}, func(rec Record, t *RecordText, line int, _ int64) error { return fn(rec, t, line) }, MaxRecordBytes)
@@ -219,7 +224,7 @@ func (b *readBatch) parse(mode parseMode) {
 		case mode.text:
 			b.recs[i], b.texts[i], b.errs[i] = parseRecordText(b.data[ln.start:ln.end], mode.ReadOptions)
 		default:
-			b.recs[i], b.errs[i] = parseRecord(b.data[ln.start:ln.end])
+			b.recs[i], b.errs[i] = parseRecordOpts(b.data[ln.start:ln.end], mode.ReadOptions)
 		}
 	}
 	close(b.done)
@@ -391,6 +396,22 @@ func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, stop <
 // writes (names in another case, a name twice, invalid UTF-8).
 func parseRecord(line []byte) (Record, error) {
 	return parseRecordWith(line, recordDecoding)
+}
+
+// recordDecodingNoRequests is recordDecoding leaving the steps' requests
+// out (ReadOptions.NoRequests).
+var recordDecodingNoRequests = jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
+	jsonv2.UnmarshalFromFunc(unmarshalInt64s),
+	jsonv2.UnmarshalFromFunc(unmarshalFloat64s),
+	jsonv2.UnmarshalFromFunc(skipRequest),
+))
+
+// parseRecordOpts is parseRecord leaving out what opts say.
+func parseRecordOpts(line []byte, opts ReadOptions) (Record, error) {
+	if opts.NoRequests {
+		return parseRecordWith(line, recordDecodingNoRequests)
+	}
+	return parseRecord(line)
 }
 
 // parseRecordText is parseRecord keeping the text of the record's
