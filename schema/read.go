@@ -87,10 +87,11 @@ func ReadRecordsText(r io.Reader, fn func(rec Record, text *RecordText, line int
 type ReadOptions struct {
 	// NoRequests leaves each step's Request nil. Every step's request
 	// repeats the one before's message hashes and adds its own, a third of
-	// a record's line and of its parse; a reader that never loads the
-	// prompts' messages (a contiguous export) need not decode them. The
-	// line is still checked whole: a request that is not an array of
-	// strings is refused as ever.
+	// a record's line; a reader that never loads the prompts' messages (a
+	// contiguous export, which keeps its records between two passes) holds
+	// smaller records without them. Checking them costs about what
+	// decoding them does: the gain is memory. The line is still checked
+	// whole: a request that is not an array of strings is refused as ever.
 	NoRequests bool
 }
 
