@@ -113,8 +113,12 @@ func TestServeHTTP(t *testing.T) {
 			}
 		}
 	}
-	// The stream hands the group over once it ended, then waits for more
-	// until its idle bound.
+	// Once the group ended (waited for as an event: on a loaded machine
+	// at -race it took longer than the stream's idle bound below), the
+	// stream hands it over, then waits for more until that bound.
+	if status, body := do("GET", "/v1/groups/g000001?wait=300", "s3cret", ""); status != 200 || !strings.Contains(body, `"state":"closed"`) || !strings.Contains(body, `"cursor":1`) {
+		t.Fatalf("group g000001: %d %s, want it ended", status, body)
+	}
 	status, body := do("GET", "/v1/stream?after=0&wait=0.2", "s3cret", "")
 	lines := bytes.Split(bytes.TrimSpace([]byte(body)), []byte("\n"))
 	if status != 200 || len(lines) != 1 || !bytes.Contains(lines[0], []byte(`"cursor":1`)) {
