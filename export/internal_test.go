@@ -398,6 +398,7 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 		{gen, Options{}}, {gen, Options{PromptPrefix: true}}, {gen, Options{Contiguous: true}},
 		{"testdata/run", loose}, {"testdata/run", Options{PromptPrefix: true, AllowMissingLogprobs: true, AllowBadLogprobs: true}},
 	} {
+		var keptOut []byte // the output with records kept, for the one reading them twice
 		for _, keep := range []int64{256 << 20, 0} {
 			keepRecordsBytes = keep
 			var outs [2][]byte
@@ -415,6 +416,12 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 			if len(outs[0]) == 0 || !bytes.Equal(outs[0], outs[1]) {
 				t.Errorf("%s %+v, keeping records %v: copying logprobs wrote %d bytes, formatting them %d, not the same",
 					tc.run, tc.opts, keep > 0, len(outs[0]), len(outs[1]))
+			}
+			if keep > 0 {
+				keptOut = outs[0]
+			} else if !bytes.Equal(keptOut, outs[0]) {
+				t.Errorf("%s %+v: reading the records twice wrote %d bytes, keeping them %d, not the same",
+					tc.run, tc.opts, len(outs[0]), len(keptOut))
 			}
 		}
 	}

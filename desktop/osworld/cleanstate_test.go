@@ -103,23 +103,19 @@ func startSleep(t *testing.T, secs, display string) *sleeper {
 // alive reports whether the sleep still runs, waiting a little for one
 // that was killed to be reaped. It is for sleeps that must live: under
 // load a killed one may take longer to be reaped (then dead says it).
-func (s *sleeper) alive() bool {
-	select {
-	case <-s.done:
-		return false
-	case <-time.After(200 * time.Millisecond):
-		return true
-	}
-}
+func (s *sleeper) alive() bool { return !s.endsWithin(200 * time.Millisecond) }
 
 // dead reports whether the sleep ended, waiting for it as long as a
 // loaded machine may take to reap a killed process: for sleeps that must
 // have been ended.
-func (s *sleeper) dead() bool {
+func (s *sleeper) dead() bool { return s.endsWithin(30 * time.Second) }
+
+// endsWithin reports whether the sleep ends (or has ended) within d.
+func (s *sleeper) endsWithin(d time.Duration) bool {
 	select {
 	case <-s.done:
 		return true
-	case <-time.After(30 * time.Second):
+	case <-time.After(d):
 		return false
 	}
 }
