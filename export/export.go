@@ -149,10 +149,15 @@ var ErrDamagedRecords = errors.New("unreadable record in the middle of the file"
 // rollout and little else, so the caches only need to hold one rollout's
 // history (about 30 messages and, inlined, 15 screenshots of 1–2 MB as
 // data URLs). Bigger caches would only raise the memory an export holds
-// without saving reads.
+// without saving reads. A rollout's steps take the token chunks they share
+// from the step before, not from the cache, so it holds little more than
+// the first prompts a group's attempts share: at the default 32 MB it was
+// a fifth of a contiguous export's peak memory, and every page of that is
+// a page fault in a fresh process.
 const (
 	exportMessageCacheBytes = 8 << 20
 	exportImageCacheBytes   = 64 << 20
+	exportTokenCacheBytes   = 4 << 20
 )
 
 // keepRecordsBytes is the largest rollouts.jsonl whose records an export
@@ -411,6 +416,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 		store, err := schema.OpenMessageStore(runDir, schema.StoreOptions{
 			MessageCacheBytes: exportMessageCacheBytes,
 			ImageCacheBytes:   exportImageCacheBytes,
+			TokenCacheBytes:   exportTokenCacheBytes,
 		})
 		if err != nil {
 			return rs, err
