@@ -17,6 +17,13 @@
 // skipped, surplus, retried and error records never enter the statistics,
 // and only finished attempts are exported.
 //
+// An export writes each attempt's samples as it reads its record, before
+// the rest of its group is read: the advantage gets advantageWidth bytes,
+// spaces then the number, written once every record is read. JSON allows
+// whitespace before a value, so a reader gets the number encoding/json
+// writes; an export that drops constant groups reads the records twice
+// and writes the same bytes.
+//
 // # Server idle time
 //
 // Summary.ServerIdleS says, for each phase, how much of the batch's wall time

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -31,14 +32,14 @@ type Options struct {
 	DropConstantGroups bool
 	// AllowMissingLogprobs exports samples whose response has no logprobs
 	// (the model server returned none). By default the export fails with a
-	// *MissingLogprobsError before writing anything: a trainer computing
+	// *MissingLogprobsError, writing nothing: a trainer computing
 	// importance ratios or a KL term from the sampler's logprobs cannot
 	// use such samples, and would otherwise find out late or not at all.
 	AllowMissingLogprobs bool
 	// AllowBadLogprobs exports samples whose logprobs the server sent
 	// broken (schema.Step.LogprobDefect: null or non-finite, or not one
 	// per token id). By default the export fails with a *BadLogprobsError
-	// before writing anything. With it, such samples are written with
+	// writing nothing. With it, such samples are written with
 	// response_logprobs null and the defect in their warnings, so that a
 	// trainer can only treat them as samples without logprobs.
 	AllowBadLogprobs bool
@@ -297,8 +298,8 @@ type sampleTail struct {
 // half-written; it must not be one of the run's own files
 // (schema.CheckOutput).
 //
-// The export refuses data a trainer would be misled by, before writing
-// anything. Two final records for one attempt fail it with a
+// The export refuses data a trainer would be misled by, leaving outPath
+// untouched. Two final records for one attempt fail it with a
 // *schema.DuplicateFinalError (see schema.AttemptRule). An unreadable last line, what a crash mid-append leaves, is
 // skipped and counted in Stats.TornLines (its attempt runs again on
 // resume); an unreadable line anywhere else fails the export with an error
@@ -335,114 +336,274 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if err != nil {
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
-	var notRegraded []string
-	heldSeen := map[string]bool{}
-	groups := newGroupTable()
-	rule := schema.NewAttemptRule()
+	a := &admission{runDir: runDir, held: held, regraded: regraded, rule: schema.NewAttemptRule(),
+		groups: newGroupTable(), heldSeen: map[string]bool{}, st: &st}
 	var rs schema.ReadStats
 	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
-		// A file that fits keepRecordsBytes is decoded once: the first
-		// pass keeps its records for the second (kept not nil).
-		var kept []keptRecord
-		keep := r.Size() <= keepRecordsBytes
-		read := func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
-			return schema.ReadRecordLinesWith(r, readOptions(opts), func(rec schema.Record, line int) error { return fn(rec, nil, line) })
+		if onePassExport && !opts.DropConstantGroups {
+			return exportOnePass(ctx, r, a, outPath, opts, &st)
 		}
-		if keep {
-			kept = []keptRecord{}
-			read = func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
-				return schema.ReadRecordsTextWith(r, readOptions(opts), fn)
-			}
-		}
-		rs, err := read(func(rec schema.Record, text *schema.RecordText, line int) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			// The rule collect's resume reads by: a trainer must get the
-			// attempts collect counted, each once.
-			if _, err := rule.Add(&rec, line); err != nil {
-				return fmt.Errorf("%w; run `legato rl repair %s` to move the later record to %s (the first is the one collect kept)",
-					err, runDir, schema.QuarantineFile)
-			}
-			if held.holds(&rec) {
-				st.QuarantinedRecords++
-				heldSeen[rec.TaskID] = true
-				return nil
-			}
-			if regraded != nil && rec.Status.Finished() && rec.Reward != nil {
-				r, ok := regraded[rec.RolloutID]
-				if !ok {
-					notRegraded = append(notRegraded, rec.RolloutID)
-					return nil
-				}
-				rec.Reward = &r
-				st.RegradedRewards++
-			}
-			if !groups.add(&rec) && rec.Status.Finished() {
-				st.MissingReward++
-			}
-			if keep {
-				kept = append(kept, keptRecord{rec, text})
-			}
-			return nil
-		})
-		if err != nil {
-			return rs, err
-		}
-		if torn := rs.TornInside(); torn != nil {
-			return rs, fmt.Errorf("%w: %w; the line is not the last one, so it is not a crash mid-append but damage, "+
-				"and the record it held is lost (its group's advantages would change): run `legato rl repair %s` "+
-				"to move it to %s (nothing is deleted) and export again",
-				ErrDamagedRecords, torn, runDir, schema.QuarantineFile)
-		}
-		if len(notRegraded) > 0 {
-			return rs, fmt.Errorf("%w: %d (%s): regrade them (legato rl regrade; their end states must have been kept) or export the recorded rewards",
-				ErrNotRegraded, len(notRegraded), strings.Join(notRegraded[:min(3, len(notRegraded))], ", "))
-		}
-		groups.finish()
-		if bad := groups.badLogprobs(opts.DropConstantGroups); bad.Samples > 0 {
-			if !opts.AllowBadLogprobs {
-				return rs, &bad
-			}
-			st.BadLogprobs = bad.Samples
-		}
-		if miss := groups.missingLogprobs(opts.DropConstantGroups); miss.Samples > 0 {
-			if !opts.AllowMissingLogprobs {
-				return rs, &miss
-			}
-			st.MissingLogprobs = miss.Samples
-		}
-
-		store, err := schema.OpenMessageStore(runDir, schema.StoreOptions{
-			MessageCacheBytes: exportMessageCacheBytes,
-			ImageCacheBytes:   exportImageCacheBytes,
-			TokenCacheBytes:   exportTokenCacheBytes,
-		})
-		if err != nil {
-			return rs, err
-		}
-		defer store.Close()
-		// The second pass reads the same bytes as the first, so every
-		// finished record it meets has its advantage.
-		if _, err := r.Seek(0, io.SeekStart); err != nil {
-			return rs, err
-		}
-		st.Bytes, err = schema.WriteFileAtomic(outPath, func(w io.Writer) error {
-			return writeSamples(ctx, r, kept, w, store, groups, regraded, opts, &st)
-		})
-		return rs, err
+		return exportTwoPasses(ctx, r, a, outPath, opts, &st)
 	})
 	st.Records, st.TornLines, st.FirstTorn = rs.Records, rs.TornLines, rs.FirstTorn
-	st.QuarantinedTasks = slices.Sorted(maps.Keys(heldSeen))
+	st.QuarantinedTasks = slices.Sorted(maps.Keys(a.heldSeen))
 	if err != nil {
+		// A one-pass export counts what it writes as it goes, into a temp
+		// file that is gone now.
+		st.Lines, st.Rollouts, st.Groups, st.DroppedLines = 0, 0, 0, 0
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
-	for _, g := range groups.order {
-		if opts.DropConstantGroups && groups.constant(g) {
+	for _, g := range a.groups.order {
+		if opts.DropConstantGroups && a.groups.constant(g) {
 			st.DroppedGroups++
 		}
 	}
 	return st, nil
+}
+
+// onePassExport lets an export that drops no group write its samples as it
+// reads the records; a test turns it off to hold the two ways to each
+// other.
+var onePassExport = true
+
+// exportOnePass reads the records once, writing each one's samples as it
+// goes with a placeholder for its advantage, which depends on every
+// attempt of its group, wherever in the file they are; once the last
+// record is read and checked, the advantages are written over their
+// placeholders (advantageWidth bytes each) before the file is synced. Two
+// passes kept the records between them: hundreds of MB for a long run,
+// and in a fresh process every page of it was a page fault, a third of a
+// contiguous export's time. A group that DropConstantGroups leaves out is
+// only known at the end, so that export takes two passes.
+func exportOnePass(ctx context.Context, r io.Reader, a *admission, outPath string, opts Options, st *Stats) (rs schema.ReadStats, err error) {
+	store, err := openExportStore(a.runDir)
+	if err != nil {
+		return rs, err
+	}
+	defer store.Close()
+	src := func(each func(*schema.Record, *schema.RecordText, float64, bool) error) (schema.ReadStats, error) {
+		return schema.ReadRecordsTextWith(r, readOptions(opts), func(rec schema.Record, text *schema.RecordText, line int) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if ok, err := a.admit(&rec, line); err != nil || !ok {
+				return err
+			}
+			return each(&rec, text, 0, false)
+		})
+	}
+	var patches []advantagePatch
+	st.Bytes, err = schema.WriteFileAtomicPatched(outPath, func(w io.Writer) error {
+		var err error
+		if rs, patches, err = writeSamples(ctx, src, w, store, opts, st); err != nil {
+			return err
+		}
+		return a.check(rs, opts, st)
+	}, func(f io.WriterAt) error {
+		return a.patch(f, patches)
+	})
+	return rs, err
+}
+
+// exportTwoPasses reads the records once for the groups' rewards and the
+// checks, and again for the samples. A file that fits keepRecordsBytes is
+// decoded once: the first pass keeps its records for the second.
+func exportTwoPasses(ctx context.Context, r *io.SectionReader, a *admission, outPath string, opts Options, st *Stats) (schema.ReadStats, error) {
+	var kept []keptRecord
+	keep := r.Size() <= keepRecordsBytes
+	read := func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
+		return schema.ReadRecordLinesWith(r, readOptions(opts), func(rec schema.Record, line int) error { return fn(rec, nil, line) })
+	}
+	if keep {
+		kept = []keptRecord{}
+		read = func(fn func(schema.Record, *schema.RecordText, int) error) (schema.ReadStats, error) {
+			return schema.ReadRecordsTextWith(r, readOptions(opts), fn)
+		}
+	}
+	rs, err := read(func(rec schema.Record, text *schema.RecordText, line int) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ok, err := a.admit(&rec, line)
+		if ok && keep {
+			kept = append(kept, keptRecord{rec, text})
+		}
+		return err
+	})
+	if err != nil {
+		return rs, err
+	}
+	if err := a.check(rs, opts, st); err != nil {
+		return rs, err
+	}
+	store, err := openExportStore(a.runDir)
+	if err != nil {
+		return rs, err
+	}
+	defer store.Close()
+	// The second pass reads the same bytes as the first, so every
+	// finished record it meets has its advantage.
+	if _, err := r.Seek(0, io.SeekStart); err != nil {
+		return rs, err
+	}
+	groups := a.groups
+	src := func(each func(*schema.Record, *schema.RecordText, float64, bool) error) (schema.ReadStats, error) {
+		take := func(rec schema.Record, text *schema.RecordText) error {
+			if reward, ok := a.regraded[rec.RolloutID]; ok && rec.Status.Finished() && rec.Reward != nil {
+				rec.Reward = &reward
+			}
+			adv, ok := groups.advantage(rec.GroupID, rec.RolloutID)
+			if !ok {
+				return nil // not finished, or finished without a reward
+			}
+			if opts.DropConstantGroups && groups.constant(rec.GroupID) {
+				if opts.Contiguous {
+					st.DroppedLines++
+				} else {
+					st.DroppedLines += len(rec.Steps)
+				}
+				return nil
+			}
+			return each(&rec, text, adv, true)
+		}
+		if kept == nil {
+			return schema.ReadRecordsTextWith(r, readOptions(opts), func(rec schema.Record, text *schema.RecordText, _ int) error { return take(rec, text) })
+		}
+		for _, k := range kept {
+			if err := take(k.rec, k.text); err != nil {
+				return schema.ReadStats{}, err
+			}
+		}
+		return schema.ReadStats{}, nil
+	}
+	st.Bytes, err = schema.WriteFileAtomic(outPath, func(w io.Writer) error {
+		_, _, err := writeSamples(ctx, src, w, store, opts, st)
+		return err
+	})
+	return rs, err
+}
+
+func openExportStore(runDir string) (*schema.MessageStore, error) {
+	return schema.OpenMessageStore(runDir, schema.StoreOptions{
+		MessageCacheBytes: exportMessageCacheBytes,
+		ImageCacheBytes:   exportImageCacheBytes,
+		TokenCacheBytes:   exportTokenCacheBytes,
+	})
+}
+
+// admission decides, record by record in the file's order, which records
+// an export takes: each attempt once (or the run is refused), quarantined
+// tasks left out, regraded rewards in place of recorded ones. It keeps the
+// groups' rewards and their logprob counts for the checks made once every
+// record is read.
+type admission struct {
+	runDir      string
+	held        heldTasks
+	regraded    map[string]float64
+	rule        *schema.AttemptRule
+	groups      *groupTable
+	heldSeen    map[string]bool
+	notRegraded []string
+	st          *Stats
+}
+
+// admit takes rec, read from line, and reports whether it is a finished
+// attempt with a reward, whose samples an export writes (unless its group
+// is dropped). A rerun error record is no record to write, and a second
+// final record of an attempt is an error.
+func (a *admission) admit(rec *schema.Record, line int) (bool, error) {
+	// The rule collect's resume reads by: a trainer must get the
+	// attempts collect counted, each once.
+	if _, err := a.rule.Add(rec, line); err != nil {
+		return false, fmt.Errorf("%w; run `legato rl repair %s` to move the later record to %s (the first is the one collect kept)",
+			err, a.runDir, schema.QuarantineFile)
+	}
+	if a.held.holds(rec) {
+		a.st.QuarantinedRecords++
+		a.heldSeen[rec.TaskID] = true
+		return false, nil
+	}
+	if a.regraded != nil && rec.Status.Finished() && rec.Reward != nil {
+		r, ok := a.regraded[rec.RolloutID]
+		if !ok {
+			a.notRegraded = append(a.notRegraded, rec.RolloutID)
+			return false, nil
+		}
+		rec.Reward = &r
+		a.st.RegradedRewards++
+	}
+	if !a.groups.add(rec) {
+		if rec.Status.Finished() {
+			a.st.MissingReward++
+		}
+		return false, nil
+	}
+	return true, nil
+}
+
+// check is what an export refuses once every record is read: a damaged
+// line, finished attempts without their regraded reward, samples with
+// broken or missing logprobs (unless opts allow them). It computes the
+// groups' advantages.
+func (a *admission) check(rs schema.ReadStats, opts Options, st *Stats) error {
+	if torn := rs.TornInside(); torn != nil {
+		return fmt.Errorf("%w: %w; the line is not the last one, so it is not a crash mid-append but damage, "+
+			"and the record it held is lost (its group's advantages would change): run `legato rl repair %s` "+
+			"to move it to %s (nothing is deleted) and export again",
+			ErrDamagedRecords, torn, a.runDir, schema.QuarantineFile)
+	}
+	if len(a.notRegraded) > 0 {
+		return fmt.Errorf("%w: %d (%s): regrade them (legato rl regrade; their end states must have been kept) or export the recorded rewards",
+			ErrNotRegraded, len(a.notRegraded), strings.Join(a.notRegraded[:min(3, len(a.notRegraded))], ", "))
+	}
+	a.groups.finish()
+	if bad := a.groups.badLogprobs(opts.DropConstantGroups); bad.Samples > 0 {
+		if !opts.AllowBadLogprobs {
+			return &bad
+		}
+		st.BadLogprobs = bad.Samples
+	}
+	if miss := a.groups.missingLogprobs(opts.DropConstantGroups); miss.Samples > 0 {
+		if !opts.AllowMissingLogprobs {
+			return &miss
+		}
+		st.MissingLogprobs = miss.Samples
+	}
+	return nil
+}
+
+// advantagePatch is where a one-pass export wrote the placeholders of a
+// finished attempt's advantage: one per sample, at these offsets of the
+// output.
+type advantagePatch struct {
+	groupID, rolloutID string
+	offsets            []int64
+}
+
+// patch writes each attempt's advantage over its placeholders, after
+// check. A 0, the placeholder's own value and every advantage of a group
+// whose rewards are equal, needs no write.
+func (a *admission) patch(f io.WriterAt, patches []advantagePatch) error {
+	var b []byte
+	for _, p := range patches {
+		adv, ok := a.groups.advantage(p.groupID, p.rolloutID)
+		if !ok {
+			return fmt.Errorf("rollout %s: written without an advantage (an export bug)", p.rolloutID)
+		}
+		if adv == 0 && !math.Signbit(adv) {
+			continue
+		}
+		var err error
+		if b, err = appendAdvantage(b[:0], adv); err != nil {
+			return err
+		}
+		for _, off := range p.offsets {
+			if _, err := f.WriteAt(b, off); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // readOptions is what an export with opts leaves out of the records it
@@ -459,16 +620,21 @@ type keptRecord struct {
 	text *schema.RecordText
 }
 
-// writeSamples is the second pass of an export; records take their
-// regraded reward where regraded has one. A reader goroutine takes the
-// records the first pass kept, or parses them from r again when it kept
-// none (kept nil), and reads their new messages from disk into the store's
-// cache; the samples of each record are built and encoded by one of
-// several workers (one per CPU) into a buffer of their own, and a writer
-// writes the buffers in the records' order. With inline images a record's
-// samples are too big to hold (a prompt's screenshots are tens of MB per
-// line): the writer encodes them itself, straight to w.
-func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writer, store *schema.MessageStore, groups *groupTable, regraded map[string]float64, opts Options, st *Stats) error {
+// recordSource calls each with the records whose samples an export
+// writes, in the file's order, and each record's advantage when it is
+// known (else a placeholder is written, for exportOnePass to patch).
+type recordSource func(each func(rec *schema.Record, text *schema.RecordText, adv float64, known bool) error) (schema.ReadStats, error)
+
+// writeSamples writes the samples of the records src gives and returns
+// src's read stats and where the placeholders of the advantages not known
+// yet are. A reader goroutine takes the records from src and reads their
+// new messages from disk into the store's cache; the samples of each
+// record are built and encoded by one of several workers (one per CPU)
+// into a buffer of their own, and a writer writes the buffers in the
+// records' order. With inline images a record's samples are too big to
+// hold (a prompt's screenshots are tens of MB per line): the writer
+// encodes them itself, straight to w.
+func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *schema.MessageStore, opts Options, st *Stats) (rs schema.ReadStats, patches []advantagePatch, err error) {
 	workers := runtime.GOMAXPROCS(0)
 	if opts.InlineImages {
 		workers = 0
@@ -476,8 +642,13 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 	type job struct {
 		rec   *schema.Record
 		text  *schema.RecordText
+		adv   float64
+		known bool // adv is the advantage; else a placeholder is written
 		buf   *bytes.Buffer
 		lines int
+		// advAt are the offsets in buf (or, written by the writer, from
+		// where the record's samples start) of the advantages written.
+		advAt []int64
 		err   error
 		done  chan struct{} // closed once buf or err is set
 	}
@@ -503,22 +674,8 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 		defer close(queue)
 		defer close(jobs)
 		seen := make(map[string]struct{})
-		each := func(rec schema.Record, text *schema.RecordText) error {
-			if reward, ok := regraded[rec.RolloutID]; ok && rec.Status.Finished() && rec.Reward != nil {
-				rec.Reward = &reward
-			}
-			if _, ok := groups.advantage(rec.GroupID, rec.RolloutID); !ok {
-				return nil // not finished, or finished without a reward
-			}
-			if opts.DropConstantGroups && groups.constant(rec.GroupID) {
-				// Only this goroutine writes it.
-				if opts.Contiguous {
-					st.DroppedLines++
-				} else {
-					st.DroppedLines += len(rec.Steps)
-				}
-				return nil
-			}
+		var err error
+		rs, err = src(func(rec *schema.Record, text *schema.RecordText, adv float64, known bool) error {
 			// Warm the cache with the rollout's distinct messages; the
 			// encoder reports any error when it loads them.
 			clear(seen)
@@ -533,7 +690,7 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 					}
 				}
 			}
-			j := &job{rec: &rec, text: text, done: make(chan struct{})}
+			j := &job{rec: rec, text: text, adv: adv, known: known, done: make(chan struct{})}
 			select {
 			case j.buf = <-free:
 				j.buf.Reset()
@@ -544,24 +701,16 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 				return err
 			}
 			return send(jobs, j)
-		}
-		if kept == nil {
-			_, err := schema.ReadRecordsTextWith(r, readOptions(opts), func(rec schema.Record, text *schema.RecordText, _ int) error { return each(rec, text) })
-			return err
-		}
-		for _, k := range kept {
-			if err := each(k.rec, k.text); err != nil {
-				return err
-			}
-		}
-		return nil
+		})
+		return err
 	})
 	for range workers {
 		g.Go(func() error {
 			sw := newSampleWriter(nil)
 			for j := range jobs {
-				sw.w = j.buf
-				j.lines, j.err = writeRecord(ctx, j.rec, j.text, sw, store, groups, opts)
+				sw.w, sw.n = j.buf, 0
+				j.lines, j.err = writeRecord(ctx, j.rec, j.text, j.adv, sw, store, opts)
+				j.advAt = slices.Clone(sw.advAt)
 				close(j.done)
 			}
 			return nil
@@ -571,13 +720,18 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 		sw := newSampleWriter(w)
 		exported := make(map[string]struct{})
 		defer func() { st.Groups = len(exported) }()
+		var written int64 // bytes written to w
 		for j := range queue {
+			start := written
 			if workers == 0 {
-				lines, err := writeRecord(ctx, j.rec, j.text, sw, store, groups, opts)
+				sw.n = 0
+				lines, err := writeRecord(ctx, j.rec, j.text, j.adv, sw, store, opts)
 				st.Lines += lines
 				if err != nil {
 					return err
 				}
+				j.advAt = sw.advAt
+				written += sw.n
 			} else {
 				select {
 				case <-j.done:
@@ -590,28 +744,37 @@ func writeSamples(ctx context.Context, r io.Reader, kept []keptRecord, w io.Writ
 				if _, err := w.Write(j.buf.Bytes()); err != nil {
 					return err
 				}
+				written += int64(j.buf.Len())
 				select {
 				case free <- j.buf:
 				default:
 				}
 				st.Lines += j.lines
 			}
+			if !j.known {
+				p := advantagePatch{groupID: j.rec.GroupID, rolloutID: j.rec.RolloutID, offsets: make([]int64, len(j.advAt))}
+				for i, at := range j.advAt {
+					p.offsets[i] = start + at
+				}
+				patches = append(patches, p)
+			}
 			st.Rollouts++
 			exported[j.rec.GroupID] = struct{}{}
 		}
 		return nil
 	})
-	return g.Wait()
+	err = g.Wait()
+	return rs, patches, err
 }
 
-// writeRecord writes the samples of rec with sw and returns how many it
-// wrote.
-func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordText, sw *sampleWriter, store *schema.MessageStore, groups *groupTable, opts Options) (lines int, err error) {
+// writeRecord writes the samples of rec, with advantage adv, with sw and
+// returns how many it wrote; sw.advAt says where it wrote the advantages.
+func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordText, adv float64, sw *sampleWriter, store *schema.MessageStore, opts Options) (lines int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	sw.advAt = sw.advAt[:0]
 	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
-	adv, _ := groups.advantage(rec.GroupID, rec.RolloutID)
 	if opts.Contiguous {
 		if err := fillSequence(&sw.seq, store, rec); err != nil {
 			return 0, err
@@ -627,10 +790,12 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 				sw.texts = append(sw.texts, stepText{t, len(rec.Steps[i].Response.Logprobs)})
 			}
 		}
-		sw.tail, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
+		var at int
+		sw.tail, at, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
 			Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq}, sw.texts, sw.encode)
 		if err == nil {
-			_, err = sw.w.Write(append(sw.tail, '\n'))
+			sw.advAt = append(sw.advAt, sw.n+int64(at))
+			err = sw.put(append(sw.tail, '\n'))
 		}
 		return 1, err
 	}
@@ -767,7 +932,11 @@ func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, 
 // escaped: replies are full of <tool_call> tags, and a trainer reads them
 // as text.
 type sampleWriter struct {
-	w       io.Writer
+	w io.Writer
+	n int64 // bytes written to w
+	// advAt are the offsets in w of the advantages of the record being
+	// written.
+	advAt   []int64
 	scratch bytes.Buffer
 	enc     *json.Encoder
 	tail    []byte     // the tail's JSON, reused from line to line
@@ -795,22 +964,35 @@ func (sw *sampleWriter) encode(v any) ([]byte, error) {
 	return bytes.TrimSuffix(sw.scratch.Bytes(), []byte("\n")), nil
 }
 
+// put writes b to w, counting it.
+func (sw *sampleWriter) put(b []byte) error {
+	n, err := sw.w.Write(b)
+	sw.n += int64(n)
+	return err
+}
+
 // write writes one line: head's fields, "messages" (n of them, msg(k)
-// giving the JSON of the k-th), then tail's fields.
+// giving the JSON of the k-th), then tail's fields. The advantage, head's
+// last field, takes advantageWidth bytes.
 func (sw *sampleWriter) write(head *sampleHead, n int, msg func(k int) ([]byte, error), tail *sampleTail) error {
 	b, err := sw.encode(head)
 	if err != nil {
 		return err
 	}
-	if _, err := sw.w.Write(b[:len(b)-1]); err != nil { // without its "}"
+	at := bytes.LastIndex(b, []byte(`,"advantage":`)) + len(`,"advantage":`)
+	if b, err = appendAdvantage(b[:at], head.Advantage); err != nil {
 		return err
 	}
-	if _, err := io.WriteString(sw.w, `,"messages":[`); err != nil {
+	sw.advAt = append(sw.advAt, sw.n+int64(at))
+	if err := sw.put(b); err != nil {
+		return err
+	}
+	if err := sw.put([]byte(`,"messages":[`)); err != nil {
 		return err
 	}
 	for k := range n {
 		if k > 0 {
-			if _, err := io.WriteString(sw.w, ","); err != nil {
+			if err := sw.put([]byte(",")); err != nil {
 				return err
 			}
 		}
@@ -818,19 +1000,18 @@ func (sw *sampleWriter) write(head *sampleHead, n int, msg func(k int) ([]byte, 
 		if err != nil {
 			return err
 		}
-		if _, err := sw.w.Write(b); err != nil {
+		if err := sw.put(b); err != nil {
 			return err
 		}
 	}
-	if _, err := io.WriteString(sw.w, "],"); err != nil {
+	if err := sw.put([]byte("],")); err != nil {
 		return err
 	}
 	if sw.tail, err = appendTail(sw.tail[:0], tail, sw.encode); err != nil {
 		return err
 	}
 	sw.tail = append(sw.tail, '\n')
-	_, err = sw.w.Write(sw.tail[1:]) // without its "{"
-	return err
+	return sw.put(sw.tail[1:]) // without its "{"
 }
 
 // readRun calls read with a reader of runDir/rollouts.jsonl limited to its

@@ -2,6 +2,7 @@ package export
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -295,25 +296,57 @@ func TestSummaryCacheAndTokenIDs(t *testing.T) {
 	}
 }
 
-// TestExportReadsRecordsTwicePastBound: a rollouts.jsonl past
-// keepRecordsBytes is read again for the samples, and writes what a kept
-// one does.
+// TestExportReadsRecordsTwicePastBound: an export in two passes writes
+// what one in one pass does (advantages written over their placeholders
+// at the end), whether it keeps the records between its passes or, past
+// keepRecordsBytes, reads them again.
 func TestExportReadsRecordsTwicePastBound(t *testing.T) {
 	opts := Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}
-	kept := filepath.Join(t.TempDir(), "kept.jsonl")
-	if _, err := ExportSteps("testdata/run", kept, opts); err != nil {
-		t.Fatal(err)
-	}
 	defer func(b int64) { keepRecordsBytes = b }(keepRecordsBytes)
-	keepRecordsBytes = 0
-	reread := filepath.Join(t.TempDir(), "reread.jsonl")
-	if _, err := ExportSteps("testdata/run", reread, opts); err != nil {
-		t.Fatal(err)
-	}
-	a, errA := os.ReadFile(kept)
-	b, errB := os.ReadFile(reread)
-	if errA != nil || errB != nil || len(a) == 0 || !bytes.Equal(a, b) {
-		t.Errorf("export reading records twice differs from one keeping them (%d and %d bytes; %v, %v)", len(a), len(b), errA, errB)
+	defer func() { onePassExport = true }()
+	for _, contiguous := range []bool{false, true} {
+		run, opts := "testdata/run", opts
+		if contiguous {
+			run, opts = filepath.Join(t.TempDir(), "gen"), Options{Contiguous: true}
+			if _, err := benchrun.Generate(run, benchrun.Run{Rollouts: 24, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		outs := map[string][]byte{}
+		for _, way := range []string{"one pass", "two passes", "two passes reading twice"} {
+			onePassExport, keepRecordsBytes = way == "one pass", 256<<20
+			if way == "two passes reading twice" {
+				keepRecordsBytes = 0
+			}
+			out := filepath.Join(t.TempDir(), "out.jsonl")
+			if _, err := ExportSteps(run, out, opts); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs[way] = b
+		}
+		// Some advantages are not 0: written over their placeholders.
+		one, nonzero := outs["one pass"], 0
+		for line := range bytes.Lines(one) {
+			var s struct{ Advantage float64 }
+			if err := json.Unmarshal(line, &s); err != nil {
+				t.Fatal(err)
+			}
+			if s.Advantage != 0 {
+				nonzero++
+			}
+		}
+		if nonzero == 0 {
+			t.Fatalf("%s: one pass wrote %d bytes, every advantage 0", run, len(one))
+		}
+		for way, b := range outs {
+			if !bytes.Equal(b, one) {
+				t.Errorf("%s, contiguous %v: export in %s wrote %d bytes, in one pass %d, not the same", run, contiguous, way, len(b), len(one))
+			}
+		}
 	}
 }
 
@@ -390,7 +423,7 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 	}
 	loose := Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}
 	defer func(b int64) { keepRecordsBytes = b }(keepRecordsBytes)
-	defer func() { copyLogprobText = true }()
+	defer func() { copyLogprobText, onePassExport = true, true }()
 	for _, tc := range []struct {
 		run  string
 		opts Options
@@ -400,7 +433,8 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 	} {
 		var keptOut []byte // the output with records kept, for the one reading them twice
 		for _, keep := range []int64{256 << 20, 0} {
-			keepRecordsBytes = keep
+			// Two passes: one keeps records between them or not.
+			keepRecordsBytes, onePassExport = keep, false
 			var outs [2][]byte
 			for i, copyText := range []bool{true, false} {
 				copyLogprobText = copyText

@@ -1,6 +1,7 @@
 package export
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -137,8 +138,7 @@ func appendFloat(b []byte, f float64) (_ []byte, ok bool) {
 // arrays appended directly: a contiguous sample is three arrays as long as
 // the attempt's sequence. The strings go through enc. TestAppendAttemptSample
 // holds it to encoding/json.
-func appendAttemptSample(b []byte, s *AttemptSample, texts []stepText, enc func(any) ([]byte, error)) ([]byte, error) {
-	var err error
+func appendAttemptSample(b []byte, s *AttemptSample, texts []stepText, enc func(any) ([]byte, error)) (_ []byte, advAt int, err error) {
 	str := func(name string, v any) {
 		if err != nil {
 			return
@@ -163,15 +163,19 @@ func appendAttemptSample(b []byte, s *AttemptSample, texts []stepText, enc func(
 	str(`,"task_id":`, s.TaskID)
 	str(`,"group_id":`, s.GroupID)
 	if err != nil {
-		return b, err
+		return b, 0, err
 	}
 	b = append(b, `,"attempt":`...)
 	b = strconv.AppendInt(b, int64(s.Attempt), 10)
 	str(`,"status":`, s.Status)
 	num(`,"reward":`, s.Reward)
-	num(`,"advantage":`, s.Advantage)
 	if err != nil {
-		return b, err
+		return b, 0, err
+	}
+	b = append(b, `,"advantage":`...)
+	advAt = len(b)
+	if b, err = appendAdvantage(b, s.Advantage); err != nil {
+		return b, 0, err
 	}
 	b = append(b, `,"token_ids":`...)
 	b = appendInts(b, s.TokenIDs)
@@ -183,14 +187,39 @@ func appendAttemptSample(b []byte, s *AttemptSample, texts []stepText, enc func(
 		b = appendSequenceLogprobs(b, len(s.Logprobs), s.StepStarts, texts)
 	} else if b, ok = appendFloats(b, s.Logprobs); !ok {
 		_, err := enc(s.Logprobs)
-		return b, err
+		return b, 0, err
 	}
 	b = append(b, `,"prompt_length":`...)
 	b = strconv.AppendInt(b, int64(s.PromptLength), 10)
 	b = append(b, `,"step_starts":`...)
 	b = appendInts32(b, s.StepStarts)
 	str(`,"policy_versions":`, s.PolicyVersions)
-	return append(b, '}'), err
+	return append(b, '}'), advAt, err
+}
+
+// advantageWidth is the width of an exported advantage: the longest number
+// appendFloat writes (17 significant digits, a sign, and "0.00000" before
+// them or an exponent). An export writing in one pass leaves that much
+// room for each advantage and writes it once its group is known.
+const advantageWidth = len("-0.0000012345678901234567")
+
+// appendAdvantage appends adv in encoding/json's number format after the
+// spaces that make it advantageWidth bytes: JSON allows whitespace before
+// a value, so a reader gets the number encoding/json would have written.
+// It fails for NaN or ±Inf, which JSON cannot hold.
+func appendAdvantage(b []byte, adv float64) ([]byte, error) {
+	var num [32]byte
+	n, ok := appendFloat(num[:0], adv)
+	if !ok {
+		return b, fmt.Errorf("json: unsupported value: %v", adv)
+	}
+	if len(n) > advantageWidth {
+		return b, fmt.Errorf("advantage %v: %d bytes, more than the %d an export leaves for it", adv, len(n), advantageWidth)
+	}
+	for range advantageWidth - len(n) {
+		b = append(b, ' ')
+	}
+	return append(b, n...), nil
 }
 
 // appendInts32 appends ints as a JSON array; nil is null.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 
 	"legato/rl/schema"
@@ -133,14 +134,72 @@ func TestAppendAttemptSample(t *testing.T) {
 		samples = append(samples, s)
 	}
 	for i := range samples {
-		got, err := appendAttemptSample(nil, &samples[i], nil, sw.encode)
-		if w := want(&samples[i]); err != nil || !bytes.Equal(got, w) {
+		got, at, err := appendAttemptSample(nil, &samples[i], nil, sw.encode)
+		// The advantage alone is padded (to advantageWidth): without
+		// the whitespace the line is encoding/json's.
+		var compact bytes.Buffer
+		if err == nil {
+			err = json.Compact(&compact, got)
+		}
+		if w := want(&samples[i]); err != nil || !bytes.Equal(compact.Bytes(), w) {
 			t.Errorf("sample %d:\n got %s (%v)\nwant %s", i, got, err, w)
+			continue
+		}
+		if field := got[at:min(at+advantageWidth+1, len(got))]; len(field) <= advantageWidth || field[advantageWidth] != ',' ||
+			strings.TrimLeft(string(field[:advantageWidth]), " ") != string(mustAppendFloat(samples[i].Advantage)) {
+			t.Errorf("sample %d: advantage at %d is %q, want %v in %d bytes", i, at, field, samples[i].Advantage, advantageWidth)
 		}
 	}
 	for _, bad := range []AttemptSample{{Reward: math.NaN()}, {Advantage: math.Inf(1)}, {Sequence: Sequence{Logprobs: []float64{math.Inf(-1)}}}} {
-		if _, err := appendAttemptSample(nil, &bad, nil, sw.encode); err == nil {
+		if _, _, err := appendAttemptSample(nil, &bad, nil, sw.encode); err == nil {
 			t.Errorf("%+v: no error; encoding/json refuses it", bad)
 		}
+	}
+}
+
+func mustAppendFloat(f float64) []byte {
+	b, ok := appendFloat(nil, f)
+	if !ok {
+		panic(f)
+	}
+	return b
+}
+
+// TestAdvantageWidth: every float64 appendFloat writes fits advantageWidth
+// (the widest have 17 significant digits just above 1e-6, negative), and
+// appendAdvantage writes it right-aligned in exactly that many bytes, so a
+// reader gets the number back.
+func TestAdvantageWidth(t *testing.T) {
+	rng := rand.New(rand.NewPCG(28, 3))
+	values := []float64{0, math.Copysign(0, -1), 1, -1, math.MaxFloat64, -math.SmallestNonzeroFloat64, -1.2345678901234567e-6,
+		math.Nextafter(1e-6, 1), -math.Nextafter(1e21, 0), -1e21, -9.999999999999999e-7}
+	for range 100_000 {
+		// Every exponent, and most digits at the widest ones.
+		e := rng.IntN(628) - 320
+		if rng.IntN(2) == 0 {
+			e = rng.IntN(8) - 7
+		}
+		values = append(values, -rng.Float64()*math.Pow(10, float64(e)))
+	}
+	widest := 0
+	for _, v := range values {
+		widest = max(widest, len(mustAppendFloat(v)))
+		b, err := appendAdvantage([]byte("x"), v)
+		if err != nil {
+			t.Fatalf("%v: %v", v, err)
+		}
+		if len(b) != 1+advantageWidth {
+			t.Fatalf("%v written in %d bytes %q, want %d", v, len(b)-1, b[1:], advantageWidth)
+		}
+		var got float64
+		if err := json.Unmarshal(b[1:], &got); err != nil || got != v || math.Signbit(got) != math.Signbit(v) {
+			t.Fatalf("%q reads back as %v (%v), want %v", b[1:], got, err, v)
+		}
+	}
+	if widest != advantageWidth {
+		t.Errorf("the widest advantage written took %d bytes, advantageWidth is %d", widest, advantageWidth)
+	}
+	if _, err := appendAdvantage(nil, math.NaN()); err == nil {
+		t.Error("NaN: no error; JSON cannot hold it")
 	}
 }

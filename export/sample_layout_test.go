@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"legato/rl/schema"
@@ -63,8 +64,19 @@ func TestSampleWriterLayout(t *testing.T) {
 	if err := sw.write(&head, len(msgs), msg, &tail); err != nil {
 		t.Fatal(err)
 	}
-	if got.String() != wantLine.String() {
-		t.Errorf("written line\n%s\nwant (Sample encoded)\n%s", got.String(), wantLine.String())
+	// The advantage alone is padded (to advantageWidth, for a one-pass
+	// export to write it later): without the whitespace the line is
+	// encoding/json's.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, got.Bytes()); err != nil || compact.String()+"\n" != wantLine.String() {
+		t.Errorf("written line (%v)\n%s\nwant (Sample encoded)\n%s", err, got.String(), wantLine.String())
+	}
+	if len(sw.advAt) != 1 || sw.advAt[0]+int64(advantageWidth) >= int64(got.Len()) {
+		t.Fatalf("advantages at %v in a line of %d bytes, want one", sw.advAt, got.Len())
+	}
+	at := sw.advAt[0]
+	if field, after := got.Bytes()[at:at+int64(advantageWidth)], got.Bytes()[at+int64(advantageWidth)]; strings.TrimLeft(string(field), " ") != string(mustAppendFloat(head.Advantage)) || after != ',' {
+		t.Errorf("advantage at %d: %q then %q, want %v in %d bytes", at, field, after, head.Advantage, advantageWidth)
 	}
 }
 

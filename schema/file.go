@@ -142,6 +142,16 @@ func createTempFlags(dir, prefix string, flags int) (*os.File, error) {
 // with the prefix of a run's own temp files, which a collect opening the
 // run directory deletes.
 func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
+	return WriteFileAtomicPatched(path, write, nil)
+}
+
+// WriteFileAtomicPatched is WriteFileAtomic for a writer that learns some
+// of what it wrote only once it has written it all (an export writing in
+// one pass learns a group's advantages at the end of the records): after
+// write, patch (when not nil) overwrites bytes of the written file in
+// place, at offsets counted from its start, before the file is synced and
+// renamed. Either's error leaves path as it was.
+func WriteFileAtomicPatched(path string, write func(io.Writer) error, patch func(io.WriterAt) error) (int64, error) {
 	var werr error
 	f, err := createOutputTemp(path)
 	if err != nil {
@@ -152,7 +162,11 @@ func WriteFileAtomic(path string, write func(io.Writer) error) (int64, error) {
 		if werr = write(bw); werr != nil {
 			return werr
 		}
-		return bw.Flush()
+		if err := bw.Flush(); err != nil || patch == nil {
+			return err
+		}
+		werr = patch(f)
+		return werr
 	})
 	switch {
 	case werr != nil:

@@ -72,14 +72,14 @@ func TestExportCommand(t *testing.T) {
 		wantStderr string // a substring
 	}{
 		{name: "flags after the directory", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"},
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n",
 			wantStderr: "warning: wrote 1 of 11 samples with broken logprobs as samples without logprobs, marked in their warnings (--allow-bad-logprobs)\n" +
 				"warning: wrote 2 of 11 samples without logprobs (--allow-missing-logprobs)\n"},
 		{name: "flags before the directory", args: []string{"-out=" + out, "--drop-constant-groups", "DIR"},
-			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (7.1 KiB)\n" +
+			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (7.2 KiB)\n" +
 				"dropped 2 groups with equal rewards (5 samples)\n"},
 		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: tornCopy,
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.2 KiB)\n",
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n",
 			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 20429): no newline at the end"},
 	}
 	for _, tt := range tests {
