@@ -38,7 +38,7 @@ type Options struct {
 	AllowMissingLogprobs bool
 	// AllowBadLogprobs exports samples whose logprobs the server sent
 	// broken (schema.Step.LogprobDefect: null or non-finite, or not one
-	// per token id). By default the export fails with a *BadLogprobsError
+	// per token id). By default the export fails with a *BadLogprobsError,
 	// writing nothing. With it, such samples are written with
 	// response_logprobs null and the defect in their warnings, so that a
 	// trainer can only treat them as samples without logprobs.
