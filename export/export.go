@@ -686,7 +686,7 @@ func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *sch
 				for _, h := range rec.Steps[i].Request {
 					if _, ok := seen[h]; !ok {
 						seen[h] = struct{}{}
-						_, _ = store.Message(h)
+						_, _ = store.MessageJSON(h)
 					}
 				}
 			}
@@ -818,14 +818,14 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 			if ok {
 				return b, nil
 			}
-			m, err := store.Message(step.Request[k])
-			if err == nil {
-				b, err = sw.encode(&m)
-			}
+			// The stored JSON with HTML characters unescaped is what
+			// encoding/json writes for the message with its images as
+			// references (TestMessageJSONAsEncoded).
+			canon, err := store.MessageJSON(step.Request[k])
 			if err != nil {
 				return nil, fmt.Errorf("rollout %s step %d: load request: message %d: %w", rec.RolloutID, i, k, err)
 			}
-			b = bytes.Clone(b)
+			b = appendUnescapedHTML(nil, canon)
 			sw.msgJSON[step.Request[k]] = b
 			return b, nil
 		}

@@ -2,12 +2,16 @@ package export
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"image"
+	pngpkg "image/png"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -458,5 +462,85 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 					tc.run, tc.opts, len(outs[0]), len(keptOut))
 			}
 		}
+	}
+}
+
+// TestMessageJSONAsEncoded: a stored message's JSON with its HTML
+// characters unescaped (what an export writes) is what encoding/json, HTML
+// characters unescaped, writes for the message as loaded: for text full of
+// escapes (HTML characters, quotes, backslashes, one before "u003c" too,
+// control characters, U+2028, invalid UTF-8) and images as references.
+func TestMessageJSONAsEncoded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	run, err := schema.Create(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var png bytes.Buffer
+	if err := pngpkg.Encode(&png, image.NewGray(image.Rect(0, 0, 2, 2))); err != nil {
+		t.Fatal(err)
+	}
+	dataURL := "data:image/png;base64," + base64.StdEncoding.EncodeToString(png.Bytes())
+	pieces := []string{"<", ">", "&", `"`, `\`, `\u003c`, `\\u003e`, "\u2028", "\u2029", "\x00", "\x1f", "\t", "\n", "\xff",
+		"é", "<tool_call>", "a", " ", "u0026", "&amp;", "\u003c", "'"}
+	rng := rand.New(rand.NewPCG(5, 6))
+	text := func() string {
+		var b strings.Builder
+		for range rng.IntN(12) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		return b.String()
+	}
+	msgs := []schema.Message{{Role: "user"}, {Role: "<system>", Content: []schema.Part{}}}
+	for range 500 {
+		m := schema.Message{Role: text()}
+		for range rng.IntN(4) {
+			switch rng.IntN(4) {
+			case 0:
+				m.Content = append(m.Content, schema.ImagePart(dataURL))
+			case 1:
+				m.Content = append(m.Content, schema.ImagePart("https://example.invalid/"+text()))
+			default:
+				m.Content = append(m.Content, schema.TextPart(text()))
+			}
+		}
+		msgs = append(msgs, m)
+	}
+	hashes, err := run.PutMessages(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Close(); err != nil {
+		t.Fatal(err)
+	}
+	store, err := schema.OpenMessageStore(dir, schema.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	sw := newSampleWriter(nil)
+	escaped := 0
+	for i, h := range hashes {
+		canon, err := store.MessageJSON(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := store.Message(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := sw.encode(&m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendUnescapedHTML(nil, canon); !bytes.Equal(got, want) {
+			t.Fatalf("message %d: stored %s\nunescaped %s\nwant      %s", i, canon, got, want)
+		}
+		if bytes.Contains(canon, []byte(`\u003c`)) {
+			escaped++
+		}
+	}
+	if escaped == 0 {
+		t.Error("no stored message has an escaped HTML character: the test tests nothing")
 	}
 }

@@ -69,6 +69,7 @@ type MessageStore struct {
 	msgPacks, tokPacks *packIndex
 
 	msgs *lru[[32]byte, Message]     // image references kept
+	raws *lru[[32]byte, []byte]      // messages' canonical JSON
 	imgs *lru[[32]byte, string]      // PNG data URLs
 	toks *lru[[32]byte, storedChunk] // prompt token chunks
 }
@@ -81,6 +82,7 @@ func OpenMessageStore(runDir string, opts StoreOptions) (*MessageStore, error) {
 		imgDir: filepath.Join(runDir, ImagesDir),
 		tokDir: filepath.Join(runDir, TokensDir),
 		msgs:   newLRU[[32]byte, Message](orDefault(opts.MessageCacheBytes, DefaultMessageCacheBytes)),
+		raws:   newLRU[[32]byte, []byte](orDefault(opts.MessageCacheBytes, DefaultMessageCacheBytes)),
 		imgs:   newLRU[[32]byte, string](orDefault(opts.ImageCacheBytes, DefaultImageCacheBytes)),
 		toks:   newLRU[[32]byte, storedChunk](orDefault(opts.TokenCacheBytes, DefaultTokenCacheBytes)),
 	}
@@ -189,17 +191,52 @@ func (s *MessageStore) message(hash string) (Message, error) {
 	return cloneMessage(m), nil
 }
 
-func (s *MessageStore) readMessage(hash string, sum [32]byte) (Message, int64, error) {
+// MessageJSON returns the canonical JSON of the message hash (see
+// Run.PutMessages: encoding/json's, HTML characters escaped, images as
+// references), checked against its hash. The bytes are shared: the caller
+// must not modify them. An export writes messages from it without
+// decoding them (its JSON leaves HTML characters unescaped).
+func (s *MessageStore) MessageJSON(hash string) ([]byte, error) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	sum, err := parseHash(hash)
+	if err != nil {
+		return nil, &ObjectError{Op: "load", Kind: "message", Err: err}
+	}
+	if b, ok := s.raws.get(sum); ok {
+		return b, nil
+	}
+	b, err := s.readCanonical(hash, sum)
+	if err != nil {
+		return nil, &ObjectError{Op: "load", Kind: "message", Hash: hash, Err: err}
+	}
+	s.raws.put(sum, b, int64(len(b)))
+	return b, nil
+}
+
+// readCanonical reads the canonical JSON of a message from the disk.
+func (s *MessageStore) readCanonical(hash string, sum [32]byte) ([]byte, error) {
 	b, err := readObject(s.msgPacks, s.msgDir, hash, sum)
 	if err != nil {
-		return Message{}, 0, err
+		return nil, err
 	}
 	canon, err := s.dec.DecodeAll(b, nil)
 	if err != nil {
-		return Message{}, 0, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
 	}
 	if sha256.Sum256(canon) != sum {
-		return Message{}, 0, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
+		return nil, fmt.Errorf("%w: content does not match its hash", ErrCorrupt)
+	}
+	return canon, nil
+}
+
+func (s *MessageStore) readMessage(hash string, sum [32]byte) (Message, int64, error) {
+	canon, err := s.readCanonical(hash, sum)
+	if err != nil {
+		return Message{}, 0, err
 	}
 	var m Message
 	if err := json.Unmarshal(canon, &m); err != nil {

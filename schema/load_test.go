@@ -100,6 +100,22 @@ func TestLoadRequestErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("error %q does not contain %q", err, tt.wantMsg)
 			}
+			if strings.HasPrefix(tt.name, "image") {
+				return // MessageJSON loads no image
+			}
+			s, err := OpenMessageStore(dir, StoreOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			for _, h := range req {
+				if _, err = s.MessageJSON(h); err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, tt.wantErr) {
+				t.Errorf("MessageJSON: %v, want %v", err, tt.wantErr)
+			}
 		})
 	}
 }

@@ -74,6 +74,26 @@ func TestPutMessagesRoundTrip(t *testing.T) {
 			t.Errorf("hash of message %d = %s, want sha256 of its canonical JSON %s", i, hashes[i], sha(b))
 		}
 	}
+	// MessageJSON gives that canonical JSON, until the store is closed.
+	store, err := OpenMessageStore(dir, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range want {
+		b, _ := json.Marshal(m)
+		for range 2 { // read, then cached
+			if got, err := store.MessageJSON(hashes[i]); err != nil || string(got) != string(b) {
+				t.Errorf("MessageJSON(message %d) = %s, %v; want %s", i, got, err, b)
+			}
+		}
+	}
+	if _, err := store.MessageJSON("not a hash"); err == nil {
+		t.Error("MessageJSON of a malformed hash: no error")
+	}
+	store.Close()
+	if _, err := store.MessageJSON(hashes[0]); !errors.Is(err, ErrClosed) {
+		t.Errorf("MessageJSON after Close = %v, want ErrClosed", err)
+	}
 	// Each distinct object once.
 	if diff := cmp.Diff(sorted([]string{sha(shotA) + ".png", sha(shotB) + ".png"}), sorted(names(t, filepath.Join(dir, ImagesDir)))); diff != "" {
 		t.Errorf("images/ (-want +got):\n%s", diff)
