@@ -9,6 +9,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -315,5 +316,48 @@ func TestRecordText(t *testing.T) {
 	rec.Steps[0].Response.Logprobs = slices.Clone(rec.Steps[0].Response.Logprobs)
 	if got := text.Logprobs(&rec, 0); got != nil {
 		t.Errorf("logprobs replaced after reading: text %q, want none", got)
+	}
+}
+
+// TestRecordsOutliveTheirBatch: records and their texts kept past the read
+// hold what their lines said, though the read's batches of lines are read
+// into again (a string, raw call or text aliasing a batch would have been
+// overwritten by a later line).
+func TestRecordsOutliveTheirBatch(t *testing.T) {
+	var lines bytes.Buffer
+	var want []Record
+	for r := 0; lines.Len() < 12*readBatchBytes; r++ {
+		rec := fullRecord(fmt.Sprintf("r-%d", r))
+		rec.TaskID = strings.Repeat(fmt.Sprintf("task %d ", r), 2000) // lines of ~20 KB
+		rec.Steps[0].Actions[0].Call = json.RawMessage(fmt.Sprintf(`{"action":"left_click","coordinate":[%d,300]}`, r))
+		rec.Steps[0].Response.Logprobs = []float64{-float64(r) - 1, -0.5}
+		rec.Steps[0].Response.TokenIDs = []int64{int64(r), 7}
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines.Write(b)
+		lines.WriteByte('\n')
+		var back Record // as encoding/json reads the line
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, back)
+	}
+	var got []Record
+	var texts []*RecordText
+	if _, err := ReadRecordsText(bytes.NewReader(lines.Bytes()), func(rec Record, text *RecordText, _ int) error {
+		got, texts = append(got, rec), append(texts, text)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("records kept past the read (-want +got):\n%s", diff)
+	}
+	for r := range got {
+		if text, w := texts[r].Logprobs(&got[r], 0), fmt.Sprintf("%d,-0.5", -r-1); string(text) != w {
+			t.Fatalf("record %d: logprobs text %q, want %q", r, text, w)
+		}
 	}
 }

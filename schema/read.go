@@ -252,7 +252,8 @@ func readRecordsText(r io.Reader, mode parseMode, fn func(Record, *RecordText, i
 		close(stop)
 		wg.Wait()
 	}()
-	wg.Go(func() { readBatches(r, maxLine, order, work, stop) })
+	free := make(chan []byte, 2*workers+2)
+	wg.Go(func() { readBatches(r, maxLine, order, work, free, stop) })
 	for range workers {
 		wg.Go(func() {
 			for b := range work {
@@ -306,14 +307,26 @@ func readRecordsText(r io.Reader, mode parseMode, fn func(Record, *RecordText, i
 		if b.err != nil {
 			return st, fmt.Errorf("read records: line %d: %w", st.Lines+1, b.err)
 		}
+		// Nothing read from the batch refers to its data (the decoder
+		// copies strings, a RecordText its text): the next batch reads
+		// into it.
+		if cap(b.data) == readBatchBytes {
+			select {
+			case free <- b.data[:0]:
+			default:
+			}
+		}
 	}
 	return st, nil
 }
 
 // readBatches reads r's lines into batches and hands each to the parsers
 // (work) and, in the file's order, to readRecords (order), until the end
-// of r, a read error (the last batch's err) or stop.
-func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, stop <-chan struct{}) {
+// of r, a read error (the last batch's err) or stop. A batch reads into
+// the data of one readRecords is done with (free) when there is one: a new
+// MiB for each was most of what reading a run allocated, and every
+// allocation brings the next collection nearer.
+func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, free <-chan []byte, stop <-chan struct{}) {
 	defer close(work)
 	defer close(order)
 	br := bufio.NewReaderSize(r, 64<<10)
@@ -324,7 +337,12 @@ func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, stop <
 	// The first is small, for the many reads of short files.
 	size := 64 << 10
 	newBatch := func() *readBatch {
-		b := &readBatch{data: make([]byte, 0, size), done: make(chan struct{})}
+		b := &readBatch{done: make(chan struct{})}
+		select {
+		case b.data = <-free:
+		default:
+			b.data = make([]byte, 0, size)
+		}
 		size = readBatchBytes
 		return b
 	}
