@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -34,17 +37,19 @@ type benchCommand struct {
 	desktops int
 	attempts int
 	workers  optInt
+	process  bool
 }
 
 // benchShapes are the export shapes bench measures, by their names in
 // --only and in its table.
 var benchShapes = []struct {
-	name string
-	opts export.Options
+	name  string
+	opts  export.Options
+	flags []string // the same for legato rl export
 }{
-	{"steps", export.Options{}},
-	{"prefix", export.Options{PromptPrefix: true}},
-	{"contiguous", export.Options{Contiguous: true}},
+	{"steps", export.Options{}, nil},
+	{"prefix", export.Options{PromptPrefix: true}, []string{"--prompt-prefix"}},
+	{"contiguous", export.Options{Contiguous: true}, []string{"--contiguous"}},
 }
 
 func (c *benchCommand) flagSet(stderr io.Writer) *flag.FlagSet {
@@ -54,6 +59,7 @@ func (c *benchCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.run.Group, "group", 8, "export: attempts per task")
 	fs.StringVar(&c.dir, "dir", "", "export: keep the synthetic run in `DIR` and reuse it next time (default: a temporary directory, removed)")
 	fs.StringVar(&c.only, "only", "", "measure only `WHAT`: export, commit, or one export shape (steps, prefix, contiguous)")
+	fs.BoolVar(&c.process, "process", false, "export: run each export as `legato rl export` in a process of its own, as a trainer does (its start and its memory's first use included), instead of in this one")
 	fs.IntVar(&c.desktops, "desktops", 1000, "commit: instant fake desktops")
 	fs.IntVar(&c.attempts, "attempts", 1000, "commit: attempts in the batch (groups of 4, at most 5 steps each)")
 	fs.Var(&c.workers, "server-workers", "commit: the scripted server works on `n` requests at once, 0 for no bound (default: two per CPU)")
@@ -67,6 +73,8 @@ seconds beside the time reading and writing the same bytes takes (a cat to a
 synced file): x-cat is the export's time over that. io-s adds the time to read
 what the export reads (records, messages, token ids): x-io is the export's
 time over that, the disk's bound for a shape that writes less than it reads.
+The exports run in this process one after the other, each on the memory the
+one before used; --process runs each as the legato rl export a trainer runs.
 
 Commit: runs a batch on instant fake desktops with a scripted model server in
 the process and prints how long finished attempts waited for their records
@@ -148,9 +156,13 @@ func (c *benchCommand) benchExport(ctx context.Context, stdout io.Writer) error 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "export: %d rollouts × %d steps, groups of %d; run %s; %.1f KB per rollout (%.1f KB on disk)\n",
+	where := "in this process"
+	if c.process {
+		where = "each a legato rl export process"
+	}
+	fmt.Fprintf(stdout, "export: %d rollouts × %d steps, groups of %d; run %s; %.1f KB per rollout (%.1f KB on disk); exports %s\n",
 		c.run.Rollouts, c.run.Steps, c.run.Group, how,
-		float64(apparent)/1e3/float64(c.run.Rollouts), float64(disk)/1e3/float64(c.run.Rollouts))
+		float64(apparent)/1e3/float64(c.run.Rollouts), float64(disk)/1e3/float64(c.run.Rollouts), where)
 	// Fixed widths rather than a tabwriter: each line is printed as soon
 	// as its export is measured.
 	const row = "  %-10s %9s %8s %8s %10s %7s %7s %6s %7s %6s\n"
@@ -163,12 +175,29 @@ func (c *benchCommand) benchExport(ctx context.Context, stdout io.Writer) error 
 			return err
 		}
 		out := filepath.Join(tmp, s.name+".jsonl")
-		t0, cpu0 := time.Now(), benchrun.CPUTime()
-		st, err := export.ExportSteps(dir, out, s.opts)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+		var (
+			took, cpu time.Duration
+			written   int64
+			rollouts  int
+		)
+		if c.process {
+			took, cpu, rollouts, err = exportProcess(ctx, dir, out, s.flags)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			fi, err := os.Stat(out)
+			if err != nil {
+				return err
+			}
+			written = fi.Size()
+		} else {
+			t0, cpu0 := time.Now(), benchrun.CPUTime()
+			st, err := export.ExportSteps(dir, out, s.opts)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			took, cpu, written, rollouts = time.Since(t0), benchrun.CPUTime()-cpu0, st.Bytes, st.Rollouts
 		}
-		took, cpu := time.Since(t0), benchrun.CPUTime()-cpu0
 		cat, err := benchrun.CopyTime(out)
 		if err != nil {
 			return err
@@ -183,13 +212,37 @@ func (c *benchCommand) benchExport(ctx context.Context, stdout io.Writer) error 
 		if err := os.Remove(out); err != nil {
 			return err
 		}
-		mb := float64(st.Bytes) / 1e6
+		mb := float64(written) / 1e6
 		f := func(format string, v float64) string { return fmt.Sprintf(format, v) }
 		fmt.Fprintf(stdout, row, s.name, f("%.1f", mb), f("%.2f", took.Seconds()), f("%.1f", mb/took.Seconds()),
-			f("%.0f", float64(st.Rollouts)/took.Seconds()), f("%.2f", cpu.Seconds()), f("%.2f", cat.Seconds()), f("%.1f", took.Seconds()/cat.Seconds()),
+			f("%.0f", float64(rollouts)/took.Seconds()), f("%.2f", cpu.Seconds()), f("%.2f", cat.Seconds()), f("%.1f", took.Seconds()/cat.Seconds()),
 			f("%.2f", bound.Seconds()), f("%.1f", took.Seconds()/bound.Seconds()))
 	}
 	return nil
+}
+
+// exportProcess runs `legato rl export DIR --out OUT flags...` (this
+// program) and returns its wall and CPU time and the rollouts it wrote, as
+// it prints them.
+func exportProcess(ctx context.Context, dir, out string, flags []string) (took, cpu time.Duration, rollouts int, err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	cmd := exec.CommandContext(ctx, exe, append([]string{"rl", "export", dir, "--out", out}, flags...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	t0 := time.Now()
+	if err := cmd.Run(); err != nil {
+		return 0, 0, 0, fmt.Errorf("legato rl export: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	took = time.Since(t0)
+	m := regexp.MustCompile(`from (\d+) rollouts`).FindSubmatch(stdout.Bytes())
+	if m == nil {
+		return 0, 0, 0, fmt.Errorf("legato rl export said %q: no count of rollouts", stdout.String())
+	}
+	rollouts, _ = strconv.Atoi(string(m[1]))
+	return took, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), rollouts, nil
 }
 
 // benchTasks are n feasible tasks for the fake desktops.

@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"legato/rl/export"
+	"legato/rl/internal/benchrun"
 )
 
 // TestBenchCommand measures a small run: a line per export shape with its
@@ -54,6 +57,59 @@ func TestBenchCommand(t *testing.T) {
 	}
 	if out := stdout.String(); !strings.Contains(out, "run reused "+keep) || strings.Contains(out, "  steps ") || strings.Contains(out, "commit:") {
 		t.Errorf("--only prefix with a kept run: want the run reused and only the prefix shape:\n%s", out)
+	}
+
+	// --process: each export is a legato rl export (this test binary
+	// running main) writing the run's 24 rollouts.
+	t.Setenv(runMainEnv, "1")
+	stdout.Reset()
+	if err := new(benchCommand).Run(t.Context(), append(args, "--only", "export", "--process"), &stdout, &stderr); err != nil {
+		t.Fatalf("bench --process: %v\nstderr: %s", err, stderr.String())
+	}
+	out = stdout.String()
+	if !strings.Contains(out, "exports each a legato rl export process") {
+		t.Errorf("--process: the header does not say the exports ran in processes:\n%s", out)
+	}
+	for _, shape := range []string{"steps", "prefix", "contiguous"} {
+		if !regexp.MustCompile(`(?m)^  ` + shape + ` +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9.]+ `).MatchString(out) {
+			t.Errorf("--process: no line for %s:\n%s", shape, out)
+		}
+	}
+	if entries, _ := os.ReadDir(tmp); len(entries) > 0 {
+		t.Errorf("bench --process left %d entries in TMPDIR (%s ...)", len(entries), entries[0].Name())
+	}
+}
+
+// TestExportProcess: bench --process runs the export a trainer runs, in a
+// process of its own: it writes what the export in this process writes,
+// and its rollouts and CPU time are the child's.
+func TestExportProcess(t *testing.T) {
+	t.Setenv(runMainEnv, "1") // the child, this test binary, runs main
+	dir := filepath.Join(t.TempDir(), "run")
+	if _, err := benchrun.Generate(dir, benchrun.Run{Rollouts: 24, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range benchShapes {
+		out, in := filepath.Join(t.TempDir(), "child.jsonl"), filepath.Join(t.TempDir(), "here.jsonl")
+		took, cpu, rollouts, err := exportProcess(t.Context(), dir, out, s.flags)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		st, err := export.ExportSteps(dir, in, s.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		child, _ := os.ReadFile(out)
+		here, _ := os.ReadFile(in)
+		if len(child) == 0 || !bytes.Equal(child, here) {
+			t.Errorf("%s: the child wrote %d bytes, the export here %d, not the same", s.name, len(child), len(here))
+		}
+		if rollouts != st.Rollouts || rollouts != 24 || took <= 0 || cpu <= 0 {
+			t.Errorf("%s: %d rollouts in %v (%v CPU), want %d and times", s.name, rollouts, took, cpu, st.Rollouts)
+		}
+	}
+	if _, _, _, err := exportProcess(t.Context(), filepath.Join(t.TempDir(), "none"), filepath.Join(t.TempDir(), "x.jsonl"), nil); err == nil || !strings.Contains(err.Error(), "legato rl export") {
+		t.Errorf("export of a missing run: %v, want the child's error", err)
 	}
 }
 
