@@ -60,6 +60,9 @@ type groupTable struct {
 	// deterministic.
 	order []string
 	added int // finished attempts added, over all groups
+	// bad and missing count the steps with broken logprobs and without
+	// logprobs, over all groups.
+	bad, missing int
 }
 
 type groupRewards struct {
@@ -107,15 +110,18 @@ func (t *groupTable) add(rec *schema.Record) bool {
 		switch rec.Steps[i].LogprobDefect() {
 		case schema.WarnNonFiniteLogprobs:
 			g.nonFinite++
+			t.bad++
 			bad = true
 			continue // its logprobs were dropped, not missing
 		case schema.WarnLogprobsMismatch:
 			g.mismatch++
+			t.bad++
 			bad = true
 		}
 		if len(rec.Steps[i].Response.Logprobs) > 0 {
 			continue
 		}
+		t.missing++
 		if g.noLogprobs == 0 {
 			g.firstRollout, g.firstStep, g.firstAt = rec.RolloutID, i, t.added
 		}

@@ -375,7 +375,14 @@ var onePassExport = true
 // and in a fresh process every page of it was a page fault, a third of a
 // contiguous export's time. A group that DropConstantGroups leaves out is
 // only known at the end, so that export takes two passes.
-func exportOnePass(ctx context.Context, r io.Reader, a *admission, outPath string, opts Options, st *Stats) (rs schema.ReadStats, err error) {
+//
+// It refuses what two passes refuse, with the same errors. Once a record
+// makes the checks at the end certain to fail (doomed), it writes no more
+// samples and only reads on, for the error's counts. When writing a sample
+// fails (a sequence that is not contiguous, a damaged object), the records
+// are read again to check them: their error, if any, is the one returned,
+// as two passes would have found it before writing.
+func exportOnePass(ctx context.Context, r *io.SectionReader, a *admission, outPath string, opts Options, st *Stats) (rs schema.ReadStats, err error) {
 	store, err := openExportStore(a.runDir)
 	if err != nil {
 		return rs, err
@@ -386,23 +393,52 @@ func exportOnePass(ctx context.Context, r io.Reader, a *admission, outPath strin
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if ok, err := a.admit(&rec, line); err != nil || !ok {
+			if ok, err := a.admit(&rec, line); err != nil || !ok || a.doomed(opts) {
 				return err
 			}
 			return each(&rec, text, 0, false)
 		})
 	}
 	var patches []advantagePatch
+	wrote := false // writeSamples returned: errors after it are the checks' or the patches'
 	st.Bytes, err = schema.WriteFileAtomicPatched(outPath, func(w io.Writer) error {
 		var err error
-		if rs, patches, err = writeSamples(ctx, src, w, store, opts, st); err != nil {
+		rs, patches, err = writeSamples(ctx, src, w, store, opts, st)
+		if err != nil {
 			return err
 		}
+		wrote = true
 		return a.check(rs, opts, st)
 	}, func(f io.WriterAt) error {
 		return a.patch(f, patches)
 	})
+	if err != nil && !wrote && ctx.Err() == nil {
+		if rs2, cerr := recheck(ctx, r, a, opts); cerr != nil {
+			return rs2, cerr
+		}
+	}
 	return rs, err
+}
+
+// recheck reads r from its start with a fresh admission like a's and
+// returns the error admitting the records or checking them gives.
+func recheck(ctx context.Context, r *io.SectionReader, a *admission, opts Options) (schema.ReadStats, error) {
+	if _, err := r.Seek(0, io.SeekStart); err != nil {
+		return schema.ReadStats{}, err
+	}
+	fresh := &admission{runDir: a.runDir, held: a.held, regraded: a.regraded, rule: schema.NewAttemptRule(),
+		groups: newGroupTable(), heldSeen: map[string]bool{}, st: &Stats{}}
+	rs, err := schema.ReadRecordLinesWith(r, readOptions(opts), func(rec schema.Record, line int) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, err := fresh.admit(&rec, line)
+		return err
+	})
+	if err != nil {
+		return rs, err
+	}
+	return rs, fresh.check(rs, opts, fresh.st)
 }
 
 // exportTwoPasses reads the records once for the groups' rewards and the
@@ -539,6 +575,14 @@ func (a *admission) admit(rec *schema.Record, line int) (bool, error) {
 		return false, nil
 	}
 	return true, nil
+}
+
+// doomed reports whether the records admitted so far make check fail
+// whatever follows: a sample with broken or missing logprobs that opts do
+// not allow, or a finished attempt without its regraded reward. (Without
+// DropConstantGroups, which leaves groups out only at the end.)
+func (a *admission) doomed(opts Options) bool {
+	return len(a.notRegraded) > 0 || !opts.AllowBadLogprobs && a.groups.bad > 0 || !opts.AllowMissingLogprobs && a.groups.missing > 0
 }
 
 // check is what an export refuses once every record is read: a damaged
@@ -686,16 +730,22 @@ func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *sch
 				for _, h := range rec.Steps[i].Request {
 					if _, ok := seen[h]; !ok {
 						seen[h] = struct{}{}
-						_, _ = store.MessageJSON(h)
+						if opts.InlineImages {
+							_, _ = store.Message(h) // the cache LoadRequest reads
+						} else {
+							_, _ = store.MessageJSON(h)
+						}
 					}
 				}
 			}
 			j := &job{rec: rec, text: text, adv: adv, known: known, done: make(chan struct{})}
-			select {
-			case j.buf = <-free:
-				j.buf.Reset()
-			default:
-				j.buf = new(bytes.Buffer)
+			if workers > 0 { // else the writer encodes the samples itself
+				select {
+				case j.buf = <-free:
+					j.buf.Reset()
+				default:
+					j.buf = new(bytes.Buffer)
+				}
 			}
 			if err := send(queue, j); err != nil || workers == 0 {
 				return err

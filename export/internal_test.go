@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"image"
 	pngpkg "image/png"
 	"math"
@@ -542,5 +543,117 @@ func TestMessageJSONAsEncoded(t *testing.T) {
 	}
 	if escaped == 0 {
 		t.Error("no stored message has an escaped HTML character: the test tests nothing")
+	}
+}
+
+// TestOnePassRefusesAsTwo: an export in one pass refuses a run with the
+// error two passes give, though it finds some of it only after writing
+// samples (broken or missing logprobs, a record lost in the middle, an
+// attempt twice) or fails to write a sample first (a step without exact
+// ids, which a sequence needs).
+func TestOnePassRefusesAsTwo(t *testing.T) {
+	defer func() { onePassExport = true }()
+	// edit rewrites the record on line i (0-based) of dir's records.
+	edit := func(t *testing.T, dir string, i int, change func(rec map[string]any)) {
+		t.Helper()
+		path := filepath.Join(dir, schema.RecordsFile)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := bytes.SplitAfter(data, []byte("\n"))
+		var rec map[string]any
+		if err := json.Unmarshal(lines[i], &rec); err != nil {
+			t.Fatal(err)
+		}
+		change(rec)
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines[i] = append(b, '\n')
+		if err := os.WriteFile(path, bytes.Join(lines, nil), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	response := func(rec map[string]any, step int) map[string]any {
+		return rec["steps"].([]any)[step].(map[string]any)["response"].(map[string]any)
+	}
+	notExact := func(rec map[string]any) { response(rec, 0)["token_ids_source"] = "tokenizer" }
+	appendLine := func(t *testing.T, dir string, line []byte) {
+		f, err := os.OpenFile(filepath.Join(dir, schema.RecordsFile), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.Write(line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	line := func(t *testing.T, dir string, i int) []byte {
+		data, err := os.ReadFile(filepath.Join(dir, schema.RecordsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.SplitAfter(data, []byte("\n"))[i]
+	}
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+		want   error
+	}{
+		{"broken logprobs", func(t *testing.T, dir string) {
+			edit(t, dir, 5, func(rec map[string]any) {
+				r := response(rec, 1)
+				r["logprobs"] = r["logprobs"].([]any)[1:]
+			})
+		}, ErrBadLogprobs},
+		{"missing logprobs", func(t *testing.T, dir string) {
+			edit(t, dir, 9, func(rec map[string]any) { delete(response(rec, 2), "logprobs") })
+		}, ErrMissingLogprobs},
+		{"a sample that cannot be written, then an attempt twice", func(t *testing.T, dir string) {
+			edit(t, dir, 0, notExact)
+			appendLine(t, dir, line(t, dir, 3))
+		}, new(schema.DuplicateFinalError)},
+		{"a sample that cannot be written, then a damaged line", func(t *testing.T, dir string) {
+			edit(t, dir, 0, notExact)
+			edit(t, dir, 7, func(rec map[string]any) { rec["schema"] = 7 })
+		}, ErrDamagedRecords},
+		{"a sample that cannot be written", func(t *testing.T, dir string) { edit(t, dir, 2, notExact) }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "run")
+			if _, err := benchrun.Generate(dir, benchrun.Run{Rollouts: 24, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, dir)
+			var errs [2]error
+			for i, one := range []bool{true, false} {
+				onePassExport = one
+				out := filepath.Join(t.TempDir(), "out.jsonl")
+				_, errs[i] = ExportSteps(dir, out, Options{Contiguous: true})
+				if _, err := os.Stat(out); !os.IsNotExist(err) {
+					t.Errorf("one pass %v: a refused export left %s (%v)", one, out, err)
+				}
+			}
+			if errs[0] == nil || errs[1] == nil || errs[0].Error() != errs[1].Error() {
+				t.Fatalf("one pass: %v\ntwo passes: %v\nwant the same error", errs[0], errs[1])
+			}
+			var dup *schema.DuplicateFinalError
+			switch want := tc.want.(type) {
+			case nil:
+				if !strings.Contains(errs[0].Error(), "no exact generated token ids") {
+					t.Errorf("error %v, want the sample's", errs[0])
+				}
+			case *schema.DuplicateFinalError:
+				if !errors.As(errs[0], &dup) {
+					t.Errorf("error %v, want a %T", errs[0], want)
+				}
+			default:
+				if !errors.Is(errs[0], want) {
+					t.Errorf("error %v, want %v", errs[0], want)
+				}
+			}
+		})
 	}
 }
