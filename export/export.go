@@ -336,8 +336,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if err != nil {
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
-	a := &admission{runDir: runDir, held: held, regraded: regraded, rule: schema.NewAttemptRule(),
-		groups: newGroupTable(), heldSeen: map[string]bool{}, st: &st}
+	a := newAdmission(runDir, held, regraded, &st)
 	var rs schema.ReadStats
 	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
 		if onePassExport && !opts.DropConstantGroups {
@@ -388,7 +387,7 @@ func exportOnePass(ctx context.Context, r *io.SectionReader, a *admission, outPa
 		return rs, err
 	}
 	defer store.Close()
-	src := func(each func(*schema.Record, *schema.RecordText, float64, bool) error) (schema.ReadStats, error) {
+	src := func(each func(*schema.Record, *schema.RecordText, float64) error) (schema.ReadStats, error) {
 		return schema.ReadRecordsTextWith(r, readOptions(opts), func(rec schema.Record, text *schema.RecordText, line int) error {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -396,14 +395,14 @@ func exportOnePass(ctx context.Context, r *io.SectionReader, a *admission, outPa
 			if ok, err := a.admit(&rec, line); err != nil || !ok || a.doomed(opts) {
 				return err
 			}
-			return each(&rec, text, 0, false)
+			return each(&rec, text, 0) // a placeholder
 		})
 	}
 	var patches []advantagePatch
 	wrote := false // writeSamples returned: errors after it are the checks' or the patches'
 	st.Bytes, err = schema.WriteFileAtomicPatched(outPath, func(w io.Writer) error {
 		var err error
-		rs, patches, err = writeSamples(ctx, src, w, store, opts, st)
+		rs, patches, err = writeSamples(ctx, src, true, w, store, opts, st)
 		if err != nil {
 			return err
 		}
@@ -426,8 +425,7 @@ func recheck(ctx context.Context, r *io.SectionReader, a *admission, opts Option
 	if _, err := r.Seek(0, io.SeekStart); err != nil {
 		return schema.ReadStats{}, err
 	}
-	fresh := &admission{runDir: a.runDir, held: a.held, regraded: a.regraded, rule: schema.NewAttemptRule(),
-		groups: newGroupTable(), heldSeen: map[string]bool{}, st: &Stats{}}
+	fresh := newAdmission(a.runDir, a.held, a.regraded, &Stats{})
 	rs, err := schema.ReadRecordLinesWith(r, readOptions(opts), func(rec schema.Record, line int) error {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -483,7 +481,7 @@ func exportTwoPasses(ctx context.Context, r *io.SectionReader, a *admission, out
 		return rs, err
 	}
 	groups := a.groups
-	src := func(each func(*schema.Record, *schema.RecordText, float64, bool) error) (schema.ReadStats, error) {
+	src := func(each func(*schema.Record, *schema.RecordText, float64) error) (schema.ReadStats, error) {
 		take := func(rec schema.Record, text *schema.RecordText) error {
 			if reward, ok := a.regraded[rec.RolloutID]; ok && rec.Status.Finished() && rec.Reward != nil {
 				rec.Reward = &reward
@@ -500,7 +498,7 @@ func exportTwoPasses(ctx context.Context, r *io.SectionReader, a *admission, out
 				}
 				return nil
 			}
-			return each(&rec, text, adv, true)
+			return each(&rec, text, adv)
 		}
 		if kept == nil {
 			return schema.ReadRecordsTextWith(r, readOptions(opts), func(rec schema.Record, text *schema.RecordText, _ int) error { return take(rec, text) })
@@ -513,7 +511,7 @@ func exportTwoPasses(ctx context.Context, r *io.SectionReader, a *admission, out
 		return schema.ReadStats{}, nil
 	}
 	st.Bytes, err = schema.WriteFileAtomic(outPath, func(w io.Writer) error {
-		_, _, err := writeSamples(ctx, src, w, store, opts, st)
+		_, _, err := writeSamples(ctx, src, false, w, store, opts, st)
 		return err
 	})
 	return rs, err
@@ -541,6 +539,13 @@ type admission struct {
 	heldSeen    map[string]bool
 	notRegraded []string
 	st          *Stats
+}
+
+// newAdmission returns an admission that has taken no record yet and
+// counts what it leaves out in st.
+func newAdmission(runDir string, held heldTasks, regraded map[string]float64, st *Stats) *admission {
+	return &admission{runDir: runDir, held: held, regraded: regraded, rule: schema.NewAttemptRule(),
+		groups: newGroupTable(), heldSeen: map[string]bool{}, st: st}
 }
 
 // admit takes rec, read from line, and reports whether it is a finished
@@ -665,20 +670,20 @@ type keptRecord struct {
 }
 
 // recordSource calls each with the records whose samples an export
-// writes, in the file's order, and each record's advantage when it is
-// known (else a placeholder is written, for exportOnePass to patch).
-type recordSource func(each func(rec *schema.Record, text *schema.RecordText, adv float64, known bool) error) (schema.ReadStats, error)
+// writes, in the file's order, and each record's advantage (0, the
+// placeholder's, in an export that patches them in at the end).
+type recordSource func(each func(rec *schema.Record, text *schema.RecordText, adv float64) error) (schema.ReadStats, error)
 
 // writeSamples writes the samples of the records src gives and returns
-// src's read stats and where the placeholders of the advantages not known
-// yet are. A reader goroutine takes the records from src and reads their
+// src's read stats and, with placeholders, where each record's advantages
+// are, for exportOnePass to write over once they are known. A reader goroutine takes the records from src and reads their
 // new messages from disk into the store's cache; the samples of each
 // record are built and encoded by one of several workers (one per CPU)
 // into a buffer of their own, and a writer writes the buffers in the
 // records' order. With inline images a record's samples are too big to
 // hold (a prompt's screenshots are tens of MB per line): the writer
 // encodes them itself, straight to w.
-func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *schema.MessageStore, opts Options, st *Stats) (rs schema.ReadStats, patches []advantagePatch, err error) {
+func writeSamples(ctx context.Context, src recordSource, placeholders bool, w io.Writer, store *schema.MessageStore, opts Options, st *Stats) (rs schema.ReadStats, patches []advantagePatch, err error) {
 	workers := runtime.GOMAXPROCS(0)
 	if opts.InlineImages {
 		workers = 0
@@ -687,7 +692,6 @@ func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *sch
 		rec   *schema.Record
 		text  *schema.RecordText
 		adv   float64
-		known bool // adv is the advantage; else a placeholder is written
 		buf   *bytes.Buffer
 		lines int
 		// advAt are the offsets in buf (or, written by the writer, from
@@ -719,7 +723,7 @@ func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *sch
 		defer close(jobs)
 		seen := make(map[string]struct{})
 		var err error
-		rs, err = src(func(rec *schema.Record, text *schema.RecordText, adv float64, known bool) error {
+		rs, err = src(func(rec *schema.Record, text *schema.RecordText, adv float64) error {
 			// Warm the cache with the rollout's distinct messages; the
 			// encoder reports any error when it loads them.
 			clear(seen)
@@ -738,7 +742,7 @@ func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *sch
 					}
 				}
 			}
-			j := &job{rec: rec, text: text, adv: adv, known: known, done: make(chan struct{})}
+			j := &job{rec: rec, text: text, adv: adv, done: make(chan struct{})}
 			if workers > 0 { // else the writer encodes the samples itself
 				select {
 				case j.buf = <-free:
@@ -801,7 +805,7 @@ func writeSamples(ctx context.Context, src recordSource, w io.Writer, store *sch
 				}
 				st.Lines += j.lines
 			}
-			if !j.known {
+			if placeholders {
 				p := advantagePatch{groupID: j.rec.GroupID, rolloutID: j.rec.RolloutID, offsets: make([]int64, len(j.advAt))}
 				for i, at := range j.advAt {
 					p.offsets[i] = start + at

@@ -197,24 +197,36 @@ func (s *MessageStore) message(hash string) (Message, error) {
 // must not modify them. An export writes messages from it without
 // decoding them (its JSON leaves HTML characters unescaped).
 func (s *MessageStore) MessageJSON(hash string) ([]byte, error) {
+	return load(s, "message", hash, func(sum [32]byte) ([]byte, error) {
+		if b, ok := s.raws.get(sum); ok {
+			return b, nil
+		}
+		b, err := s.readCanonical(hash, sum)
+		if err == nil {
+			s.raws.put(sum, b, int64(len(b)))
+		}
+		return b, err
+	})
+}
+
+// load is what loading one object of kind from an open store takes: its
+// hash parsed, read (from a cache or the disk), and an error naming both.
+func load[T any](s *MessageStore, kind, hash string, read func(sum [32]byte) (T, error)) (T, error) {
+	var zero T
 	s.life.RLock()
 	defer s.life.RUnlock()
 	if s.closed {
-		return nil, ErrClosed
+		return zero, ErrClosed
 	}
 	sum, err := parseHash(hash)
 	if err != nil {
-		return nil, &ObjectError{Op: "load", Kind: "message", Err: err}
+		return zero, &ObjectError{Op: "load", Kind: kind, Err: err}
 	}
-	if b, ok := s.raws.get(sum); ok {
-		return b, nil
-	}
-	b, err := s.readCanonical(hash, sum)
+	v, err := read(sum)
 	if err != nil {
-		return nil, &ObjectError{Op: "load", Kind: "message", Hash: hash, Err: err}
+		return zero, &ObjectError{Op: "load", Kind: kind, Hash: hash, Err: err}
 	}
-	s.raws.put(sum, b, int64(len(b)))
-	return b, nil
+	return v, nil
 }
 
 // readCanonical reads the canonical JSON of a message from the disk.
@@ -273,20 +285,7 @@ func (s *MessageStore) inlineImages(m *Message) error {
 // ImagePNG returns the PNG bytes of the image with the given hash (the part
 // of a legato-image:// reference after the scheme).
 func (s *MessageStore) ImagePNG(hash string) ([]byte, error) {
-	s.life.RLock()
-	defer s.life.RUnlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	sum, err := parseHash(hash)
-	if err != nil {
-		return nil, &ObjectError{Op: "load", Kind: "image", Err: err}
-	}
-	png, err := s.readImage(hash, sum)
-	if err != nil {
-		return nil, &ObjectError{Op: "load", Kind: "image", Hash: hash, Err: err}
-	}
-	return png, nil
+	return load(s, "image", hash, func(sum [32]byte) ([]byte, error) { return s.readImage(hash, sum) })
 }
 
 func (s *MessageStore) readImage(hash string, sum [32]byte) ([]byte, error) {
