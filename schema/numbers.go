@@ -46,9 +46,10 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep 
 		if err != nil {
 			return err
 		}
-		count, plain := countElements(raw)
-		out := make([]T, 0, count)
-		ok := eachNumber(raw, func(num []byte) bool {
+		// Commas + 1 is the count when the elements are numbers, an upper
+		// bound otherwise; bytes.Count counts them many bytes at a time.
+		out := make([]T, 0, bytes.Count(raw, []byte{','})+1)
+		plain, ok := eachNumber(raw, func(num []byte) bool {
 			n, ok := parse(num)
 			out = append(out, n)
 			return ok
@@ -140,36 +141,19 @@ func (t *RecordText) Logprobs(rec *Record, i int) []byte {
 	return nil
 }
 
-// countElements returns how many elements the valid JSON array raw holds
-// when they are numbers or null (commas + 1), an upper bound on the
-// values eachNumber gives otherwise, and whether raw has no whitespace.
-func countElements(raw []byte) (n int, plain bool) {
-	empty := true
-	plain = true
-	for _, c := range raw[1 : len(raw)-1] {
-		switch c {
-		case ',':
-			n++
-		case ' ', '\t', '\r', '\n':
-			plain = false
-		default:
-			empty = false
-		}
-	}
-	if empty {
-		return 0, plain
-	}
-	return n + 1, plain
-}
-
 // eachNumber calls fn with each element of the valid JSON array raw while
 // the elements are numbers and fn returns true, and reports whether every
-// element was a number that fn took.
-func eachNumber(raw []byte, fn func(num []byte) bool) bool {
+// element was a number that fn took (ok), and whether raw held no
+// whitespace before eachNumber stopped (plain).
+func eachNumber(raw []byte, fn func(num []byte) bool) (plain, ok bool) {
+	plain = true
 	i, end := 1, len(raw)-1
 	for i < end {
 		switch c := raw[i]; {
-		case c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ',':
+		case c == ',':
+			i++
+		case c == ' ' || c == '\t' || c == '\r' || c == '\n':
+			plain = false
 			i++
 		case c == '-' || '0' <= c && c <= '9':
 			j := i + 1
@@ -177,14 +161,14 @@ func eachNumber(raw []byte, fn func(num []byte) bool) bool {
 				j++
 			}
 			if !fn(raw[i:j]) {
-				return false
+				return plain, false
 			}
 			i = j
 		default: // null, a string, an object, an array
-			return false
+			return plain, false
 		}
 	}
-	return true
+	return plain, true
 }
 
 func isNumberByte(c byte) bool {
