@@ -659,7 +659,9 @@ func (a *admission) patch(f io.WriterAt, patches []advantagePatch) error {
 // reads: a sequence holds no messages, so a contiguous export skips the
 // requests' hashes.
 func readOptions(opts Options) schema.ReadOptions {
-	return schema.ReadOptions{NoRequests: opts.Contiguous}
+	// The writers copy logprobs from the records' text; writeRecord
+	// parses the values of a record whose text does not hold them all.
+	return schema.ReadOptions{NoRequests: opts.Contiguous, LazyLogprobs: copyLogprobText}
 }
 
 // keptRecord is a record the first pass of an export keeps for the second,
@@ -828,6 +830,12 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 		return 0, err
 	}
 	sw.advAt = sw.advAt[:0]
+	if !logprobTextWhole(rec, text) {
+		// Some values are formatted: they must be parsed.
+		if err := text.ParseLogprobs(rec); err != nil {
+			return 0, err
+		}
+	}
 	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
 	if opts.Contiguous {
 		if err := fillSequence(&sw.seq, store, rec); err != nil {
@@ -902,6 +910,17 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 		lines++
 	}
 	return lines, nil
+}
+
+// logprobTextWhole reports whether text holds the logprobs of every step
+// of rec that has some, which the writers then copy.
+func logprobTextWhole(rec *schema.Record, text *schema.RecordText) bool {
+	for i := range rec.Steps {
+		if len(rec.Steps[i].Response.Logprobs) > 0 && text.Logprobs(rec, i) == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // stepSample loads the sample of step i of rec, with advantage adv, in the

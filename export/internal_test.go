@@ -426,6 +426,27 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 	}); err != nil || texts != 16*3 {
 		t.Fatalf("%d of %d steps with their logprobs' text: %v", texts, 16*3, err)
 	}
+	// A run where one step's logprobs hold a space, which its record's
+	// text cannot copy: the writers format that step's values and, for a
+	// sequence, every step's, which a lazy read must have parsed.
+	spaced := filepath.Join(t.TempDir(), "spaced")
+	if _, err := benchrun.Generate(spaced, benchrun.Run{Rollouts: 16, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+		t.Fatal(err)
+	}
+	records := filepath.Join(spaced, schema.RecordsFile)
+	b, err := os.ReadFile(records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(b, []byte(`"logprobs":[`))
+	comma := bytes.IndexByte(b[at:], ',')
+	if at < 0 || comma < 0 {
+		t.Fatalf("no logprobs in %s", records)
+	}
+	b = slices.Insert(b, at+comma+1, ' ')
+	if err := os.WriteFile(records, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	loose := Options{AllowMissingLogprobs: true, AllowBadLogprobs: true}
 	defer func(b int64) { keepRecordsBytes = b }(keepRecordsBytes)
 	defer func() { copyLogprobText, onePassExport = true, true }()
@@ -434,6 +455,7 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 		opts Options
 	}{
 		{gen, Options{}}, {gen, Options{PromptPrefix: true}}, {gen, Options{Contiguous: true}},
+		{spaced, Options{}}, {spaced, Options{Contiguous: true}},
 		{"testdata/run", loose}, {"testdata/run", Options{PromptPrefix: true, AllowMissingLogprobs: true, AllowBadLogprobs: true}},
 	} {
 		var keptOut []byte // the output with records kept, for the one reading them twice

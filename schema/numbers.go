@@ -3,8 +3,10 @@ package schema
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -46,22 +48,116 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep 
 		if err != nil {
 			return err
 		}
-		// Commas + 1 is the count when the elements are numbers, an upper
-		// bound otherwise; bytes.Count counts them many bytes at a time.
-		out := make([]T, 0, bytes.Count(raw, []byte{','})+1)
-		plain, ok := eachNumber(raw, func(num []byte) bool {
-			n, ok := parse(num)
-			out = append(out, n)
-			return ok
-		})
-		if !ok {
-			return jsonv2.Unmarshal(raw, v)
+		return decodeNumbers(raw, dec.InputOffset(), parse, keep, v)
+	}
+}
+
+// decodeNumbers is unmarshalNumbers on the array raw, which ends at input
+// offset end.
+func decodeNumbers[T int64 | float64](raw []byte, end int64, parse func(num []byte) (T, bool), keep func(v []T, raw []byte, end int64), v *[]T) error {
+	// Commas + 1 is the count when the elements are numbers, an upper
+	// bound otherwise; bytes.Count counts them many bytes at a time.
+	out := make([]T, 0, bytes.Count(raw, []byte{','})+1)
+	plain, ok := eachNumber(raw, func(num []byte) bool {
+		n, ok := parse(num)
+		out = append(out, n)
+		return ok
+	})
+	if !ok {
+		return jsonv2.Unmarshal(raw, v)
+	}
+	*v = out
+	if keep != nil && plain && len(out) > 0 {
+		keep(out, raw, end)
+	}
+	return nil
+}
+
+// unmarshalLazyLogprobs decodes a step's logprobs for a RecordText that
+// leaves them unparsed (ReadOptions.LazyLogprobs): an array that
+// lazyNumbers accepts becomes NaNs, one per number, and its text is kept
+// to parse later; any other array, and any other []float64, is decoded
+// as unmarshalNumbers decodes it.
+func (t *RecordText) unmarshalLazyLogprobs(dec *jsontext.Decoder, v *[]float64) error {
+	if dec.PeekKind() != '[' {
+		return errors.ErrUnsupported
+	}
+	p := dec.StackPointer()
+	raw, err := dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	n, lazy := lazyNumbers(raw)
+	if !lazy || p.LastToken() != "logprobs" || !strings.HasPrefix(string(p), "/steps/") {
+		return decodeNumbers(raw, dec.InputOffset(), parseFloat64, t.keep, v)
+	}
+	out := make([]float64, n)
+	for i := range out {
+		// Not a value any line can hold: a writer formatting it
+		// before ParseLogprobs fails instead of writing a wrong number.
+		out[i] = math.NaN()
+	}
+	*v = out
+	t.keep(out, raw, dec.InputOffset())
+	t.spans[len(t.spans)-1].lazy = true
+	return nil
+}
+
+// lazyNumbers reports whether the valid JSON array raw holds only numbers,
+// at least one, without whitespace, each of which parses to a finite
+// float64, and how many: its text alone then says what a writer writes,
+// and parsing it cannot fail. A number is surely finite when its integer
+// digits plus its exponent are at most 308 (it is below 10^308); one that
+// may be out of range is left to be parsed, for the decoder's error.
+func lazyNumbers(raw []byte) (n int, ok bool) {
+	body := raw[1 : len(raw)-1]
+	digits := func(i int) (int, int) {
+		d := 0
+		for i < len(body) && '0' <= body[i] && body[i] <= '9' {
+			i, d = i+1, d+1
 		}
-		*v = out
-		if keep != nil && plain && len(out) > 0 {
-			keep(out, raw, dec.InputOffset())
+		return i, d
+	}
+	i := 0
+	for {
+		if i < len(body) && body[i] == '-' {
+			i++
 		}
-		return nil
+		var d int
+		i, d = digits(i)
+		if d == 0 {
+			return 0, false // empty, null, a string, an object, an array
+		}
+		if i < len(body) && body[i] == '.' {
+			i, _ = digits(i + 1)
+		}
+		exp := 0
+		if i < len(body) && (body[i] == 'e' || body[i] == 'E') {
+			i++
+			neg := i < len(body) && body[i] == '-'
+			if i < len(body) && (body[i] == '-' || body[i] == '+') {
+				i++
+			}
+			start := i
+			i, _ = digits(i)
+			if !neg {
+				if i-start > 3 {
+					return 0, false
+				}
+				exp, _ = strconv.Atoi(string(body[start:i]))
+			}
+		}
+		if d+exp > 308 {
+			return 0, false
+		}
+		n++
+		if i == len(body) {
+			return n, true
+		}
+		if body[i] != ',' {
+			return 0, false // whitespace
+		}
+		i++
 	}
 }
 
@@ -76,11 +172,11 @@ type RecordText struct {
 }
 
 // textSpan is the text of one array, between its brackets, and the slice
-// decoded from it.
+// decoded from it, which holds NaNs until ParseLogprobs when lazy.
 type textSpan struct {
-	first *float64
-	n     int
-	text  []byte
+	v    []float64
+	text []byte
+	lazy bool
 }
 
 // keep records the text of the array decoded into v, raw, which ends at
@@ -94,7 +190,7 @@ func (t *RecordText) keep(v []float64, raw []byte, end int64) {
 	} else {
 		text = bytes.Clone(raw[1 : len(raw)-1])
 	}
-	t.spans = append(t.spans, textSpan{first: &v[0], n: len(v), text: text})
+	t.spans = append(t.spans, textSpan{v: v, text: text})
 }
 
 // own copies the texts into memory of t's own, allocated once at their
@@ -116,7 +212,8 @@ func (t *RecordText) own() {
 
 // Logprobs returns the text of the logprobs of rec's step i: the numbers
 // as the record's line holds them, separated by commas, without brackets
-// or whitespace, each parsing to its value in Logprobs. It is nil when
+// or whitespace, each parsing to its value in Logprobs (once
+// ParseLogprobs ran, when the reader left them lazy). It is nil when
 // the line held them otherwise (a null, whitespace, an empty array), when
 // t is nil, and when the step's Logprobs is not the slice read with t (a
 // caller replaced it). Numbers written by legato are in encoding/json's
@@ -129,7 +226,7 @@ func (t *RecordText) Logprobs(rec *Record, i int) []byte {
 	if len(lp) == 0 {
 		return nil
 	}
-	match := func(sp textSpan) bool { return sp.first == &lp[0] && sp.n == len(lp) }
+	match := func(sp textSpan) bool { return &sp.v[0] == &lp[0] && len(sp.v) == len(lp) }
 	if i < len(t.spans) && match(t.spans[i]) { // in the line's order, usually
 		return t.spans[i].text
 	}
@@ -199,4 +296,31 @@ func parseInt64(num []byte) (n int64, ok bool) {
 		return -int64(u), true
 	}
 	return 0, false
+}
+
+// ParseLogprobs parses the logprobs a reader left as text
+// (ReadOptions.LazyLogprobs) into rec's steps, which hold NaNs until
+// then; rec is the record read with t. A reader that uses the values, and
+// not only the text, calls it first. It does nothing the second time.
+func (t *RecordText) ParseLogprobs(rec *Record) error {
+	if t == nil {
+		return nil
+	}
+	for i := range t.spans {
+		sp := &t.spans[i]
+		if !sp.lazy {
+			continue
+		}
+		text := sp.text
+		for k := range sp.v {
+			num, rest, _ := bytes.Cut(text, []byte{','})
+			f, ok := parseFloat64(num)
+			if !ok || (k == len(sp.v)-1) != (len(rest) == 0) {
+				return fmt.Errorf("rollout %s: logprob %d (%q) does not parse as it read", rec.RolloutID, k, num)
+			}
+			sp.v[k], text = f, rest
+		}
+		sp.lazy = false
+	}
+	return nil
 }

@@ -9,11 +9,13 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -360,4 +362,105 @@ func TestRecordsOutliveTheirBatch(t *testing.T) {
 			t.Fatalf("record %d: logprobs text %q, want %q", r, text, w)
 		}
 	}
+}
+
+// TestLazyLogprobs: a record read with its logprobs left as text
+// (ReadOptions.LazyLogprobs) holds NaNs where the text is kept, the same
+// text, and after ParseLogprobs the values read without it, -0 included;
+// a line read without it is refused with the same error. Arrays the text
+// cannot stand for (null elements, whitespace, a number out of range, an
+// exponent too large to be sure of) are decoded at once.
+func TestLazyLogprobs(t *testing.T) {
+	arrays := []string{
+		`[]`, `[ ]`, `null`, `[0]`, `[-0]`, `[-0.0]`, `[1,2,3]`, `[ 1 , 2 ]`, "[\n1,\t2\r]", `[-0.5,-1e-7]`,
+		`[1.5]`, `[1e3]`, `[1E+2]`, `[-1e-2]`, `[null]`, `[1,null,2]`, `["1"]`, `[[1]]`, `[{}]`, `[true]`,
+		`[5e-324]`, `[2.4703282292062328e-324]`, `[1e400]`, `[-1e400]`, `[1e308]`, `[9e307]`, `[99e307]`,
+		`[1.7976931348623157e308]`, `[1.8e308]`, `[1e-400]`, `[0.000e999]`, `[1e0999]`, `[-1e-99999]`,
+		`[` + strings.Repeat("9", 308) + `]`, `[` + strings.Repeat("9", 309) + `]`, `[` + strings.Repeat("9", 400) + `.5]`,
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 300 {
+		var lps []float64
+		for range rng.IntN(20) + 1 {
+			lps = append(lps, -rng.ExpFloat64()*math.Pow(10, float64(rng.IntN(40)-30)))
+		}
+		b, err := json.Marshal(lps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		arrays = append(arrays, string(b))
+	}
+	lazy := 0
+	for _, a := range arrays {
+		line := []byte(`{"schema":"` + Version + `","rollout_id":"r","steps":[{"response":{"token_ids":[1],"logprobs":` + a + `}},{"response":{"logprobs":[-2]}}]}`)
+		want, wantText, wantErr := parseRecordText(line, ReadOptions{})
+		got, text, err := parseRecordText(line, ReadOptions{LazyLogprobs: true})
+		if fmt.Sprint(err) != fmt.Sprint(wantErr) {
+			t.Errorf("logprobs %s: error %v, want %v", a, err, wantErr)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		for i := range want.Steps {
+			if g, w := text.Logprobs(&got, i), wantText.Logprobs(&want, i); string(g) != string(w) {
+				t.Errorf("logprobs %s step %d: text %q, want %q", a, i, g, w)
+			}
+		}
+		lp := got.Steps[0].Response.Logprobs
+		if slices.ContainsFunc(lp, math.IsNaN) {
+			lazy++
+			if slices.ContainsFunc(lp, func(f float64) bool { return !math.IsNaN(f) }) || text.Logprobs(&got, 0) == nil {
+				t.Errorf("logprobs %s: %v left unparsed in part, or without their text", a, lp)
+			}
+		}
+		for range 2 { // the second time does nothing
+			if err := text.ParseLogprobs(&got); err != nil {
+				t.Fatalf("logprobs %s: %v", a, err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("logprobs %s, parsed after reading (-at once +after):\n%s", a, diff)
+			}
+		}
+		for i, f := range got.Steps[0].Response.Logprobs {
+			if math.Signbit(f) != math.Signbit(want.Steps[0].Response.Logprobs[i]) {
+				t.Errorf("logprobs %s: element %d is %v, want %v", a, i, f, want.Steps[0].Response.Logprobs[i])
+			}
+		}
+	}
+	if lazy < 300 {
+		t.Errorf("%d of %d arrays left as text, want the plain ones (300 or more)", lazy, len(arrays))
+	}
+	if err := (*RecordText)(nil).ParseLogprobs(&Record{}); err != nil {
+		t.Errorf("nil RecordText: %v", err)
+	}
+}
+
+// FuzzLazyNumbers: an array lazyNumbers takes as text parses, number by
+// number, to finite values, as many as it said, which the decoder reads
+// too: leaving it unparsed never hides an error or a count.
+func FuzzLazyNumbers(f *testing.F) {
+	for _, seed := range []string{"1", "-0.5,-1e-7", "1e308", "9e307", "1e-99999", "1,2,", " 1", "1e+308", "0.1E2", "99e307"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		raw := []byte("[" + body + "]")
+		if !jsontext.Value(raw).IsValid() {
+			return
+		}
+		n, ok := lazyNumbers(raw)
+		if !ok {
+			return
+		}
+		var vals []float64
+		if err := jsonv2.Unmarshal(raw, &vals); err != nil || len(vals) != n {
+			t.Fatalf("%s: taken as %d numbers, decoded to %v (%v)", raw, n, vals, err)
+		}
+		for i, num := range strings.Split(body, ",") {
+			f, err := strconv.ParseFloat(num, 64)
+			if err != nil || math.IsInf(f, 0) || f != vals[i] {
+				t.Fatalf("%s: number %d %q parses to %v (%v), decoded %v", raw, i, num, f, err, vals[i])
+			}
+		}
+	})
 }

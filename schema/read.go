@@ -93,6 +93,13 @@ type ReadOptions struct {
 	// decoding them does: the gain is memory. The line is still checked
 	// whole: a request that is not an array of strings is refused as ever.
 	NoRequests bool
+	// LazyLogprobs, with a RecordText (ReadRecordsTextWith), leaves the
+	// steps' logprobs that the text holds as the writers copy it
+	// unparsed: such a step's Logprobs has its length but holds NaNs
+	// until RecordText.ParseLogprobs. Parsing them was a sixth of a
+	// contiguous export's CPU, which copies the text and never uses the
+	// values. Readers without a RecordText parse them as ever.
+	LazyLogprobs bool
 }
 
 // ReadRecordLinesWith is ReadRecordLines leaving out what opts say.
@@ -441,9 +448,13 @@ func parseRecordOpts(line []byte, opts ReadOptions) (Record, error) {
 // logprobs.
 func parseRecordText(line []byte, opts ReadOptions) (Record, *RecordText, error) {
 	t := &RecordText{line: line}
+	floats := unmarshalNumbers(parseFloat64, t.keep)
+	if opts.LazyLogprobs {
+		floats = t.unmarshalLazyLogprobs
+	}
 	unmarshalers := []*jsonv2.Unmarshalers{
 		jsonv2.UnmarshalFromFunc(unmarshalInt64s),
-		jsonv2.UnmarshalFromFunc(unmarshalNumbers(parseFloat64, t.keep)),
+		jsonv2.UnmarshalFromFunc(floats),
 	}
 	if opts.NoRequests {
 		unmarshalers = append(unmarshalers, jsonv2.UnmarshalFromFunc(skipRequest))
