@@ -270,10 +270,10 @@ func newPackIndex(dir string, windowed bool) *packIndex {
 	return &packIndex{dir: dir, packs: make(map[string]*packFile), locs: make(map[[32]byte]packLoc), windowed: windowed}
 }
 
-// get returns the stored data of the object hashing to sum if the packs
-// indexed so far (all of them at the first call) hold it; ok is false if
-// not.
-func (x *packIndex) get(sum [32]byte) (_ []byte, ok bool, err error) {
+// get appends to dst the stored data of the object hashing to sum if the
+// packs indexed so far (all of them at the first call) hold it; ok is
+// false if not.
+func (x *packIndex) get(sum [32]byte, dst []byte) (_ []byte, ok bool, err error) {
 	loc, scanned, ok, indexed := x.lookup(sum)
 	if !ok && !indexed {
 		if err := x.refresh(); err != nil {
@@ -284,7 +284,7 @@ func (x *packIndex) get(sum [32]byte) (_ []byte, ok bool, err error) {
 	if !ok {
 		return nil, false, nil
 	}
-	b, err := x.read(loc, scanned)
+	b, err := x.read(loc, scanned, dst)
 	return b, true, err
 }
 
@@ -300,40 +300,60 @@ func (x *packIndex) lookup(sum [32]byte) (loc packLoc, scanned int64, ok, indexe
 	return loc, scanned, ok, x.indexed
 }
 
-// read returns loc's data from a window of its pack, reading one that
-// starts at loc when none holds it. The data is shared with the window:
-// callers only read it. A window ends where the pack was indexed to
-// (scanned): past it, a writer may yet cut a failed entry and write
-// another in its place.
-func (x *packIndex) read(loc packLoc, scanned int64) ([]byte, error) {
+// read appends loc's data to dst from a window of its pack, reading one
+// that starts at loc when none holds it. A window ends where the pack was
+// indexed to (scanned): past it, a writer may yet cut a failed entry and
+// write another in its place.
+//
+// The data is copied out of the window, a few KB, so that no caller holds
+// a window: one evicted is read into again. A new window for each read
+// (256 KB) was a fifth of the memory a contiguous export allocated, and
+// every allocation brings the next collection nearer.
+func (x *packIndex) read(loc packLoc, scanned int64, dst []byte) ([]byte, error) {
 	x.wmu.Lock()
 	for _, w := range x.windows {
 		if w.pack == loc.pack && w.off <= loc.off && loc.off+int64(loc.n) <= w.off+int64(len(w.data)) {
-			x.wmu.Unlock()
 			start := loc.off - w.off
-			return w.data[start : start+int64(loc.n) : start+int64(loc.n)], nil
+			dst = append(dst, w.data[start:start+int64(loc.n)]...)
+			x.wmu.Unlock()
+			return dst, nil
 		}
+	}
+	var buf []byte
+	slot := -1
+	if x.windowed {
+		// The oldest window leaves the set now: its memory is this
+		// read's alone until it comes back with what it read.
+		slot = x.nextWin
+		buf = x.windows[slot].data[:0]
+		x.windows[slot] = packWindow{}
+		x.nextWin = (x.nextWin + 1) % packWindows
 	}
 	x.wmu.Unlock()
 	size := loc.n
 	if x.windowed {
 		size = max(size, packWindowBytes)
 	}
-	data := make([]byte, size)
-	got, err := loc.pack.f.ReadAt(data, loc.off)
+	if cap(buf) < size {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	got, err := loc.pack.f.ReadAt(buf, loc.off)
 	if got < loc.n {
 		if err == nil || err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return nil, fmt.Errorf("read %s: %w", loc.pack.f.Name(), err)
+		return dst, fmt.Errorf("read %s: %w", loc.pack.f.Name(), err)
 	}
-	if x.windowed {
+	dst = append(dst, buf[:loc.n]...)
+	if slot >= 0 {
 		x.wmu.Lock()
-		x.windows[x.nextWin] = packWindow{pack: loc.pack, off: loc.off, data: data[:min(int64(got), scanned-loc.off)]}
-		x.nextWin = (x.nextWin + 1) % packWindows
+		// A slot taken again meanwhile (as many reads missed) holds
+		// the window installed last.
+		x.windows[slot] = packWindow{pack: loc.pack, off: loc.off, data: buf[:min(int64(got), scanned-loc.off)]}
 		x.wmu.Unlock()
 	}
-	return data[:loc.n:loc.n], nil
+	return dst, nil
 }
 
 // refresh indexes the entries written since the last refresh, in packs

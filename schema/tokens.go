@@ -434,11 +434,16 @@ func (s *MessageStore) tokenChunk(hash string) (storedChunk, error) {
 }
 
 func (s *MessageStore) readTokenChunk(hash string, sum [32]byte) (storedChunk, error) {
-	b, err := readObject(s.tokPacks, s.tokDir, hash, sum)
+	scratch := getScratch()
+	defer putScratch(scratch)
+	b, err := readObject(s.tokPacks, s.tokDir, hash, sum, scratch.stored[:0])
+	scratch.stored = b
 	if err != nil {
 		return storedChunk{}, err
 	}
-	content, err := s.dec.DecodeAll(b, nil)
+	// decodeTokenChunk copies the ids out of content.
+	content, err := s.dec.DecodeAll(b, scratch.content[:0])
+	scratch.content = content
 	if err != nil {
 		return storedChunk{}, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
 	}
