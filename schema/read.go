@@ -425,8 +425,12 @@ func readBatches(r io.Reader, maxLine int, order, work chan<- *readBatch, free <
 // (TestParseRecordAgrees); v2 is stricter only with what legato never
 // writes (names in another case, a name twice, invalid UTF-8).
 func parseRecord(line []byte) (Record, error) {
-	return parseRecordWith(line, recordDecoding)
+	return parseRecordOpts(line, ReadOptions{})
 }
+
+// fastParse lets the readers parse the arrays of records' steps
+// themselves (parseRecordFast); a test turns it off to compare.
+var fastParse = true
 
 // recordDecodingNoRequests is recordDecoding leaving the steps' requests
 // out (ReadOptions.NoRequests).
@@ -438,16 +442,32 @@ var recordDecodingNoRequests = jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(
 
 // parseRecordOpts is parseRecord leaving out what opts say.
 func parseRecordOpts(line []byte, opts ReadOptions) (Record, error) {
+	if fastParse {
+		if rec, ok := parseRecordFast(line, opts, nil); ok {
+			return checkVersion(rec)
+		}
+	}
 	if opts.NoRequests {
 		return parseRecordWith(line, recordDecodingNoRequests)
 	}
-	return parseRecord(line)
+	return parseRecordWith(line, recordDecoding)
 }
 
 // parseRecordText is parseRecord keeping the text of the record's
 // logprobs.
 func parseRecordText(line []byte, opts ReadOptions) (Record, *RecordText, error) {
 	t := &RecordText{line: line}
+	if fastParse {
+		if rec, ok := parseRecordFast(line, opts, t); ok {
+			rec, err := checkVersion(rec)
+			if err != nil {
+				return Record{}, nil, err
+			}
+			t.own()
+			return rec, t, nil
+		}
+		t = &RecordText{line: line}
+	}
 	floats := unmarshalNumbers(parseFloat64, t.keep)
 	if opts.LazyLogprobs {
 		floats = t.unmarshalLazyLogprobs
@@ -520,6 +540,11 @@ func parseRecordWith(line []byte, decoding jsonv2.Options) (Record, error) {
 	if err := jsonv2.Unmarshal(line, &rec, decoding); err != nil {
 		return Record{}, err
 	}
+	return checkVersion(rec)
+}
+
+// checkVersion returns rec if its schema is Version, or why not.
+func checkVersion(rec Record) (Record, error) {
 	switch rec.Schema {
 	case Version:
 		return rec, nil
