@@ -632,27 +632,39 @@ type advantagePatch struct {
 // patch writes each attempt's advantage over its placeholders, after
 // check. A 0, the placeholder's own value and every advantage of a group
 // whose rewards are equal, needs no write.
+//
+// The writes are shared among one goroutine per CPU: a per-step export
+// writes one per sample, 30,000 for 2,000 attempts of 15 steps, and one
+// at a time they were a tenth of its time.
 func (a *admission) patch(f io.WriterAt, patches []advantagePatch) error {
-	var b []byte
-	for _, p := range patches {
-		adv, ok := a.groups.advantage(p.groupID, p.rolloutID)
-		if !ok {
-			return fmt.Errorf("rollout %s: written without an advantage (an export bug)", p.rolloutID)
-		}
-		if adv == 0 && !math.Signbit(adv) {
-			continue
-		}
-		var err error
-		if b, err = appendAdvantage(b[:0], adv); err != nil {
-			return err
-		}
-		for _, off := range p.offsets {
-			if _, err := f.WriteAt(b, off); err != nil {
-				return err
+	var g errgroup.Group
+	workers := runtime.GOMAXPROCS(0)
+	for w := range workers {
+		part := patches[w*len(patches)/workers : (w+1)*len(patches)/workers]
+		g.Go(func() error {
+			var b []byte
+			for _, p := range part {
+				adv, ok := a.groups.advantage(p.groupID, p.rolloutID)
+				if !ok {
+					return fmt.Errorf("rollout %s: written without an advantage (an export bug)", p.rolloutID)
+				}
+				if adv == 0 && !math.Signbit(adv) {
+					continue
+				}
+				var err error
+				if b, err = appendAdvantage(b[:0], adv); err != nil {
+					return err
+				}
+				for _, off := range p.offsets {
+					if _, err := f.WriteAt(b, off); err != nil {
+						return err
+					}
+				}
 			}
-		}
+			return nil
+		})
 	}
-	return nil
+	return g.Wait()
 }
 
 // readOptions is what an export with opts leaves out of the records it
