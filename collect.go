@@ -257,7 +257,8 @@ type Group struct {
 	// DELETE) before G attempts finished.
 	Dropped bool
 	// Finished are the records of the finished (ok, truncated) attempts
-	// that count for the group, at most G.
+	// that count for the group, at most G, in the order rollouts.jsonl
+	// holds them: a resumed batch delivers a group as the first run did.
 	Finished []Record
 	// Advantages[i] is the GRPO advantage of Finished[i]: (reward − mean) /
 	// population std over Finished, 0 when all rewards are equal.

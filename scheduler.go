@@ -3,6 +3,7 @@ package rl
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,7 +68,13 @@ type group struct {
 	// for the batch's.
 	harness  policy.Harness
 	attempts []*attempt
-	finished []Record // the first G finished records, in finishing order
+	// finished holds the first G finished records in the order of their
+	// offsets in rollouts.jsonl (finishedAt): the order a resumed batch
+	// reads them in. Records committed together reach recorded in any
+	// order, so arrival order would hand OnGroup the same group in
+	// another order after a resume.
+	finished   []Record
+	finishedAt []int64
 	// reserved counts finished slots taken, including records still being
 	// written; it never exceeds G.
 	reserved int
@@ -272,7 +279,7 @@ func (s *scheduler) resume(dir string, reruns int) (schema.ReadStats, error) {
 			delete(errorsOf, a)
 		}
 		if r.Status.Finished() && len(g.finished) < g.size {
-			g.finished = append(g.finished, r)
+			g.addFinished(r, off)
 			g.reserved++
 		}
 		return nil
@@ -397,6 +404,14 @@ func (s *scheduler) settleLocked(a *attempt, e ending) verdict {
 	return v
 }
 
+// addFinished adds rec, written at offset off of rollouts.jsonl, to g's
+// finished records, in the order of their offsets.
+func (g *group) addFinished(rec Record, off int64) {
+	i, _ := slices.BinarySearch(g.finishedAt, off)
+	g.finished = slices.Insert(g.finished, i, rec)
+	g.finishedAt = slices.Insert(g.finishedAt, i, off)
+}
+
 // full says whether g has closed or will once the records of its finished
 // attempts are written: it needs no more attempts.
 func (g *group) full() bool { return g.closed || g.reserved >= g.size }
@@ -427,7 +442,7 @@ func (s *scheduler) recorded(a *attempt, rec *Record, off int64, written bool) {
 	a.noteFinal(rec.Status)
 	g := a.g
 	if rec.Status.Finished() {
-		g.finished = append(g.finished, *rec)
+		g.addFinished(*rec, off)
 		if len(g.finished) >= g.size {
 			s.closeLocked(g)
 		}
