@@ -23,6 +23,11 @@ import (
 // the decoder alone, whose result, or error, is then the reader's. So the
 // records it returns are the decoder's (TestParseFastAgrees,
 // FuzzParseFast).
+//
+// The rest is decoded with recordDecoding, not with the unmarshalers a
+// reader's options add (skipRequest, a RecordText's): that is right while
+// the arrays read here are the only ones those apply to. A new []float64
+// or request field in a step must be read here too.
 
 // hotField is an array of a step that parseRecordFast reads itself.
 type hotField uint8
