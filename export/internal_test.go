@@ -408,11 +408,13 @@ func randIDs(rng *rand.Rand, n int) []int64 {
 // TestCopiedLogprobsAsFormatted: an export copying logprobs from the
 // records' text writes the bytes it writes formatting them, in every
 // shape, with the records kept or read twice, on a generated run (every
-// step's text copied) and on the fixture run (logprobs null, missing and
-// mismatched).
+// step's text copied), on the same run with one step's logprobs spaced (no
+// text: its values are parsed and formatted) and on the fixture run
+// (logprobs null, missing and mismatched).
 func TestCopiedLogprobsAsFormatted(t *testing.T) {
+	run := benchrun.Run{Rollouts: 16, Steps: 3, Group: 4, PromptIDs: true}
 	gen := filepath.Join(t.TempDir(), "gen")
-	if _, err := benchrun.Generate(gen, benchrun.Run{Rollouts: 16, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+	if _, err := benchrun.Generate(gen, run); err != nil {
 		t.Fatal(err)
 	}
 	texts := 0
@@ -430,7 +432,7 @@ func TestCopiedLogprobsAsFormatted(t *testing.T) {
 	// text cannot copy: the writers format that step's values and, for a
 	// sequence, every step's, which a lazy read must have parsed.
 	spaced := filepath.Join(t.TempDir(), "spaced")
-	if _, err := benchrun.Generate(spaced, benchrun.Run{Rollouts: 16, Steps: 3, Group: 4, PromptIDs: true}); err != nil {
+	if _, err := benchrun.Generate(spaced, run); err != nil {
 		t.Fatal(err)
 	}
 	records := filepath.Join(spaced, schema.RecordsFile)

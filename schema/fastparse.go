@@ -1,9 +1,6 @@
 package schema
 
 import (
-	"bytes"
-	"math"
-
 	jsonv2 "github.com/go-json-experiment/json"
 )
 
@@ -45,6 +42,8 @@ type hotArray struct {
 	step       int
 	field      hotField
 	start, end int
+	n          int  // its elements
+	finite     bool // numbers each surely finite (numbersEnd)
 }
 
 // fastScan walks a record's line, copying what the decoder is to read
@@ -89,18 +88,18 @@ func parseRecordFast(line []byte, opts ReadOptions, t *RecordText) (rec Record, 
 		switch h.field {
 		case hotRequest:
 			if !opts.NoRequests {
-				st.Request = appendStrings(nil, raw)
+				st.Request = parseStrings(raw, h.n)
 			}
 		case hotChunks:
-			st.PromptTokenChunks = appendStrings(nil, raw)
+			st.PromptTokenChunks = parseStrings(raw, h.n)
 		case hotTokenIDs:
-			ids, ok := parseInts(raw)
+			ids, _, ok := parseNumbers(raw, h.n, parseInt64)
 			if !ok {
 				return Record{}, false
 			}
 			st.Response.TokenIDs = ids
 		case hotLogprobs:
-			lps, ok := t.fastLogprobs(raw, h.end, opts)
+			lps, ok := t.fastLogprobs(raw, h, opts)
 			if !ok {
 				return Record{}, false
 			}
@@ -148,13 +147,17 @@ func (s *fastScan) member(sc scope, name []byte) bool {
 	case sc == scopeStep && string(name) == "response" && open == '{':
 		return s.object(scopeResponse)
 	case sc == scopeStep && string(name) == "request" && open == '[':
-		return s.hotArray(hotRequest, stringsEnd)
+		end, n := stringsEnd(s.line, s.i)
+		return s.hotArray(hotArray{field: hotRequest, end: end, n: n})
 	case sc == scopeStep && string(name) == "prompt_token_chunks" && open == '[':
-		return s.hotArray(hotChunks, stringsEnd)
+		end, n := stringsEnd(s.line, s.i)
+		return s.hotArray(hotArray{field: hotChunks, end: end, n: n})
 	case sc == scopeResponse && string(name) == "token_ids" && open == '[':
-		return s.hotArray(hotTokenIDs, numbersEnd)
+		end, n, _ := numbersEnd(s.line, s.i)
+		return s.hotArray(hotArray{field: hotTokenIDs, end: end, n: n})
 	case sc == scopeResponse && string(name) == "logprobs" && open == '[':
-		return s.hotArray(hotLogprobs, numbersEnd)
+		end, n, finite := numbersEnd(s.line, s.i)
+		return s.hotArray(hotArray{field: hotLogprobs, end: end, n: n, finite: finite})
 	}
 	return s.skip()
 }
@@ -182,17 +185,17 @@ func (s *fastScan) steps() bool {
 	}
 }
 
-// hotArray checks the array at s.i with end, which returns the index
-// past it or -1, notes it and writes null in its place in rest.
-func (s *fastScan) hotArray(field hotField, end func(b []byte, i int) int) bool {
-	e := end(s.line, s.i)
-	if e < 0 {
+// hotArray notes h, the array at s.i that stringsEnd or numbersEnd took
+// (h.end < 0: neither did), and writes null in its place in rest.
+func (s *fastScan) hotArray(h hotArray) bool {
+	if h.end < 0 {
 		return false
 	}
+	h.step, h.start = s.step, s.i
 	s.rest = append(s.rest, s.line[s.last:s.i]...)
 	s.rest = append(s.rest, "null"...)
-	s.hot = append(s.hot, hotArray{step: s.step, field: field, start: s.i, end: e})
-	s.i, s.last = e, e
+	s.hot = append(s.hot, h)
+	s.i, s.last = h.end, h.end
 	return true
 }
 
@@ -270,158 +273,155 @@ func (s *fastScan) byte(c byte) bool {
 }
 
 // stringsEnd returns the index past the array of strings at b[i], each
-// printable ASCII without escapes, or -1 for any other array.
-func stringsEnd(b []byte, i int) int {
+// of plainByte, and how many it holds; end is -1 for any other array.
+func stringsEnd(b []byte, i int) (end, n int) {
 	i++ // [
 	if i < len(b) && b[i] == ']' {
-		return i + 1
+		return i + 1, 0
 	}
 	for i < len(b) {
 		if b[i] != '"' {
-			return -1
+			return -1, 0
 		}
 		for i++; i < len(b) && b[i] != '"'; i++ {
-			if c := b[i]; c < 0x20 || c > 0x7e || c == '\\' {
-				return -1
+			if !plainByte(b[i]) {
+				return -1, 0
 			}
 		}
 		if i+1 >= len(b) {
-			return -1
+			return -1, 0
 		}
+		n++
 		switch b[i+1] {
 		case ',':
 			i += 2
 		case ']':
-			return i + 2
+			return i + 2, n
 		default:
-			return -1
+			return -1, 0
 		}
 	}
-	return -1
+	return -1, 0
 }
 
-// numbersEnd returns the index past the array of JSON numbers at b[i],
-// or -1 for any other array.
-func numbersEnd(b []byte, i int) int {
+// plainByte reports whether c stands for itself in a JSON string: printable
+// ASCII, neither a quote nor a backslash. A string of them decodes to its
+// bytes.
+func plainByte(c byte) bool { return 0x20 <= c && c <= 0x7e && c != '"' && c != '\\' }
+
+// numbersEnd returns the index past the array of JSON numbers at b[i], how
+// many it holds, and whether each surely parses to a finite float64: its
+// integer digits plus its exponent are at most 308, so it is below 10^308
+// (one that may be out of range is left to be parsed, for the decoder's
+// error). end is -1 for any other array.
+func numbersEnd(b []byte, i int) (end, n int, finite bool) {
 	i++ // [
 	if i < len(b) && b[i] == ']' {
-		return i + 1
+		return i + 1, 0, true
 	}
+	finite = true
 	for {
-		i = numberEnd(b, i)
+		var intDigits, exp int
+		i, intDigits, exp = numberEnd(b, i)
 		if i < 0 || i >= len(b) {
-			return -1
+			return -1, 0, false
 		}
+		n++
+		finite = finite && intDigits+exp <= 308
 		switch b[i] {
 		case ',':
 			i++
 		case ']':
-			return i + 1
+			return i + 1, n, finite
 		default:
-			return -1
+			return -1, 0, false
 		}
 	}
 }
 
 // numberEnd returns the index past the JSON number at b[i] (RFC 8259:
-// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?), or -1.
-func numberEnd(b []byte, i int) int {
-	digits := func(i int) (int, bool) {
-		start := i
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?), or -1, with how many
+// digits its integer part has and its exponent (its size held below
+// 100,000).
+func numberEnd(b []byte, i int) (end, intDigits, exp int) {
+	digits := func(i int) int {
 		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
 			i++
 		}
-		return i, i > start
+		return i
 	}
 	if i < len(b) && b[i] == '-' {
 		i++
 	}
+	start := i
 	switch {
 	case i < len(b) && b[i] == '0':
 		i++
 	case i < len(b) && '1' <= b[i] && b[i] <= '9':
-		i, _ = digits(i)
+		i = digits(i)
 	default:
-		return -1
+		return -1, 0, 0
 	}
-	var ok bool
+	intDigits = i - start
 	if i < len(b) && b[i] == '.' {
-		if i, ok = digits(i + 1); !ok {
-			return -1
+		frac := i + 1
+		if i = digits(frac); i == frac {
+			return -1, 0, 0
 		}
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
 		i++
+		neg := i < len(b) && b[i] == '-'
 		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
 		}
-		if i, ok = digits(i); !ok {
-			return -1
+		first := i
+		if i = digits(first); i == first {
+			return -1, 0, 0
+		}
+		for _, c := range b[first:i] {
+			if exp < 10_000 {
+				exp = exp*10 + int(c-'0')
+			}
+		}
+		if neg {
+			exp = -exp
 		}
 	}
-	return i
+	return i, intDigits, exp
 }
 
-// appendStrings appends the strings of raw, an array stringsEnd took.
-func appendStrings(dst []string, raw []byte) []string {
+// parseStrings returns the n strings of raw, an array stringsEnd took.
+func parseStrings(raw []byte, n int) []string {
+	// Not nil when empty: the decoder makes [] an empty slice.
+	out := make([]string, 0, n)
 	body := raw[1 : len(raw)-1]
-	if dst == nil {
-		// Not nil when empty: the decoder makes [] an empty slice.
-		dst = make([]string, 0, countCommas(body)+1)
-	}
 	for len(body) > 0 {
 		// "...",  or "..." at the end; no string holds a quote.
 		end := 1
 		for body[end] != '"' {
 			end++
 		}
-		dst = append(dst, string(body[1:end]))
+		out = append(out, string(body[1:end]))
 		body = body[min(end+2, len(body)):]
 	}
-	return dst
+	return out
 }
 
-// parseInts parses raw, an array numbersEnd took, as int64s; ok is false
-// when a number is not an integer in int64's range.
-func parseInts(raw []byte) ([]int64, bool) {
-	out := make([]int64, 0, countCommas(raw)+1)
-	_, ok := eachNumber(raw, func(num []byte) bool {
-		n, ok := parseInt64(num)
-		out = append(out, n)
-		return ok
-	})
-	return out, ok
-}
-
-// fastLogprobs parses raw, an array numbersEnd took that ends at offset
-// end of the line, as parseRecordText's unmarshalers would (t set), or
-// as parseRecordOpts's (t nil): ok is false when a number is out of
-// float64's range, which the decoder refuses.
-func (t *RecordText) fastLogprobs(raw []byte, end int, opts ReadOptions) ([]float64, bool) {
-	if t != nil && opts.LazyLogprobs {
-		if n, lazy := lazyNumbers(raw); lazy {
-			out := make([]float64, n)
-			for i := range out {
-				out[i] = math.NaN() // see unmarshalLazyLogprobs
-			}
-			t.keep(out, raw, int64(end))
-			t.spans[len(t.spans)-1].lazy = true
-			return out, true
-		}
+// fastLogprobs parses h's array raw, which numbersEnd took, as
+// parseRecordText's unmarshalers would (t set), or as parseRecordOpts's
+// (t nil): ok is false when a number is out of float64's range, which the
+// decoder refuses.
+func (t *RecordText) fastLogprobs(raw []byte, h hotArray, opts ReadOptions) ([]float64, bool) {
+	if t != nil && opts.LazyLogprobs && h.n > 0 && h.finite {
+		return t.keepLazy(h.n, raw, int64(h.end)), true
 	}
-	out := make([]float64, 0, countCommas(raw)+1)
-	_, ok := eachNumber(raw, func(num []byte) bool {
-		f, ok := parseFloat64(num)
-		out = append(out, f)
-		return ok
-	})
+	out, _, ok := parseNumbers(raw, h.n, parseFloat64)
 	if !ok {
 		return nil, false
 	}
 	if t != nil && len(out) > 0 {
-		t.keep(out, raw, int64(end))
+		t.keep(out, raw, int64(h.end))
 	}
 	return out, true
 }
-
-func countCommas(b []byte) int { return bytes.Count(b, []byte{','}) }

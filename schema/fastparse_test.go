@@ -2,12 +2,10 @@ package schema
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -58,21 +56,17 @@ func parseWay(t *testing.T, line []byte, text bool, opts ReadOptions, fast bool)
 	for i := range p.Rec.Steps {
 		p.Texts = append(p.Texts, string(rt.Logprobs(&p.Rec, i)))
 	}
+	// ParseLogprobs parses into the slices read: Rec keeps copies of them
+	// as read, Parsed the slices.
 	p.Parsed = p.Rec
-	p.Parsed.Steps = make([]Step, len(p.Rec.Steps))
-	copy(p.Parsed.Steps, p.Rec.Steps)
-	for i := range p.Parsed.Steps {
-		r := &p.Parsed.Steps[i].Response
-		if r.Logprobs != nil {
-			r.Logprobs = append([]float64{}, r.Logprobs...)
-		}
+	p.Rec.Steps = slices.Clone(p.Rec.Steps)
+	for i := range p.Rec.Steps {
+		r := &p.Rec.Steps[i].Response
+		r.Logprobs = slices.Clone(r.Logprobs)
 	}
-	// ParseLogprobs writes into the record read; Parsed keeps a copy of
-	// it from before, then takes the values.
-	if err := rt.ParseLogprobs(&p.Rec); err != nil {
+	if err := rt.ParseLogprobs(&p.Parsed); err != nil {
 		t.Fatalf("ParseLogprobs: %v", err)
 	}
-	p.Parsed, p.Rec = p.Rec, p.Parsed
 	return p
 }
 
@@ -149,20 +143,9 @@ func fastRecords(t testing.TB) [][]byte {
 			st.Response.Content = fmt.Sprintf("step \"%d\" <b>\n\u2028 é", r)
 			rec.Steps = append(rec.Steps, st)
 		}
-		b, err := json.Marshal(rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines = append(lines, b)
+		lines = append(lines, []byte(line(t, rec)))
 	}
-	for _, f := range []string{"../export/testdata/run/rollouts.jsonl", "../export/testdata/run-loose/rollouts.jsonl"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines = append(lines, bytes.Split(bytes.TrimSpace(b), []byte("\n"))...)
-	}
-	return lines
+	return append(lines, fixtureLines(t)...)
 }
 
 // TestParseFastAgrees: the fast path reads the records legato writes
@@ -185,13 +168,7 @@ func TestParseFastAgrees(t *testing.T) {
 // members, nulls, damage) parse to what the decoder alone makes of them,
 // a record or an error; and the fast path leaves most of them to it.
 func TestParseFastFallsBack(t *testing.T) {
-	var every Record
-	fill(reflect.ValueOf(&every).Elem(), 0)
-	every.Schema = Version
-	b, err := json.Marshal(every)
-	if err != nil {
-		t.Fatal(err)
-	}
+	every := everyField()
 	base := fastRecords(t)[3]
 	if !bytes.Contains(base, []byte(`"token_ids":[`)) || !bytes.Contains(base, []byte(`"request":["`)) || !bytes.Contains(base, []byte(`"logprobs":[`)) {
 		t.Fatalf("base line without the arrays to change: %s", base)
@@ -200,7 +177,7 @@ func TestParseFastFallsBack(t *testing.T) {
 		return bytes.Replace(base, []byte(old), []byte(new), 1)
 	}
 	lines := [][]byte{
-		b,
+		[]byte(line(t, &every)),
 		edit(`"token_ids":[`, `"token_ids": [`),
 		edit(`"token_ids":[`, `"token_ids":[1.5,`),
 		edit(`"token_ids":[`, `"token_ids":[1e3,`),

@@ -57,12 +57,7 @@ func unmarshalNumbers[T int64 | float64](parse func(num []byte) (T, bool), keep 
 func decodeNumbers[T int64 | float64](raw []byte, end int64, parse func(num []byte) (T, bool), keep func(v []T, raw []byte, end int64), v *[]T) error {
 	// Commas + 1 is the count when the elements are numbers, an upper
 	// bound otherwise; bytes.Count counts them many bytes at a time.
-	out := make([]T, 0, bytes.Count(raw, []byte{','})+1)
-	plain, ok := eachNumber(raw, func(num []byte) bool {
-		n, ok := parse(num)
-		out = append(out, n)
-		return ok
-	})
+	out, plain, ok := parseNumbers(raw, bytes.Count(raw, []byte{','})+1, parse)
 	if !ok {
 		return jsonv2.Unmarshal(raw, v)
 	}
@@ -71,6 +66,19 @@ func decodeNumbers[T int64 | float64](raw []byte, end int64, parse func(num []by
 		keep(out, raw, end)
 	}
 	return nil
+}
+
+// parseNumbers parses the elements of the valid JSON array raw with parse
+// into a slice of room n, and reports whether raw held no whitespace
+// (plain) and every element was a number parse took (ok).
+func parseNumbers[T int64 | float64](raw []byte, n int, parse func(num []byte) (T, bool)) (out []T, plain, ok bool) {
+	out = make([]T, 0, n)
+	plain, ok = eachNumber(raw, func(num []byte) bool {
+		v, ok := parse(num)
+		out = append(out, v)
+		return ok
+	})
+	return out, plain, ok
 }
 
 // unmarshalLazyLogprobs decodes a step's logprobs for a RecordText that
@@ -91,74 +99,32 @@ func (t *RecordText) unmarshalLazyLogprobs(dec *jsontext.Decoder, v *[]float64) 
 	if !lazy || p.LastToken() != "logprobs" || !strings.HasPrefix(string(p), "/steps/") {
 		return decodeNumbers(raw, dec.InputOffset(), parseFloat64, t.keep, v)
 	}
-	out := make([]float64, n)
-	for i := range out {
-		// Not a value any line can hold: a writer formatting it
-		// before ParseLogprobs fails instead of writing a wrong number.
-		out[i] = math.NaN()
-	}
-	*v = out
-	t.keep(out, raw, dec.InputOffset())
-	t.spans[len(t.spans)-1].lazy = true
+	*v = t.keepLazy(n, raw, dec.InputOffset())
 	return nil
 }
 
+// keepLazy returns n NaNs for the n numbers of raw, which ends at offset
+// end of the input, and keeps raw's text to parse into them later
+// (ParseLogprobs). NaN is not a value any line can hold: a writer
+// formatting one before ParseLogprobs fails instead of writing a wrong
+// number.
+func (t *RecordText) keepLazy(n int, raw []byte, end int64) []float64 {
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = math.NaN()
+	}
+	t.keep(out, raw, end)
+	t.spans[len(t.spans)-1].lazy = true
+	return out
+}
+
 // lazyNumbers reports whether the valid JSON array raw holds only numbers,
-// at least one, without whitespace, each of which parses to a finite
-// float64, and how many: its text alone then says what a writer writes,
-// and parsing it cannot fail. A number is surely finite when its integer
-// digits plus its exponent are at most 308 (it is below 10^308); one that
-// may be out of range is left to be parsed, for the decoder's error.
+// at least one, without whitespace, each of which surely parses to a
+// finite float64 (numbersEnd), and how many: its text alone then says
+// what a writer writes, and parsing it cannot fail.
 func lazyNumbers(raw []byte) (n int, ok bool) {
-	body := raw[1 : len(raw)-1]
-	digits := func(i int) (int, int) {
-		d := 0
-		for i < len(body) && '0' <= body[i] && body[i] <= '9' {
-			i, d = i+1, d+1
-		}
-		return i, d
-	}
-	i := 0
-	for {
-		if i < len(body) && body[i] == '-' {
-			i++
-		}
-		var d int
-		i, d = digits(i)
-		if d == 0 {
-			return 0, false // empty, null, a string, an object, an array
-		}
-		if i < len(body) && body[i] == '.' {
-			i, _ = digits(i + 1)
-		}
-		exp := 0
-		if i < len(body) && (body[i] == 'e' || body[i] == 'E') {
-			i++
-			neg := i < len(body) && body[i] == '-'
-			if i < len(body) && (body[i] == '-' || body[i] == '+') {
-				i++
-			}
-			start := i
-			i, _ = digits(i)
-			if !neg {
-				if i-start > 3 {
-					return 0, false
-				}
-				exp, _ = strconv.Atoi(string(body[start:i]))
-			}
-		}
-		if d+exp > 308 {
-			return 0, false
-		}
-		n++
-		if i == len(body) {
-			return n, true
-		}
-		if body[i] != ',' {
-			return 0, false // whitespace
-		}
-		i++
-	}
+	end, n, finite := numbersEnd(raw, 0)
+	return n, end == len(raw) && n > 0 && finite
 }
 
 // A RecordText holds the text of a record's logprobs as its line holds

@@ -383,7 +383,7 @@ func plainString(b []byte) (string, bool) {
 		return "", false
 	}
 	for _, c := range b[1 : len(b)-1] {
-		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+		if !plainByte(c) {
 			return "", false
 		}
 	}
