@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
 	"io"
 	"io/fs"
 	"os"
@@ -29,6 +30,24 @@ type endState struct {
 	Task     string `json:"task"`
 	TaskHash uint64 `json:"task_hash"`
 	History  uint64 `json:"history"`
+	// Target is a target task's target as [x0, y0, x1, y1], Click its
+	// first click as [x, y]: all its grade is made of.
+	Target *[4]int `json:"target,omitempty"`
+	Click  *[2]int `json:"click,omitempty"`
+}
+
+// targetOf returns a kept end state's target and the pointer its grade
+// reads.
+func (st endState) targetOf() (image.Rectangle, pointer) {
+	var t image.Rectangle
+	var p pointer
+	if st.Target != nil {
+		t = image.Rect(st.Target[0], st.Target[1], st.Target[2], st.Target[3])
+	}
+	if st.Click != nil {
+		p = pointer{clicked: true, click: image.Pt(st.Click[0], st.Click[1]), at: image.Pt(st.Click[0], st.Click[1])}
+	}
+	return t, p
 }
 
 // KeepEndState writes the attempt's state to a file in Config.EndStates
@@ -42,6 +61,12 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 	}
 	d.mu.Lock()
 	st := endState{Task: d.cur.task, TaskHash: d.cur.taskHash, History: d.cur.history}
+	if t := d.cur.target; !t.Empty() {
+		st.Target = &[4]int{t.Min.X, t.Min.Y, t.Max.X, t.Max.Y}
+		if p := d.cur.ptr; p.clicked {
+			st.Click = &[2]int{p.click.X, p.click.Y}
+		}
+	}
 	d.mu.Unlock()
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -99,9 +124,14 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 	if st.Task != task.ID {
 		return 0, fmt.Errorf("kept end state %s is of task %q, not %q", ref, st.Task, task.ID)
 	}
+	if _, isTarget, _ := ParseTarget(task.Evaluator); isTarget && st.Target == nil {
+		return 0, fmt.Errorf("kept end state %s holds no target, but task %q is a %s task: it was kept before the task was one; collect it again", ref, task.ID, TargetFunc)
+	}
+	target, ptr := st.targetOf()
 	d.mu.Lock()
 	d.cur = attempt{hasTask: true, task: task.ID, infeasible: isInfeasible(task.Evaluator),
-		taskHash: st.TaskHash, history: st.History, last: last, acted: last != desktop.Action{}}
+		taskHash: st.TaskHash, history: st.History, last: last, acted: last != desktop.Action{},
+		target: target, ptr: ptr}
 	d.mu.Unlock()
 	return d.Evaluate(ctx, task)
 }

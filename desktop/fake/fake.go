@@ -56,6 +56,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -136,8 +137,12 @@ type attempt struct {
 	taskHash, history uint64
 	last              desktop.Action
 	acted             bool
-	settleUntil       time.Time
-	tick              int
+	// target is a target task's target (see TargetFunc); empty for other
+	// tasks. ptr follows the attempt's clicks.
+	target      image.Rectangle
+	ptr         pointer
+	settleUntil time.Time
+	tick        int
 }
 
 // New returns a fake desktop. It panics if cfg.Validate fails: a config is
@@ -283,22 +288,44 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 		return d.fail(PhaseReset, err)
 	}
 	infeasible := isInfeasible(task.Evaluator)
+	grid, isTarget, err := ParseTarget(task.Evaluator)
+	if err != nil {
+		return d.fail(PhaseReset, fmt.Errorf("task %q: %w: %v", task.ID, desktop.ErrUnsupported, err))
+	}
 	settle := d.latency(d.cfg.Latency.Settle, "settle after reset", c)
 	h := hashKey(task.ID)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	n := d.resets[task.ID]
 	d.cur = attempt{
 		hasTask:     true,
 		task:        task.ID,
 		infeasible:  infeasible,
-		n:           d.resets[task.ID],
+		n:           n,
 		taskHash:    h,
 		history:     h,
 		settleUntil: time.Now().Add(settle),
 	}
+	if isTarget {
+		d.cur.target = d.drawTarget(c, task.ID, n, grid)
+	}
 	d.resets[task.ID]++
 	return nil
+}
+
+// drawTarget places a target task's target: one draw per attempt when c
+// belongs to one (the same place on any desktop, after a resume, in a
+// replay), else one per Reset of the desktop to the task.
+func (d *Desktop) drawTarget(c drawKey, task string, n, grid int) image.Rectangle {
+	var r *rand.Rand
+	if c.attempt != "" {
+		r = drawKey{seed: c.seed, attempt: c.attempt}.draw("target", "")
+	} else {
+		r = draw(d.seed, "target", task, n)
+	}
+	cell := r.IntN(grid * grid)
+	return targetRect(d.width, d.height, grid, cell%grid, cell/grid)
 }
 
 // WaitAfterReset takes Latency.WaitAfterReset, then waits for the screen to
@@ -343,7 +370,10 @@ func (d *Desktop) Observe(ctx context.Context) (desktop.Observation, error) {
 
 	d.mu.Lock()
 	now := time.Now()
-	f := frame{task: d.cur.taskHash, history: d.cur.history}
+	f := frame{task: d.cur.taskHash, history: d.cur.history, target: d.cur.target}
+	if !d.cur.target.Empty() {
+		f.clicked, f.click, f.hit = d.cur.ptr.clicked, d.cur.ptr.click, d.cur.hitTarget()
+	}
 	if now.Before(d.cur.settleUntil) {
 		f.settling, f.tick = true, d.cur.tick
 		d.cur.tick++
@@ -397,6 +427,7 @@ func (d *Desktop) Act(ctx context.Context, action desktop.Action) (desktop.ActRe
 	defer d.mu.Unlock()
 	d.cur.last, d.cur.acted = action, true
 	if action.Kind == desktop.Code {
+		d.cur.ptr.follow(action.Code)
 		d.cur.history = mix(d.cur.history ^ hashKey(action.Code))
 		d.cur.settleUntil = time.Now().Add(settle)
 		d.cur.tick = 0
@@ -449,6 +480,12 @@ func (d *Desktop) grade(a attempt, c drawKey, again bool) float64 {
 	if lastFail {
 		return 0
 	}
+	if !a.target.Empty() {
+		if a.hitTarget() {
+			return 1
+		}
+		return 0
+	}
 	r, ok := d.cfg.Rewards[a.task]
 	if !ok {
 		r = d.cfg.DefaultReward
@@ -460,6 +497,12 @@ func (d *Desktop) grade(a attempt, c drawKey, again bool) float64 {
 		return 1
 	}
 	return r.Value
+}
+
+// hitTarget reports whether the attempt's first click was inside its
+// target.
+func (a attempt) hitTarget() bool {
+	return a.ptr.clicked && a.ptr.click.In(a.target)
 }
 
 // rewardDraw returns the generator of the reward of a, graded by the call

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"image"
+	"image/color"
 	"image/color/palette"
 	"math/rand/v2"
 
@@ -25,6 +26,13 @@ type frame struct {
 	// advances a progress bar on every Observe.
 	settling bool
 	tick     int
+	// target is a target task's target (TargetFunc), drawn on a plain
+	// screen instead of the window of cells; clicked says the attempt
+	// clicked, at click, and hit that the click was inside the target.
+	target  image.Rectangle
+	clicked bool
+	click   image.Point
+	hit     bool
 }
 
 // Layout of the screen, in fractions of its size: a top bar, a window of
@@ -169,7 +177,21 @@ func writeChunk(w *bytes.Buffer, typ string, data []byte) {
 	w.Write(n[:])
 }
 
+// Palette indexes of a target task's screen: a plain grey desktop, a red
+// target that turns green when the first click hits it, and a white mark
+// where that click was.
+var (
+	targetBgIdx   = uint8(color.Palette(palette.Plan9).Index(color.RGBA{0x60, 0x60, 0x60, 0xff}))
+	targetIdx     = uint8(color.Palette(palette.Plan9).Index(color.RGBA{0xff, 0x00, 0x00, 0xff}))
+	targetHitIdx  = uint8(color.Palette(palette.Plan9).Index(color.RGBA{0x00, 0xcc, 0x00, 0xff}))
+	targetMarkIdx = uint8(color.Palette(palette.Plan9).Index(color.RGBA{0xff, 0xff, 0xff, 0xff}))
+)
+
 func (s *screen) render(f frame) {
+	if !f.target.Empty() {
+		s.renderTarget(f)
+		return
+	}
 	b := s.img.Bounds()
 	w, h := b.Dx(), b.Dy()
 	// Indexes 32..223 keep clear of the near-black and near-white ends of
@@ -199,6 +221,35 @@ func (s *screen) render(f frame) {
 	lit := bar.Dx() * (f.tick%barTicks + 1) / barTicks
 	s.fill(image.Rect(bar.Min.X, bar.Min.Y, bar.Min.X+lit, bar.Max.Y), barOnIdx)
 	s.fill(image.Rect(bar.Min.X+lit, bar.Min.Y, bar.Max.X, bar.Max.Y), barOffIdx)
+}
+
+// renderTarget draws a target task's screen: the background, the top bar,
+// the progress bar while the screen settles, the target, and the mark of
+// the first click. The whole screen is painted again, so nothing of the
+// last frame's target is left.
+func (s *screen) renderTarget(f frame) {
+	b := s.img.Bounds()
+	w, h := b.Dx(), b.Dy()
+	s.fillBackground(targetBgIdx)
+	s.fill(image.Rect(0, 0, w, h/36+1), topBarIdx)
+	if f.settling {
+		bar := image.Rect(w/8, h-h/6, w-w/8, h-h/6+h/54+1)
+		lit := bar.Dx() * (f.tick%barTicks + 1) / barTicks
+		s.fill(image.Rect(bar.Min.X, bar.Min.Y, bar.Min.X+lit, bar.Max.Y), barOnIdx)
+		s.fill(image.Rect(bar.Min.X+lit, bar.Min.Y, bar.Max.X, bar.Max.Y), barOffIdx)
+	}
+	idx := targetIdx
+	if f.hit {
+		idx = targetHitIdx
+	}
+	s.fill(f.target, idx)
+	if f.clicked {
+		r := max(w, h) / 120
+		s.fill(image.Rect(f.click.X-r, f.click.Y-r, f.click.X+r+1, f.click.Y+r+1), targetMarkIdx)
+	}
+	// The target is not background: the next frame of another task must
+	// paint its own (no background index is 0).
+	s.bg = 0
 }
 
 func (s *screen) fillBackground(idx uint8) {
