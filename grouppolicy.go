@@ -50,8 +50,20 @@ func (b *batch) mainServers() []*modelServer {
 	return slices.Clone(b.mains)
 }
 
+// newMain returns the batch's model server on client, with its outage
+// breaker, which stops the batch only while the server is the batch's.
+func (b *batch) newMain(client *policy.Replicas, cfg PolicyConfig) *modelServer {
+	m := &modelServer{client: client, pol: cfg}
+	m.outage = newOutage(client.Ping, b.opts.ServerDownTimeout, func(err error) { b.failFrom(m, err) }, b.log)
+	return m
+}
+
 // moveMain makes cfg's servers the batch's model server: calls sent from
-// now on go there; calls in flight finish where they went.
+// now on go there, and so do the calls waiting for the old server to come
+// back from an outage; calls in flight finish where they went, or, when
+// they fail like a broken server, go again to the new servers. The old
+// server's breaker stops probing, and its outage no longer stops the batch
+// (--server-down-timeout is the new server's).
 func (b *batch) moveMain(cfg PolicyConfig) error {
 	if b.ready != nil {
 		<-b.ready
@@ -60,18 +72,30 @@ func (b *batch) moveMain(cfg PolicyConfig) error {
 	if err != nil {
 		return err
 	}
-	m := &modelServer{client: client, pol: cfg, outage: newOutage(client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)}
+	m := b.newMain(client, cfg)
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.runCtx.Err() != nil {
+	if b.runCtx.Err() != nil || b.fatal != nil {
+		b.mu.Unlock()
 		client.Close()
 		return fmt.Errorf("%w: it is stopping", ErrServiceStopped)
 	}
+	old := b.main.Load()
 	b.mains = append(b.mains, m)
 	b.probes.Go(func() { m.outage.run(b.runCtx) })
 	b.main.Store(m)
+	b.mu.Unlock()
+	old.outage.retire()
+	// Its replicas' prober too; calls in flight on it still finish (run
+	// closes it again at the end).
+	old.client.Close()
 	return nil
 }
+
+// movedFrom reports whether a's calls no longer go to srv: the batch moved
+// to other servers (moveMain). A call that waited on srv's breaker then
+// goes again, to the server now in force, whatever the wait ended with
+// (errServerMoved, or the old breaker giving up in the moment of the move).
+func (b *batch) movedFrom(a *attempt, srv *modelServer) bool { return b.server(a) != srv }
 
 // groupServers keeps a service's per-group model servers, one per distinct
 // configuration, for the service's life.

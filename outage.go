@@ -18,6 +18,11 @@ import (
 // continues the batch.
 var ErrServerDown = errors.New("model server down")
 
+// errServerMoved ends the waits on the breaker of a server the batch's
+// model calls moved away from (moveMain): the calls go again, to the
+// server now in force.
+var errServerMoved = errors.New("the model calls moved to other servers")
+
 // outage is the batch's view of the model server's availability: a circuit
 // breaker shared by every worker.
 //
@@ -53,6 +58,10 @@ type outage struct {
 	trigger chan struct{} // wakes the prober
 	downS   float64       // Σ of the episodes in which a ping failed
 	count   int           // such episodes
+	// retired is set once the calls moved to other servers (retire);
+	// quit then ends the prober.
+	retired bool
+	quit    context.CancelFunc
 }
 
 // episode is one opening of the breaker.
@@ -77,8 +86,11 @@ func newOutage(ping func(context.Context) error, limit time.Duration, stop func(
 // waits until it answers again, and returns the time it waited.
 func (o *outage) pause(ctx context.Context) (time.Duration, error) {
 	o.mu.Lock()
-	ep := o.cur
+	ep, retired := o.cur, o.retired
 	o.mu.Unlock()
+	if retired {
+		return 0, errServerMoved
+	}
 	if ep == nil {
 		return 0, nil
 	}
@@ -92,6 +104,10 @@ func (o *outage) pause(ctx context.Context) (time.Duration, error) {
 // failed), and the time it waited.
 func (o *outage) failed(ctx context.Context, cause error) (down bool, waited time.Duration, err error) {
 	o.mu.Lock()
+	if o.retired {
+		o.mu.Unlock()
+		return false, 0, errServerMoved
+	}
 	ep := o.cur
 	if ep == nil {
 		ep = &episode{start: time.Now(), done: make(chan struct{})}
@@ -120,8 +136,17 @@ func (o *outage) await(ctx context.Context, ep *episode) (bool, time.Duration, e
 	return ep.down, time.Since(start), ep.err
 }
 
-// run is the prober: it pings while the breaker is open, until ctx is done.
+// run is the prober: it pings while the breaker is open, until ctx is done
+// or the breaker is retired.
 func (o *outage) run(ctx context.Context) {
+	ctx, quit := context.WithCancel(ctx)
+	defer quit()
+	o.mu.Lock()
+	o.quit = quit
+	if o.retired {
+		quit()
+	}
+	o.mu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
@@ -173,6 +198,27 @@ func (o *outage) probe(ctx context.Context) {
 			o.end(ctx.Err())
 			return
 		}
+	}
+}
+
+// retire takes the breaker out of the batch once the batch's model calls
+// moved to other servers (moveMain): the calls waiting on it, and any call
+// in flight to its server that then fails like a broken server, get
+// errServerMoved and go again, to the new servers; its prober stops, so
+// its server, left down, is no longer pinged and no longer stops the batch.
+func (o *outage) retire() {
+	o.mu.Lock()
+	o.retired = true
+	waiting := o.cur != nil
+	o.mu.Unlock()
+	if waiting {
+		o.log.Warn("the model calls waiting for the server that was down go to the servers the policy moved to")
+	}
+	o.end(errServerMoved)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.quit != nil {
+		o.quit()
 	}
 }
 

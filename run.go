@@ -83,8 +83,8 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	b.mu.Lock()
 	b.stop = stop
 	b.mu.Unlock()
-	b.outage = newOutage(b.client.Ping, b.opts.ServerDownTimeout, b.fail, b.log)
-	first := &modelServer{client: b.client, outage: b.outage, pol: b.pol}
+	first := b.newMain(b.client, b.pol)
+	b.outage = first.outage
 	b.main.Store(first)
 	b.mu.Lock()
 	b.mains, b.runCtx = []*modelServer{first}, runCtx
@@ -285,8 +285,18 @@ func fillOutcome(rec *Record, v verdict, e ending) {
 // fail stops the batch for err: no attempt starts, running ones are
 // interrupted (they leave no record), and Collect returns the first such
 // error.
-func (b *batch) fail(err error) {
+func (b *batch) fail(err error) { b.failFrom(nil, err) }
+
+// failFrom is fail for the outage breaker of m, a model server the batch
+// had as its own: it stops the batch only while m is the batch's server.
+// Once the calls moved to other servers (moveMain, which replaces it under
+// b.mu), m's outage is no longer the batch's. nil m: any cause.
+func (b *batch) failFrom(m *modelServer, err error) {
 	b.mu.Lock()
+	if m != nil && b.main.Load() != m {
+		b.mu.Unlock()
+		return
+	}
 	first := b.fatal == nil
 	if first {
 		b.fatal = err

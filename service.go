@@ -729,7 +729,9 @@ func (s *Service) WaitEnded(ctx context.Context, after int) bool {
 // on its servers, then serves the new version. An empty version keeps the
 // current one. baseURLs, if given, move the service's model calls to
 // those servers (data-parallel replicas of the same weights, as
-// --policy-url repeated): calls sent from now on go there.
+// --policy-url repeated): calls sent from now on go there, and so do those
+// waiting out an outage of the old servers, which then no longer counts
+// against ServerDownTimeout (moveMain).
 func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (PolicyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -301,6 +301,9 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		// policy to other servers resumes with the calls going there.
 		srv := b.server(t.a)
 		if err := wait(func() (time.Duration, error) { return srv.outage.pause(ctx) }); err != nil {
+			if ctx.Err() == nil && b.movedFrom(t.a, srv) {
+				continue
+			}
 			return nil, "", downS, srv.gaveUp(ctx, err)
 		}
 		res, err := srv.client.Complete(ctx, t.a.g.id, msgs)
@@ -322,6 +325,11 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		var down bool
 		cause := err
 		if werr := wait(func() (w time.Duration, err error) { down, w, err = srv.outage.failed(ctx, cause); return w, err }); werr != nil {
+			if ctx.Err() == nil && b.movedFrom(t.a, srv) {
+				// The policy moved while the call failed or waited: it
+				// goes again, to the new servers.
+				continue
+			}
 			return nil, "", downS, srv.gaveUp(ctx, werr)
 		}
 		if !down {
