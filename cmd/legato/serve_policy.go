@@ -23,6 +23,8 @@ type servePolicyCommand struct {
 	fault      policytest.Fault
 	every      int
 	requireKey bool
+	sample     bool
+	seed       uint64
 }
 
 func (c *servePolicyCommand) flagSet(stderr io.Writer) *flag.FlagSet {
@@ -40,6 +42,8 @@ func (c *servePolicyCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.TextVar(&c.fault, "fault", policytest.NoFault, "`fault` to inject: none, hang, 500, 429, refuse-field, ignore-field, flat-error, 401-string, malformed-json, truncated-body, slow-first-byte, no-logprobs, logprobs-mismatch, validation-400, null-logprobs, 503, html-200, abort")
 	intVar(fs, &c.every, "fault-every", 1, 1, math.MaxInt, "inject the fault on every n-th request")
 	fs.BoolVar(&c.requireKey, "require-key", false, "require the bearer key from $"+policy.KeyEnv)
+	fs.BoolVar(&c.sample, "sample", false, "draw each reply (from --seed and the request's arrival) instead of deriving it from the task: a group's attempts then differ")
+	fs.Uint64Var(&c.seed, "seed", 1, "with --sample: the `seed` of the draws")
 	setUsage(fs, `Usage: legato rl serve-policy [--addr 127.0.0.1:8000] [flags]
 
 Serves a scripted model over the OpenAI chat-completions API on a loopback
@@ -62,6 +66,14 @@ func (c *servePolicyCommand) Run(ctx context.Context, args []string, stdout, std
 	}
 	if err := policytest.CheckAddr(c.addr); err != nil {
 		return usageErrorf("--addr: %w", err)
+	}
+	seedSet := false
+	fs.Visit(func(f *flag.Flag) { seedSet = seedSet || f.Name == "seed" })
+	if seedSet && !c.sample {
+		return usageErrorf("--seed is the seed of --sample's draws: give --sample too")
+	}
+	if c.sample {
+		c.opts.Script = policytest.SampledScript(c.seed)
 	}
 	c.opts.Dialect = policytest.Dialect(c.dialect)
 	c.opts.Version = policytest.Version(c.version)

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,6 +58,63 @@ func TestServePolicy(t *testing.T) {
 	}
 }
 
+// TestServePolicySample: with --sample the same prompt gets different
+// replies (a group's attempts differ), and another server with the same
+// seed gives the same ones in the same order.
+func TestServePolicySample(t *testing.T) {
+	replies := func(seed string) []string {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		out := make(lineWriter, 8)
+		done := make(chan error, 1)
+		go func() {
+			args := []string{"-addr", "127.0.0.1:0", "-no-latency", "-sample", "-seed", seed}
+			done <- new(servePolicyCommand).Run(ctx, args, out, &bytes.Buffer{})
+		}()
+		var line string
+		select {
+		case line = <-out:
+		case err := <-done:
+			t.Fatalf("serve-policy returned early: %v", err)
+		}
+		url := line[strings.Index(line, "http://") : len(line)-1]
+		var got []string
+		for range 8 {
+			res, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Choices []struct {
+					Message struct{ Content string } `json:"message"`
+				} `json:"choices"`
+			}
+			err = json.NewDecoder(res.Body).Decode(&body)
+			res.Body.Close()
+			if err != nil || len(body.Choices) != 1 {
+				t.Fatalf("reply: %v, %d choices", err, len(body.Choices))
+			}
+			got = append(got, body.Choices[0].Message.Content)
+		}
+		http.DefaultClient.CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve-policy after cancel = %v, want nil", err)
+		}
+		return got
+	}
+	a, b, c := replies("5"), replies("5"), replies("6")
+	if !slices.Equal(a, b) {
+		t.Errorf("two servers with seed 5 replied differently:\n%q\n%q", a, b)
+	}
+	if slices.Equal(a, c) {
+		t.Errorf("seeds 5 and 6 gave the same replies: %q", a)
+	}
+	if distinct := len(slices.Compact(slices.Sorted(slices.Values(a)))); distinct < 4 {
+		t.Errorf("8 calls with one prompt gave %d distinct replies: %q", distinct, a)
+	}
+}
+
 func TestServePolicyUsage(t *testing.T) {
 	t.Setenv(policy.KeyEnv, "")
 	tests := []struct {
@@ -75,6 +134,7 @@ func TestServePolicyUsage(t *testing.T) {
 		{"fault every negative", []string{"-fault-every", "-2"}, "-fault-every"},
 		{"image tokens", []string{"-image-tokens", "-1"}, `invalid value "-1" for flag -image-tokens: want an integer from 1 to 1048576`},
 		{"unknown flag", []string{"-latency", "0"}, "flag provided but not defined: -latency"},
+		{"seed without sample", []string{"-seed", "3"}, "--seed is the seed of --sample's draws: give --sample too"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

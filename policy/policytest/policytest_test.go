@@ -217,6 +217,45 @@ func TestPrefixCache(t *testing.T) {
 	}
 }
 
+// TestSampledScript: the same seed answers the n-th request the same, and
+// the attempts of one task differ.
+func TestSampledScript(t *testing.T) {
+	a, b, other := SampledScript(3), SampledScript(3), SampledScript(4)
+	req := func(n, step int) Request { return Request{N: n, Instruction: "the same task", Step: step} }
+	distinct := map[string]bool{}
+	diffSeed := 0
+	for n := range 40 {
+		got := a(req(n, 0))
+		if got != b(req(n, 0)) {
+			t.Fatalf("request %d: two servers with seed 3 answer differently", n)
+		}
+		if got != other(req(n, 0)) {
+			diffSeed++
+		}
+		distinct[got] = true
+		calls, _ := extractToolCalls(got, 0)
+		if len(calls) != 1 || calls[0].Function.Name != "computer_use" {
+			t.Fatalf("request %d: %q has %d computer_use calls, want 1", n, got, len(calls))
+		}
+		if strings.Contains(got, "terminate") {
+			t.Errorf("request %d: a first step ends the attempt: %q", n, got)
+		}
+	}
+	// 40 first steps of one task: DefaultScript gives one reply; drawn,
+	// clicks alone land on 40 places but for a collision.
+	if len(distinct) < 20 {
+		t.Errorf("40 first steps of one task gave %d distinct replies; want them to differ", len(distinct))
+	}
+	if diffSeed < 20 {
+		t.Errorf("seeds 3 and 4 answered %d of 40 requests differently", diffSeed)
+	}
+	for n := range 40 {
+		if got := a(req(n, 4)); !strings.Contains(got, "terminate") {
+			t.Errorf("request %d at step 4: %q; want terminate", n, got)
+		}
+	}
+}
+
 func TestDefaultScript(t *testing.T) {
 	var failures, types, keys int
 	for i := range 60 {

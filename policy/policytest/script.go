@@ -2,6 +2,7 @@ package policytest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 
 	"legato/rl/schema"
@@ -94,6 +95,35 @@ func DefaultScript(req Request) string {
 		return toolCall("Save with the keyboard.", `{"action": "key", "keys": ["ctrl", "s"]}`)
 	default:
 		x, y := mix(h, s)%1000, mix(h, s+100)%1000
+		return toolCall(fmt.Sprintf("Click at (%d, %d).", x, y),
+			fmt.Sprintf(`{"action": "left_click", "coordinate": [%d, %d]}`, x, y))
+	}
+}
+
+// SampledScript is DefaultScript's agent with its choices drawn instead of
+// derived from the instruction: each reply is drawn from seed and the
+// request's arrival index, so the attempts of a group differ, as a sampled
+// model's do (a GRPO group of identical attempts has no gradient), and a
+// server given the same seed answers its n-th request the same. A step
+// ends the attempt with probability 1/3 (at the fifth step always; one
+// end in five with status "failure"); otherwise it clicks anywhere on the
+// 0–999 grid (four steps in six), types or presses a key.
+func SampledScript(seed uint64) func(Request) string {
+	return func(req Request) string {
+		r := rand.New(rand.NewPCG(seed, mix(uint64(req.N), 0x5a3d)))
+		if req.Step >= 4 || (req.Step > 0 && r.IntN(3) == 0) {
+			if r.IntN(5) == 0 {
+				return toolCall("The task cannot be completed.", `{"action": "terminate", "status": "failure"}`)
+			}
+			return toolCall("The task is done.", `{"action": "terminate", "status": "success"}`)
+		}
+		switch r.IntN(6) {
+		case 0:
+			return toolCall("Type the text.", `{"action": "type", "text": "hello from legato"}`)
+		case 1:
+			return toolCall("Save with the keyboard.", `{"action": "key", "keys": ["ctrl", "s"]}`)
+		}
+		x, y := r.IntN(1000), r.IntN(1000)
 		return toolCall(fmt.Sprintf("Click at (%d, %d).", x, y),
 			fmt.Sprintf(`{"action": "left_click", "coordinate": [%d, %d]}`, x, y))
 	}
