@@ -375,12 +375,7 @@ func (c *Client) fail(attempts, status int, ctxErr error, message string, cause 
 
 // redact removes the API key from text that came from elsewhere (server
 // messages, transport errors), in case a server echoes it.
-func (c *Client) redact(s string) string {
-	if c.cfg.APIKey == "" {
-		return s
-	}
-	return strings.ReplaceAll(s, c.cfg.APIKey, "[redacted]")
-}
+func (c *Client) redact(s string) string { return redactKey(s, c.cfg.APIKey) }
 
 // catchHTTPErrors turns an HTTP error answer into a *statusError before
 // openai-go sees it: openai-go only understands nested error bodies and

@@ -616,6 +616,39 @@ func TestKeyNeverLeaks(t *testing.T) {
 	}
 }
 
+// TestShortKeyKeepsMessages: a short key ("k", or vLLM's dummy "EMPTY") is
+// redacted where a server echoes it, not in every word that holds it.
+func TestShortKeyKeepsMessages(t *testing.T) {
+	tests := []struct{ key, want string }{
+		{"k", "key [redacted] is not valid: check your key; EMPTY_PROMPT"},
+		{"EMPTY", "key [redacted] is not valid: check your key; EMPTY_PROMPT"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+				w.WriteHeader(http.StatusUnauthorized)
+				fmt.Fprintf(w, `{"object": "error", "message": "key %s is not valid: check your key; EMPTY_PROMPT"}`, got)
+			}))
+			defer echo.Close()
+			defer echo.Client().CloseIdleConnections()
+			c, err := policy.New(policy.Config{BaseURL: echo.URL + "/v1", Model: "m", APIKey: tt.key, HTTPClient: echo.Client()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, err = c.Complete(t.Context(), prompt())
+			var pe *policy.Error
+			if !errors.As(err, &pe) {
+				t.Fatalf("Complete: %v, want a *policy.Error", err)
+			}
+			if pe.Message != tt.want {
+				t.Errorf("message %q, want %q", pe.Message, tt.want)
+			}
+		})
+	}
+}
+
 func TestMessages(t *testing.T) {
 	text := func(s ...string) []schema.Part {
 		var ps []schema.Part
