@@ -329,6 +329,11 @@ func (c *Client) classify(err error) *Error {
 			e.Err, e.Permanent = ErrBadRequest, true
 		}
 		return e
+	case errors.As(err, new(*StringIDsError)):
+		// The server answers every call so: trying again changes nothing.
+		e := c.newError(0, ErrBadResponse, err.Error(), err)
+		e.Permanent = true
+		return e
 	case errors.Is(err, errBadCompletion):
 		return c.newError(0, ErrBadResponse, err.Error(), nil)
 	case errors.Is(err, errAborted):
@@ -412,6 +417,9 @@ var errAborted = errors.New("generation aborted")
 func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (again bool, err error) {
 	var cc chatResponse
 	if err := json.Unmarshal(raw, &cc); err != nil {
+		if sid := stringIDs(raw, err); sid != nil {
+			return false, sid
+		}
 		return false, err
 	}
 	if len(cc.Choices) == 0 {
