@@ -329,6 +329,11 @@ func (c *Client) classify(err error) *Error {
 			e.Err, e.Permanent = ErrBadRequest, true
 		}
 		return e
+	case errors.As(err, new(*StringIDsError)):
+		// The server answers every call so: trying again changes nothing.
+		e := c.newError(0, ErrBadResponse, err.Error(), err)
+		e.Permanent = true
+		return e
 	case errors.Is(err, errBadCompletion):
 		return c.newError(0, ErrBadResponse, err.Error(), nil)
 	case errors.Is(err, errAborted):
@@ -375,12 +380,7 @@ func (c *Client) fail(attempts, status int, ctxErr error, message string, cause 
 
 // redact removes the API key from text that came from elsewhere (server
 // messages, transport errors), in case a server echoes it.
-func (c *Client) redact(s string) string {
-	if c.cfg.APIKey == "" {
-		return s
-	}
-	return strings.ReplaceAll(s, c.cfg.APIKey, "[redacted]")
-}
+func (c *Client) redact(s string) string { return redactKey(s, c.cfg.APIKey) }
 
 // catchHTTPErrors turns an HTTP error answer into a *statusError before
 // openai-go sees it: openai-go only understands nested error bodies and
@@ -417,6 +417,9 @@ var errAborted = errors.New("generation aborted")
 func (c *Client) fill(res *Result, raw []byte, mode idMode, sent idFields) (again bool, err error) {
 	var cc chatResponse
 	if err := json.Unmarshal(raw, &cc); err != nil {
+		if sid := stringIDs(raw, err); sid != nil {
+			return false, sid
+		}
 		return false, err
 	}
 	if len(cc.Choices) == 0 {

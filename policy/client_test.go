@@ -616,6 +616,70 @@ func TestKeyNeverLeaks(t *testing.T) {
 	}
 }
 
+// TestShortKeyKeepsMessages: a short key ("k", or vLLM's dummy "EMPTY") is
+// redacted where a server echoes it, not in every word that holds it.
+func TestShortKeyKeepsMessages(t *testing.T) {
+	tests := []struct{ key, want string }{
+		{"k", "key [redacted] is not valid: check your key; EMPTY_PROMPT"},
+		{"EMPTY", "key [redacted] is not valid: check your key; EMPTY_PROMPT"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+				w.WriteHeader(http.StatusUnauthorized)
+				fmt.Fprintf(w, `{"object": "error", "message": "key %s is not valid: check your key; EMPTY_PROMPT"}`, got)
+			}))
+			defer echo.Close()
+			defer echo.Client().CloseIdleConnections()
+			c, err := policy.New(policy.Config{BaseURL: echo.URL + "/v1", Model: "m", APIKey: tt.key, HTTPClient: echo.Client()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, err = c.Complete(t.Context(), prompt())
+			var pe *policy.Error
+			if !errors.As(err, &pe) {
+				t.Fatalf("Complete: %v, want a *policy.Error", err)
+			}
+			if pe.Message != tt.want {
+				t.Errorf("message %q, want %q", pe.Message, tt.want)
+			}
+		})
+	}
+}
+
+// TestStringTokenIDs: an answer with token ids as strings fails with a
+// *StringIDsError naming the field, as a malformed response, once: the
+// server answers every call so.
+func TestStringTokenIDs(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices": [{"message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop",
+			"logprobs": {"content": [{"token": "Hi", "logprob": -0.1}]}, "token_ids": ["token_id:9707"]}]}`)
+	}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	c, err := policy.New(policy.Config{BaseURL: srv.URL + "/v1", Model: "m", Retries: 2, HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Complete(t.Context(), prompt())
+	var sid *policy.StringIDsError
+	if !errors.As(err, &sid) || !errors.Is(err, policy.ErrBadResponse) {
+		t.Fatalf("Complete: %v, want a malformed response with a *policy.StringIDsError", err)
+	}
+	if want := (policy.StringIDsError{Field: "choices[0].token_ids", Value: `"token_id:9707"`}); *sid != want {
+		t.Errorf("%+v, want %+v", *sid, want)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d calls, want 1: the answer will not change", n)
+	}
+}
+
 func TestMessages(t *testing.T) {
 	text := func(s ...string) []schema.Part {
 		var ps []schema.Part

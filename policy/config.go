@@ -208,6 +208,58 @@ func redactedKey(key string) string {
 	return "[redacted]"
 }
 
+// secretKeyLen is the length from which a key is redacted wherever it
+// occurs in a text. Real keys are longer (OpenAI's 51 characters and more,
+// Hugging Face's 37, a random hex token 32) and never occur in a message
+// by chance; a shorter key ("EMPTY", vLLM's usual dummy, or "k") is a
+// word or a letter that server messages are full of.
+const secretKeyLen = 16
+
+// redactKey replaces key in s with "[redacted]". A key of secretKeyLen
+// bytes or more is replaced wherever it occurs, even inside a longer word,
+// where a server may have glued it. A shorter one only where it stands as
+// a token of its own, as an echo shows it ("Bearer EMPTY", "key k is not
+// valid", "api_key=k&", a quoted "k"): replacing each of its occurrences
+// would mangle every "key" and "EMPTY_PROMPT" of a message.
+func redactKey(s, key string) string {
+	if key == "" {
+		return s
+	}
+	if len(key) >= secretKeyLen {
+		return strings.ReplaceAll(s, key, "[redacted]")
+	}
+	var b strings.Builder
+	i := 0 // s[:i] is written
+	for from := 0; ; {
+		j := strings.Index(s[from:], key)
+		if j < 0 {
+			break
+		}
+		start, end := from+j, from+j+len(key)
+		if start > 0 && isKeyByte(s[start-1]) || end < len(s) && isKeyByte(s[end]) {
+			// Part of a longer word; the next occurrence may overlap
+			// this one (key "a.a" in "xa.a.a").
+			from = start + 1
+			continue
+		}
+		b.WriteString(s[i:start])
+		b.WriteString("[redacted]")
+		i, from = end, end
+	}
+	if i == 0 {
+		return s
+	}
+	b.WriteString(s[i:])
+	return b.String()
+}
+
+// isKeyByte reports whether b continues a word around a short key: a
+// letter or digit (a byte of a non-ASCII letter too), '-' or '_'.
+func isKeyByte(b byte) bool {
+	return b == '-' || b == '_' || b >= 0x80 ||
+		'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9'
+}
+
 // redactURL hides a password in a URL's user info.
 func redactURL(s string) string {
 	u, err := url.Parse(s)

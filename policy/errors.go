@@ -64,8 +64,9 @@ type Error struct {
 	// context.DeadlineExceeded).
 	Err error
 
-	// cause is the transport error behind ErrConnection, kept for
-	// errors.As; its text is not part of Error().
+	// cause is the transport error behind ErrConnection, or the
+	// *StringIDsError behind ErrBadResponse, kept for errors.As; its text
+	// is not part of Error().
 	cause error
 	// param is the request field a 400 names; retryAfter what a 429 asked;
 	// full the server's message before Message was capped.

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -110,6 +112,11 @@ func generatedIDs(ch *chatChoice, sent idFields) (schema.TokenIDSource, []int64,
 	if m := ch.MetaInfo; m != nil && m.OutputTokenLogprobs != nil {
 		ids := make([]int64, len(m.OutputTokenLogprobs))
 		for i, e := range m.OutputTokenLogprobs {
+			if len(e) >= 2 {
+				if v, ok := firstString(e[1]); ok {
+					return "", nil, &StringIDsError{Field: fmt.Sprintf("choices[0].meta_info.output_token_logprobs[%d][1]", i), Value: v}
+				}
+			}
 			id, err := metaInfoID(e)
 			if err != nil {
 				return "", nil, fmt.Errorf("%w: meta_info.output_token_logprobs[%d]: %v", errBadCompletion, i, err)
@@ -119,6 +126,86 @@ func generatedIDs(ch *chatChoice, sent idFields) (schema.TokenIDSource, []int64,
 		return schema.SourceMetaInfo, ids, nil
 	}
 	return schema.SourceStrings, nil, nil
+}
+
+// StringIDsError is an answer whose token ids came as JSON strings ("123",
+// or "token_id:123" as vLLM writes them in logprobs) where legato reads
+// JSON integers, as vLLM and SGLang send them: a proxy or a server of its
+// own that turns them into strings, not a broken engine. A *Error of such
+// an answer wraps it (errors.As).
+type StringIDsError struct {
+	// Field is where the strings were, e.g. "choices[0].token_ids".
+	Field string
+	// Value is the first string id as it came, JSON-quoted and cut to 40
+	// bytes.
+	Value string
+}
+
+func (e *StringIDsError) Error() string {
+	return fmt.Sprintf("the answer's %s holds token ids as strings (%s), not the JSON integers legato reads", e.Field, e.Value)
+}
+
+// stringIDs returns the *StringIDsError behind err, a failed decoding of
+// the answer raw into a chatResponse, when err is an id field holding a
+// string; nil otherwise.
+func stringIDs(raw []byte, err error) *StringIDsError {
+	var typ *json.UnmarshalTypeError
+	if !errors.As(err, &typ) || typ.Value != "string" {
+		return nil
+	}
+	var loose struct {
+		Choices []struct {
+			TokenIDs       json.RawMessage `json:"token_ids"`
+			PromptTokenIDs json.RawMessage `json:"prompt_token_ids"`
+		} `json:"choices"`
+		PromptTokenIDs json.RawMessage `json:"prompt_token_ids"`
+	}
+	if json.Unmarshal(raw, &loose) != nil {
+		return nil
+	}
+	switch typ.Field {
+	case "prompt_token_ids":
+		if v, ok := firstString(loose.PromptTokenIDs); ok {
+			return &StringIDsError{Field: "prompt_token_ids", Value: v}
+		}
+	case "choices.token_ids", "choices.prompt_token_ids":
+		for i, ch := range loose.Choices {
+			field, ids := "token_ids", ch.TokenIDs
+			if typ.Field == "choices.prompt_token_ids" {
+				field, ids = "prompt_token_ids", ch.PromptTokenIDs
+			}
+			if v, ok := firstString(ids); ok {
+				return &StringIDsError{Field: fmt.Sprintf("choices[%d].%s", i, field), Value: v}
+			}
+		}
+	}
+	return nil
+}
+
+// firstString returns the first string of a JSON array, or the value
+// itself when it is a string, quoted and cut to 40 bytes.
+func firstString(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 0 && raw[0] == '"' {
+		return quoteCut(raw), true
+	}
+	var elems []json.RawMessage
+	if json.Unmarshal(raw, &elems) != nil {
+		return "", false
+	}
+	for _, e := range elems {
+		if e = bytes.TrimSpace(e); len(e) > 0 && e[0] == '"' {
+			return quoteCut(e), true
+		}
+	}
+	return "", false
+}
+
+func quoteCut(s []byte) string {
+	if len(s) > 40 {
+		return string(s[:40]) + "…"
+	}
+	return string(s)
 }
 
 // placeholderIDs parses vLLM's "token_id:N" token strings; ok is false

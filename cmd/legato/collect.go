@@ -56,6 +56,9 @@ type collectFlags struct {
 	// noPolicy: the command makes no model call (a replay), so setup
 	// starts no model server.
 	noPolicy bool
+	// set is the flag set the command parsed into f: which flags it was
+	// given (checkBackendFlags).
+	set *flag.FlagSet
 	// endStatesIn is the run directory whose kept end states the fake
 	// desktops grade (a regrade).
 	endStatesIn string
@@ -112,13 +115,15 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Var(&f.fake.flaky, "fake-flaky", "fake backend: a task `id` whose grader disagrees with itself (a second grade draws again); repeat it for several")
 	fs.StringVar(&f.fake.speed, "fake-speed", "demo", "fake backend latencies: none, demo (fractions of a second) or real (VM-like seconds)")
 	fs.BoolVar(&f.verbose, "v", false, "log every retry and desktop failure")
+	f.set = fs
 	setUsage(fs, `Usage: legato rl collect --out DIR [flags]
 
 Runs a batch: every task's group of attempts on a pool of desktops, each
 attempt graded by the task's evaluator, written to DIR in the
 legato.rollout/v0 format. With no --policy-url and the fake backend it runs
 end to end on this machine: no VM, no GPU. The model server's key is read
-from LEGATO_POLICY_KEY.
+from LEGATO_POLICY_KEY. A flag of the other backend (--golden-fork with
+--backend fake, --fake-seed with osworld) is refused.
 
 `)
 	return fs, f
@@ -150,7 +155,68 @@ func newDesktopFlags(name string, stderr io.Writer) (*flag.FlagSet, *collectFlag
 			fs.Var(fl.Value, fl.Name, fl.Usage)
 		}
 	})
+	f.set = fs
 	return fs, f
+}
+
+// fakeOnlyFlags are the flags of the fake backend. --fake-speed also sets
+// the latency of the built-in model server.
+var fakeOnlyFlags = []string{"fake-seed", "fake-success", "fake-flaky", "fake-speed"}
+
+// sharedOSWorldFlags are osworld flags that mean something with any
+// backend: --osworld resolves the tasks a tasks file names by reference.
+var sharedOSWorldFlags = []string{"osworld"}
+
+// flagBackend returns the backend a flag belongs to, "fake" or "osworld",
+// or "" for a flag of every backend.
+func flagBackend(name string) string {
+	if slices.Contains(fakeOnlyFlags, name) {
+		return "fake"
+	}
+	if slices.Contains(sharedOSWorldFlags, name) {
+		return ""
+	}
+	if osworldFlagNames[name] {
+		return "osworld"
+	}
+	return ""
+}
+
+// osworldFlagNames are the flags osworldFlags.Register defines.
+var osworldFlagNames = func() map[string]bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	new(osworldFlags).Register(fs)
+	names := map[string]bool{}
+	fs.VisitAll(func(fl *flag.Flag) { names[fl.Name] = true })
+	return names
+}()
+
+// checkBackendFlags refuses the flags given (names, without dashes) that
+// belong to another backend than backend: accepted, they would be
+// ignored. builtinServer says the built-in model server runs, whose
+// latency --fake-speed sets with any backend. An unknown backend is left
+// to setup to refuse.
+func checkBackendFlags(backend string, given []string, builtinServer bool) error {
+	if backend != "fake" && backend != "osworld" {
+		return nil
+	}
+	var errs []string
+	for _, name := range given {
+		owner := flagBackend(name)
+		if owner == "" || owner == backend || name == "fake-speed" && builtinServer {
+			continue
+		}
+		what := ""
+		if name == "fake-speed" {
+			what = " (and of the built-in model server, which does not run with --policy-url or without a model)"
+		}
+		errs = append(errs, fmt.Sprintf("--%s is a flag of the %s backend%s and --backend is %s: drop it, or use --backend %s",
+			name, owner, what, backend, owner))
+	}
+	if len(errs) > 0 {
+		return usageErrorf("%s", strings.Join(errs, "\n"))
+	}
+	return nil
 }
 
 // runCollect is `legato rl collect`.
@@ -220,6 +286,11 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
+	}
+	var given []string
+	f.set.Visit(func(fl *flag.Flag) { given = append(given, fl.Name) })
+	if err := checkBackendFlags(f.backend, given, !f.noPolicy && len(f.policyURLs) == 0); err != nil {
+		return cleanup, nil, err
 	}
 	f.pol.APIKey = os.Getenv(policy.KeyEnv)
 	f.pol.Retries = f.retries

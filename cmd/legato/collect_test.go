@@ -111,6 +111,88 @@ func TestCollectFlagErrors(t *testing.T) {
 	}
 }
 
+// TestBackendFlagRefused: a flag of one backend given with the other exits
+// 2 naming the flag and the backend, in every command that takes backend
+// flags, before any desktop or model server starts (the osworld rows name
+// a guest nothing listens on).
+func TestBackendFlagRefused(t *testing.T) {
+	dir := t.TempDir()
+	guest := []string{"--backend", "osworld", "--guest-url", "http://127.0.0.1:1", "--tasks", filepath.Join(dir, "tasks.json")}
+	osworldWith := func(extra ...string) []string { return append(slices.Clone(guest), extra...) }
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"golden fork with fake", []string{"rl", "collect", "--out", dir, "--backend", "fake", "--golden-fork"},
+			[]string{"--golden-fork is a flag of the osworld backend and --backend is fake: drop it, or use --backend osworld"}},
+		{"fork dir with the default backend", []string{"rl", "collect", "--out", dir, "--fork-dir", dir},
+			[]string{"--fork-dir is a flag of the osworld backend and --backend is fake"}},
+		{"guest url and grader with fake", []string{"rl", "collect", "--out", dir, "--guest-url", "http://127.0.0.1:1", "--grader", "native"},
+			[]string{"--grader is a flag of the osworld backend", "--guest-url is a flag of the osworld backend"}},
+		{"fake seed with osworld", append([]string{"rl", "collect", "--out", dir}, osworldWith("--fake-seed", "3")...),
+			[]string{"--fake-seed is a flag of the fake backend and --backend is osworld: drop it, or use --backend fake"}},
+		{"fake speed with osworld and a model server", append([]string{"rl", "collect", "--out", dir, "--policy-url", "http://127.0.0.1:1/v1", "--model", "m", "--version", "v"}, osworldWith("--fake-speed", "none")...),
+			[]string{"--fake-speed is a flag of the fake backend (and of the built-in model server, which does not run with --policy-url or without a model) and --backend is osworld"}},
+		{"serve", []string{"rl", "serve", "--out", dir, "--golden-max", "2"},
+			[]string{"--golden-max is a flag of the osworld backend and --backend is fake"}},
+		{"replay", []string{"rl", "replay", dir, "--no-golden"},
+			[]string{"--no-golden is a flag of the osworld backend and --backend is fake"}},
+		{"regrade", append([]string{"rl", "regrade", dir}, osworldWith("--fake-success", "0")...),
+			[]string{"--fake-success is a flag of the fake backend and --backend is osworld"}},
+		{"tasks check", []string{"rl", "tasks", "check", "--image", dir},
+			[]string{"--image is a flag of the osworld backend and --backend is fake"}},
+		{"fake speed with osworld in a replay", append([]string{"rl", "replay", dir}, osworldWith("--fake-speed", "none")...),
+			[]string{"--fake-speed is a flag of the fake backend (and of the built-in model server"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(t.Context(), tt.args, &bytes.Buffer{}, &stderr)
+			if code := exitCode(t.Context(), err, &stderr); code != exitUsage {
+				t.Fatalf("exit code %d (%v), want %d", code, err, exitUsage)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckBackendFlags: which flags go with which backend.
+func TestCheckBackendFlags(t *testing.T) {
+	tests := []struct {
+		name          string
+		backend       string
+		given         []string
+		builtinServer bool
+		want          string // "" for accepted
+	}{
+		{"fake flags with fake", "fake", []string{"fake-seed", "fake-success", "fake-flaky", "fake-speed"}, true, ""},
+		{"osworld flags with osworld", "osworld", []string{"golden-fork", "fork-dir", "guest-url", "image", "grade-workers", "host"}, true, ""},
+		{"common flags with both", "fake", []string{"tasks", "desktops", "group", "keep-end-states", "quarantine"}, true, ""},
+		{"osworld checkout with fake: resolves the tasks", "fake", []string{"osworld"}, true, ""},
+		{"fake speed with osworld and the built-in server", "osworld", []string{"fake-speed"}, true, ""},
+		{"unknown backend left to setup", "docker", []string{"golden-fork", "fake-seed"}, true, ""},
+		{"golden fork with fake", "fake", []string{"golden-fork"}, true, "--golden-fork is a flag of the osworld backend and --backend is fake"},
+		{"fake speed with osworld and no built-in server", "osworld", []string{"fake-speed"}, false, "--fake-speed is a flag of the fake backend"},
+		{"fake flaky with osworld", "osworld", []string{"fake-flaky"}, true, "--fake-flaky is a flag of the fake backend and --backend is osworld"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkBackendFlags(tt.backend, tt.given, tt.builtinServer)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("error %v, want one that says %q", err, tt.want)
+			}
+		})
+	}
+}
+
 // TestCollectInterrupt sends SIGINT to a real collect process mid-batch: it
 // exits 130, distinct from failure, after writing the summary; and a rerun
 // into the same directory completes the batch.

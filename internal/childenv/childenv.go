@@ -32,12 +32,14 @@ var pythonPrefixes = []string{
 
 // Python is the environment of a Python program of the user's, taken from
 // env (os.Environ() in production) by the allowlist above, then extra.
-// LEGATO_* variables never pass, whatever their prefix.
+// LEGATO_* variables never pass, whatever their prefix, nor any whose name
+// says it holds a credential (secretName): an allowed prefix covers
+// HF_TOKEN as well as HF_HOME.
 func Python(env []string, extra ...string) []string {
 	var out []string
 	for _, kv := range env {
 		name, _, ok := strings.Cut(kv, "=")
-		if !ok || strings.HasPrefix(name, "LEGATO_") || !allowed(name) {
+		if !ok || strings.HasPrefix(name, "LEGATO_") || !allowed(name) || secretName(name) {
 			continue
 		}
 		out = append(out, kv)
@@ -54,6 +56,27 @@ func allowed(name string) bool {
 	for _, p := range pythonPrefixes {
 		if strings.HasPrefix(name, p) {
 			return true
+		}
+	}
+	return false
+}
+
+// secretWords end the words of a variable's name that holds a credential,
+// or says where one is: HF_TOKEN, HF_TOKEN_PATH, HUGGING_FACE_HUB_TOKEN,
+// OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, CONDA_APIKEY. A
+// harmless knob that names one (HF_HUB_DISABLE_IMPLICIT_TOKEN) is dropped
+// too: graders read local files and talk to loopback only, so no
+// credential is theirs to use.
+var secretWords = []string{"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}
+
+// secretName reports whether a word of name (split at '_') ends in one of
+// secretWords.
+func secretName(name string) bool {
+	for w := range strings.SplitSeq(strings.ToUpper(name), "_") {
+		for _, s := range secretWords {
+			if strings.HasSuffix(w, s) {
+				return true
+			}
 		}
 	}
 	return false

@@ -26,6 +26,44 @@ func TestPython(t *testing.T) {
 	}
 }
 
+// TestPythonDropsCredentials: a variable whose name says it holds a
+// credential does not pass, even under an allowed prefix (HF_, PYTHON,
+// CONDA_); the model cache and offline switches of the same prefix do.
+func TestPythonDropsCredentials(t *testing.T) {
+	tests := []struct {
+		name string
+		pass bool
+	}{
+		{"HF_TOKEN", false},
+		{"HF_TOKEN_PATH", false},
+		{"HF_API_TOKEN", false},
+		{"HF_HUB_TOKEN", false},
+		{"HUGGING_FACE_HUB_TOKEN", false},
+		{"HF_HUB_DISABLE_IMPLICIT_TOKEN", false},
+		{"CONDA_APIKEY", false},
+		{"PYTHON_KEYRING_BACKEND", true}, // names no credential
+		{"XDG_SECRET_DIR", false},
+		{"OPENAI_API_KEY", false},
+		{"AWS_SECRET_ACCESS_KEY", false},
+		{"AWS_SESSION_TOKEN", false},
+		{"HF_HOME", true},
+		{"HF_HUB_CACHE", true},
+		{"HF_HUB_OFFLINE", true},
+		{"HF_ENDPOINT", true},
+		{"PYTHONPATH", true},
+		{"XDG_CACHE_HOME", true},
+		{"OMP_NUM_THREADS", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Python([]string{tt.name + "=v"})
+			if pass := len(got) == 1; pass != tt.pass {
+				t.Errorf("Python passes %s: %v, want %v", tt.name, pass, tt.pass)
+			}
+		})
+	}
+}
+
 // TestMinimalReachesTheChild: a child started with Minimal sees it and
 // nothing of ours (its /proc/PID/environ).
 func TestMinimalReachesTheChild(t *testing.T) {

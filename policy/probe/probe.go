@@ -276,6 +276,13 @@ func (r *Report) assess() {
 
 	why := func(s string) { r.Why = append(r.Why, s) }
 	add := func(s string) { r.Advice = append(r.Advice, s) }
+	var sid *policy.StringIDsError
+	if errors.As(r.Text.Err, &sid) {
+		// A format, not an outage: the engine generated.
+		why(fmt.Sprintf("token ids as strings in %s", sid.Field))
+		add(stringIDsAdvice(sid))
+		return
+	}
 	if r.Text.Err != nil {
 		r.Trainable = false
 		if policy.IsOutage(r.Text.Err) {
@@ -343,6 +350,13 @@ func (r *Report) assess() {
 		add("if vLLM samples with a temperature other than 1 or with penalties, start it with --logprobs-mode processed_logprobs so logprobs match the distribution tokens were drawn from")
 	}
 	r.Trainable = len(r.Why) == 0
+}
+
+// stringIDsAdvice says what to change on a server that sends token ids
+// as strings.
+func stringIDsAdvice(sid *policy.StringIDsError) string {
+	return fmt.Sprintf("the server sends %s as strings (%s) where legato reads token ids as JSON integers, as vLLM 0.10.2+ (return_token_ids) and SGLang (return_token_ids, return_meta_info) send them: "+
+		"serve the policy with one of them, or, if a proxy or gateway stands between, point --policy-url at the engine itself or have the proxy pass the ids through as numbers", sid.Field, sid.Value)
 }
 
 // upgradeAdvice says what gives exact token ids, for a server that gave
@@ -485,6 +499,9 @@ func callDetail(c Call) string {
 		var pe *policy.Error
 		if errors.As(c.Err, &pe) && pe.Status != 0 {
 			return fmt.Sprintf("HTTP %d", pe.Status)
+		}
+		if errors.As(c.Err, new(*policy.StringIDsError)) {
+			return "answered, with token ids as strings"
 		}
 		return "no answer"
 	}

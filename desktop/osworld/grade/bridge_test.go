@@ -405,6 +405,8 @@ func TestParseMode(t *testing.T) {
 func TestBridgeWorkerEnvironment(t *testing.T) {
 	t.Setenv("LEGATO_POLICY_KEY", "sk-legato-test-key")
 	t.Setenv("SOME_SECRET_TOKEN", "tok-legato-test")
+	t.Setenv("HF_TOKEN", "hf_legatotesttoken")
+	t.Setenv("HF_HOME", "/nonexistent/hf")
 	t.Setenv("PYTHONDONTWRITEBYTECODE", "1")
 	guest := newFakeGuest(t)
 	g := newBridgeGrader(t, guest, GraderConfig{Timeout: time.Hour})
@@ -423,11 +425,11 @@ func TestBridgeWorkerEnvironment(t *testing.T) {
 	}
 	env := strings.Split(string(raw), "\x00")
 	for _, kv := range env {
-		if strings.Contains(kv, "sk-legato-test-key") || strings.HasPrefix(kv, "SOME_SECRET_TOKEN=") {
+		if strings.Contains(kv, "sk-legato-test-key") || strings.HasPrefix(kv, "SOME_SECRET_TOKEN=") || strings.Contains(kv, "hf_legatotesttoken") {
 			t.Errorf("the grader's worker has %q in its environment", kv)
 		}
 	}
-	if !slices.Contains(env, "PYTHONDONTWRITEBYTECODE=1") || !slices.Contains(env, "PYTHONIOENCODING=utf-8") {
+	if !slices.Contains(env, "PYTHONDONTWRITEBYTECODE=1") || !slices.Contains(env, "PYTHONIOENCODING=utf-8") || !slices.Contains(env, "HF_HOME=/nonexistent/hf") {
 		t.Errorf("the worker's environment %q lacks the Python variables it needs", env)
 	}
 	if err := g.Close(); err != nil {

@@ -130,8 +130,9 @@ func TestGuestClientSaysWhatTheGuestAnswered(t *testing.T) {
 
 func TestBridgeEnvironmentKeepsTheKeyOut(t *testing.T) {
 	got := bridgeEnviron([]string{"PATH=/bin", "LEGATO_POLICY_KEY=sk-secret", "PYTHONPYCACHEPREFIX=/elsewhere", "HOME=/root",
-		"PYTHONIOENCODING=latin-1", "AWS_SECRET_ACCESS_KEY=x", "OPENAI_API_KEY=y", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "LEGATO_OTHER=z"})
-	want := []string{"PATH=/bin", "HOME=/root", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "PYTHONIOENCODING=utf-8"}
+		"PYTHONIOENCODING=latin-1", "AWS_SECRET_ACCESS_KEY=x", "OPENAI_API_KEY=y", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "LEGATO_OTHER=z",
+		"HF_TOKEN=hf_x", "HUGGING_FACE_HUB_TOKEN=hf_y", "HF_HOME=/hf"})
+	want := []string{"PATH=/bin", "HOME=/root", "LC_ALL=C.UTF-8", "PYTHONPATH=/osworld", "HF_HOME=/hf", "PYTHONIOENCODING=utf-8"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("bridgeEnviron (-want +got):\n%s", diff)
 	}
