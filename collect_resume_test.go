@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -103,6 +104,81 @@ func TestCollectCancel(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestExportLeavesOutWhatCollectCutShort stops a batch the way SIGTERM
+// does and exports it: export writes exactly the groups with finished
+// attempts that the scheduler ended (OnGroup's), and leaves out, naming
+// them, those the stop cut short. Once the batch is resumed to its end, it
+// leaves none out.
+func TestExportLeavesOutWhatCollectCutShort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Groups of 4 on 2 desktops: a group runs in two rounds of about
+		// 10 s. At 60 s t0 and t1 ended and t2 has one finished attempt.
+		e := newBatchEnv(t, testTasks(3), flatServer(nil), realisticDesk())
+		e.opts.Desktops, e.opts.Group = 2, 4
+		ctx, cancel := context.WithCancel(t.Context())
+		stop := time.AfterFunc(60*time.Second, cancel)
+		defer stop.Stop()
+		if _, err := e.collect(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Collect after SIGTERM: %v, want context.Canceled", err)
+		}
+		synctest.Wait()
+		exported := func() (export.Stats, []string) {
+			t.Helper()
+			out := filepath.Join(t.TempDir(), "train.jsonl")
+			st, err := export.ExportSteps(e.opts.Out, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var groups []string
+			for line := range strings.Lines(string(data)) {
+				var s struct {
+					GroupID string `json:"group_id"`
+				}
+				if err := json.Unmarshal([]byte(line), &s); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Contains(groups, s.GroupID) {
+					groups = append(groups, s.GroupID)
+				}
+			}
+			slices.Sort(groups)
+			return st, groups
+		}
+		var ended []string
+		for _, g := range e.seenGroups() {
+			if len(g.Finished) > 0 {
+				ended = append(ended, g.ID)
+			}
+		}
+		slices.Sort(ended)
+		st, groups := exported()
+		if len(st.PartialGroups) == 0 || len(ended) == 0 {
+			t.Fatalf("the stop cut short %v and ended %v: want some of each (groups with finished attempts); stop at another time", st.PartialGroups, ended)
+		}
+		if !slices.Equal(groups, ended) {
+			t.Errorf("exported groups %v, want those the scheduler ended %v (cut short: %v)", groups, ended, st.PartialGroups)
+		}
+		for _, g := range st.PartialGroups {
+			if slices.Contains(ended, g) {
+				t.Errorf("group %s ended, but export left it out", g)
+			}
+		}
+
+		e.fleet = fake.NewFleet(withTestScreen(realisticDesk()))
+		e.opts.NewDesktop = e.fleet.New
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatalf("resumed Collect: %v", err)
+		}
+		if st, groups := exported(); len(st.PartialGroups) != 0 || len(groups) != 3 {
+			t.Errorf("after the resume: exported %d groups, left out %v; want 3 and none", len(groups), st.PartialGroups)
+		}
+	})
 }
 
 func withTestScreen(c fake.Config) fake.Config {

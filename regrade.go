@@ -87,7 +87,7 @@ func Regrade(ctx context.Context, runDir string, opts RegradeOptions) (*RegradeR
 // given.
 func regradeRecords(runDir string, opts RegradeOptions) ([]schema.Record, error) {
 	tasks := taskIndex(opts.Tasks)
-	recs, err := pickRecords(runDir, opts.Rollouts, ErrRegrade, func(rec *schema.Record) (string, error) {
+	recs, err := pickRecords(runDir, opts.Rollouts, ErrRegrade, opts.Logger, func(rec *schema.Record) (string, error) {
 		if rec.EndState == nil || rec.EndState.Ref == "" || !rec.Status.Graded() || rec.Reward == nil {
 			return "has no kept end state (collect it with --keep-end-states)", nil
 		}

@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 
 	"legato/rl/desktop/fake"
+	"legato/rl/export"
 	"legato/rl/policy/policytest"
 	"legato/rl/schema"
 )
@@ -142,4 +144,72 @@ func TestEndStateBound(t *testing.T) {
 func withScreen(c fake.Config) fake.Config {
 	c.Width, c.Height = testWidth, testHeight
 	return c
+}
+
+// TestReplayRegradeReadAsExport: replay and regrade read a run by export's
+// rule (schema.ReadRunAttempts). A second final record of an attempt (as
+// two collects writing one file, or an edit, leave it) and a damaged line
+// in the middle of rollouts.jsonl refuse the run with export's errors,
+// advising the repair, before any desktop starts: the attempt is neither
+// replayed and regraded twice, nor lost without a word.
+func TestReplayRegradeReadAsExport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(1)
+		desk := fake.Config{Seed: 4, DefaultReward: fake.Reward{P: 1}}
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		desk.EndStates = filepath.Join(e.opts.Out, schema.EndStatesDir)
+		e.fleet = fake.NewFleet(withScreen(desk))
+		e.opts.NewDesktop, e.opts.KeepEndStates = e.fleet.New, true
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(e.opts.Out, schema.RecordsFile)
+		clean, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.SplitAfter(string(clean), "\n")
+		if len(lines) != 3 || lines[2] != "" { // two records and the end
+			t.Fatalf("rollouts.jsonl has %d lines, want 2 records", len(lines)-1)
+		}
+		first := readRecords(t, e.opts.Out)[0]
+		dup := strings.Replace(lines[0], `"rollout_id":"`+first.RolloutID+`"`, `"rollout_id":"`+first.RolloutID+`-again"`, 1)
+		for _, tc := range []struct {
+			name    string
+			records string
+			check   func(err error) bool
+		}{
+			{"duplicate final record", string(clean) + dup, func(err error) bool {
+				var d *schema.DuplicateFinalError
+				return errors.As(err, &d) && d.FirstLine == 1 && d.Line == 3 && d.GroupID == first.GroupID
+			}},
+			{"damaged line", lines[0][:len(lines[0])/2] + "\n" + lines[1], func(err error) bool {
+				var line *schema.LineError
+				return errors.Is(err, export.ErrDamagedRecords) && errors.As(err, &line) && line.Line == 1
+			}},
+		} {
+			if err := os.WriteFile(path, []byte(tc.records), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			fleet := fake.NewFleet(withScreen(desk))
+			_, err := Replay(t.Context(), e.opts.Out, ReplayOptions{NewDesktop: fleet.New, Tasks: tasks, Ready: e.opts.Ready})
+			if !tc.check(err) || !strings.Contains(err.Error(), "legato rl repair "+e.opts.Out) {
+				t.Errorf("%s: Replay = %v, want export's error advising legato rl repair", tc.name, err)
+			}
+			_, err = Regrade(t.Context(), e.opts.Out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks})
+			if !tc.check(err) || !strings.Contains(err.Error(), "legato rl repair "+e.opts.Out) {
+				t.Errorf("%s: Regrade = %v, want export's error advising legato rl repair", tc.name, err)
+			}
+			if n := len(fleet.Desktops()); n != 0 {
+				t.Errorf("%s: %d desktops started for a refused run", tc.name, n)
+			}
+			_, err = export.ExportSteps(e.opts.Out, filepath.Join(t.TempDir(), "out.jsonl"), export.Options{})
+			if !tc.check(err) {
+				t.Errorf("%s: ExportSteps = %v, which replay's error should be", tc.name, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(e.opts.Out, schema.RegradeFile)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("refused regrades wrote %s (%v)", schema.RegradeFile, err)
+		}
+	})
 }

@@ -183,7 +183,7 @@ func Replay(ctx context.Context, runDir string, opts ReplayOptions) (*ReplayRepo
 // given with the config it ran.
 func replayRecords(runDir string, opts ReplayOptions) ([]schema.Record, error) {
 	tasks := taskIndex(opts.Tasks)
-	recs, err := pickRecords(runDir, opts.Rollouts, ErrReplay, func(rec *schema.Record) (string, error) {
+	recs, err := pickRecords(runDir, opts.Rollouts, ErrReplay, opts.Logger, func(rec *schema.Record) (string, error) {
 		if !rec.Status.Graded() || rec.Reward == nil {
 			return fmt.Sprintf("is %s, not graded: only graded attempts replay", rec.Status), nil
 		}
@@ -205,15 +205,20 @@ func replayRecords(runDir string, opts ReplayOptions) ([]schema.Record, error) {
 // pickRecords reads runDir's records and returns, in file order, every one
 // skip passes ("" for a record to take; else why not, in words), or only
 // those named by ids, each of which must be in the run and taken. skip's
-// error stops the read; errors wrap sentinel.
-func pickRecords(runDir string, ids []string, sentinel error, skip func(*schema.Record) (string, error)) ([]schema.Record, error) {
+// error stops the read; errors wrap sentinel. The records are read as
+// export reads them (schema.ReadRunAttempts): a second final record of an
+// attempt fails the read with a *schema.DuplicateFinalError, and a
+// damaged line other than the last with an error wrapping
+// schema.ErrDamagedRecords, rather than an attempt being taken twice or
+// lost without a word. A torn last line, a crash mid-append, is logged.
+func pickRecords(runDir string, ids []string, sentinel error, log *slog.Logger, skip func(*schema.Record) (string, error)) ([]schema.Record, error) {
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
 	found := map[string]bool{}
 	var recs []schema.Record
-	if _, err := schema.ReadRunRecords(runDir, func(rec schema.Record) error {
+	rs, err := schema.ReadRunAttempts(runDir, func(rec schema.Record, _ int, _ bool) error {
 		if len(want) > 0 && !want[rec.RolloutID] {
 			return nil
 		}
@@ -228,8 +233,12 @@ func pickRecords(runDir string, ids []string, sentinel error, skip func(*schema.
 			recs = append(recs, rec)
 		}
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", runDir, err)
+	}
+	if rs.TornLines > 0 {
+		log.Warn("skipped the torn last line of rollouts.jsonl (a crash mid-append; collect runs its attempt again)", "run", runDir, "line", rs.FirstTorn)
 	}
 	for _, id := range ids {
 		if !found[id] {

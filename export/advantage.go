@@ -63,6 +63,9 @@ type groupTable struct {
 	// bad and missing count the steps with broken logprobs and without
 	// logprobs, over all groups.
 	bad, missing int
+	// leftOut holds the groups whose samples are not written because
+	// they never ended (Options.PartialGroups); set by check.
+	leftOut map[string]bool
 }
 
 type groupRewards struct {
@@ -86,7 +89,7 @@ type groupRewards struct {
 }
 
 func newGroupTable() *groupTable {
-	return &groupTable{groups: make(map[string]*groupRewards)}
+	return &groupTable{groups: make(map[string]*groupRewards), leftOut: make(map[string]bool)}
 }
 
 // add records rec if it is a finished attempt with a reward, and reports
@@ -148,7 +151,7 @@ func (t *groupTable) badLogprobs(dropConstant bool) BadLogprobsError {
 	var first []named
 	for _, id := range t.order {
 		g := t.groups[id]
-		if dropConstant && constant(g.rewards) {
+		if !t.writes(id, dropConstant) {
 			continue
 		}
 		e.Total += g.steps
@@ -175,7 +178,7 @@ func (t *groupTable) missingLogprobs(dropConstant bool) MissingLogprobsError {
 	firstAt := 0
 	for _, id := range t.order {
 		g := t.groups[id]
-		if dropConstant && constant(g.rewards) {
+		if !t.writes(id, dropConstant) {
 			continue
 		}
 		e.Total += g.steps
@@ -185,6 +188,12 @@ func (t *groupTable) missingLogprobs(dropConstant bool) MissingLogprobsError {
 		}
 	}
 	return e
+}
+
+// writes reports whether an export writes the samples of group id: not
+// when it is left out, nor when dropConstant and its rewards are equal.
+func (t *groupTable) writes(id string, dropConstant bool) bool {
+	return !t.leftOut[id] && !(dropConstant && constant(t.groups[id].rewards))
 }
 
 // finish computes every group's advantages.

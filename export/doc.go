@@ -15,7 +15,11 @@
 // reward of a group is equal, including a group with one finished attempt,
 // the advantages are 0: such a group carries no GRPO signal. Cancelled,
 // skipped, surplus, retried and error records never enter the statistics,
-// and only finished attempts are exported.
+// and only finished attempts are exported. A group that never ended
+// (schema.GroupEnded: fewer finished attempts than batch.json's group while
+// some attempts have no final record, as a stopped collect leaves it) is
+// left out, its advantages over the attempts it has being another group's,
+// unless Options.PartialGroups.
 //
 // An export writes each attempt's samples as it reads its record, before
 // the rest of its group is read: the advantage gets advantageWidth bytes,

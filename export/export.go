@@ -69,6 +69,13 @@ type Options struct {
 	// latest regrade of each attempt's kept end state (regrades.jsonl,
 	// legato rl regrade): then every finished attempt must have one.
 	Rewards string
+	// PartialGroups writes the groups that never ended too (see
+	// Stats.PartialGroups), with advantages over the finished attempts
+	// they have. By default they are left out: a group cut short by a
+	// signal or a crash has fewer attempts than its batch's group size,
+	// and its advantages would be another group's (3 rewards 1, 1, 0 give
+	// 0.707 and −1.414; with the fourth attempt's 1, 0.577 and −1.732).
+	PartialGroups bool
 }
 
 // Which rewards an export takes (Options.Rewards).
@@ -142,8 +149,10 @@ func (e *MissingLogprobsError) Error() string {
 func (e *MissingLogprobsError) Unwrap() error { return ErrMissingLogprobs }
 
 // ErrDamagedRecords is wrapped by the error of an export that found an
-// unreadable line of rollouts.jsonl other than the last one.
-var ErrDamagedRecords = errors.New("unreadable record in the middle of the file")
+// unreadable line of rollouts.jsonl other than the last one. It is
+// schema.ErrDamagedRecords: replay and regrade read a run by the same rule
+// (schema.RunAttempts) and refuse with the same error.
+var ErrDamagedRecords = schema.ErrDamagedRecords
 
 // The content-store caches of an export. An export goes rollout by
 // rollout, and a step's prompt repeats the earlier messages of its own
@@ -178,6 +187,17 @@ type Stats struct {
 	// DroppedGroups and DroppedLines count what DropConstantGroups left out.
 	DroppedGroups int
 	DroppedLines  int
+	// PartialGroups names, in the order of their first finished attempt,
+	// the groups with samples that never ended (schema.GroupEnded): fewer
+	// than GroupSize finished attempts, batch.json's group, while some of
+	// their attempts have no final record, as a collect stopped by a
+	// signal or a crash, or a repair that moved a record aside, leaves
+	// them. Unless Options.PartialGroups their samples are left out,
+	// PartialLines counting them. A batch.json that gives no group size
+	// (GroupSize 0) leaves none out.
+	PartialGroups []string
+	PartialLines  int
+	GroupSize     int
 	// Records is the number of records read from rollouts.jsonl.
 	Records int
 	// RegradedRewards counts the samples' attempts whose regraded reward
@@ -288,7 +308,8 @@ type sampleTail struct {
 // ExportSteps writes the training samples of the run directory runDir to
 // outPath as JSON lines: one Sample per step of every ok or truncated
 // attempt, in the order of rollouts.jsonl, with the group advantages
-// described in the package comment.
+// described in the package comment. The groups that never ended
+// (Stats.PartialGroups) are left out unless opts.PartialGroups.
 //
 // It reads rollouts.jsonl twice, first for the rewards of each group and
 // then for the samples, holding a few words per finished attempt; prompts
@@ -299,12 +320,14 @@ type sampleTail struct {
 // (schema.CheckOutput).
 //
 // The export refuses data a trainer would be misled by, leaving outPath
-// untouched. Two final records for one attempt fail it with a
-// *schema.DuplicateFinalError (see schema.AttemptRule). An unreadable last line, what a crash mid-append leaves, is
-// skipped and counted in Stats.TornLines (its attempt runs again on
-// resume); an unreadable line anywhere else fails the export with an error
-// wrapping ErrDamagedRecords and a *schema.LineError naming the line: the
-// record it held is lost and its group's advantages would silently change.
+// untouched; it reads the records by schema.RunAttempts, as replay and
+// regrade do. Two final records for one attempt fail it with a
+// *schema.DuplicateFinalError (see schema.AttemptRule). An unreadable
+// last line, what a crash mid-append leaves, is skipped and counted in
+// Stats.TornLines (its attempt runs again on resume); an unreadable line
+// anywhere else fails the export with an error wrapping ErrDamagedRecords
+// and a *schema.LineError naming the line: the record it held is lost and
+// its group's advantages would silently change.
 // Samples with broken logprobs fail it with a *BadLogprobsError unless
 // opts.AllowBadLogprobs, and samples without logprobs with a
 // *MissingLogprobsError unless opts.AllowMissingLogprobs.
@@ -336,11 +359,30 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if err != nil {
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
-	a := newAdmission(runDir, held, regraded, &st)
+	batch, err := schema.ReadBatch(runDir)
+	if err != nil {
+		return st, fmt.Errorf("export %s: %w", runDir, err)
+	}
+	var shape groupShape
+	if batch != nil {
+		shape = groupShape{size: batch.Group, attempts: batch.Attempts}
+	}
+	a := newAdmission(runDir, held, regraded, shape, &st)
 	var rs schema.ReadStats
 	rs, err = readRun(runDir, func(r *io.SectionReader) (schema.ReadStats, error) {
 		if onePassExport && !opts.DropConstantGroups {
-			return exportOnePass(ctx, r, a, outPath, opts, &st)
+			rs, err := exportOnePass(ctx, r, a, outPath, opts, &st)
+			if !errors.Is(err, errLeavesGroupsOut) {
+				return rs, err
+			}
+			// Groups to leave out are known once every record is read,
+			// and their samples were written: two passes write the
+			// others. Only a run cut short pays for the three reads.
+			if _, err := r.Seek(0, io.SeekStart); err != nil {
+				return rs, err
+			}
+			st = Stats{}
+			a = newAdmission(runDir, held, regraded, shape, &st)
 		}
 		return exportTwoPasses(ctx, r, a, outPath, opts, &st)
 	})
@@ -349,16 +391,27 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if err != nil {
 		// A one-pass export counts what it writes as it goes, into a temp
 		// file that is gone now.
-		st.Lines, st.Rollouts, st.Groups, st.DroppedLines = 0, 0, 0, 0
+		st.Lines, st.Rollouts, st.Groups, st.DroppedLines, st.PartialLines = 0, 0, 0, 0, 0
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
 	for _, g := range a.groups.order {
-		if opts.DropConstantGroups && a.groups.constant(g) {
+		if opts.DropConstantGroups && !a.groups.leftOut[g] && a.groups.constant(g) {
 			st.DroppedGroups++
 		}
 	}
 	return st, nil
 }
+
+// groupShape is a batch's groups as batch.json gives them: size finished
+// attempts close one, which runs attempts attempts. The zero value, when
+// batch.json is absent or does not say, judges no group cut short.
+type groupShape struct {
+	size, attempts int
+}
+
+// errLeavesGroupsOut is a one-pass export's check meeting groups to leave
+// out, whose samples it wrote: the export is done again in two passes.
+var errLeavesGroupsOut = errors.New("export leaves groups out: two passes")
 
 // onePassExport lets an export that drops no group write its samples as it
 // reads the records; a test turns it off to hold the two ways to each
@@ -382,6 +435,7 @@ var onePassExport = true
 // are read again to check them: their error, if any, is the one returned,
 // as two passes would have found it before writing.
 func exportOnePass(ctx context.Context, r *io.SectionReader, a *admission, outPath string, opts Options, st *Stats) (rs schema.ReadStats, err error) {
+	a.patching = true
 	store, err := openExportStore(a.runDir)
 	if err != nil {
 		return rs, err
@@ -425,7 +479,8 @@ func recheck(ctx context.Context, r *io.SectionReader, a *admission, opts Option
 	if _, err := r.Seek(0, io.SeekStart); err != nil {
 		return schema.ReadStats{}, err
 	}
-	fresh := newAdmission(a.runDir, a.held, a.regraded, &Stats{})
+	fresh := newAdmission(a.runDir, a.held, a.regraded, a.shape, &Stats{})
+	fresh.patching = a.patching
 	rs, err := schema.ReadRecordLinesWith(r, readOptions(opts), func(rec schema.Record, line int) error {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -490,6 +545,14 @@ func exportTwoPasses(ctx context.Context, r *io.SectionReader, a *admission, out
 			if !ok {
 				return nil // not finished, or finished without a reward
 			}
+			if groups.leftOut[rec.GroupID] {
+				if opts.Contiguous {
+					st.PartialLines++
+				} else {
+					st.PartialLines += len(rec.Steps)
+				}
+				return nil
+			}
 			if opts.DropConstantGroups && groups.constant(rec.GroupID) {
 				if opts.Contiguous {
 					st.DroppedLines++
@@ -529,22 +592,27 @@ func openExportStore(runDir string) (*schema.MessageStore, error) {
 // an export takes: each attempt once (or the run is refused), quarantined
 // tasks left out, regraded rewards in place of recorded ones. It keeps the
 // groups' rewards and their logprob counts for the checks made once every
-// record is read.
+// record is read, which leave out the groups that never ended.
 type admission struct {
 	runDir      string
 	held        heldTasks
 	regraded    map[string]float64
-	rule        *schema.AttemptRule
+	shape       groupShape
+	attempts    *schema.RunAttempts
 	groups      *groupTable
 	heldSeen    map[string]bool
 	notRegraded []string
 	st          *Stats
+	// patching: a one-pass export, which has written every group's
+	// samples by the time check knows which to leave out.
+	patching bool
 }
 
-// newAdmission returns an admission that has taken no record yet and
-// counts what it leaves out in st.
-func newAdmission(runDir string, held heldTasks, regraded map[string]float64, st *Stats) *admission {
-	return &admission{runDir: runDir, held: held, regraded: regraded, rule: schema.NewAttemptRule(),
+// newAdmission returns an admission that has taken no record yet, of a
+// batch whose groups have the given shape, and counts what it leaves out
+// in st.
+func newAdmission(runDir string, held heldTasks, regraded map[string]float64, shape groupShape, st *Stats) *admission {
+	return &admission{runDir: runDir, held: held, regraded: regraded, shape: shape, attempts: schema.NewRunAttempts(runDir),
 		groups: newGroupTable(), heldSeen: map[string]bool{}, st: st}
 }
 
@@ -555,9 +623,8 @@ func newAdmission(runDir string, held heldTasks, regraded map[string]float64, st
 func (a *admission) admit(rec *schema.Record, line int) (bool, error) {
 	// The rule collect's resume reads by: a trainer must get the
 	// attempts collect counted, each once.
-	if _, err := a.rule.Add(rec, line); err != nil {
-		return false, fmt.Errorf("%w; run `legato rl repair %s` to move the later record to %s (the first is the one collect kept)",
-			err, a.runDir, schema.QuarantineFile)
+	if _, err := a.attempts.Add(rec, line); err != nil {
+		return false, err
 	}
 	if a.held.holds(rec) {
 		a.st.QuarantinedRecords++
@@ -593,19 +660,30 @@ func (a *admission) doomed(opts Options) bool {
 // check is what an export refuses once every record is read: a damaged
 // line, finished attempts without their regraded reward, samples with
 // broken or missing logprobs (unless opts allow them). It computes the
-// groups' advantages.
+// groups' advantages, and which groups never ended (left out unless
+// opts.PartialGroups); a one-pass export that must leave some out
+// fails with errLeavesGroupsOut.
 func (a *admission) check(rs schema.ReadStats, opts Options, st *Stats) error {
-	if torn := rs.TornInside(); torn != nil {
-		return fmt.Errorf("%w: %w; the line is not the last one, so it is not a crash mid-append but damage, "+
-			"and the record it held is lost (its group's advantages would change): run `legato rl repair %s` "+
-			"to move it to %s (nothing is deleted) and export again",
-			ErrDamagedRecords, torn, a.runDir, schema.QuarantineFile)
+	if err := a.attempts.Done(rs); err != nil {
+		return err
 	}
 	if len(a.notRegraded) > 0 {
 		return fmt.Errorf("%w: %d (%s): regrade them (legato rl regrade; their end states must have been kept) or export the recorded rewards",
 			ErrNotRegraded, len(a.notRegraded), strings.Join(a.notRegraded[:min(3, len(a.notRegraded))], ", "))
 	}
 	a.groups.finish()
+	st.GroupSize = a.shape.size
+	for _, g := range a.groups.order {
+		if !a.attempts.GroupEnded(g, a.shape.size, a.shape.attempts) {
+			st.PartialGroups = append(st.PartialGroups, g)
+			if !opts.PartialGroups {
+				a.groups.leftOut[g] = true
+			}
+		}
+	}
+	if len(a.groups.leftOut) > 0 && a.patching {
+		return errLeavesGroupsOut
+	}
 	if bad := a.groups.badLogprobs(opts.DropConstantGroups); bad.Samples > 0 {
 		if !opts.AllowBadLogprobs {
 			return &bad

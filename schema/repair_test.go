@@ -43,6 +43,53 @@ func TestAttemptRule(t *testing.T) {
 	}
 }
 
+// TestGroupEnded: a group ended when it got its size of finished attempts
+// or every attempt has a final record; one cut short has neither. The
+// rule's tallies count an error record a rerun replaced once, and retried
+// records not at all.
+func TestGroupEnded(t *testing.T) {
+	for _, tc := range []struct {
+		name                            string
+		finished, final, size, attempts int
+		want                            bool
+	}{
+		{"closed", 4, 4, 4, 4, true},
+		{"closed, oversampled attempts without records", 4, 4, 4, 5, true},
+		{"closed, surplus and cancelled recorded", 4, 6, 4, 6, true},
+		{"ended on errors", 2, 5, 4, 5, true},
+		{"dropped, nothing finished", 0, 4, 4, 4, true},
+		{"cut short: 3 of 4", 3, 3, 4, 4, false},
+		{"cut short: nothing recorded", 0, 0, 4, 5, false},
+		{"cut short, oversampled: every attempt but one", 3, 4, 4, 5, false},
+		{"no attempts_per_task: the group size", 1, 2, 2, 0, true},
+		{"no group size: not judged", 0, 0, 0, 0, true},
+	} {
+		if got := GroupEnded(tc.finished, tc.final, tc.size, tc.attempts); got != tc.want {
+			t.Errorf("%s: GroupEnded(%d, %d, %d, %d) = %v, want %v", tc.name, tc.finished, tc.final, tc.size, tc.attempts, got, tc.want)
+		}
+	}
+
+	rule := NewAttemptRule()
+	for i, tc := range []struct {
+		attempt int
+		status  Status
+	}{{0, StatusOK}, {1, StatusRetried}, {1, StatusError}, {2, StatusOK}, {1, StatusError}, {3, StatusRetried}} {
+		r := fullRecord("x")
+		r.Attempt, r.Status = tc.attempt, tc.status
+		if _, err := rule.Add(r, i+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := fullRecord("x").GroupID
+	if rule.GroupEnded(g, 3, 4) || !rule.GroupEnded(g, 2, 4) || !rule.GroupEnded(g, 3, 3) {
+		t.Errorf("2 finished and 3 attempts decided: ended %v (of 3, 4 attempts), %v (of 2), %v (of 3, 3 attempts); want false, true, true",
+			rule.GroupEnded(g, 3, 4), rule.GroupEnded(g, 2, 4), rule.GroupEnded(g, 3, 3))
+	}
+	if !rule.GroupEnded("other", 0, 0) || rule.GroupEnded("other", 2, 2) {
+		t.Error("a group without records: want it judged only with a group size")
+	}
+}
+
 // TestRepair moves a damaged line, a duplicate final record and a line of
 // invalid UTF-8 to the quarantine file, keeps the rest in order, and leaves
 // the run locked and appendable.

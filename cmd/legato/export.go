@@ -31,15 +31,26 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.opts.QuarantineFile, "quarantine", "", "a task quarantine `FILE` shared across batches (collect --quarantine): its tasks are left out too, beside those of the run's quarantine.json")
 	fs.BoolVar(&c.opts.IncludeQuarantined, "include-quarantined", false, "write the samples of quarantined tasks too (left out by default: their rewards are not to be trusted)")
 	choiceVar(fs, &c.opts.Rewards, "rewards", export.RewardsRecorded, []string{export.RewardsRecorded, export.RewardsRegraded}, "the rewards samples and advantages take: recorded, or regraded (the latest legato rl regrade of each attempt's kept end state; every finished attempt needs one)")
+	fs.BoolVar(&c.opts.PartialGroups, "partial-groups", false, "write the groups that never ended too (fewer finished attempts than the batch's group size while some attempts have no final record: a collect stopped or crashed), with advantages over the attempts they have")
 	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
 	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
        [--allow-missing-logprobs] [--allow-bad-logprobs] [--contiguous | --prompt-prefix]
+       [--partial-groups]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
 logprobs, the reward, and the GRPO advantage within the attempt's group
 ((reward - mean) / population std; 0 when the group's rewards are equal).
 Flags may come before or after DIR.
+
+A group that never ended is left out and counted on stderr: fewer finished
+attempts than batch.json's group size while some of its attempts have no
+final record, as a collect stopped by a signal or a crash (or a repair that
+moved a record aside) leaves it. Its advantages over the attempts it has
+would be those of a smaller group; resume the collect to finish it, or
+write it anyway with --partial-groups. A group that got its G finished
+attempts, or whose every attempt has a final record (errors included),
+ended.
 
 It fails, writing nothing, when samples have no logprobs (unless
 --allow-missing-logprobs), when the server sent their logprobs null, NaN,
@@ -54,8 +65,9 @@ crash mid-append, is skipped with a warning.
 }
 
 // Run parses args, writes the samples and reports what it wrote on stdout,
-// and a skipped torn last line and allowed samples without or with broken
-// logprobs on stderr.
+// and a skipped torn last line, groups that never ended (left out, or
+// written with --partial-groups) and allowed samples without or with
+// broken logprobs on stderr.
 func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := c.flagSet(stderr)
 	dir, err := parseRunDir(fs, args)
@@ -90,6 +102,12 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 	if c.opts.DropConstantGroups {
 		fmt.Fprintf(stdout, "dropped %d groups with equal rewards (%d samples)\n", st.DroppedGroups, st.DroppedLines)
 	}
+	if n := len(st.PartialGroups); n > 0 && c.opts.PartialGroups {
+		fmt.Fprintf(stdout, "wrote %d groups that never ended (--partial-groups)\n", n)
+	} else if n > 0 {
+		fmt.Fprintf(stdout, "left out %d groups that never ended (%d samples)\n", n, st.PartialLines)
+	}
+	writePartialGroups(stderr, st, c.opts.PartialGroups)
 	if st.RegradedRewards > 0 {
 		fmt.Fprintf(stdout, "took the regraded rewards of %d attempts (%s)\n", st.RegradedRewards, schema.RegradeFile)
 	}
@@ -101,6 +119,28 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 		fmt.Fprintf(stderr, "warning: %d finished rollouts have no reward and were left out\n", st.MissingReward)
 	}
 	return nil
+}
+
+// maxNamedGroups is how many groups the export's report names.
+const maxNamedGroups = 5
+
+// writePartialGroups reports the groups that never ended: left out, or
+// written (written) with advantages over the attempts they have.
+func writePartialGroups(w io.Writer, st export.Stats, written bool) {
+	n := len(st.PartialGroups)
+	if n == 0 {
+		return
+	}
+	names := strings.Join(st.PartialGroups[:min(n, maxNamedGroups)], ", ")
+	if n > maxNamedGroups {
+		names += ", …"
+	}
+	if written {
+		fmt.Fprintf(w, "warning: wrote %d groups that never ended, with advantages over the attempts they have (--partial-groups): %s\n", n, names)
+		return
+	}
+	fmt.Fprintf(w, "warning: %d groups left out: not closed, fewer than %d finished attempts and some attempts without a final record (a collect stopped or crashed; resume it to finish them); --partial-groups writes them (%d samples): %s\n",
+		n, st.GroupSize, st.PartialLines, names)
 }
 
 // byteSize formats n bytes for people.

@@ -62,6 +62,19 @@ func damagedCopy(t *testing.T, n int) string {
 	return dir
 }
 
+// cutShortCopy copies the fixed run with a batch.json of groups of 2 with
+// 4 attempts each: group c, with one finished attempt of 2 and no record
+// of its attempt 3, never ended, as a collect stopped by SIGTERM leaves it.
+func cutShortCopy(t *testing.T) string {
+	t.Helper()
+	dir := runCopy(t)
+	b := `{"task_ids":["task-a","task-b","task-c"],"group":2,"attempts_per_task":4}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, schema.BatchFile), []byte(b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func TestExportCommand(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "train.jsonl")
 	tests := []struct {
@@ -81,6 +94,17 @@ func TestExportCommand(t *testing.T) {
 		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: tornCopy,
 			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n",
 			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 20429): no newline at the end"},
+		// Group c, whose r-c1 has no logprobs, is left out: the export
+		// needs no --allow-missing-logprobs.
+		{name: "a group cut short", args: []string{"DIR", "--out", out, "--allow-bad-logprobs"}, dir: cutShortCopy,
+			wantStdout: "wrote 9 samples from 4 rollouts in 2 groups to " + out + " (10.3 KiB)\n" +
+				"left out 1 groups that never ended (2 samples)\n",
+			wantStderr: "warning: 1 groups left out: not closed, fewer than 2 finished attempts and some attempts without a final record " +
+				"(a collect stopped or crashed; resume it to finish them); --partial-groups writes them (2 samples): v7/task-c\n"},
+		{name: "a group cut short, written", args: []string{"DIR", "--out", out, "--partial-groups", "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: cutShortCopy,
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n" +
+				"wrote 1 groups that never ended (--partial-groups)\n",
+			wantStderr: "warning: wrote 1 groups that never ended, with advantages over the attempts they have (--partial-groups): v7/task-c\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

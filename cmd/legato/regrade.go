@@ -23,7 +23,9 @@ and graded with its task's evaluator and config as the tasks file has them
 now (and today's grading code). The new rewards are appended to
 DIR/regrades.jsonl beside the recorded ones, which never change; it prints
 the attempts whose reward changed. 'legato rl export DIR --rewards regraded'
-then trains on the new rewards.
+then trains on the new rewards. Like export, it refuses a run with a damaged
+line of rollouts.jsonl other than the last or with two final records of an
+attempt; 'legato rl repair DIR' moves them aside.
 
 `)
 	dir, ids, err := parseRunDirIDs(fs, args)

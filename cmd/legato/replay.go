@@ -31,7 +31,9 @@ share of pixels that differ) and grades the end. It writes the report to
 DIR/replay.json and prints per attempt the first step that diverged and the
 recorded and replayed rewards. Give it the batch's --tasks, backend and
 harness flags. A task whose replays do not show the recorded first screen is
-quarantined (DIR/quarantine.json, and --quarantine FILE).
+quarantined (DIR/quarantine.json, and --quarantine FILE). Like export, it
+refuses a run with a damaged line of rollouts.jsonl other than the last or
+with two final records of an attempt; 'legato rl repair DIR' moves them aside.
 
 `)
 	dir, ids, err := parseRunDirIDs(fs, args)
