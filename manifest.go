@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,6 +139,22 @@ func sameBatch(dir string, old *schema.Batch, m schema.Batch) error {
 	if len(diffs) > 0 {
 		return fmt.Errorf("%w: %s holds another batch: %s; collect into a new --out directory, or rerun with the batch's own tasks, version and settings to continue it",
 			ErrInvalidOptions, dir, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// continueBatch refuses to continue old, the batch in dir whose settings
+// file (batch.json, a service's journal) is named by where, with m
+// (sameBatch), and warns of the settings old does not record, which m now
+// fixes.
+func continueBatch(dir, where string, old *schema.Batch, m schema.Batch, log *slog.Logger) error {
+	if err := sameBatch(dir, old, m); err != nil {
+		return err
+	}
+	if knobs := unrecorded(old); len(knobs) > 0 {
+		// Collect's batch.json then records them; a service's journal
+		// keeps its first line.
+		log.Warn(where+" predates recording these settings: they could not be checked against the batch's earlier runs", "settings", strings.Join(knobs, " "))
 	}
 	return nil
 }
