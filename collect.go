@@ -139,6 +139,13 @@ type CollectOptions struct {
 	// EndStateBytes bounds the space of the batch's kept end states: past
 	// it the oldest are dropped (default DefaultEndStateBytes).
 	EndStateBytes int64
+	// Environment describes the desktops NewDesktop makes: their backend
+	// and each knob of it that changes screens or rewards (the CLI's
+	// --backend, --fake-success, --image, --grader...). batch.json
+	// records it, and continuing the batch with another is refused,
+	// naming the knob: a group would mix the rewards of two
+	// environments. Nil records none and checks none.
+	Environment *schema.Environment
 
 	// OnCommitted, when set, is told how long each finished try's record
 	// took from its hand-over to being durable: how long the try's
