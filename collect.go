@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strings"
 	"time"
 
 	"legato/rl/desktop"
@@ -140,6 +139,13 @@ type CollectOptions struct {
 	// EndStateBytes bounds the space of the batch's kept end states: past
 	// it the oldest are dropped (default DefaultEndStateBytes).
 	EndStateBytes int64
+	// Environment describes the desktops NewDesktop makes: their backend
+	// and each knob of it that changes screens or rewards (the CLI's
+	// --backend, --fake-success, --image, --grader...). batch.json
+	// records it, and continuing the batch with another is refused,
+	// naming the knob: a group would mix the rewards of two
+	// environments. Nil records none and checks none.
+	Environment *schema.Environment
 
 	// OnCommitted, when set, is told how long each finished try's record
 	// took from its hand-over to being durable: how long the try's
@@ -325,87 +331,12 @@ func (e *IncompleteError) Unwrap() error { return ErrBatchIncomplete }
 // an *IncompleteError when some could not (the error records say why; it
 // counts those that collecting again reruns, see ErrorReruns).
 func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOptions) (*Summary, error) {
-	opts = opts.withDefaults()
-	if err := opts.Validate(); err != nil {
-		return nil, err
-	}
-	if err := checkTasks(tasks, opts); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
-	}
-	if pol.Logger == nil {
-		pol.Logger = opts.Logger
-	}
-	client, err := policy.NewReplicas(pol)
+	b, _, err := openBatch(pol, opts, batchDoor{tasks: tasks, held: "not running tasks a quarantine holds"})
 	if err != nil {
 		return nil, err
 	}
-	defer client.Close()
-	harness := opts.Harness
-	if harness == nil {
-		harness = qwen.New(qwen.Config{ImageMax: opts.ImageMax})
-	}
-	m := manifestFor(tasks, pol, opts, harness)
-	old, err := readManifest(opts.Out)
-	if err != nil {
-		return nil, err
-	}
-	if old != nil {
-		if err := sameBatch(opts.Out, old, m); err != nil {
-			return nil, err
-		}
-		if knobs := unrecorded(old); len(knobs) > 0 {
-			opts.Logger.Warn("batch.json predates recording these settings; this run's values now fix them for the batch", "settings", strings.Join(knobs, " "))
-		}
-		// The batch's first run fixed the bound; --no-retry-errors
-		// still turns reruns off.
-		n := errorReruns(old)
-		m.ErrorReruns = &n
-	}
-	reruns := *m.ErrorReruns
-	if opts.ErrorReruns < 0 {
-		reruns = -1
-	}
-	run, err := schema.Create(opts.Out)
-	if err != nil {
-		return nil, err
-	}
-	defer run.Close()
-	if n := run.DroppedTail(); n > 0 {
-		opts.Logger.Warn("cut a torn last line off rollouts.jsonl (a crash mid-write); its attempt runs again", "bytes", n)
-	}
-	if err := repairRun(run, opts.Logger); err != nil {
-		return nil, err
-	}
-	b := &batch{tasks: tasks, pol: pol, opts: opts, client: client, harness: harness, store: run, log: opts.Logger,
-		sched: newScheduler(tasks, pol, opts), gate: newPolicyGate(pol.Version)}
-	b.earlier = earlierRuns(opts.Out, opts.Logger)
-	b.sched.errorReruns = *m.ErrorReruns
-	stats, err := b.sched.resume(opts.Out, reruns)
-	if err != nil {
-		return nil, err
-	}
-	quar, err := openQuarantine(opts.Out, opts.Quarantine, opts.QuarantineSetupFails, opts.Logger)
-	if err != nil {
-		return nil, err
-	}
-	b.quar, b.skipped = quar, b.sched.holdQuarantined(quar)
-	for _, s := range b.sched.keptEndStates {
-		// The bound counts the earlier runs' states; dropping happens
-		// with the next state kept.
-		b.kept.add(s, math.MaxInt64)
-	}
-	if len(b.skipped) > 0 {
-		opts.Logger.Warn("not running tasks a quarantine holds", "tasks", strings.Join(b.skipped, " "))
-	}
-	if stats.TornLines > 0 { // repairRun moved them; only a race could leave one
-		opts.Logger.Warn("skipped unreadable lines in rollouts.jsonl", "lines", stats.TornLines, "first", stats.FirstTorn)
-	}
-	if stats.Records > 0 {
-		opts.Logger.Info("resuming batch", "records", stats.Records, "errors_rerun", b.sched.reran)
-	}
-	if err := run.WriteBatch(&m); err != nil {
-		return nil, err
-	}
+	defer b.client.Close()
+	defer b.store.Close()
 	return b.run(ctx)
 }
 

@@ -5,8 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"legato/rl/policy"
@@ -49,6 +52,7 @@ func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions, harness po
 		Harness:        harnessDescription(harness),
 		MaxSteps:       opts.MaxSteps,
 		RolloutTimeout: opts.RolloutTimeout.String(),
+		Environment:    opts.Environment,
 	}
 }
 
@@ -128,6 +132,7 @@ func sameBatch(dir string, old *schema.Batch, m schema.Batch) error {
 	if old.Group != m.Group || old.Attempts != m.Attempts {
 		diffs = append(diffs, fmt.Sprintf("groups of %d with %d attempts per task, not %d with %d", old.Group, old.Attempts, m.Group, m.Attempts))
 	}
+	diffs = append(diffs, environmentChanges(old.Environment, m.Environment)...)
 	if old.TasksSHA != m.TasksSHA {
 		if strings.Join(old.TaskIDs, "\n") == strings.Join(m.TaskIDs, "\n") {
 			diffs = append(diffs, "the same task ids but changed task configs")
@@ -140,6 +145,66 @@ func sameBatch(dir string, old *schema.Batch, m schema.Batch) error {
 			ErrInvalidOptions, dir, strings.Join(diffs, "; "))
 	}
 	return nil
+}
+
+// continueBatch refuses to continue old, the batch in dir whose settings
+// file (batch.json, a service's journal) is named by where, with m
+// (sameBatch), and warns of the settings old does not record, which m now
+// fixes.
+func continueBatch(dir, where string, old *schema.Batch, m schema.Batch, log *slog.Logger) error {
+	if err := sameBatch(dir, old, m); err != nil {
+		return err
+	}
+	if knobs := unrecorded(old); len(knobs) > 0 {
+		// Collect's batch.json then records them; a service's journal
+		// keeps its first line.
+		log.Warn(where+" predates recording these settings: they could not be checked against the batch's earlier runs", "settings", strings.Join(knobs, " "))
+	}
+	if old.Environment == nil && m.Environment != nil {
+		log.Warn(where+" does not record the batch's desktops (an older legato wrote it): the environment could not be checked against the earlier runs'; make sure --backend and its knobs are theirs",
+			"backend", m.Environment.Backend)
+	}
+	return nil
+}
+
+// environmentChanges lists how n, this run's desktops, differs from old,
+// the batch's, each naming the knob and both values; none when old is not
+// recorded (continueBatch warns).
+func environmentChanges(old, n *schema.Environment) []string {
+	switch {
+	case old == nil:
+		return nil
+	case n == nil:
+		return []string{fmt.Sprintf("desktops of backend %q, not undescribed ones (CollectOptions.Environment)", old.Backend)}
+	case old.Backend != n.Backend:
+		return []string{fmt.Sprintf("--backend %s, not %s", old.Backend, n.Backend)}
+	}
+	knobs := map[string]bool{}
+	for k := range maps.Keys(old.Knobs) {
+		knobs[k] = true
+	}
+	for k := range maps.Keys(n.Knobs) {
+		knobs[k] = true
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(knobs)) {
+		if o, v := knobValue(old.Knobs, k), knobValue(n.Knobs, k); o != v {
+			out = append(out, fmt.Sprintf("--%s %s, not %s", k, o, v))
+		}
+	}
+	return out
+}
+
+// knobValue is knob k of knobs as an error shows it.
+func knobValue(knobs map[string]string, k string) string {
+	v, ok := knobs[k]
+	switch {
+	case !ok:
+		return "unset"
+	case v == "":
+		return `""`
+	}
+	return v
 }
 
 // unrecorded lists the knobs old's batch.json does not record, which this

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -172,120 +171,64 @@ const maxServiceGroups = MaxAttempts / 4
 // ended groups keep their place in the stream, and the policy is where it
 // was left. It returns once the service takes submissions; Close stops it.
 func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, error) {
-	opts.CollectOptions = opts.CollectOptions.withDefaults()
-	if err := opts.Validate(); err != nil {
-		return nil, err
-	}
-	if pol.Logger == nil {
-		pol.Logger = opts.Logger
-	}
-	if b, err := schema.ReadBatch(opts.Out); err != nil || b != nil {
-		if err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %s holds a collect batch (%s); serve into a directory of its own", ErrInvalidOptions, opts.Out, schema.BatchFile)
-	}
 	known := make(map[string]Task, len(opts.Tasks))
 	for _, t := range opts.Tasks {
 		known[t.ID] = t
 	}
-	if err := pol.Validate(); err != nil {
-		return nil, err
-	}
-	harness := opts.Harness
-	if harness == nil {
-		harness = qwen.New(qwen.Config{ImageMax: opts.ImageMax})
-	}
-	run, err := schema.Create(opts.Out)
-	if err != nil {
-		return nil, err
-	}
-	var (
-		client  *policy.Replicas
-		j       *journal
-		entries []journalEntry
-		store   *schema.MessageStore
-	)
-	fail := func(err error) (*Service, error) {
-		if j != nil {
-			j.close()
-		}
-		if store != nil {
-			store.Close()
-		}
-		if client != nil {
-			client.Close()
-		}
-		run.Close()
-		return nil, err
-	}
-	if err := repairRun(run, opts.Logger); err != nil {
-		return fail(err)
-	}
-	if j, entries, err = openJournal(opts.Out); err != nil {
-		return fail(err)
-	}
-	// One reader of the store for the service's life, shared by every
-	// answer: its caches hold what consecutive groups share.
-	if store, err = schema.OpenMessageStore(opts.Out, schema.StoreOptions{}); err != nil {
-		return fail(err)
-	}
-	if urls := lastBaseURLs(entries); len(urls) > 0 {
-		// A trainer moved the policy to other servers: they hold it.
-		if urls[0] != pol.BaseURL {
-			opts.Logger.Warn("serving from the model servers the trainer last named (POST /v1/policy), not --policy-url", "servers", len(urls))
-		}
-		pol.BaseURL, pol.Replicas = urls[0], urls[1:]
-	}
-	if client, err = policy.NewReplicas(pol); err != nil {
-		return fail(err)
-	}
-	s := &Service{opts: opts, journal: j, store: store, known: known, groups: map[string]*serviceGroup{}, rank: map[string]int{},
+	s := &Service{known: known, groups: map[string]*serviceGroup{}, rank: map[string]int{},
 		keys: map[string]string{}, news: make(chan struct{}), done: make(chan struct{})}
-	sched := newScheduler(nil, pol, opts.CollectOptions)
-	sched.open = true
-	b := &batch{pol: pol, opts: opts.CollectOptions, client: client, harness: harness, store: run, log: opts.Logger,
-		sched: sched, gate: newPolicyGate(pol.Version), ready: make(chan struct{})}
-	b.opts.OnGroup = s.onGroup
-	if opts.ContiguousHarness == nil && opts.Harness == nil {
-		opts.ContiguousHarness = qwen.New(qwen.Config{ImageMax: MaxImageMax})
-		s.opts.ContiguousHarness = opts.ContiguousHarness
-	}
-	if opts.StaleRerun && opts.MaxStaleness > 0 {
-		b.stale = s.isStale
-	}
-	s.b = b
-	m := manifestFor(nil, pol, opts.CollectOptions, harness)
-	m.Version, m.TaskIDs, m.TasksSHA = "", nil, ""
 	runCtx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
-	s.servers = &groupServers{ctx: runCtx, base: pol, b: b, byID: map[string]*modelServer{}}
-	fail0 := fail
-	fail = func(err error) (*Service, error) {
-		cancel()
-		s.servers.close()
-		return fail0(err)
-	}
-	if err := s.replay(entries, m); err != nil {
-		return fail(err)
-	}
-	b.earlier = earlierRuns(opts.Out, opts.Logger)
-	if b.quar, err = openQuarantine(opts.Out, opts.Quarantine, opts.QuarantineSetupFails, opts.Logger); err != nil {
-		return fail(err)
-	}
-	sched.errorReruns = max(opts.ErrorReruns, 0)
-	reruns := opts.ErrorReruns
-	if reruns < 0 {
-		reruns = -1
-	}
-	if _, err := sched.resume(opts.Out, reruns); err != nil {
-		return fail(err)
+	// restore opens the journal and rebuilds the groups of earlier runs
+	// from it, with the batch openBatch opened.
+	restore := func(b *batch, m schema.Batch) (err error) {
+		opts.CollectOptions = b.opts
+		s.opts = opts
+		var entries []journalEntry
+		if s.journal, entries, err = openJournal(opts.Out); err != nil {
+			return err
+		}
+		// One reader of the store for the service's life, shared by every
+		// answer: its caches hold what consecutive groups share.
+		if s.store, err = schema.OpenMessageStore(opts.Out, schema.StoreOptions{}); err != nil {
+			return err
+		}
+		if urls := lastBaseURLs(entries); len(urls) > 0 {
+			// A trainer moved the policy to other servers: they hold it.
+			if urls[0] != b.pol.BaseURL {
+				opts.Logger.Warn("serving from the model servers the trainer last named (POST /v1/policy), not --policy-url", "servers", len(urls))
+			}
+			b.pol.BaseURL, b.pol.Replicas = urls[0], urls[1:]
+		}
+		b.ready = make(chan struct{})
+		b.opts.OnGroup = s.onGroup
+		if opts.ContiguousHarness == nil && opts.Harness == nil {
+			s.opts.ContiguousHarness = qwen.New(qwen.Config{ImageMax: MaxImageMax})
+		}
+		if opts.StaleRerun && opts.MaxStaleness > 0 {
+			b.stale = s.isStale
+		}
+		s.b = b
+		s.servers = &groupServers{ctx: runCtx, base: b.pol, b: b, byID: map[string]*modelServer{}}
+		return s.replay(entries, m)
 	}
 	// Groups queued before a restart whose task was quarantined since (by
 	// this service's grades, or in the shared file) end short, as collect
 	// ends them, instead of training on a task found unfit.
-	if b.skipped = sched.holdQuarantined(b.quar); len(b.skipped) > 0 {
-		opts.Logger.Warn("ending the unfinished groups of tasks quarantined since they were submitted", "tasks", strings.Join(b.skipped, " "))
+	b, _, err := openBatch(pol, opts.CollectOptions, batchDoor{open: true, restore: restore,
+		held: "ending the unfinished groups of tasks quarantined since they were submitted"})
+	if err != nil {
+		cancel()
+		if s.servers != nil {
+			s.servers.close()
+		}
+		if s.journal != nil {
+			s.journal.close()
+		}
+		if s.store != nil {
+			s.store.Close()
+		}
+		return nil, err
 	}
 	b.started = time.Now()
 	go func() {
@@ -293,10 +236,10 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		sum, err := b.run(runCtx)
 		cancel()
 		s.servers.close()
-		client.Close()
-		run.Close()
-		j.close()
-		store.Close()
+		b.client.Close()
+		b.store.Close()
+		s.journal.close()
+		s.store.Close()
 		s.mu.Lock()
 		s.summary, s.runErr, s.stopped = sum, err, true
 		s.broadcastLocked()
@@ -315,7 +258,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if entries[0].Op != opService || entries[0].Manifest == nil {
 		return fmt.Errorf("%s does not start with the service's settings: not a service journal", JournalFile)
 	}
-	if err := sameBatch(s.opts.Out, entries[0].Manifest, m); err != nil {
+	if err := continueBatch(s.opts.Out, JournalFile, entries[0].Manifest, m, s.opts.Logger); err != nil {
 		return fmt.Errorf("%w (the service's settings are in the first line of %s)", err, JournalFile)
 	}
 	s.noteVersion(entries[0].Version)

@@ -44,6 +44,19 @@ type Batch struct {
 	// RolloutTimeout caps an attempt's stepping (--rollout-timeout) as a
 	// Go duration, "0s" for no cap; "" when not recorded.
 	RolloutTimeout string `json:"rollout_timeout,omitempty"`
+	// Environment is the desktops the batch runs on; nil when not
+	// recorded (a batch.json older than it, or a library caller that
+	// does not describe its desktops).
+	Environment *Environment `json:"environment,omitempty"`
+}
+
+// Environment describes a batch's desktops: their backend and each of its
+// knobs that changes what an attempt sees or how it is graded.
+type Environment struct {
+	Backend string `json:"backend"`
+	// Knobs are the backend's settings by flag name (fake-success,
+	// image, grader...), each as a string.
+	Knobs map[string]string `json:"knobs,omitempty"`
 }
 
 // Sampling is the part of the policy's requests a batch must keep.

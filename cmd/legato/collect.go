@@ -79,7 +79,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Var(&f.policyURLs, "policy-url", "model server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (default: a built-in scripted server on loopback); repeat it for replicas of the same weights: a group's calls go to one replica while it answers")
 	fs.StringVar(&f.pol.Model, "model", "", "model name sent to the server (default with the built-in server: scripted)")
 	fs.StringVar(&f.pol.Version, "version", "", "policy version recorded with every rollout, e.g. step-41 (default with the built-in server: demo)")
-	fs.StringVar(&f.out, "out", "", "run directory (required); collecting into it again continues the batch")
+	fs.StringVar(&f.out, "out", "", "run directory (required); collecting into it again continues the batch, with the same tasks, policy, backend and knobs (batch.json)")
 	intVar(fs, &f.opts.Desktops, "desktops", 4, 1, rl.MaxDesktops, "desktops, one worker each")
 	intVar(fs, &f.opts.Group, "group", rl.DefaultGroup, 1, rl.MaxGroup, "attempts per task that close its GRPO group")
 	fs.Float64Var(&f.opts.Oversample, "oversample", 0, "extra attempts per group, as a fraction of --group; the slowest are cancelled")
@@ -343,6 +343,7 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 			}
 		}
 		f.opts.NewDesktop = fake.NewFleet(cfg).New
+		f.opts.Environment = fakeEnvironment(f.fake)
 	case "osworld":
 		if f.opts.KeepEndStates || f.endStatesIn != "" {
 			if len(f.ow.cfg.Guests) > 0 {
@@ -374,6 +375,7 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 			f.opts.Desktops = n
 		}
 		f.opts.NewDesktop = pool.New
+		f.opts.Environment = osworldEnvironment(pool.Config())
 		checkTasks = pool.CheckTasks
 	default:
 		return cleanup, nil, usageErrorf("--backend %q: want fake or osworld", f.backend)
