@@ -2,6 +2,7 @@ package rl
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -19,6 +20,10 @@ type policyGate struct {
 	// resumed is non-nil while paused, and closed when serving resumes.
 	resumed chan struct{}
 	held    int // calls waiting at the gate now
+	// inFlight counts the calls let through and not yet back (leave);
+	// idle, when a drain waits, is closed once it is 0.
+	inFlight int
+	idle     chan struct{}
 }
 
 func newPolicyGate(version string) *policyGate {
@@ -26,17 +31,18 @@ func newPolicyGate(version string) *policyGate {
 }
 
 // enter waits while the gate is paused and returns the version in force
-// when it let the call through, and how long it waited.
+// when it let the call through, and how long it waited. A call let through
+// is in flight until it calls leave, once its answer (or failure) is back.
 func (g *policyGate) enter(ctx context.Context) (version string, waited time.Duration, err error) {
 	start := time.Now()
 	for {
 		g.mu.Lock()
 		resumed, v := g.resumed, g.version
-		g.mu.Unlock()
 		if resumed == nil {
+			g.inFlight++
+			g.mu.Unlock()
 			return v, time.Since(start), nil
 		}
-		g.mu.Lock()
 		g.held++
 		g.mu.Unlock()
 		select {
@@ -52,6 +58,47 @@ func (g *policyGate) enter(ctx context.Context) (version string, waited time.Dur
 	}
 }
 
+// leave ends a call that enter let through.
+func (g *policyGate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inFlight--
+	if g.inFlight == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// errDrainServing is the error of a drain asked of a gate that serves: its
+// calls would never stop.
+var errDrainServing = errors.New("drain needs the policy paused: new model calls would keep starting")
+
+// drain waits until no call is in flight: a trainer that paused the gate
+// then knows that every call sent under the old weights has returned, so
+// it may swap them. It refuses a gate that serves.
+func (g *policyGate) drain(ctx context.Context) error {
+	g.mu.Lock()
+	if g.resumed == nil {
+		g.mu.Unlock()
+		return errDrainServing
+	}
+	if g.inFlight == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	if g.idle == nil {
+		g.idle = make(chan struct{})
+	}
+	idle := g.idle
+	g.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
 // PolicyState is the state of a service's policy gate.
 type PolicyState struct {
 	// Version is the policy version stamped on the model calls sent from
@@ -63,6 +110,8 @@ type PolicyState struct {
 	Since time.Time `json:"since"`
 	// Held counts the model calls waiting for serving to resume.
 	Held int `json:"held"`
+	// InFlight counts the model calls sent and not yet answered.
+	InFlight int `json:"in_flight"`
 }
 
 // set changes the version and the state and returns the new state.
@@ -86,5 +135,5 @@ func (g *policyGate) set(version string, paused bool) PolicyState {
 func (g *policyGate) state() PolicyState {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return PolicyState{Version: g.version, Paused: g.resumed != nil, Since: g.since, Held: g.held}
+	return PolicyState{Version: g.version, Paused: g.resumed != nil, Since: g.since, Held: g.held, InFlight: g.inFlight}
 }

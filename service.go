@@ -714,6 +714,28 @@ func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (Po
 // Policy returns the policy gate's state.
 func (s *Service) Policy() PolicyState { return s.b.gate.state() }
 
+// Drain waits until no model call is in flight, for a trainer that paused
+// the policy and must know every call sent under the old weights has come
+// back before it swaps them: the calls held since the pause wait at the
+// gate and go under the version served next. It refuses a policy that
+// serves (ErrBadRequest), and gives up when ctx ends or the service stops.
+func (s *Service) Drain(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.done:
+			cancel(fmt.Errorf("%w: it stopped while draining", ErrServiceStopped))
+		case <-ctx.Done():
+		}
+	}()
+	err := s.b.gate.drain(ctx)
+	if errors.Is(err, errDrainServing) {
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	return err
+}
+
 // ServiceStatus is a snapshot of a service.
 type ServiceStatus struct {
 	Policy   PolicyState        `json:"policy"`

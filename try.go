@@ -300,13 +300,23 @@ func (t *try) call(ctx context.Context, msgs []schema.Message) (res *policy.Resu
 		// Fetched after the gate: a trainer that paused to move the
 		// policy to other servers resumes with the calls going there.
 		srv := b.server(t.a)
-		if err := wait(func() (time.Duration, error) { return srv.outage.pause(ctx) }); err != nil {
+		var outage time.Duration
+		if err := wait(func() (time.Duration, error) { w, err := srv.outage.pause(ctx); outage = w; return w, err }); err != nil {
+			b.gate.leave()
 			if ctx.Err() == nil && b.movedFrom(t.a, srv) {
 				continue
 			}
 			return nil, "", downS, srv.gaveUp(ctx, err)
 		}
+		if outage > 0 {
+			// It waited out an outage, during which a trainer may have
+			// paused, drained and served other weights: through the
+			// gate again, for the version in force now.
+			b.gate.leave()
+			continue
+		}
 		res, err := srv.client.Complete(ctx, t.a.g.id, msgs)
+		b.gate.leave()
 		if res != nil {
 			// A failed call still took its time; total_s should show it.
 			tm.QueueS += res.Model.QueueS
