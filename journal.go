@@ -1,10 +1,12 @@
 package rl
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -59,6 +61,9 @@ type journalEntry struct {
 	Paused  *bool  `json:"paused,omitempty"`
 	// BaseURLs are the model servers a policy change moved the calls to.
 	BaseURLs []string `json:"base_urls,omitempty"`
+	// Force marks a version put in force on purpose though it did not
+	// come after the one before (ResetPolicy).
+	Force bool `json:"force,omitempty"`
 
 	Cursor int        `json:"cursor,omitempty"`
 	State  GroupState `json:"state,omitempty"`
@@ -74,10 +79,17 @@ type journal struct {
 }
 
 // openJournal reads the journal in dir, cutting a torn last line (a crash
-// mid-append: its caller never got an answer), and opens it for appending.
-func openJournal(dir string) (*journal, []journalEntry, error) {
+// mid-append: its caller never got an answer) with a warning on log, and
+// opens it for appending.
+func openJournal(dir string, log *slog.Logger) (*journal, []journalEntry, error) {
 	path := filepath.Join(dir, JournalFile)
-	var entries []journalEntry
+	var (
+		entries []journalEntry
+		size    int64
+	)
+	if fi, err := os.Stat(path); err == nil {
+		size = fi.Size()
+	}
 	f, good, err := schema.OpenJSONLines(path, func(line []byte) error {
 		e, err := decodeJournalEntry(line)
 		if err == nil {
@@ -85,6 +97,14 @@ func openJournal(dir string) (*journal, []journalEntry, error) {
 		}
 		return err
 	})
+	if err == nil && size > good {
+		lines, cerr := countLines(f, good)
+		if cerr != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("read %s: %w", path, cerr)
+		}
+		log.Warn("cut a torn last line of the service journal: a crash mid-append, whose caller got no answer", "file", path, "line", lines+1, "bytes", size-good)
+	}
 	if errors.Is(err, schema.ErrDamagedLine) {
 		err = fmt.Errorf("%w: not a journal entry: the file is damaged; move the directory aside and serve into a new one", err)
 	}
@@ -92,6 +112,12 @@ func openJournal(dir string) (*journal, []journalEntry, error) {
 		return nil, nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return &journal{f: f, size: good}, entries, nil
+}
+
+// countLines counts the lines in the first n bytes of f.
+func countLines(f *os.File, n int64) (int, error) {
+	b, err := io.ReadAll(io.NewSectionReader(f, 0, n))
+	return bytes.Count(b, []byte{'\n'}), err
 }
 
 // decodeJournalEntry decodes one line of the journal.

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"legato/rl/policy"
 	"legato/rl/policy/qwen"
@@ -125,6 +128,10 @@ var (
 	ErrServiceStopped = errors.New("the service stopped")
 	// ErrQuarantined refuses a group of a task a quarantine holds.
 	ErrQuarantined = errors.New("the task is quarantined")
+	// ErrVersionOrder refuses a policy version that does not come after
+	// the one in force (see versionAfter); ResetPolicy goes back on
+	// purpose.
+	ErrVersionOrder = errors.New("policy versions only go up")
 )
 
 // Service is a running service; Serve starts one.
@@ -185,7 +192,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		opts.CollectOptions = b.opts
 		s.opts = opts
 		var entries []journalEntry
-		if s.journal, entries, err = openJournal(opts.Out); err != nil {
+		if s.journal, entries, err = openJournal(opts.Out, opts.Logger); err != nil {
 			return err
 		}
 		// One reader of the store for the service's life, shared by every
@@ -252,7 +259,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 // journal with m.
 func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if len(entries) == 0 {
-		s.noteVersion(s.b.gate.state().Version)
+		s.noteVersion(s.b.gate.state().Version, false)
 		return s.journal.append(journalEntry{Op: opService, Manifest: &m, Version: s.b.gate.state().Version})
 	}
 	if entries[0].Op != opService || entries[0].Manifest == nil {
@@ -261,7 +268,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if err := continueBatch(s.opts.Out, JournalFile, entries[0].Manifest, m, s.opts.Logger); err != nil {
 		return fmt.Errorf("%w (the service's settings are in the first line of %s)", err, JournalFile)
 	}
-	s.noteVersion(entries[0].Version)
+	s.noteVersion(entries[0].Version, false)
 	sched := s.b.sched
 	var keyed []string
 	for i, e := range entries[1:] {
@@ -307,7 +314,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 		case opPolicy:
 			paused := e.Paused != nil && *e.Paused
 			s.b.gate.set(e.Version, paused)
-			s.noteVersion(e.Version)
+			s.noteVersion(e.Version, e.Force)
 		case opEnd:
 			g := s.groups[e.ID]
 			if g == nil || e.Cursor != len(s.ended)+1 {
@@ -332,19 +339,76 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 		// The policy was never changed: this run's --version is in force,
 		// and joins the history if it is new.
 		if v := s.b.gate.state().Version; v != s.versions[len(s.versions)-1] {
-			s.noteVersion(v)
+			s.noteVersion(v, false)
 			return s.journal.append(journalEntry{Op: opPolicy, Version: v, Paused: new(false)})
 		}
 	}
 	return nil
 }
 
-// noteVersion adds v to the history of versions when it is new.
-func (s *Service) noteVersion(v string) {
-	if _, ok := s.rank[v]; !ok && v != "" {
+// noteVersion adds v to the history of versions when it is new, or, put
+// in force again on purpose (ResetPolicy), moves it to the end: steps of
+// the versions between are then behind it.
+func (s *Service) noteVersion(v string, again bool) {
+	if _, ok := s.rank[v]; (!ok || again) && v != "" {
 		s.rank[v] = len(s.versions)
 		s.versions = append(s.versions, v)
 	}
+}
+
+// versionAfter says why next may not follow cur as the policy version,
+// or nil when it may. Versions are the trainer's names ("v7", "step-41"),
+// so "after" is what can be told of names: next is not one that came
+// into force before (rank holds those), and when both end in a number
+// after the same text ("step-41", "step-42"), next's number is larger.
+// Any other new name comes after.
+func versionAfter(rank map[string]int, cur, next string) error {
+	if next == cur {
+		return nil
+	}
+	if _, seen := rank[next]; seen {
+		return fmt.Errorf("%w: version %q came into force before %q, the current one", ErrVersionOrder, next, cur)
+	}
+	cp, cn := splitVersionNumber(cur)
+	np, nn := splitVersionNumber(next)
+	if cn != "" && nn != "" && cp == np && !numberAbove(nn, cn) {
+		return fmt.Errorf("%w: version %q does not come after %q, the current one (%s is not above %s)", ErrVersionOrder, next, cur, nn, cn)
+	}
+	return nil
+}
+
+// splitVersionNumber splits v into its text and its trailing decimal
+// digits ("step-41": "step-", "41").
+func splitVersionNumber(v string) (text, number string) {
+	i := len(v)
+	for i > 0 && v[i-1] >= '0' && v[i-1] <= '9' {
+		i--
+	}
+	return v[:i], v[i:]
+}
+
+// numberAbove reports whether the decimal digits a are a larger number
+// than b, at any length.
+func numberAbove(a, b string) bool {
+	a, b = strings.TrimLeft(a, "0"), strings.TrimLeft(b, "0")
+	if len(a) != len(b) {
+		return len(a) > len(b)
+	}
+	return a > b
+}
+
+// checkVersion refuses a version that cannot be stamped on records and
+// logged as it is.
+func checkVersion(v string) error {
+	switch {
+	case len(v) > 256:
+		return fmt.Errorf("%w: version of %d bytes: want at most 256", ErrBadRequest, len(v))
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: version %q: not UTF-8", ErrBadRequest, v)
+	case strings.ContainsFunc(v, unicode.IsControl):
+		return fmt.Errorf("%w: version %q: holds a control character; want one line of printable text", ErrBadRequest, v)
+	}
+	return nil
 }
 
 // isStale reports whether a graded try has a step more than MaxStaleness
@@ -528,13 +592,22 @@ func taskRaw(t Task) json.RawMessage {
 // resolve parses a submission's task entry: one of the service's tasks by
 // id, or an entry LoadTasks would read.
 func (s *Service) resolve(raw json.RawMessage) (Task, error) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) == nil {
+		if unknown := unknownEntryFields(fields); len(unknown) > 0 {
+			return Task{}, fmt.Errorf("%s: %w", unknown[0], errUnknownEntryField)
+		}
+	}
 	var ref struct {
 		ID     string          `json:"task_id"`
 		Domain string          `json:"domain"`
 		Config json.RawMessage `json:"config"`
 	}
 	if err := json.Unmarshal(raw, &ref); err == nil && len(ref.Config) == 0 && ref.ID != "" {
-		if t, ok := s.known[ref.ID]; ok && (ref.Domain == "" || ref.Domain == t.Domain) {
+		if t, ok := s.known[ref.ID]; ok {
+			if ref.Domain != "" && ref.Domain != t.Domain {
+				return Task{}, fmt.Errorf("domain %q: the service's task %q is in domain %q", ref.Domain, ref.ID, t.Domain)
+			}
 			return t, nil
 		}
 		if s.opts.OSWorldDir == "" {
@@ -675,7 +748,25 @@ func (s *Service) WaitEnded(ctx context.Context, after int) bool {
 // --policy-url repeated): calls sent from now on go there, and so do those
 // waiting out an outage of the old servers, which then no longer counts
 // against ServerDownTimeout (moveMain).
+//
+// A version must come after the current one (see versionAfter): a
+// version that does not is refused with ErrVersionOrder.
 func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (PolicyState, error) {
+	return s.setPolicy(version, paused, false, baseURLs)
+}
+
+// ResetPolicy is SetPolicy that puts version in force even when it does
+// not come after the current one: a trainer going back to earlier weights
+// on purpose. It is journaled so, and steps of the versions in between
+// count as behind it.
+func (s *Service) ResetPolicy(version string, paused bool, baseURLs ...string) (PolicyState, error) {
+	return s.setPolicy(version, paused, true, baseURLs)
+}
+
+func (s *Service) setPolicy(version string, paused, force bool, baseURLs []string) (PolicyState, error) {
+	if err := checkVersion(version); err != nil {
+		return PolicyState{}, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -688,6 +779,10 @@ func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (Po
 	if version == cur.Version && paused == cur.Paused && len(baseURLs) == 0 {
 		return cur, nil
 	}
+	if err := versionAfter(s.rank, cur.Version, version); err != nil && !force {
+		return PolicyState{}, err
+	}
+	force = force && version != cur.Version
 	var cfg PolicyConfig
 	if len(baseURLs) > 0 {
 		cfg = s.b.pol
@@ -697,7 +792,7 @@ func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (Po
 		}
 	}
 	// Journaled first: a restart must not serve calls the trainer paused.
-	if err := s.journal.append(journalEntry{Op: opPolicy, Version: version, Paused: &paused, BaseURLs: baseURLs}); err != nil {
+	if err := s.journal.append(journalEntry{Op: opPolicy, Version: version, Paused: &paused, BaseURLs: baseURLs, Force: force}); err != nil {
 		return PolicyState{}, err
 	}
 	if len(baseURLs) > 0 {
@@ -706,7 +801,10 @@ func (s *Service) SetPolicy(version string, paused bool, baseURLs ...string) (Po
 		}
 	}
 	st := s.b.gate.set(version, paused)
-	s.noteVersion(version)
+	s.noteVersion(version, force)
+	if force {
+		s.b.log.Warn("policy version reset on purpose (force)", "version", version, "was", cur.Version)
+	}
 	s.b.log.Info("policy", "version", st.Version, "paused", st.Paused)
 	return st, nil
 }

@@ -628,3 +628,118 @@ func TestServiceStaleRerun(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionAfter(t *testing.T) {
+	seen := map[string]int{"v1": 0, "v2": 1, "step-41": 2, "step-42": 3}
+	for _, tt := range []struct {
+		cur, next string
+		ok        bool
+	}{
+		{"v2", "v2", true},            // no change
+		{"v2", "v3", true},            // new, larger number
+		{"v2", "v10", true},           // numbers, not text, are compared
+		{"v2", "v1", false},           // in force before
+		{"step-42", "step-41", false}, // in force before
+		{"step-42", "step-9", false},  // never seen, but a smaller number after the same text
+		{"step-42", "step-042", false},
+		{"step-42", "step-100", true},
+		{"step-42", "ckpt-1", true}, // other text: a new name comes after
+		{"", "v7", true},
+		{"v2", "final", true},
+	} {
+		err := versionAfter(seen, tt.cur, tt.next)
+		if (err == nil) != tt.ok || err != nil && !errors.Is(err, ErrVersionOrder) {
+			t.Errorf("versionAfter(%q, %q) = %v, want ok %v", tt.cur, tt.next, err, tt.ok)
+		}
+	}
+}
+
+// TestServicePolicyOrder: versions only go up; a rollback is refused and
+// leaves the journal as it was, ResetPolicy goes back on purpose and is
+// journaled so, across a restart; a version that could not be stamped is
+// refused.
+func TestServicePolicyOrder(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	s := e.serve(t)
+	journal := func() string {
+		b, err := os.ReadFile(filepath.Join(e.opts.Out, JournalFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if _, err := s.SetPolicy("v2", false); err != nil {
+		t.Fatal(err)
+	}
+	before := journal()
+	if st, err := s.SetPolicy("v1", false); !errors.Is(err, ErrVersionOrder) || !strings.Contains(err.Error(), `"v1"`) {
+		t.Errorf("v1 after v2: %+v %v, want ErrVersionOrder naming v1", st, err)
+	}
+	for _, v := range []string{"v3\x00", "v3\x1b[2J", "v3\u0085", "v3\xff", strings.Repeat("v", 257)} {
+		if _, err := s.SetPolicy(v, false); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "version") {
+			t.Errorf("version %q: %v, want ErrBadRequest naming the version", v, err)
+		}
+	}
+	if got := journal(); got != before {
+		t.Errorf("refused changes were journaled:\n%s", strings.TrimPrefix(got, before))
+	}
+	if p := s.Policy(); p.Version != "v2" {
+		t.Errorf("version %q after refusals, want v2", p.Version)
+	}
+	if st, err := s.ResetPolicy("v1", false); err != nil || st.Version != "v1" {
+		t.Fatalf("reset to v1: %+v %v", st, err)
+	}
+	if last := strings.TrimPrefix(journal(), before); !strings.Contains(last, `"version":"v1"`) || !strings.Contains(last, `"force":true`) {
+		t.Errorf("the reset was journaled as %q, want it marked force", last)
+	}
+	s.mu.Lock()
+	n, _ := s.staleness("v2", "v1")
+	s.mu.Unlock()
+	if n != 1 {
+		t.Errorf("steps of v2 after the reset to v1 are %d behind, want 1", n)
+	}
+	if _, err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := e.serve(t)
+	defer s2.Close()
+	if p := s2.Policy(); p.Version != "v1" {
+		t.Errorf("version %q after restart, want v1", p.Version)
+	}
+	s2.mu.Lock()
+	n, _ = s2.staleness("v2", "v1")
+	s2.mu.Unlock()
+	if n != 1 {
+		t.Errorf("after restart, steps of v2 are %d behind v1, want 1: the reset was not replayed", n)
+	}
+	if _, err := s2.SetPolicy("v2", false); !errors.Is(err, ErrVersionOrder) {
+		t.Errorf("v2 again after restart: %v, want ErrVersionOrder", err)
+	}
+	if _, err := s2.SetPolicy("v3", false); err != nil {
+		t.Errorf("v3: %v", err)
+	}
+}
+
+// TestServiceTaskEntry: a submission naming one of the service's tasks
+// follows the tasks file's rule for fields, and a wrong domain is said to
+// be the domain.
+func TestServiceTaskEntry(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
+	e.opts.Tasks = []Task{{ID: "t0", Domain: "os", Instruction: "x", Evaluator: json.RawMessage(`{"func":"exact_match"}`)}}
+	s := e.serve(t)
+	defer s.Close()
+	s.SetPolicy("", true) // nothing needs to run
+	for _, tt := range []struct{ entry, words string }{
+		{`{"task_id": "t0", "domain": "chrome"}`, `domain "chrome": the service's task "t0" is in domain "os"`},
+		{`{"task_id": "t0", "domain": "os", "extra": 1}`, `extra: unknown field`},
+		{`{"task_id": "t0", "Domain": "os"}`, `Domain: unknown field`},
+	} {
+		_, _, err := s.Submit(GroupRequest{Task: json.RawMessage(tt.entry)})
+		if !errors.Is(err, ErrBadRequest) || IsUnknownTask(err) || !strings.Contains(err.Error(), tt.words) {
+			t.Errorf("task %s: %v, want ErrBadRequest saying %q", tt.entry, err, tt.words)
+		}
+	}
+	if _, _, err := s.Submit(GroupRequest{Task: json.RawMessage(`{"task_id": "t0", "domain": "os"}`)}); err != nil {
+		t.Errorf("the task itself: %v", err)
+	}
+}

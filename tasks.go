@@ -416,15 +416,8 @@ func (p *tasksParser) entry(raw json.RawMessage, loc entryLoc) {
 	if err != nil {
 		fail(id, "domain", err)
 	}
-	var unknown []string
-	for k := range fields {
-		if k != "task_id" && k != "domain" && k != "config" {
-			unknown = append(unknown, k)
-		}
-	}
-	slices.Sort(unknown)
-	for _, k := range unknown {
-		fail(id, k, errors.New(`unknown field; an entry has "task_id", "domain" and, for an inline task, "config"`))
+	for _, k := range unknownEntryFields(fields) {
+		fail(id, k, errUnknownEntryField)
 	}
 	config, inline := fields["config"]
 	if inline && jsonKind(config) == "null" {
@@ -473,6 +466,23 @@ func (p *tasksParser) entry(raw json.RawMessage, loc entryLoc) {
 	t := cfg.task
 	t.ID, t.Domain, t.Raw = id, domain, cfg.raw
 	p.tasks = append(p.tasks, t)
+}
+
+// errUnknownEntryField refuses a field a tasks-file entry does not have:
+// a tasks file and a service's submission share the rule.
+var errUnknownEntryField = errors.New(`unknown field; an entry has "task_id", "domain" and, for an inline task, "config"`)
+
+// unknownEntryFields returns the fields of a tasks-file entry other than
+// "task_id", "domain" and "config", sorted.
+func unknownEntryFields(fields map[string]json.RawMessage) []string {
+	var unknown []string
+	for k := range fields {
+		if k != "task_id" && k != "domain" && k != "config" {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }
 
 // checkNames checks that id and domain are plain names and that id is not

@@ -2,22 +2,33 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	rl "legato/rl"
 )
 
-// serveTokenEnv holds the bearer token a service bound beyond loopback
-// requires of its callers; like the model key, never a flag.
-const serveTokenEnv = "LEGATO_SERVE_TOKEN"
+// A service always requires a bearer token of its callers, on loopback
+// too: another user of the machine reaches a loopback port as well, and
+// a service hands out the model key to whoever moves its policy. The token
+// is serveTokenEnv's (like the model key, never a flag), or one the
+// service makes at start and keeps in serveTokenFile in the run directory,
+// readable by its owner only.
+const (
+	serveTokenEnv  = "LEGATO_SERVE_TOKEN"
+	serveTokenFile = "serve.token"
+)
 
 // runServe is `legato rl serve`.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -30,6 +41,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var maxStale int
 	var stale string
 	intVar(fs, &maxStale, "max-staleness", 0, 0, 1<<20, "steps more than K policy versions behind are stale (0: none are); see --stale")
+	metricsOpen := fs.Bool("metrics-open", false, "answer GET /metrics without the bearer token (a Prometheus scraper); every other route always needs it")
 	choiceVar(fs, &stale, "stale", "drop", []string{"drop", "rerun"}, "with --max-staleness: drop stale steps from a group's result, or rerun an attempt that finished with stale steps (at most twice; then its stale steps are dropped)")
 	setUsage(fs, `Usage: legato rl serve --out DIR [--addr HOST:PORT] [flags]
 
@@ -40,8 +52,16 @@ version (POST /v1/policy). The desktops, the model server and every flag are
 collect's; --tasks, when given, are the tasks a group may name by id (the
 fake backend knows its demo tasks). DIR is the run directory, in the
 legato.rollout/v0 format: serving into it again continues it, stream and
-all. The model server's key is read from LEGATO_POLICY_KEY; the bearer token
-callers must send, when one is set, from `+serveTokenEnv+`.
+all. The model server's key is read from LEGATO_POLICY_KEY.
+
+Every route (but /metrics with --metrics-open) needs the bearer token
+(Authorization: Bearer TOKEN): $`+serveTokenEnv+` when set, else one made at
+start, printed on the second line of output and written to DIR/`+serveTokenFile+`
+(readable by its owner only; replaced by each start). POST /v1/policy
+refuses (409) a version that does not come after the current one: one that
+was in force before, or, for two versions that end in a number after the
+same text ("step-41", "step-42"), a smaller number; "force": true goes
+back on purpose and is journaled so.
 
 `)
 	if err := f.parse(fs, args); err != nil {
@@ -70,7 +90,12 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 		}
 		return err
 	}
-	srv := &http.Server{Handler: newServeHandler(svc, token, log), ReadHeaderTimeout: 10 * time.Second}
+	made := token == ""
+	if token, err = serveToken(f.out, token); err != nil {
+		_, _ = svc.Close()
+		return err
+	}
+	srv := &http.Server{Handler: newServeHandler(svc, serveAuth{token: token, metricsOpen: *metricsOpen}, log), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() {
 		if *certFile != "" {
@@ -86,6 +111,13 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 	// The first line on stdout is the address, for a program that started
 	// the service on port 0.
 	fmt.Fprintf(stdout, "serving %s://%s (run directory %s, policy %s %s)\n", scheme, ln.Addr(), f.out, f.pol.Model, svc.Policy().Version)
+	// Once, as Jupyter does: the token is what a caller needs.
+	if made {
+		fmt.Fprintf(stdout, "callers send Authorization: Bearer %s (also in %s, readable by you only; Client(url, run_dir=%q) of examples/python reads it)\n",
+			token, filepath.Join(f.out, serveTokenFile), f.out)
+	} else {
+		fmt.Fprintf(stdout, "callers send Authorization: Bearer $%s\n", serveTokenEnv)
+	}
 	if f, ok := stdout.(*os.File); ok {
 		_ = f.Sync()
 	}
@@ -112,6 +144,49 @@ callers must send, when one is set, from `+serveTokenEnv+`.
 		fmt.Fprintf(stdout, "%s: stopped; %d records, %d groups ended\n", f.out, sum.Records, len(svc.Ended(0, 0)))
 	}
 	return errors.Join(runErr, cerr)
+}
+
+// serveToken returns the bearer token of a service in dir: token (from
+// $LEGATO_SERVE_TOKEN) when set, else a new random one, written to
+// dir/serve.token readable by its owner only. The file is written under a
+// temporary name made with O_EXCL and mode 0600, then renamed over the
+// last start's: it is never readable by others, even for a moment, and
+// never holds a token this start does not take (with token set, a file
+// left by an earlier start is removed).
+func serveToken(dir, token string) (string, error) {
+	path := filepath.Join(dir, serveTokenFile)
+	if token != "" {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("remove the token an earlier start left: %w", err)
+		}
+		return token, nil
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("make a bearer token: %w", err)
+	}
+	token = hex.EncodeToString(b)
+	// O_EXCL, 0600; named as the store's temporary files (schema's
+	// tempPrefix), which the next start removes if this one is killed.
+	tmp, err := os.CreateTemp(dir, ".tmp-"+serveTokenFile+"-*")
+	if err != nil {
+		return "", fmt.Errorf("write the bearer token: %w", err)
+	}
+	_, err = tmp.WriteString(token + "\n")
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("write the bearer token to %s: %w", path, err)
+	}
+	return token, nil
 }
 
 // checkServeAddr refuses to serve beyond loopback without TLS and a token:

@@ -70,16 +70,17 @@ func BenchmarkServeVsCollect(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			h := httptest.NewServer(newServeHandler(svc, "", slog.New(slog.DiscardHandler)))
+			h := httptest.NewServer(newServeHandler(svc, serveAuth{token: "bench"}, slog.New(slog.DiscardHandler)))
+			c := &http.Client{Transport: tokenTransport("bench")}
 			for i := range groups {
 				body := fmt.Sprintf(`{"task": {"task_id": "t%d", "domain": "os", "config": {"id": "t%d", "instruction": "x", "evaluator": {"func": "exact_match"}}}}`, i, i)
-				res, err := http.Post(h.URL+"/v1/groups", "application/json", bytes.NewReader([]byte(body)))
+				res, err := c.Post(h.URL+"/v1/groups", "application/json", bytes.NewReader([]byte(body)))
 				if err != nil || res.StatusCode != http.StatusCreated {
 					b.Fatal(err, res.Status)
 				}
 				res.Body.Close()
 			}
-			res, err := http.Get(fmt.Sprintf("%s/v1/stream?after=0&limit=%d", h.URL, groups))
+			res, err := c.Get(fmt.Sprintf("%s/v1/stream?after=0&limit=%d", h.URL, groups))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -28,42 +28,73 @@ const (
 const policyKeyHeader = "X-Legato-Policy-Key"
 
 type serveHandler struct {
-	svc   *rl.Service
-	token string
-	log   *slog.Logger
+	svc  *rl.Service
+	auth serveAuth
+	log  *slog.Logger
 }
 
-func newServeHandler(svc *rl.Service, token string, log *slog.Logger) http.Handler {
-	h := &serveHandler{svc: svc, token: token, log: log}
+// serveAuth is who may call a service: whoever sends its bearer token,
+// on every route; with metricsOpen, anyone on /metrics.
+type serveAuth struct {
+	token       string
+	metricsOpen bool
+}
+
+func newServeHandler(svc *rl.Service, auth serveAuth, log *slog.Logger) http.Handler {
+	if auth.token == "" {
+		// A service without a token would serve any local user: the model
+		// key, the rollouts, the policy.
+		panic("serve: no bearer token")
+	}
+	h := &serveHandler{svc: svc, auth: auth, log: log}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/groups", h.submit)
-	mux.HandleFunc("GET /v1/groups/{id}", h.group)
-	mux.HandleFunc("DELETE /v1/groups/{id}", h.cancel)
-	mux.HandleFunc("GET /v1/stream", h.stream)
-	mux.HandleFunc("GET /v1/policy", h.policy)
-	mux.HandleFunc("POST /v1/policy", h.setPolicy)
-	mux.HandleFunc("GET /v1/blobs/{sha}", h.blob)
-	mux.HandleFunc("GET /v1/status", h.status)
-	mux.HandleFunc("GET /metrics", h.metrics)
+	for pattern, handle := range h.routes() {
+		mux.HandleFunc(pattern, handle)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s; see legato rl help serve", r.Method, r.URL.Path))
 	})
-	return h.auth(mux)
+	return h.checkToken(mux)
 }
 
-// auth checks the bearer token, when the service has one.
-func (h *serveHandler) auth(next http.Handler) http.Handler {
-	if h.token == "" {
-		return next
+// routes are the service's endpoints by pattern.
+func (h *serveHandler) routes() map[string]http.HandlerFunc {
+	return map[string]http.HandlerFunc{
+		"POST /v1/groups":        h.submit,
+		"GET /v1/groups/{id}":    h.group,
+		"DELETE /v1/groups/{id}": h.cancel,
+		"GET /v1/stream":         h.stream,
+		"GET /v1/policy":         h.policy,
+		"POST /v1/policy":        h.setPolicy,
+		"GET /v1/blobs/{sha}":    h.blob,
+		"GET /v1/status":         h.status,
+		"GET /metrics":           h.metrics,
 	}
-	want := []byte("Bearer " + h.token)
+}
+
+// checkToken refuses a request without the service's bearer token.
+func (h *serveHandler) checkToken(next http.Handler) http.Handler {
+	want := []byte(h.auth.token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token (Authorization: Bearer $"+serveTokenEnv+")")
+		open := h.auth.metricsOpen && r.URL.Path == "/metrics"
+		if !open && subtle.ConstantTimeCompare(bearerToken(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="legato"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token: send Authorization: Bearer TOKEN, the token in "+serveTokenFile+" in the run directory or in $"+serveTokenEnv)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bearerToken returns the credentials of an Authorization header of the
+// Bearer scheme, whose name is case-insensitive (RFC 7235 section 2.1),
+// or nil.
+func bearerToken(header string) []byte {
+	scheme, cred, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return nil
+	}
+	return []byte(strings.TrimLeft(cred, " "))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -86,7 +117,7 @@ func (h *serveHandler) serviceError(w http.ResponseWriter, err error) {
 		status = http.StatusNotFound
 	case errors.Is(err, rl.ErrBadRequest):
 		status = http.StatusBadRequest
-	case errors.Is(err, rl.ErrKeyConflict), errors.Is(err, rl.ErrQuarantined):
+	case errors.Is(err, rl.ErrKeyConflict), errors.Is(err, rl.ErrQuarantined), errors.Is(err, rl.ErrVersionOrder):
 		status = http.StatusConflict
 	case errors.Is(err, rl.ErrServiceStopped):
 		status = http.StatusServiceUnavailable
@@ -125,7 +156,7 @@ func waitParam(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
 		return 0, true
 	}
 	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 || v > maxWait.Seconds() {
+	if err != nil || !(v >= 0 && v <= maxWait.Seconds()) { // NaN too
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("wait=%q: want seconds from 0 to %.0f", s, maxWait.Seconds()))
 		return 0, false
 	}
@@ -145,10 +176,26 @@ func intParam(w http.ResponseWriter, r *http.Request, name string) (int, bool) {
 	return v, true
 }
 
+// submitRequest is POST /v1/groups' body. group_size, when given, must
+// be a size: 0 is refused as -1 is, the service's default is had by
+// leaving it out.
+type submitRequest struct {
+	rl.GroupRequest
+	Size *int `json:"group_size"`
+}
+
 func (h *serveHandler) submit(w http.ResponseWriter, r *http.Request) {
-	var req rl.GroupRequest
-	if !decode(w, r, &req) {
+	var body submitRequest
+	if !decode(w, r, &body) {
 		return
+	}
+	req := body.GroupRequest
+	if body.Size != nil {
+		if *body.Size < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("group_size %d: want 1 to %d, or leave it out for the service's default", *body.Size, rl.MaxGroup))
+			return
+		}
+		req.Size = *body.Size
 	}
 	// The key of a group's own model server travels in a header, never in
 	// the body a proxy might log.
@@ -272,6 +319,9 @@ type policyRequest struct {
 	// BaseURLs move the model calls to these servers (replicas of the
 	// same weights).
 	BaseURLs []string `json:"base_urls"`
+	// Force puts a version in force that does not come after the
+	// current one: going back on purpose.
+	Force bool `json:"force"`
 }
 
 // policyAnswer is the policy's state on the wire.
@@ -303,11 +353,14 @@ func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(`state %q: want "paused" or "serving"`, req.State))
 		return
 	}
-	if len(req.Version) > 256 || strings.ContainsAny(req.Version, "\n\r") {
-		writeError(w, http.StatusBadRequest, "version: want one line of at most 256 bytes")
-		return
+	set := h.svc.SetPolicy
+	if req.Force {
+		set = h.svc.ResetPolicy
 	}
-	st, err := h.svc.SetPolicy(req.Version, req.State == "paused", req.BaseURLs...)
+	st, err := set(req.Version, req.State == "paused", req.BaseURLs...)
+	if errors.Is(err, rl.ErrVersionOrder) {
+		err = fmt.Errorf(`%w; give a version after it, or "force": true to go back on purpose`, err)
+	}
 	if err != nil {
 		h.serviceError(w, err)
 		return

@@ -7,7 +7,7 @@ fully asynchronous trainer does. Its cursor is saved after every group, so a
 restart of the trainer, or of the service, loses and repeats nothing.
 
     legato rl serve --out runs/serve &
-    python3 examples/python/async_trainer.py --url http://127.0.0.1:8300 --groups 20
+    python3 examples/python/async_trainer.py --url http://127.0.0.1:8300 --run-dir runs/serve --groups 20
 
 Standard library only; the client is legato_client.py beside it.
 """
@@ -89,13 +89,15 @@ def run(client: Client, tasks: List[dict], groups: int, group_size: int = 4,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default="http://127.0.0.1:8300")
+    ap.add_argument("--run-dir", default=None, help="the service's run directory, whose serve.token the client sends "
+                    "(default: the token in LEGATO_SERVE_TOKEN)")
     ap.add_argument("--groups", type=int, default=20)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--task", default='{"task_id": "demo-write-note", "domain": "os"}',
                     help="a tasks-file entry, as JSON")
     ap.add_argument("--cursor-file", default="trainer-cursor.json")
     args = ap.parse_args()
-    client = Client(args.url)
+    client = Client(args.url, run_dir=args.run_dir)
     client.wait_ready()
     st = run(client, [json.loads(args.task)], args.groups, args.group_size, cursor_file=args.cursor_file)
     for item in st.items:

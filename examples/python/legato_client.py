@@ -9,7 +9,7 @@ failures, cancelled or surplus attempts).
 
     from legato_client import Client
 
-    c = Client("http://127.0.0.1:8300")
+    c = Client("http://127.0.0.1:8300", run_dir="runs/serve")   # its token
     g = c.submit({"task_id": "demo-write-note", "domain": "os"}, group_size=8)
     for item in c.stream(after=0):          # groups in the order they end
         train_on(item.group)
@@ -21,6 +21,11 @@ failures, cancelled or surplus attempts).
 
 A stream read again from a saved cursor yields every group after it exactly
 once, across restarts of the trainer and of the service.
+
+Every call needs the service's bearer token: LEGATO_SERVE_TOKEN when the
+service was started with it, else the one it made at start, in its run
+directory's serve.token (readable by its owner only) and read from there with
+``run_dir``.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["Client", "LegatoError", "StreamItem", "Group", "Attempt", "NotContiguous",
+__all__ = ["Client", "LegatoError", "StreamError", "StreamItem", "Group", "Attempt", "NotContiguous",
            "untrainable_reason", "trainable", "image_refs", "concatenate_steps", "EXACT_SOURCES", "IMAGE_PREFIX"]
 
 JSON = Dict[str, Any]
+
+# The file in a service's run directory holding the token it made at start.
+TOKEN_FILE = "serve.token"
 
 
 class LegatoError(Exception):
@@ -48,6 +56,16 @@ class LegatoError(Exception):
         super().__init__(f"{method} {path}: {status}: {message}")
         self.status = status
         self.message = message
+
+
+class StreamError(LegatoError):
+    """The stream cannot go on: the service stayed unreachable longer than
+    ``retry_for``, or it sent a line that is not a stream line. ``cursor`` is
+    the last cursor yielded: read on from it once the service is back."""
+
+    def __init__(self, message: str, cursor: int) -> None:
+        super().__init__(0, message, "GET", "/v1/stream")
+        self.cursor = cursor
 
 
 @dataclasses.dataclass
@@ -142,34 +160,58 @@ class StreamItem:
 class Client:
     """Talks to one `legato rl serve`.
 
-    ``token`` is the bearer token of a service bound beyond loopback
-    (default: the LEGATO_SERVE_TOKEN environment variable). ``timeout`` bounds
-    each request that does not wait on purpose.
+    ``token`` is the service's bearer token (default: the LEGATO_SERVE_TOKEN
+    environment variable, else the token in ``run_dir``/serve.token, which a
+    service started without LEGATO_SERVE_TOKEN makes; read again when the
+    service refuses it, since a restarted service makes a new one).
+    ``timeout`` bounds each request that does not wait on purpose.
     """
 
-    def __init__(self, base_url: str, token: Optional[str] = None, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, token: Optional[str] = None, timeout: float = 30.0,
+                 run_dir: Optional[str] = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self.token = token if token is not None else os.environ.get("LEGATO_SERVE_TOKEN", "")
         self.timeout = timeout
+        self._token_file = ""
+        if token is None:
+            token = os.environ.get("LEGATO_SERVE_TOKEN", "")
+            if not token and run_dir:
+                self._token_file = os.path.join(run_dir, TOKEN_FILE)
+                token = _read_token(self._token_file)
+        self.token = token
+
+    def _reload_token(self) -> bool:
+        """After a 401: whether the run directory holds another token now (the
+        service restarted and made a new one), which is then taken."""
+        if not self._token_file:
+            return False
+        token = _read_token(self._token_file)
+        if token and token != self.token:
+            self.token = token
+            return True
+        return False
 
     # -- plumbing --------------------------------------------------------
 
     def _request(self, method: str, path: str, body: Optional[JSON] = None,
                  timeout: Optional[float] = None, headers: Optional[Dict[str, str]] = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers or {})
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", "Bearer " + self.token)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
-                if resp.headers.get_content_type() == "application/json":
-                    return json.loads(raw)
-                return raw
-        except urllib.error.HTTPError as e:
-            raise LegatoError(e.code, _message(e.read()), method, path) from None
+        while True:
+            req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers or {})
+            if data is not None:
+                req.add_header("Content-Type", "application/json")
+            if self.token:
+                req.add_header("Authorization", "Bearer " + self.token)
+            try:
+                with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                    raw = resp.read()
+                    if resp.headers.get_content_type() == "application/json":
+                        return json.loads(raw)
+                    return raw
+            except urllib.error.HTTPError as e:
+                # A 401 was not acted on: sending again with a new token is safe.
+                if e.code == 401 and self._reload_token():
+                    continue
+                raise LegatoError(e.code, _message(e.read()), method, path) from None
 
     # -- groups ----------------------------------------------------------
 
@@ -217,16 +259,22 @@ class Client:
         return Group.from_json(self._request("DELETE", f"/v1/groups/{urllib.parse.quote(group_id)}"))
 
     def stream(self, after: int = 0, limit: int = 0, idle: float = 0.0,
-               inline_images: bool = False, reconnect: bool = True) -> Iterator[StreamItem]:
+               inline_images: bool = False, reconnect: bool = True,
+               retry_for: float = 120.0) -> Iterator[StreamItem]:
         """Ended groups after cursor ``after``, in the order they ended.
 
         It yields groups as they end and returns after ``limit`` items (0: no
         limit) or ``idle`` seconds without one (0: never). With ``reconnect``
         a dropped connection (the service restarting) is retried from the
-        last cursor yielded, so nothing is lost or repeated.
+        last cursor yielded, so nothing is lost or repeated, until the
+        failures in a row (no group read between them) span ``retry_for``
+        seconds: then StreamError is raised, as it is at once for a line that
+        is not a stream line.
         """
         sent = 0
         delay = 0.2
+        failing_since: Optional[float] = None  # the first failure in a row
+        failures = 0
         while True:
             q: JSON = {"after": after}
             if limit:
@@ -239,33 +287,47 @@ class Client:
             if self.token:
                 req.add_header("Authorization", "Bearer " + self.token)
             got_any = False
+            why = "the stream ended with no group"
             try:
                 # No read timeout: the stream is quiet until a group ends.
                 with urllib.request.urlopen(req, timeout=None if not idle else idle + self.timeout) as resp:
-                    for line in resp:
-                        line = line.strip()
-                        if not line:
+                    for raw in resp:
+                        if not raw.strip():
                             continue
-                        d = json.loads(line)
-                        item = StreamItem(cursor=d["cursor"], group=Group.from_json(d["group"]))
+                        if not raw.endswith(b"\n"):
+                            # The last line, cut short: the service went away.
+                            raise http.client.IncompleteRead(raw)
+                        item = _stream_item(raw, after)
                         after = item.cursor
                         sent += 1
                         got_any = True
-                        delay = 0.2
+                        delay, failing_since, failures = 0.2, None, 0
                         yield item
                         if limit and sent >= limit:
                             return
                 if idle and not got_any:
                     return
             except urllib.error.HTTPError as e:
+                if e.code == 401 and self._reload_token():
+                    continue
                 raise LegatoError(e.code, _message(e.read()), "GET", "/v1/stream") from None
-            except (OSError, ValueError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as e:
                 # Connection refused or reset, or a line cut short: the
                 # service went away. Read on from the cursor.
                 if not reconnect:
                     raise
+                why = f"{type(e).__name__}: {e}"
             if limit and sent >= limit:
                 return
+            if not got_any:
+                now = time.monotonic()
+                failures += 1
+                if failing_since is None:
+                    failing_since = now
+                elif now - failing_since > retry_for:
+                    raise StreamError(f"{self.base_url}: no group read in {failures} tries over {now - failing_since:.1f} s "
+                                      f"(retry_for={retry_for:g}); last: {why}; read on from cursor {after} once the service is back",
+                                      after)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -307,10 +369,29 @@ class Client:
             try:
                 self.status()
                 return
-            except (OSError, LegatoError):
-                if time.monotonic() > deadline:
+            except (OSError, LegatoError) as e:
+                if isinstance(e, LegatoError) and e.status == 401 or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+
+def _stream_item(line: bytes, after: int) -> StreamItem:
+    """A line of the stream, or StreamError saying what it is not."""
+    try:
+        d = json.loads(line)
+        return StreamItem(cursor=int(d["cursor"]), group=Group.from_json(d["group"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise StreamError(f"after cursor {after}, a line that is not a stream line ({type(e).__name__}: {e}): "
+                          f"{line[:200]!r}", after) from None
+
+
+def _read_token(path: str) -> str:
+    """The token in a service's token file, or "" when it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _message(raw: bytes) -> str:

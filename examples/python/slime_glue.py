@@ -89,7 +89,9 @@ without input_ids); without it that field stays None.
 
 Settings, read from ``args`` (set them with ``--custom-config-path``) or the
 environment: legato_url (LEGATO_URL, default http://127.0.0.1:8300),
-legato_token (LEGATO_SERVE_TOKEN), legato_layout, legato_version_prefix,
+legato_token (LEGATO_SERVE_TOKEN), legato_run_dir (LEGATO_RUN_DIR: the
+service's run directory, whose serve.token is the token when none is given),
+legato_layout, legato_version_prefix,
 legato_wait_timeout (seconds per group, default 3600), legato_pad_token_id
 (default 0), legato_eval_tasks (a list of tasks for ``evaluation=True``),
 legato_multimodal_function_path, legato_key_prefix (LEGATO_KEY_PREFIX: a
@@ -398,6 +400,7 @@ def _metrics(groups: Sequence[Group]) -> Dict[str, Any]:
 class Settings:
     url: str
     token: Optional[str]
+    run_dir: Optional[str]
     layout: str
     version_prefix: str
     wait_timeout: float
@@ -416,6 +419,7 @@ class Settings:
         return cls(
             url=get("legato_url", "LEGATO_URL", "http://127.0.0.1:8300"),
             token=getattr(args, "legato_token", None),
+            run_dir=get("legato_run_dir", "LEGATO_RUN_DIR", None),
             layout=get("legato_layout", "LEGATO_LAYOUT", "trajectory"),
             version_prefix=get("legato_version_prefix", "LEGATO_VERSION_PREFIX", "slime-rollout-"),
             wait_timeout=float(get("legato_wait_timeout", "LEGATO_WAIT_TIMEOUT", 3600)),
@@ -434,7 +438,7 @@ def _load(path: str) -> Callable[..., Any]:
 def generate_rollout(args, rollout_id, data_source, evaluation=False):
     """slime's --rollout-function-path entry point (see the module docstring)."""
     cfg = Settings.from_args(args)
-    client = Client(cfg.url, token=cfg.token)
+    client = Client(cfg.url, token=cfg.token, run_dir=cfg.run_dir)
     multimodal = None
     if cfg.multimodal_path:
         fn = _load(cfg.multimodal_path)

@@ -78,7 +78,7 @@ def with_first_unmasked_masked(g: Group) -> tuple:
 class GlueCase(ServiceCase):
     def service(self, *flags: str) -> Client:
         svc = self.start(*FLAGS, *flags)
-        c = Client(svc.url)
+        c = Client(svc.url, run_dir=self.out)
         c.wait_ready()
         return c
 
@@ -93,7 +93,7 @@ class GlueCase(ServiceCase):
 class TestSlimeGlue(GlueCase):
     def test_trajectory_layout_via_generate_rollout(self) -> None:
         c = self.service("--history", "contiguous")
-        args = types.SimpleNamespace(legato_url=c.base_url, rollout_batch_size=2, n_samples_per_prompt=G,
+        args = types.SimpleNamespace(legato_url=c.base_url, legato_run_dir=self.out, rollout_batch_size=2, n_samples_per_prompt=G,
                                      legato_layout="trajectory")
         out = slime_glue.generate_rollout(args, 3, FakeDataSource(G), evaluation=False)
         self.assertEqual(len(out.samples), 2)
@@ -179,7 +179,7 @@ class TestSlimeGlue(GlueCase):
         self.assertFalse(set(ids(first)) & set(groups), "a rollout without a key must not reuse groups")
 
         # Evaluation: the tasks of legato_eval_tasks, one sample per attempt that counts.
-        eargs = types.SimpleNamespace(legato_url=c.base_url, legato_eval_tasks=[TASK], n_samples_per_eval_prompt=2)
+        eargs = types.SimpleNamespace(legato_url=c.base_url, legato_run_dir=self.out, legato_eval_tasks=[TASK], n_samples_per_eval_prompt=2)
         ev = slime_glue.generate_rollout(eargs, 3, None, evaluation=True)
         data = ev.data["legato"]
         self.assertEqual(len(data["samples"]), 2)
@@ -349,7 +349,7 @@ class TestWithTrainerInstalled(GlueCase):
         # Samples built without a slime template are slime's too.
         conv = slime_glue.group_to_samples(ended[0], [None] * G, layout="step")
         self.assertTrue(all(isinstance(s, Sample) for e in conv for s in e))
-        args = types.SimpleNamespace(legato_url=c.base_url, rollout_batch_size=1, n_samples_per_prompt=G,
+        args = types.SimpleNamespace(legato_url=c.base_url, legato_run_dir=self.out, rollout_batch_size=1, n_samples_per_prompt=G,
                                      legato_version_prefix="")
         self.assertIsInstance(slime_glue.generate_rollout(args, 0, FakeDataSource(G), evaluation=False),
                               RolloutFnTrainOutput)

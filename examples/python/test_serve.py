@@ -8,14 +8,17 @@ the scripted model server), on loopback ports.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import tempfile
+import threading
+import time
 import unittest
 
 import async_trainer
 import harness
-from legato_client import Client, LegatoError
+from legato_client import Client, LegatoError, StreamError
 
 TASK = {"task_id": "demo-write-note", "domain": "os"}
 
@@ -53,7 +56,7 @@ class TestTrainerLoop(ServiceCase):
         flags = ("--policy-url", pol.url, "--model", "scripted", "--version", "v1", "--desktops", "8",
                  "--group", "4", "--max-steps", "5", "--fake-speed", "demo")
         svc = self.start(*flags)
-        client = Client(svc.url)
+        client = Client(svc.url, run_dir=self.out)
         client.wait_ready()
         restarted = []
 
@@ -107,11 +110,21 @@ class TestTrainerLoop(ServiceCase):
 class TestClientErrors(ServiceCase):
     def test_bad_input_and_cancel(self) -> None:
         svc = self.start("--desktops", "1", "--fake-speed", "none")
-        c = Client(svc.url)
+        c = Client(svc.url, run_dir=self.out)
         c.wait_ready()
+        # The service made a token: without it nothing is answered.
+        for token in ("", "wrong"):
+            with self.assertRaises(LegatoError) as cm:
+                Client(svc.url, token=token).status()
+            self.assertEqual(cm.exception.status, 401, cm.exception.message)
         cases = [
             (lambda: c.submit({"task_id": "no-such-task", "domain": "os"}), 404, "no-such-task"),
             (lambda: c.submit(TASK, group_size=5000), 400, "group_size"),
+            (lambda: c._request("POST", "/v1/groups", {"task": TASK, "group_size": 0}), 400, "group_size 0"),
+            (lambda: c.submit({"task_id": TASK["task_id"], "domain": "chrome"}), 400, 'domain "chrome"'),
+            (lambda: c.submit(dict(TASK, extra=1)), 400, "extra: unknown field"),
+            (lambda: c._request("GET", "/v1/groups/g1?wait=NaN"), 400, "wait="),
+            (lambda: c.serve("v2\x00"), 400, "version"),
             (lambda: c.submit({"task_id": "x", "config": {"id": "x"}}), 400, "instruction"),
             (lambda: c.group("g999999"), 404, "no such group"),
             (lambda: c.blob("00" * 32), 404, "no blob"),
@@ -143,6 +156,51 @@ class TestClientErrors(ServiceCase):
         ref = next(p["image_url"]["url"] for p in img if p["type"] == "image_url")
         png = c.blob(ref.rsplit("/", 1)[-1])
         self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
+
+
+class TestStreamGivesUp(unittest.TestCase):
+    """stream() retries a service that went away for a bounded time, and
+    never a line that is not a stream line."""
+
+    def test_dead_service(self) -> None:
+        c = Client(f"http://127.0.0.1:{harness.free_port()}", token="t")
+        start = time.monotonic()
+        with self.assertRaises(StreamError) as cm:
+            next(c.stream(after=7, retry_for=1.0))
+        self.assertLess(time.monotonic() - start, 30)
+        self.assertEqual(cm.exception.cursor, 7)
+        self.assertIn("retry_for=1", cm.exception.message)
+
+    def test_bad_line(self) -> None:
+        for line in (b"not json\n", b'{"cursor": 1, "group": {"id": "g1"}}\n'):
+            with self.subTest(line=line):
+                self.bad_line(line)
+
+    def bad_line(self, line: bytes) -> None:
+        requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                requests.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-ndjson")
+                self.end_headers()
+                self.wfile.write(line)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        t = threading.Thread(target=srv.serve_forever)
+        t.start()
+        self.addCleanup(t.join)
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        c = Client(f"http://127.0.0.1:{srv.server_address[1]}", token="t")
+        with self.assertRaises(StreamError) as cm:
+            next(c.stream(after=0))
+        self.assertIn("not a stream line", cm.exception.message)
+        self.assertEqual(len(requests), 1, "a bad line was asked for again")
 
 
 if __name__ == "__main__":
