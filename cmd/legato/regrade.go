@@ -23,7 +23,9 @@ and graded with its task's evaluator and config as the tasks file has them
 now (and today's grading code). The new rewards are appended to
 DIR/regrades.jsonl beside the recorded ones, which never change; it prints
 the attempts whose reward changed. 'legato rl export DIR --rewards regraded'
-then trains on the new rewards.
+then trains on the new rewards. A kept state is read only as a regular file
+reached without a symlink, through directories of root's or yours that
+nobody else may write in (others only with the sticky bit, as /tmp).
 
 `)
 	dir, ids, err := parseRunDirIDs(fs, args)
