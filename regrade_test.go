@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"legato/rl/desktop/fake"
 	"legato/rl/export"
@@ -138,6 +140,96 @@ func TestEndStateBound(t *testing.T) {
 			t.Errorf("the newest state was dropped: %v", err)
 		}
 	})
+}
+
+// TestRegradeRefusesSymlinkedEndState: a symlink planted in end-states/
+// in a kept state's stead, to a file only root may read, is refused, not
+// followed: regrade said the file's first byte in its error.
+func TestRegradeRefusesSymlinkedEndState(t *testing.T) {
+	out, desk, tasks := keptRun(t)
+	rec := readRecords(t, out)[0]
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("Secret of root's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(desk.EndStates, rec.EndState.Ref+".json")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, path); err != nil {
+		t.Fatal(err)
+	}
+	fleet := fake.NewFleet(withScreen(desk))
+	rep, err := Regrade(t.Context(), out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks, Rollouts: []string{rec.RolloutID}})
+	checkClosed(t, fleet)
+	if err != nil || len(rep.Regrades) != 1 {
+		t.Fatalf("Regrade: %+v, %v; want one regrade, failed", rep, err)
+	}
+	msg := rep.Regrades[0].Error
+	if rep.Failed != 1 || !strings.Contains(msg, path+" is a symlink") || strings.Contains(msg, "'S'") {
+		t.Errorf("a symlinked end state: %d failed, error %q; want it refused as a symlink, naming it, its target unread", rep.Failed, msg)
+	}
+}
+
+// TestRegradeFIFOEndState: a FIFO planted in a kept state's stead is
+// refused at once: regrade blocked opening it until a writer came (a
+// signal did not end it).
+func TestRegradeFIFOEndState(t *testing.T) {
+	out, desk, tasks := keptRun(t)
+	rec := readRecords(t, out)[0]
+	path := filepath.Join(desk.EndStates, rec.EndState.Ref+".json")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rep *RegradeReport
+		err error
+	}
+	fleet := fake.NewFleet(withScreen(desk))
+	done := make(chan result, 1)
+	go func() {
+		rep, err := Regrade(t.Context(), out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks, Rollouts: []string{rec.RolloutID}})
+		done <- result{rep, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(2 * time.Minute):
+		// Open the FIFO's other end: the blocked regrade goes on, and
+		// ends before the test.
+		if f, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		<-done
+		t.Fatal("regrade still blocked on the FIFO after 2 minutes")
+	}
+	checkClosed(t, fleet)
+	if r.err != nil || r.rep.Failed != 1 || !strings.Contains(r.rep.Regrades[0].Error, path+" is a FIFO") {
+		t.Errorf("a FIFO for an end state: %+v, %v; want it failed, saying it is a FIFO", r.rep, r.err)
+	}
+}
+
+// keptRun collects a run of one task's two attempts that kept their end
+// states, in a directory that outlives the bubble (a regrade that blocks in
+// a system call would never let a bubble end), and says where, with the
+// desktops' config and the tasks.
+func keptRun(t *testing.T) (out string, desk fake.Config, tasks []Task) {
+	out = filepath.Join(t.TempDir(), "run")
+	tasks = testTasks(1)
+	desk = fake.Config{Seed: 4, DefaultReward: fake.Reward{P: 1}, EndStates: filepath.Join(out, schema.EndStatesDir)}
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
+		e.opts.Out = out
+		e.fleet = fake.NewFleet(withScreen(desk))
+		e.opts.NewDesktop, e.opts.KeepEndStates = e.fleet.New, true
+		if _, err := e.collect(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return out, desk, tasks
 }
 
 // withScreen gives a fake config the tests' screen size.

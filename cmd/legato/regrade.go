@@ -25,7 +25,10 @@ DIR/regrades.jsonl beside the recorded ones, which never change; it prints
 the attempts whose reward changed. 'legato rl export DIR --rewards regraded'
 then trains on the new rewards. Like export, it refuses a run with a damaged
 line of rollouts.jsonl other than the last or with two final records of an
-attempt; 'legato rl repair DIR' moves them aside.
+attempt; 'legato rl repair DIR' moves them aside. A kept state is read only
+as a regular file reached without a symlink, through directories of root's
+or yours that nobody else may write in (others only with the sticky bit, as
+/tmp).
 
 `)
 	dir, ids, err := parseRunDirIDs(fs, args)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"legato/rl/desktop"
+	"legato/rl/internal/safeopen"
 	"legato/rl/schema"
 )
 
@@ -77,6 +78,10 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 	if err := os.MkdirAll(d.cfg.EndStates, 0o755); err != nil {
 		return desktop.EndState{}, d.fail(PhaseEvaluate, err)
 	}
+	// Written where nobody else can redirect it, as it is read back.
+	if err := safeopen.CheckDir(d.cfg.EndStates); err != nil {
+		return desktop.EndState{}, fmt.Errorf("keep end state: %w", err)
+	}
 	// The writer of every file legato writes: whole or absent, with the
 	// mode the user's umask gives.
 	if _, err := schema.WriteFileAtomic(d.endStatePath(ref), func(w io.Writer) error {
@@ -94,6 +99,9 @@ func (d *Desktop) DropEndState(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
+	if err := safeopen.CheckDir(d.cfg.EndStates); errors.Is(err, safeopen.ErrUnsafe) {
+		return fmt.Errorf("drop end state %s: %w", ref, err)
+	}
 	if err := os.Remove(path); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
 	} else if err != nil {
@@ -110,11 +118,14 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 	if err != nil {
 		return 0, err
 	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	b, err := readEndState(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return 0, fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
-	}
-	if err != nil {
+	case errors.Is(err, safeopen.ErrUnsafe):
+		// Not the desktop's fault: another may not read it either.
+		return 0, fmt.Errorf("kept end state %s: %w", ref, err)
+	case err != nil:
 		return 0, d.fail(PhaseEvaluate, err)
 	}
 	var st endState
@@ -134,6 +145,17 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 		target: target, ptr: ptr}
 	d.mu.Unlock()
 	return d.Evaluate(ctx, task)
+}
+
+// readEndState reads a kept end state's file without following a symlink
+// or blocking on a FIFO planted in its stead (see package safeopen).
+func readEndState(path string) ([]byte, error) {
+	f, err := safeopen.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }
 
 func (d *Desktop) endStatePath(ref string) string {

@@ -12,6 +12,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/internal/safeopen"
 )
 
 var (
@@ -47,6 +48,11 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 	ref := desktop.EndStateRef(endStatePrefix, suffix[:])
 	if err := os.MkdirAll(d.cfg.EndStates, 0o755); err != nil {
 		return desktop.EndState{}, d.fail("keep end state", err)
+	}
+	// Written, as root, where nobody else can redirect it, as it is
+	// read back.
+	if err := safeopen.CheckDir(d.cfg.EndStates); err != nil {
+		return desktop.EndState{}, fmt.Errorf("keep end state: %w", err)
 	}
 	f := &d.golden.fork
 	f.mu.Lock()
@@ -86,6 +92,9 @@ func (d *Desktop) DropEndState(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
+	if err := safeopen.CheckDir(d.cfg.EndStates); errors.Is(err, safeopen.ErrUnsafe) {
+		return fmt.Errorf("drop end state %s: %w", ref, err)
+	}
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
 	}
@@ -110,8 +119,12 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 	if err != nil {
 		return 0, err
 	}
-	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+	// Its files are opened the same way (vm.LoadKept).
+	switch err := safeopen.CheckDir(dir); {
+	case errors.Is(err, fs.ErrNotExist):
 		return 0, fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
+	case err != nil:
+		return 0, fmt.Errorf("end state %s: %w", ref, err)
 	}
 	if err := d.canKeep(); err != nil {
 		return 0, err

@@ -36,6 +36,22 @@ func TestEndStateDir(t *testing.T) {
 	}
 }
 
+// TestGradeEndStateRefusesSymlink: a kept end state's directory replaced
+// by a symlink is refused, naming it, before anything in it is opened (it
+// was taken for the state).
+func TestGradeEndStateRefusesSymlink(t *testing.T) {
+	root := t.TempDir()
+	ref := endStatePrefix + strings.Repeat("0a", 16)
+	dir := filepath.Join(root, ref)
+	if err := os.Symlink(t.TempDir(), dir); err != nil {
+		t.Fatal(err)
+	}
+	d := &Desktop{cfg: Config{EndStates: root}, closeCtx: t.Context()}
+	if _, err := d.GradeEndState(t.Context(), ref, desktop.Task{ID: "t"}, desktop.Action{}); err == nil || !strings.Contains(err.Error(), dir+" is a symlink") {
+		t.Errorf("GradeEndState of a symlink: %v; want it refused, saying %s is a symlink", err, dir)
+	}
+}
+
 // TestValidateEndStates: guests given by URL cannot keep end states.
 func TestValidateEndStates(t *testing.T) {
 	cfg := Config{Guests: []GuestAddr{{URL: "http://127.0.0.1:5000"}}, EndStates: t.TempDir()}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"legato/rl/internal/safeopen"
 )
 
 // The fork directory (Config.ForkDir) lies by default in /dev/shm, where
@@ -18,8 +20,10 @@ import (
 // writes, or a FIFO where root opens a lock) would be a way in. legato uses
 // the directory only once it is sure the directory is its own: made by this
 // uid (only root can give a file to root), not writable by anybody else,
-// and in a parent where no other user can rename it away (not writable by
-// others, or sticky, as /dev/shm and /tmp are). Nobody else can then place
+// and under directories no other user can change (its parent and each
+// above it: root's or ours, reached without a symlink, not writable by
+// others but with the sticky bit, as /dev/shm and /tmp are; package
+// safeopen). Nobody else can then rename it away or place
 // anything inside it, so the paths under it are ours; the files legato opens
 // there are opened with O_NOFOLLOW all the same.
 
@@ -40,6 +44,9 @@ func ensureForkDir(dir string, gid int) error {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return fmt.Errorf("fork dir: %w", err)
 	}
+	if err := checkForkDirParent(dir); err != nil {
+		return err
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("fork dir: %w", err)
 	}
@@ -59,9 +66,6 @@ func ensureForkDir(dir string, gid int) error {
 		return fmt.Errorf("fork dir %s: %w", dir, err)
 	}
 	if err := checkForkDirStat(dir, st.Uid, os.FileMode(st.Mode&0o7777)); err != nil {
-		return err
-	}
-	if err := checkForkDirParent(dir); err != nil {
 		return err
 	}
 	if gid >= 0 && int(st.Gid) != gid {
@@ -85,6 +89,12 @@ func ensureForkDir(dir string, gid int) error {
 // directory of this process's uid that nobody else can write in; a missing
 // dir is fine (there is nothing in it).
 func checkForkDir(dir string) error {
+	switch err := checkForkDirParent(dir); {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	}
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -119,17 +129,19 @@ func checkForkDirStat(dir string, uid uint32, mode os.FileMode) error {
 	return nil
 }
 
-// checkForkDirParent refuses a fork directory whose parent lets other
-// users rename it away (writable by them without the sticky bit).
+// checkForkDirParent refuses a fork directory in a parent where another
+// user could swap it: the parent and every directory above it must be
+// root's or ours, reached without a symlink, and writable by nobody else
+// but with the sticky bit (as /dev/shm). Checked first, it makes the
+// checks of dir itself, by its path, safe: nobody else can then change
+// what the path leads to.
 func checkForkDirParent(dir string) error {
-	parent := filepath.Dir(dir)
-	fi, err := os.Stat(parent)
-	if err != nil {
+	err := safeopen.CheckDir(filepath.Dir(dir))
+	switch {
+	case errors.Is(err, safeopen.ErrUnsafe):
+		return fmt.Errorf("%w: %s lies under a path another user could change: %w; or choose another --fork-dir", ErrForkDir, dir, err)
+	case err != nil:
 		return fmt.Errorf("fork dir: %w", err)
-	}
-	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
-		return fmt.Errorf("%w: %s lies in %s, which others may write in without its sticky bit (they could swap the directory): choose another --fork-dir",
-			ErrForkDir, dir, parent)
 	}
 	return nil
 }

@@ -53,7 +53,8 @@ func TestEnsureForkDir(t *testing.T) {
 // TestForkDirRefused: a fork directory another user could have made or
 // can write in is never used, nor swept: another owner, a mode that lets
 // others write, a symlink in its place (its target untouched), a parent
-// where others could swap it.
+// or an ancestor where others could swap it (writable by them, theirs, or
+// a symlink).
 func TestForkDirRefused(t *testing.T) {
 	root := os.Geteuid() == 0
 	cases := []struct {
@@ -88,6 +89,26 @@ func TestForkDirRefused(t *testing.T) {
 		}, false},
 		{"parent others may write", func(t *testing.T, dir string) {
 			if err := os.Chmod(filepath.Dir(dir), 0o777); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"parent of another user", func(t *testing.T, dir string) {
+			if err := os.Chown(filepath.Dir(dir), 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"ancestor others may write", func(t *testing.T, dir string) {
+			if err := os.Chmod(filepath.Dir(filepath.Dir(dir)), 0o777); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"symlinked parent", func(t *testing.T, dir string) {
+			parent := filepath.Dir(dir)
+			real := filepath.Join(filepath.Dir(parent), "real-shm")
+			if err := os.Rename(parent, real); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(real, parent); err != nil {
 				t.Fatal(err)
 			}
 		}, false},

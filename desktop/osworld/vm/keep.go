@@ -21,6 +21,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
+
+	"legato/rl/internal/safeopen"
 )
 
 // A kept state is a guest's whole state written to a directory of its own
@@ -274,6 +276,11 @@ func newKeptDir(dir string) (string, *os.File, error) {
 // writer died while it wrote them (killed, or the machine went down), and
 // returns their paths. One that is being written (its lock held) stays.
 func SweepKept(dir string) ([]string, error) {
+	// It removes what it finds: only in a directory nobody else could
+	// have led it to.
+	if err := safeopen.CheckDir(dir); errors.Is(err, safeopen.ErrUnsafe) {
+		return nil, fmt.Errorf("end states: %w", err)
+	}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -374,7 +381,7 @@ func (v *VM) LoadKept(ctx context.Context, dir string) (*Template, error) {
 	if !v.Forkable() {
 		return nil, fmt.Errorf("%w: bringing a kept state back needs root, a VM on this machine and Config.Fork", ErrNotForkable)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, keptManifest))
+	b, err := readKept(dir, keptManifest)
 	if err != nil {
 		return nil, fmt.Errorf("kept state %s: %w", dir, err)
 	}
@@ -396,9 +403,11 @@ func (v *VM) LoadKept(ctx context.Context, dir string) (*Template, error) {
 		return nil, fmt.Errorf("kept state %s was written by another build of %s (then %d bytes, %v; now %+v, %v): QEMU may not load it; grade it with the QEMU that kept it",
 			dir, p.argv[0], m.QEMU.Size, m.QEMU.MTime, id, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, keptStream)); err != nil {
+	stream, err := openKept(dir, keptStream)
+	if err != nil {
 		return nil, fmt.Errorf("kept state %s: %w", dir, err)
 	}
+	stream.Close()
 	p.argv = slices.Clone(m.Argv)
 	t, err := newTemplate(v.cfg, p)
 	if err != nil {
@@ -412,11 +421,30 @@ func (v *VM) LoadKept(ctx context.Context, dir string) (*Template, error) {
 	return t, nil
 }
 
+// openKept opens the file name of the kept state dir. A kept state lies
+// in a run directory, which need not be root's: the file is opened without
+// following a symlink or blocking on a FIFO, through directories nobody
+// else can change (see package safeopen).
+func openKept(dir, name string) (*os.File, error) {
+	return safeopen.Open(filepath.Join(dir, name))
+}
+
+// readKept reads the file name of the kept state dir, as openKept opens
+// it.
+func readKept(dir, name string) ([]byte, error) {
+	f, err := openKept(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
 // loadKeptFiles gives a template of a kept state its disk layer, copied:
 // QEMU's user reads it, and each clone's overlay is backed by it. Its
 // clones' RAM is anonymous, filled by the stream; they map no file.
 func (t *Template) loadKeptFiles(ctx context.Context, dir string) error {
-	src, err := os.Open(filepath.Join(dir, keptDisk))
+	src, err := openKept(dir, keptDisk)
 	if err != nil {
 		return err
 	}
@@ -438,7 +466,7 @@ func (t *Template) openState() (io.ReadCloser, error) {
 	if t.kept == "" {
 		return io.NopCloser(bytes.NewReader(t.state)), nil
 	}
-	f, err := os.Open(filepath.Join(t.kept, keptStream))
+	f, err := openKept(t.kept, keptStream)
 	if err != nil {
 		return nil, err
 	}
