@@ -112,6 +112,9 @@ type PolicyState struct {
 	Held int `json:"held"`
 	// InFlight counts the model calls sent and not yet answered.
 	InFlight int `json:"in_flight"`
+	// Servers are the model servers the calls go to (a service's base
+	// URLs in force), as the service knows them.
+	Servers []string `json:"servers,omitempty"`
 }
 
 // set changes the version and the state and returns the new state.

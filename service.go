@@ -809,8 +809,14 @@ func (s *Service) setPolicy(version string, paused, force bool, baseURLs []strin
 	return st, nil
 }
 
-// Policy returns the policy gate's state.
-func (s *Service) Policy() PolicyState { return s.b.gate.state() }
+// Policy returns the policy gate's state and the servers the calls go to.
+func (s *Service) Policy() PolicyState {
+	st := s.b.gate.state()
+	if m := s.b.main.Load(); m != nil {
+		st.Servers = append([]string{m.pol.BaseURL}, m.pol.Replicas...)
+	}
+	return st
+}
 
 // Drain waits until no model call is in flight, for a trainer that paused
 // the policy and must know every call sent under the old weights has come

@@ -322,14 +322,19 @@ type policyRequest struct {
 	// Force puts a version in force that does not come after the
 	// current one: going back on purpose.
 	Force bool `json:"force"`
+	// Drain, with state paused, answers once no model call is in
+	// flight: every call sent under the old weights has come back.
+	Drain bool `json:"drain"`
 }
 
 // policyAnswer is the policy's state on the wire.
 type policyAnswer struct {
-	Version string    `json:"version"`
-	State   string    `json:"state"`
-	Since   time.Time `json:"since"`
-	Held    int       `json:"held_calls"`
+	Version  string    `json:"version"`
+	State    string    `json:"state"`
+	Since    time.Time `json:"since"`
+	Held     int       `json:"held_calls"`
+	InFlight int       `json:"in_flight"`
+	Servers  []string  `json:"servers"`
 }
 
 func answerPolicy(st rl.PolicyState) policyAnswer {
@@ -337,7 +342,7 @@ func answerPolicy(st rl.PolicyState) policyAnswer {
 	if st.Paused {
 		state = "paused"
 	}
-	return policyAnswer{Version: st.Version, State: state, Since: st.Since, Held: st.Held}
+	return policyAnswer{Version: st.Version, State: state, Since: st.Since, Held: st.Held, InFlight: st.InFlight, Servers: st.Servers}
 }
 
 func (h *serveHandler) policy(w http.ResponseWriter, r *http.Request) {
@@ -353,6 +358,10 @@ func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf(`state %q: want "paused" or "serving"`, req.State))
 		return
 	}
+	if req.Drain && req.State != "paused" {
+		writeError(w, http.StatusBadRequest, `drain: goes with "state": "paused" (calls would keep starting while serving)`)
+		return
+	}
 	set := h.svc.SetPolicy
 	if req.Force {
 		set = h.svc.ResetPolicy
@@ -364,6 +373,20 @@ func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.serviceError(w, err)
 		return
+	}
+	if req.Drain {
+		// As long as the calls in flight take, at most maxWait.
+		ctx, cancel := context.WithTimeout(r.Context(), maxWait)
+		defer cancel()
+		if err := h.svc.Drain(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("drain: model calls still in flight after %v; the policy stays paused: ask again", maxWait))
+				return
+			}
+			h.serviceError(w, err)
+			return
+		}
+		st = h.svc.Policy()
 	}
 	writeJSON(w, http.StatusOK, answerPolicy(st))
 }

@@ -165,6 +165,10 @@ func TestServeHTTP(t *testing.T) {
 		{"POST", "/v1/policy", ok, `{"state": "serving", "version": "v1"}`, 409, `version \"v1\" came into force before \"v2\"`},
 		{"POST", "/v1/policy", ok, `{"state": "serving", "version": "v1"}`, 409, `\"force\": true`},
 		{"POST", "/v1/policy", ok, `{"state": "serving", "version": "v1", "force": true}`, 200, `"version":"v1"`},
+		{"POST", "/v1/policy", ok, `{"state": "serving", "drain": true}`, 400, `drain: goes with \"state\": \"paused\"`},
+		{"POST", "/v1/policy", ok, `{"state": "paused", "drain": true}`, 200, `"state":"paused","since"`},
+		{"GET", "/v1/policy", ok, "", 200, `"in_flight":0,"servers":["http://127.0.0.1:`},
+		{"POST", "/v1/policy", ok, `{"state": "serving"}`, 200, `"state":"serving"`},
 		{"GET", "/v1/blobs/zz", ok, "", 400, "sha256"},
 		{"PUT", "/v1/groups", ok, "", 404, "no endpoint PUT /v1/groups"},
 		// Last: a stream that took NaN for no bound would wait here for ever.
@@ -184,14 +188,15 @@ func TestServeHTTP(t *testing.T) {
 			}
 		}
 	}
-	// Only the versions accepted were journaled, the reset marked so.
+	// Only the versions accepted were journaled, the reset marked so (then
+	// the drained pause and the serving after it).
 	var versions []string
 	for _, line := range journalLines(t, out) {
 		if line["op"] == "policy" {
 			versions = append(versions, fmt.Sprint(line["version"], " force=", line["force"] == true))
 		}
 	}
-	if want := []string{"v2 force=false", "v1 force=true"}; !slices.Equal(versions, want) {
+	if want := []string{"v2 force=false", "v1 force=true", "v1 force=false", "v1 force=false"}; !slices.Equal(versions, want) {
 		t.Errorf("policy changes journaled %q, want %q", versions, want)
 	}
 	// Once the group ended (waited for as an event: on a loaded machine

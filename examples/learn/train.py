@@ -342,12 +342,9 @@ def sync(client: Client, server: Proc, model: tinyvl.Policy, out: Path, version:
     wait until none is in flight, load them, serve the version they are."""
     path = out / "weights" / f"{version}.pt"
     torch.save(model.state_dict(), path)
-    client.pause()
-    deadline = time.monotonic() + 120
-    while client.policy().get("in_flight", 0) > 0:
-        if time.monotonic() > deadline:
-            raise SystemExit("model calls still in flight 120 s after the pause")
-        time.sleep(0.05)
+    state = client.pause(drain=True)
+    if state.get("in_flight") != 0:
+        raise SystemExit(f"the drained pause answered with {state.get('in_flight')} model calls in flight")
     post(server.first.split()[2].removesuffix("/v1") + "/reload", {"path": str(path), "version": version})
     client.serve(version)
 

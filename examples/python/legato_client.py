@@ -333,8 +333,13 @@ class Client:
 
     # -- policy ------------------------------------------------------------
 
-    def pause(self) -> JSON:
-        """Hold new model calls (attempts keep their place) while weights swap."""
+    def pause(self, drain: bool = False) -> JSON:
+        """Hold new model calls (attempts keep their place) while weights swap.
+        With ``drain`` it answers once no model call is in flight: every
+        call sent under the old weights has come back, so they may go."""
+        if drain:
+            return self._request("POST", "/v1/policy", {"state": "paused", "drain": True},
+                                 timeout=self.timeout + 600)
         return self._request("POST", "/v1/policy", {"state": "paused"})
 
     def serve(self, version: str = "", base_urls: Optional[List[str]] = None) -> JSON:
@@ -347,7 +352,8 @@ class Client:
         return self._request("POST", "/v1/policy", body)
 
     def policy(self) -> JSON:
-        """The policy's state: version, state (serving or paused), held_calls."""
+        """The policy's state: version, state (serving or paused), held_calls
+        (waiting at the pause), in_flight (sent, not yet answered), servers."""
         return self._request("GET", "/v1/policy")
 
     # -- the rest ------------------------------------------------------------
