@@ -220,8 +220,32 @@ type recordResult struct {
 	Writable   int     `json:"writable"`
 	Seconds    float64 `json:"seconds"`
 	// Refused says why the guest may not be fast reset: it looks shared
-	// with other work and was not said to be dedicated.
+	// with other work and was not said to be dedicated, or its desktop
+	// user is root and was not said to be.
 	Refused string `json:"refused"`
+	// Session names the processes whose Unix and login sessions the record
+	// took for the desktop's (the guest server, the X server, the window
+	// manager, where found); none where the scope is the display alone.
+	Session []sessionAnchor `json:"session"`
+}
+
+// sessionAnchor is a process whose sessions are the desktop's.
+type sessionAnchor struct {
+	What string `json:"what"`
+	PID  int    `json:"pid"`
+	Name string `json:"name"`
+}
+
+// sessionText says which processes' sessions are the desktop's, for a log.
+func (r recordResult) sessionText() string {
+	if len(r.Session) == 0 {
+		return "its display's processes alone"
+	}
+	parts := make([]string, len(r.Session))
+	for i, a := range r.Session {
+		parts[i] = fmt.Sprintf("%s %s (pid %d)", a.What, a.Name, a.PID)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // cleanResult is what a fast reset did and what it could not undo.

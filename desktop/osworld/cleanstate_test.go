@@ -583,8 +583,11 @@ func TestProcessFate(t *testing.T) {
 		115: {1, 115, 1000, false, "/", false},
 		116: {115, 116, 1000, false, login, false},
 		117: {1, 0, 1000, false, "/", false},
+		118: {1, 190, 1000, false, "/", false},
 	}
 	session := map[string]any{"display": ":0", "display_only": false, "sids": []int{100, 190}, "cgroups": []string{login}}
+	// The guest server in PID 1's Unix session (a guest without systemd).
+	initSession := map[string]any{"display": ":0", "display_only": false, "sids": []int{0, 190}, "cgroups": []string{login}}
 	displayOnly := map[string]any{"display": ":0", "display_only": true, "sids": []int{}, "cgroups": []string{}}
 	tests := []struct {
 		name    string
@@ -610,6 +613,8 @@ func TestProcessFate(t *testing.T) {
 		{"same user, adopted by PID 1, nothing of the session", 115, 1000, session, "outside"},
 		{"a process that moved into the login session", 116, 1000, session, "end"},
 		{"adopted, in PID 1's Unix session, which is no anchor's", 117, 1000, session, "outside"},
+		{"anchor in PID 1's Unix session: adopted, in that session too", 117, 1000, initSession, "outside"},
+		{"anchor in PID 1's Unix session: adopted, in another anchor's", 118, 1000, initSession, "end"},
 		{"root desktop: root's outside the session", 110, 0, session, "shared"},
 		{"root desktop: root's of the session", 113, 0, session, "end"},
 		{"root desktop: root's sudo in the session", 111, 0, session, "end"},
@@ -841,13 +846,7 @@ func TestCleanStateToolEndsOnlyTheSessionsProcesses(t *testing.T) {
 	cfg, display := vmToolLayout(t)
 	cfg["vm"], cfg["scope_display"], cfg["root_desktop"] = false, false, os.Geteuid() == 0
 	out, session := recordInSession(t, cfg)
-	var rec struct {
-		recordResult
-		Session []struct {
-			What string `json:"what"`
-			PID  int    `json:"pid"`
-		} `json:"session"`
-	}
+	var rec recordResult
 	if err := json.Unmarshal([]byte(out), &rec); err != nil {
 		t.Fatalf("record: %q: %v", out, err)
 	}

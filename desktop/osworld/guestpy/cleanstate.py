@@ -233,15 +233,19 @@ def key(pid, info):
     return "%d:%d" % (pid, info[0])
 
 
-def clean_processes(cfg):
-    procs = read_procs()
+def clean_processes(cfg, procs, session):
+    """The clean state's processes, each with whether it is of the desktop's session: on a
+    guest given by URL only those must still run at a reset (the machine's other work comes
+    and goes as it will)."""
     own = own_processes(procs, cfg["nonce"], ancestors=False)
+    facts = ProcFacts(procs, session)
     out = {}
     for pid, info in procs.items():
         if (pid in own or kernel_thread(pid, info) or system_worker(info) or info[2] == "Z"
                 or not in_scope(cfg, pid)):
             continue
-        out[key(pid, info)] = {"comm": info[4], "uid": info[3]}
+        out[key(pid, info)] = {"comm": info[4], "uid": info[3],
+                               "session": in_session(pid, facts, session)}
     return out
 
 
@@ -358,16 +362,19 @@ def desktop_session(cfg, procs):
 class ProcFacts:
     """What in_session asks of each process, (ppid, sid, whether its environment names the
     display, its cgroup), read from /proc on first use: a reset asks only of the newcomers
-    and their ancestors. A table test gives a dict instead."""
+    and their ancestors, and of their cgroups only where the session has a login session's
+    ("" otherwise). A table test gives a dict instead."""
 
-    def __init__(self, procs, disp):
-        self.procs, self.entry, self.cache = procs, b"DISPLAY=" + disp.encode(), {}
+    def __init__(self, procs, session):
+        self.procs, self.cache = procs, {}
+        self.entry = b"DISPLAY=" + session["display"].encode()
+        self.groups = bool(session["cgroups"])
 
     def get(self, pid):
         if pid not in self.cache:
             info = self.procs.get(pid)
             self.cache[pid] = None if info is None else (
-                info[1], info[6], environ_has(pid, self.entry), cgroup(pid))
+                info[1], info[6], environ_has(pid, self.entry), cgroup(pid) if self.groups else "")
         return self.cache[pid]
 
 
@@ -376,8 +383,13 @@ def in_session(pid, facts, session):
     it is in one of the session's Unix sessions or login-session cgroups, or it descends from
     a process that is. Not through PID 1, which adopts every orphan: a process that left the
     session (a new Unix session, a cleared environment) and was adopted is not its own any
-    more, as far as the reset can tell."""
+    more, as far as the reset can tell; nor by PID 1's Unix session, which holds whatever
+    never left it since boot (a container's, a guest without systemd's), not the desktop's
+    alone."""
     sids, groups = set(session["sids"]), session["cgroups"]
+    init = facts.get(1)
+    if init is not None:
+        sids.discard(init[1])
     seen = set()
     while pid > 1 and pid not in seen:
         seen.add(pid)
@@ -429,7 +441,7 @@ def newcomers(cfg, base, session):
     procs = read_procs()
     own = own_processes(procs, cfg["nonce"])
     uid = desktop_uid(cfg)
-    facts = ProcFacts(procs, session["display"])
+    facts = ProcFacts(procs, session)
     new, spared, foreign, alive = {}, {}, {}, set()
     for pid, info in procs.items():
         k = key(pid, info)
@@ -457,7 +469,8 @@ def end_newcomers(cfg, base, session, problems, deadline):
     """Stops, then kills every process of the desktop's session that was not there at the
     clean state and is its user's, until none is left. Returns those it ended and those it
     left alone (another user's, the system's, outside the session): on a guest legato owns
-    (cfg "vm") such a process is something the reset cannot undo, so it is a problem too."""
+    (cfg "vm") such a process is something the reset cannot undo, so it is a problem too, and
+    so is any process of the clean state that is gone (elsewhere, one of the session)."""
     ended, spared = [], {}
     while True:
         new, left, _, alive = newcomers(cfg, base, session)
@@ -482,7 +495,8 @@ def end_newcomers(cfg, base, session, problems, deadline):
             except OSError:
                 pass
         time.sleep(0.02)
-    gone = [k for k in base if k not in alive]
+    # A guest given by URL answers for its desktop's session alone.
+    gone = [k for k in base if k not in alive and (cfg.get("vm") or base[k].get("session", True))]
     if gone:
         problems.add("processes of the clean state are gone",
                      ["%s (pid %s)" % (base[k]["comm"], k.split(":")[0]) for k in gone])
@@ -987,8 +1001,9 @@ def record(cfg):
         clean["home"] = scan(cfg["home_baseline"])
         for e in clean["home"].values():
             e["c"] = None
-    clean["processes"] = clean_processes(cfg)
-    clean["session"] = desktop_session(cfg, read_procs())
+    procs = read_procs()
+    clean["session"] = desktop_session(cfg, procs)
+    clean["processes"] = clean_processes(cfg, procs, clean["session"])
     clean.update(x_state(cfg))
     wins, why = clean["windows"], clean["windows_why"]
     trees = os.path.join(cfg["state_dir"], "trees")
@@ -1033,7 +1048,8 @@ def adopt(cfg, pid):
         clean = json.load(f)
     procs = read_procs()
     if pid in procs:
-        clean["processes"][key(pid, procs[pid])] = {"comm": procs[pid][4], "uid": procs[pid][3]}
+        clean["processes"][key(pid, procs[pid])] = {"comm": procs[pid][4], "uid": procs[pid][3],
+                                                     "session": True}
         write_json(path, clean)
 
 
