@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/guest/guesttest"
 )
 
 // toolRun runs the clean-state tool on the host, as the desktop runs it in
@@ -921,5 +922,27 @@ func TestCleanStateToolRefusesARootDesktop(t *testing.T) {
 	toolRun(t, "reset", cfg, &res)
 	if len(res.Broken) != 1 || !strings.Contains(res.Broken[0], "--guest-root-desktop") {
 		t.Errorf("reset of a root desktop by URL: broken %q; want it refused, naming --guest-root-desktop", res.Broken)
+	}
+}
+
+// TestCleanStateRecordFindsTheDesktopsSession: the record takes for the
+// desktop's session those of the guest server that runs it, of the X
+// server that listens on the display and of the window manager that
+// manages it.
+func TestCleanStateRecordFindsTheDesktopsSession(t *testing.T) {
+	g := guesttest.Start(t, guesttest.Options{})
+	cfg, _ := vmToolLayout(t)
+	cfg["display"], cfg["scope_display"] = g.Display, false
+	out, _ := recordInSession(t, cfg)
+	var rec recordResult
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("record: %q: %v", out, err)
+	}
+	var got []string
+	for _, a := range rec.Session {
+		got = append(got, a.What+" "+a.Name)
+	}
+	if diff := cmp.Diff([]string{"guest server sh", "X server Xvfb", "window manager jwm"}, got); diff != "" {
+		t.Errorf("the session's anchors (-want +got):\n%s\nrecord: %+v", diff, rec)
 	}
 }
