@@ -319,9 +319,10 @@ type AttemptReport struct {
 	Host string
 	VM   string
 	// Ended lists the processes the reset ended (a fast reset: those of
-	// the desktop's user started since the clean state), and Spared those
-	// it found started since then but left running because they are not
-	// the desktop's (another user's, the system's).
+	// the desktop's session and user started since the clean state), and
+	// Spared those it found started since then but left running because
+	// they are not the desktop's (another user's, the system's, another
+	// session's).
 	Ended, Spared []Process
 }
 

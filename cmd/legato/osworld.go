@@ -61,7 +61,8 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 		c.Guests = append(c.Guests, a)
 		return nil
 	})
-	fs.BoolVar(&c.FastReset.Dedicated, "guest-dedicated", false, "the --guest-url guests run nothing but the desktop (a VM or a container of their own): without it a fast reset refuses a guest that looks shared with other work (other users' processes, more than one X server); either way it ends only the desktop user's processes")
+	fs.BoolVar(&c.FastReset.Dedicated, "guest-dedicated", false, "the --guest-url guests run nothing but the desktop (a VM or a container of their own): without it a fast reset refuses a guest that looks shared with other work (other users' processes, more than one X server, root's processes started outside the desktop's session); either way it ends only the processes of the desktop's session (its display, the guest server's, X server's and window manager's sessions) that are its user's")
+	fs.BoolVar(&c.FastReset.RootDesktop, "guest-root-desktop", false, "the --guest-url guests run their desktop as root (a container): without it a fast reset refuses a guest whose desktop user is root")
 	fs.StringVar(&c.Grade.OSWorldDir, "osworld", "", "OSWorld checkout: task files and the evaluators the grader runs")
 	choiceVar(fs, &f.grader, "grader", "auto", []string{"auto", grade.PreferBridge.String(), grade.PreferNative.String(), grade.NativeOnly.String()},
 		"grader `mode`, where metrics run (auto: OSWorld's Python with --osworld, else native-only; native: Go where implemented, Python for the rest)")
@@ -124,6 +125,9 @@ func (f *osworldFlags) Config(logger *slog.Logger) (osworld.Config, error) {
 	}
 	if cfg.FastReset.Dedicated && len(cfg.Guests) == 0 {
 		return osworld.Config{}, usageErrorf("--guest-dedicated speaks of --guest-url guests; VMs started here are dedicated already")
+	}
+	if cfg.FastReset.RootDesktop && len(cfg.Guests) == 0 {
+		return osworld.Config{}, usageErrorf("--guest-root-desktop speaks of --guest-url guests; a VM started here is reset whoever its desktop user is")
 	}
 	if f.image != "" {
 		if len(cfg.Guests) > 0 {

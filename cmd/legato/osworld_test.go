@@ -78,11 +78,13 @@ func TestOSWorldFlags(t *testing.T) {
 		},
 		{
 			name: "guests with osworld",
-			args: []string{"--guest-url", "http://127.0.0.1:5000,devtools=9222", "--guest-url", "http://127.0.0.1:5001", "--osworld", osw, "--grader", "native", "--boot-timeout", "10s", "--grade-workers", "3"},
-			env:  "hunter2",
+			args: []string{"--guest-url", "http://127.0.0.1:5000,devtools=9222", "--guest-url", "http://127.0.0.1:5001", "--osworld", osw, "--grader", "native", "--boot-timeout", "10s", "--grade-workers", "3",
+				"--guest-dedicated", "--guest-root-desktop"},
+			env: "hunter2",
 			want: osworld.Config{
 				VM:             vmDefaults,
 				Guests:         []osworld.GuestAddr{{URL: "http://127.0.0.1:5000", DevToolsPort: 9222}, {URL: "http://127.0.0.1:5001"}},
+				FastReset:      osworld.FastResetConfig{Dedicated: true, RootDesktop: true},
 				BootTimeout:    10 * time.Second,
 				Golden:         osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
 				Grade:          osworld.GradeConfig{OSWorldDir: osw, Python: grade.DefaultPython, Mode: grade.PreferNative, Workers: 3},
@@ -161,6 +163,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"fork without golden", []string{"--image", img, "--golden-fork", "--no-golden"}, "Golden.Fork (--golden-fork) forks golden states, which Golden.Off (--no-golden) turns off"},
 		{"fork a guest url", append(guest, "--golden-fork"), "guests given by URL cannot fork"},
 		{"dedicated without guests", []string{"--image", img, "--guest-dedicated"}, "--guest-dedicated speaks of --guest-url guests"},
+		{"root desktop without guests", []string{"--image", img, "--guest-root-desktop"}, "--guest-root-desktop speaks of --guest-url guests"},
 		{"fork dir relative", []string{"--image", img, "--golden-fork", "--fork-dir", "shm"}, `fork dir "shm": want an absolute path`},
 		{"golden max zero", append(guest, "--golden-max", "0"), `invalid value "0" for flag -golden-max: want an integer from 1 to 1000`},
 		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},

@@ -176,14 +176,21 @@ type cleanConfig struct {
 	Skip         []string `json:"skip"`
 	// Dedicated says the guest runs nothing but the desktop (a VM this
 	// process booted, or --guest-dedicated); otherwise a reset refuses on
-	// a guest that looks shared with other work. VM says the guest is a
-	// VM of this process's, with a snapshot to fall back to: a process it
-	// must leave running (not the desktop user's) is then something left
-	// of the attempt.
+	// a guest that looks shared with other work. It does not widen what a
+	// reset ends: only the desktop session's processes, either way. VM
+	// says the guest is a VM of this process's, with a snapshot to fall
+	// back to: a process it must leave running (not the desktop user's,
+	// or outside its session) is then something left of the attempt.
 	Dedicated bool `json:"dedicated"`
 	VM        bool `json:"vm"`
-	// ScopeDisplay ends only processes whose environment names the guest
-	// server's X display (a guest that shares its machine).
+	// RootDesktop says a guest given by URL whose desktop user is root is
+	// meant to be (--guest-root-desktop); the tool refuses one otherwise.
+	RootDesktop bool `json:"root_desktop"`
+	// ScopeDisplay makes the desktop's session the processes whose
+	// environment names the guest server's X display, and what they
+	// started, alone (a guest that shares its machine); otherwise the
+	// guest server's, X server's and window manager's Unix and login
+	// sessions are the desktop's too (see fate in guestpy/cleanstate.py).
 	ScopeDisplay bool `json:"scope_display"`
 	// CheckOutside records and checks what the user may change outside
 	// the restored directories, and the Check directories.
@@ -213,8 +220,32 @@ type recordResult struct {
 	Writable   int     `json:"writable"`
 	Seconds    float64 `json:"seconds"`
 	// Refused says why the guest may not be fast reset: it looks shared
-	// with other work and was not said to be dedicated.
+	// with other work and was not said to be dedicated, or its desktop
+	// user is root and was not said to be.
 	Refused string `json:"refused"`
+	// Session names the processes whose Unix and login sessions the record
+	// took for the desktop's (the guest server, the X server, the window
+	// manager, where found); none where the scope is the display alone.
+	Session []sessionAnchor `json:"session"`
+}
+
+// sessionAnchor is a process whose sessions are the desktop's.
+type sessionAnchor struct {
+	What string `json:"what"`
+	PID  int    `json:"pid"`
+	Name string `json:"name"`
+}
+
+// sessionText says which processes' sessions are the desktop's, for a log.
+func (r recordResult) sessionText() string {
+	if len(r.Session) == 0 {
+		return "its display's processes alone"
+	}
+	parts := make([]string, len(r.Session))
+	for i, a := range r.Session {
+		parts[i] = fmt.Sprintf("%s %s (pid %d)", a.What, a.Name, a.PID)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // cleanResult is what a fast reset did and what it could not undo.
@@ -226,7 +257,8 @@ type cleanResult struct {
 	// all: no clean-state record, no home baseline, a tool that fails.
 	Broken []string `json:"broken"`
 	// Ended names the processes it ended, Spared those started since the
-	// clean state that it left alone as not the desktop user's.
+	// clean state that it left alone as not the desktop user's or not of
+	// the desktop's session.
 	Ended   []desktop.Process `json:"ended"`
 	Spared  []desktop.Process `json:"spared"`
 	Windows struct {
@@ -255,6 +287,7 @@ func (c Config) cleanConfig() (cleanConfig, error) {
 		Skip:           fr.Skip,
 		Dedicated:      c.vmMode() || fr.Dedicated,
 		VM:             c.vmMode(),
+		RootDesktop:    fr.RootDesktop,
 		ScopeDisplay:   fr.Shared,
 		CheckOutside:   !fr.Shared,
 		Helper:         c.helperDir(),
@@ -330,9 +363,12 @@ func (s *guestShell) resetClean(ctx context.Context, cfg cleanConfig) (cleanResu
 }
 
 // ErrSharedGuest is wrapped by the error of a guest given by URL that looks
-// shared with other work (other users' processes, more than one X server)
-// and was not said to be dedicated (FastResetConfig.Dedicated,
-// --guest-dedicated): a fast reset there could end and delete others' work.
+// shared with other work (other users' processes, more than one X server,
+// root's processes started outside the desktop's session) and was not said
+// to be dedicated (FastResetConfig.Dedicated, --guest-dedicated), or whose
+// desktop user is root and was not said to be (FastResetConfig.RootDesktop,
+// --guest-root-desktop): a fast reset there could end and delete others'
+// work.
 var ErrSharedGuest = errors.New("the guest is not known to be dedicated to the desktop")
 
 // errLeft is wrapped by a fast reset's error when it worked but something

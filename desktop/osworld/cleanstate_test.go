@@ -1,6 +1,7 @@
 package osworld
 
 import (
+	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/guest/guesttest"
 )
 
 // toolRun runs the clean-state tool on the host, as the desktop runs it in
@@ -155,6 +158,7 @@ func TestCleanStateTool(t *testing.T) {
 		"nonce": "legato-test-" + hex.EncodeToString(b[:]), "home": p("home"), "home_baseline": p("base"),
 		"state_dir": p("state"), "restore": []string{p("tmp")}, "check": []string{p("etc")},
 		"skip": []string{"/"}, "scope_display": true, "check_outside": true, "display": display,
+		"root_desktop": true, // the home is the test's user's: root under CI
 	}
 	keeper := startSleep(t, "1000", display)
 	cleanHome, cleanTmp := treeState(t, p("home")), treeState(t, p("tmp"))
@@ -536,5 +540,409 @@ func TestCleanStateToolEndsOnlyTheDesktopsProcesses(t *testing.T) {
 	toolRun(t, "reset", cfg, &res)
 	if len(res.Broken) != 1 || !strings.Contains(res.Broken[0], "--guest-dedicated") || len(res.Ended) != 0 || !mine.alive() {
 		t.Errorf("reset on a guest that looks shared: broken %q, ended %+v, the desktop user's sleep alive %v; want refused, nothing ended", res.Broken, res.Ended, mine.alive())
+	}
+}
+
+// TestProcessFate decides, in the guest tool's one place for it (fate in
+// guestpy/cleanstate.py), what a fast reset does with each kind of process
+// started since the clean state, on a table of processes as a GNOME guest
+// has them: the guest server a service of its own, the X server in the
+// login session, the user manager apart.
+func TestProcessFate(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	const login = "/user.slice/user-1000.slice/session-2.scope"
+	type proc struct {
+		ppid, sid, uid int
+		display        bool // its environment names the desktop's display
+		cgroup         string
+		clean          bool // there at the clean state
+	}
+	procs := map[int]proc{
+		1:   {0, 0, 0, false, "/init.scope", true},
+		100: {1, 100, 1000, true, "/system.slice/osworld-server.service", true}, // the guest server
+		190: {1, 190, 1000, false, login, true},                                 // gdm-x-session, the login's leader
+		200: {190, 190, 1000, false, login, true},                               // Xorg
+		300: {1, 300, 1000, false, "/user.slice/user-1000.slice/user@1000.service/init.scope", true},
+		400: {1, 400, 0, false, "/system.slice/cron.service", true},
+
+		101: {100, 100, 1000, false, "/system.slice/osworld-server.service", false},
+		102: {100, 102, 1000, false, "/system.slice/osworld-server.service", false},
+		103: {1, 100, 1000, false, "/system.slice/osworld-server.service", false},
+		104: {1, 104, 1000, true, "/", false},
+		105: {1, 105, 1000, false, login + "/sub", false},
+		106: {1, 106, 1000, false, "/user.slice/user-1000.slice/session-5.scope", false},
+		107: {106, 106, 1000, false, "/user.slice/user-1000.slice/session-5.scope", false},
+		108: {300, 108, 1000, false, "/user.slice/user-1000.slice/user@1000.service/app.slice/x.service", false},
+		109: {300, 109, 1000, true, "/user.slice/user-1000.slice/user@1000.service/app.slice/y.service", false},
+		110: {400, 400, 0, false, "/system.slice/cron.service", false},
+		111: {101, 100, 0, false, "/system.slice/osworld-server.service", false},
+		112: {1, 112, 1001, true, "/", false},
+		113: {1, 113, 0, true, "/", false},
+		114: {113, 113, 1000, false, "/", false},
+		115: {1, 115, 1000, false, "/", false},
+		116: {115, 116, 1000, false, login, false},
+		117: {1, 0, 1000, false, "/", false},
+		118: {1, 190, 1000, false, "/", false},
+	}
+	session := map[string]any{"display": ":0", "display_only": false, "sids": []int{100, 190}, "cgroups": []string{login}}
+	// The guest server in PID 1's Unix session (a guest without systemd).
+	initSession := map[string]any{"display": ":0", "display_only": false, "sids": []int{0, 190}, "cgroups": []string{login}}
+	displayOnly := map[string]any{"display": ":0", "display_only": true, "sids": []int{}, "cgroups": []string{}}
+	tests := []struct {
+		name    string
+		pid     int
+		uid     int // the desktop user's
+		session map[string]any
+		want    string
+	}{
+		{"child of the guest server, environment cleared", 101, 1000, session, "end"},
+		{"child of the guest server in a Unix session of its own", 102, 1000, session, "end"},
+		{"orphan still in the guest server's Unix session", 103, 1000, session, "end"},
+		{"orphan whose environment names the display", 104, 1000, session, "end"},
+		{"orphan in the login session's cgroup", 105, 1000, session, "end"},
+		{"same user, another login", 106, 1000, session, "outside"},
+		{"started in another login", 107, 1000, session, "outside"},
+		{"same user, the user manager's, no display", 108, 1000, session, "outside"},
+		{"the user manager's, naming the display", 109, 1000, session, "end"},
+		{"root's cron job", 110, 1000, session, "shared"},
+		{"sudo of the session's user", 111, 1000, session, "end"},
+		{"another user's naming the display", 112, 1000, session, "spare"},
+		{"root's naming the display, not started by the user", 113, 1000, session, "spare"},
+		{"the user's, started by root's in the session", 114, 1000, session, "end"},
+		{"same user, adopted by PID 1, nothing of the session", 115, 1000, session, "outside"},
+		{"a process that moved into the login session", 116, 1000, session, "end"},
+		{"adopted, in PID 1's Unix session, which is no anchor's", 117, 1000, session, "outside"},
+		{"anchor in PID 1's Unix session: adopted, in that session too", 117, 1000, initSession, "outside"},
+		{"anchor in PID 1's Unix session: adopted, in another anchor's", 118, 1000, initSession, "end"},
+		{"root desktop: root's outside the session", 110, 0, session, "shared"},
+		{"root desktop: root's of the session", 113, 0, session, "end"},
+		{"root desktop: root's sudo in the session", 111, 0, session, "end"},
+		{"display only: child of a process naming it", 101, 1000, displayOnly, "end"},
+		{"display only: the guest server's Unix session is not the scope", 103, 1000, displayOnly, "outside"},
+		{"display only: the login session is not the scope", 105, 1000, displayOnly, "outside"},
+		{"display only: naming the display", 104, 1000, displayOnly, "end"},
+	}
+	type row struct {
+		Procs   map[int][]any  `json:"procs"`
+		Facts   map[int][]any  `json:"facts"`
+		Base    []string       `json:"base"`
+		Session map[string]any `json:"session"`
+		UID     int            `json:"uid"`
+		PID     int            `json:"pid"`
+	}
+	var rows []row
+	for _, tt := range tests {
+		r := row{Procs: map[int][]any{}, Facts: map[int][]any{}, Session: tt.session, UID: tt.uid, PID: tt.pid}
+		for pid, p := range procs {
+			// (start, ppid, state, uid, comm, flags, sid); the start is the pid.
+			r.Procs[pid] = []any{pid, p.ppid, "S", p.uid, "p" + strconv.Itoa(pid), 0, p.sid}
+			r.Facts[pid] = []any{p.ppid, p.sid, p.display, p.cgroup}
+			if p.clean {
+				r.Base = append(r.Base, fmt.Sprintf("%d:%d", pid, pid))
+			}
+		}
+		rows = append(rows, r)
+	}
+	in, err := json.Marshal(rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const driver = `
+import json, sys
+g = {"__name__": "legato_guest"}
+exec(compile(sys.argv[1], "legato_guest", "exec"), g)
+out = []
+for r in json.load(sys.stdin):
+    procs = {int(p): tuple(v) for p, v in r["procs"].items()}
+    facts = {int(p): tuple(v) for p, v in r["facts"].items()}
+    out.append(g["fate"](r["pid"], procs, facts, r["session"], r["uid"], set(r["base"])))
+print(json.dumps(out))
+`
+	c := exec.Command("python3", "-I", "-S", "-c", driver, guestTool)
+	c.Stdin = strings.NewReader(string(in))
+	var stderr strings.Builder
+	c.Stderr = &stderr
+	b, err := c.Output()
+	if err != nil {
+		t.Fatalf("fate: %v\n%s", err, stderr.String())
+	}
+	var got []string
+	if err := json.Unmarshal(b, &got); err != nil || len(got) != len(tests) {
+		t.Fatalf("fate: %q: %v; want %d answers", b, err, len(tests))
+	}
+	for i, tt := range tests {
+		if got[i] != tt.want {
+			t.Errorf("%s (pid %d, desktop uid %d): %q, want %q", tt.name, tt.pid, tt.uid, got[i], tt.want)
+		}
+	}
+}
+
+// orphan is a process of the test's that PID 1 adopted: it left the test's
+// process tree, as a program that daemonizes does.
+type orphan struct {
+	proc *os.Process // a pidfd where the kernel has them: never another process
+	done chan struct{}
+}
+
+// startOrphan runs the shell script in a Unix session of its own, with an
+// environment of PATH alone. The script starts the orphan in the
+// background, with file descriptor 3 open and its standard output
+// elsewhere, prints its pid ($!) and exits; the pipe on descriptor 3
+// closes when the orphan ends.
+func startOrphan(t *testing.T, script string) *orphan {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command("sh", "-c", script)
+	c.Env = []string{"PATH=" + os.Getenv("PATH")}
+	c.ExtraFiles = []*os.File{w}
+	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := c.Output()
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatalf("start an orphan: %v", err)
+	}
+	return newOrphan(t, strings.TrimSpace(string(out)), r)
+}
+
+// newOrphan watches the orphan of pid (text) whose end closes r.
+func newOrphan(t *testing.T, pid string, r *os.File) *orphan {
+	t.Helper()
+	n, err := strconv.Atoi(pid)
+	if err != nil {
+		r.Close()
+		t.Fatalf("an orphan's pid: %q", pid)
+	}
+	// The orphan runs (its end of the pipe is open): the handle is its.
+	p, err := os.FindProcess(n)
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	o := &orphan{proc: p, done: make(chan struct{})}
+	go func() {
+		io.Copy(io.Discard, r)
+		r.Close()
+		close(o.done)
+	}()
+	t.Cleanup(func() {
+		o.proc.Kill()
+		<-o.done
+		o.proc.Release()
+	})
+	return o
+}
+
+// toolSession is the script of a stand-in guest server: a shell in a Unix
+// session of its own that runs the tool's record ($1 its runner, $2 its
+// text, $3 its cache, $4 its module) with the configuration it reads from
+// its input (not in its arguments: a guest server does not carry the
+// call's nonce), prints the answer on a line, then leaves in its session a
+// sleep with an empty environment, which PID 1 adopts, prints its pid, and
+// runs until its input closes.
+const toolSession = `read -r cfg
+sh -c "$1" legato "$2" "$3" "$4" record "$cfg" || exit
+echo
+(env -i sleep 996 </dev/null >/dev/null 2>&1 & echo $!)
+exec 3>&-
+read -r _`
+
+// recordInSession records the clean state through a stand-in guest server
+// (toolSession), which runs until the test ends, and returns the record's
+// answer and the sleep it left in its session.
+func recordInSession(t *testing.T, cfg map[string]any) (string, *orphan) {
+	t.Helper()
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := filepath.Join(filepath.Dir(cfg["state_dir"].(string)), "py")
+	c := exec.Command("sh", "-c", toolSession, "legato-guest-server", runTool, guestTool, cache, guestToolModule)
+	c.Env = []string{"PATH=" + os.Getenv("PATH")}
+	c.ExtraFiles = []*os.File{w}
+	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	var stderr strings.Builder
+	c.Stderr = &stderr
+	in, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() {
+		in.Close()
+		c.Wait()
+	})
+	if _, err := fmt.Fprintf(in, "%s\n", raw); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(out)
+	answer, err := br.ReadString('\n')
+	if err != nil {
+		r.Close()
+		t.Fatalf("record through a stand-in guest server: %v\n%s", err, stderr.String())
+	}
+	pid, err := br.ReadString('\n')
+	if err != nil {
+		r.Close()
+		t.Fatalf("the stand-in guest server's sleep: %v\n%s", err, stderr.String())
+	}
+	return answer, newOrphan(t, strings.TrimSpace(pid), r)
+}
+
+func (o *orphan) alive() bool { return !endsWithin(o.done, 200*time.Millisecond) }
+func (o *orphan) dead() bool  { return endsWithin(o.done, 30*time.Second) }
+
+// endsWithin reports whether done is closed within d.
+func endsWithin(done chan struct{}, d time.Duration) bool {
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// inLoginSession reports whether this process runs in a systemd login
+// session's cgroup: a guest server started here would make the whole login
+// the desktop's session.
+func inLoginSession(t *testing.T) bool {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return regexp.MustCompile(`/user-\d+\.slice/session-[^/]+\.scope`).Match(b)
+}
+
+// TestCleanStateToolEndsOnlyTheSessionsProcesses: a fast reset ends the
+// processes of the desktop's session started since the clean state, those
+// whose environment names its display and those left in the guest server's
+// Unix session (an empty environment, adopted by PID 1), and spares a
+// process of the same user outside it (an empty environment, a session of
+// its own, adopted by PID 1), even on a guest said to be dedicated. Not
+// dedicated, that process, root's, makes the guest look shared: the reset
+// refuses, naming it, and ends nothing.
+func TestCleanStateToolEndsOnlyTheSessionsProcesses(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	if inLoginSession(t) {
+		t.Skip("runs in a systemd login session: the whole login would be the test desktop's session, and its processes the reset's to end")
+	}
+	cfg, display := vmToolLayout(t)
+	cfg["vm"], cfg["scope_display"], cfg["root_desktop"] = false, false, os.Geteuid() == 0
+	out, session := recordInSession(t, cfg)
+	var rec recordResult
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("record: %q: %v", out, err)
+	}
+	if rec.Refused != "" {
+		t.Fatalf("record: refused %q", rec.Refused)
+	}
+	if len(rec.Session) != 1 || rec.Session[0].What != "guest server" {
+		t.Errorf("record: session %+v; want the stand-in guest server its one anchor (no X server here)", rec.Session)
+	}
+	outsider := startOrphan(t, `env -i sleep 995 </dev/null >/dev/null 2>&1 &
+echo $!`)
+	shows := startSleep(t, "994", display)
+
+	var res cleanResult
+	toolRun(t, "reset", cfg, &res)
+	if len(res.Problems) > 0 || len(res.Broken) > 0 {
+		t.Errorf("reset: problems %q, broken %q; want none", res.Problems, res.Broken)
+	}
+	if !session.dead() || !shows.dead() || !outsider.alive() {
+		t.Errorf("after the reset: the sleep left in the guest server's session alive %v, the one naming the display %v (want false), the same user's outside the session %v (want true)",
+			session.alive(), shows.alive(), outsider.alive())
+	}
+	if !slices.ContainsFunc(res.Spared, func(p desktop.Process) bool { return p.PID == outsider.proc.Pid }) {
+		t.Errorf("spared %+v; want the outsider (pid %d) named", res.Spared, outsider.proc.Pid)
+	}
+
+	if os.Geteuid() != 0 {
+		return // the outsider is root's only when the test is
+	}
+	cfg["dedicated"] = false
+	shows = startSleep(t, "993", display)
+	res = cleanResult{}
+	toolRun(t, "reset", cfg, &res)
+	broken := strings.Join(res.Broken, "\n")
+	if !strings.Contains(broken, "root's processes started since the clean state outside the desktop's session") ||
+		!strings.Contains(broken, "--guest-dedicated") || len(res.Ended) != 0 || !shows.alive() || !outsider.alive() {
+		t.Errorf("reset of a guest not said to be dedicated, root's sleep outside the session: broken %q, ended %+v, the session's sleep alive %v, the outsider %v; want it refused for root's process, naming --guest-dedicated, nothing ended",
+			broken, res.Ended, shows.alive(), outsider.alive())
+	}
+}
+
+// TestCleanStateToolRefusesARootDesktop: a guest given by URL whose desktop
+// user is root is refused unless said to be (--guest-root-desktop); a VM of
+// legato's is not.
+func TestCleanStateToolRefusesARootDesktop(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the desktop's home is root's")
+	}
+	cfg, _ := vmToolLayout(t)
+	cfg["vm"] = false
+	var rec recordResult
+	toolRun(t, "record", cfg, &rec)
+	if !strings.Contains(rec.Refused, "is root") || !strings.Contains(rec.Refused, "--guest-root-desktop") {
+		t.Errorf("record of a root desktop by URL: refused %q; want it refused, naming --guest-root-desktop", rec.Refused)
+	}
+	for _, c := range []struct {
+		name     string
+		vm, root bool
+	}{{"told", false, true}, {"a VM", true, false}} {
+		cfg["vm"], cfg["root_desktop"] = c.vm, c.root
+		rec = recordResult{}
+		toolRun(t, "record", cfg, &rec)
+		if rec.Refused != "" {
+			t.Errorf("record of a root desktop, %s: refused %q; want it recorded", c.name, rec.Refused)
+		}
+	}
+	cfg["vm"], cfg["root_desktop"] = false, false
+	var res cleanResult
+	toolRun(t, "reset", cfg, &res)
+	if len(res.Broken) != 1 || !strings.Contains(res.Broken[0], "--guest-root-desktop") {
+		t.Errorf("reset of a root desktop by URL: broken %q; want it refused, naming --guest-root-desktop", res.Broken)
+	}
+}
+
+// TestCleanStateRecordFindsTheDesktopsSession: the record takes for the
+// desktop's session those of the guest server that runs it, of the X
+// server that listens on the display and of the window manager that
+// manages it.
+func TestCleanStateRecordFindsTheDesktopsSession(t *testing.T) {
+	g := guesttest.Start(t, guesttest.Options{})
+	cfg, _ := vmToolLayout(t)
+	cfg["display"], cfg["scope_display"] = g.Display, false
+	out, _ := recordInSession(t, cfg)
+	var rec recordResult
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("record: %q: %v", out, err)
+	}
+	var got []string
+	for _, a := range rec.Session {
+		got = append(got, a.What+" "+a.Name)
+	}
+	if diff := cmp.Diff([]string{"guest server sh", "X server Xvfb", "window manager jwm"}, got); diff != "" {
+		t.Errorf("the session's anchors (-want +got):\n%s\nrecord: %+v", diff, rec)
 	}
 }

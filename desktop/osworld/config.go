@@ -103,9 +103,14 @@ func DefaultSkipPaths() []string {
 const DefaultStateDir = "/var/lib/legato/clean"
 
 // FastResetConfig says what a fast reset restores and what it checks. It
-// ends every process and closes every window that was not there at the
-// clean state, restores Home and Restore, and verifies the result; a VM
-// desktop reverts its snapshot when anything is left (see Desktop.Reset).
+// ends every process of the desktop's session and user and closes every
+// window that was not there at the clean state, restores Home and Restore,
+// and verifies the result; a VM desktop reverts its snapshot when anything
+// is left (see Desktop.Reset). The desktop's session is what the clean
+// state's record finds: processes whose environment names the guest
+// server's X display, those in the Unix session or systemd login session of
+// the guest server, the X server or the window manager, and what any of
+// them started; never another login's, whoever owns it.
 type FastResetConfig struct {
 	// Restore lists the guest directories brought back to their clean
 	// contents besides Home; nil means DefaultRestoreDirs().
@@ -122,15 +127,23 @@ type FastResetConfig struct {
 	// Shared says the guest shares its machine with other programs (a
 	// guest server on a developer's desktop, legato's host tests): a fast
 	// reset then ends only the processes of the guest server's X display
-	// and checks nothing outside Home and Restore.
+	// (and what they started) and checks nothing outside Home and Restore.
 	Shared bool
 	// Dedicated says the guests given by URL (Config.Guests) run nothing
 	// but the desktop, as a VM or a container of their own does. Without
 	// it a fast reset refuses a guest that looks shared with other work
-	// (processes of other users, more than one X server). Either way it
-	// ends only the desktop user's processes and what they started, never
-	// other users' or the system's. VMs this process boots are dedicated.
+	// (processes of other users, more than one X server, root's processes
+	// started outside the desktop's session). Either way it ends only the
+	// processes of the desktop's session that are its user's or that its
+	// user's started, never other users', the system's or another
+	// session's. VMs this process boots are dedicated.
 	Dedicated bool
+	// RootDesktop says the guests given by URL run their desktop as root
+	// (a container): a fast reset refuses a guest whose desktop user (the
+	// owner of Home) is root otherwise, since the system's own processes
+	// are then the desktop user's too and only the session tells them
+	// apart.
+	RootDesktop bool
 	// StateDir is where the guest keeps the clean-state record and the
 	// copies of Restore (default /var/lib/legato/clean).
 	StateDir string

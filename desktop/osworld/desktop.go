@@ -45,7 +45,8 @@ type ResetReport struct {
 	// (loaded, forked or just taken), "" when it starts otherwise.
 	GoldenKey string
 	// Ended names the processes a fast reset ended, Spared those started
-	// since the clean state it left running as not the desktop user's;
+	// since the clean state it left running as not the desktop user's or
+	// not of the desktop's session;
 	// Closed the windows it closed; Left says what it could not undo.
 	Ended, Spared []desktop.Process
 	Closed, Left  []string

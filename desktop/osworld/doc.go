@@ -33,8 +33,13 @@
 // time stamp. It then starts its helper, a root process of the clean state
 // that serves later calls without sudo or Python's start.
 //
-// A fast reset ends every process that was not there (SIGSTOP, then
-// SIGKILL, until none is left), closes the windows that were not there,
+// A fast reset ends every process of the desktop's session that was not
+// there and is its user's (SIGSTOP, then SIGKILL, until none is left): the
+// session is what the record found, the processes whose environment names
+// the display, those in the Unix or systemd login session of the guest
+// server, the X server or the window manager, and what any of them started
+// (fate in guestpy/cleanstate.py, with its table test). It closes the
+// windows that were not there,
 // releases held keys and buttons, puts the pointer back, restores the home
 // and the restored directories entry by entry (content, kind, mode, owner,
 // times; a change time that moved counts as a change), then verifies all of

@@ -73,11 +73,13 @@ func (g *hostGuest) config(t *testing.T, url string) Config {
 		Home:        g.Home,
 		BaselineDir: filepath.Join(filepath.Dir(g.Home), "baseline"),
 		// The guest is the host: a fast reset ends only the processes of
-		// the guest's X display, and restores a /tmp of its own.
+		// the guest's X display, and restores a /tmp of its own. Its user
+		// is the test's, root under CI.
 		FastReset: FastResetConfig{
-			Shared:   true,
-			Restore:  []string{g.Tmp()},
-			StateDir: filepath.Join(filepath.Dir(g.Home), "clean"),
+			Shared:      true,
+			RootDesktop: true,
+			Restore:     []string{g.Tmp()},
+			StateDir:    filepath.Join(filepath.Dir(g.Home), "clean"),
 		},
 		CacheDir: filepath.Join(filepath.Dir(g.Home), "cache"),
 		Ready: ReadyConfig{

@@ -329,7 +329,7 @@ func (p *Pool) attach(ctx context.Context, addr GuestAddr) (*Desktop, error) {
 	}
 	if !rec.Kept {
 		p.log.Warn("recorded the guest's clean state as it is now (processes, windows, "+strings.Join(p.cfg.FastReset.Restore, ", ")+"): fast resets bring it back to that",
-			"guest", addr.URL, "processes", rec.Processes, "record_s", rec.Seconds)
+			"guest", addr.URL, "processes", rec.Processes, "session", rec.sessionText(), "record_s", rec.Seconds)
 	}
 	if rec.Windows == nil && !rec.Kept {
 		p.log.Warn("fast resets cannot check the guest's windows", "guest", addr.URL, "why", rec.WindowsWhy)
@@ -523,7 +523,7 @@ func (v *vmPrep) prepare(ctx context.Context) error {
 		windows = *rec.Windows
 	}
 	p.log.Info("recorded the clean state", "processes", rec.Processes, "windows", windows,
-		"writable_entries", rec.Writable, "seconds", rec.Seconds)
+		"writable_entries", rec.Writable, "session", rec.sessionText(), "seconds", rec.Seconds)
 	if rec.Windows == nil {
 		p.log.Warn("fast resets cannot check the guest's windows", "why", rec.WindowsWhy)
 	}

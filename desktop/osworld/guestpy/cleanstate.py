@@ -3,17 +3,21 @@
 The desktop sends this file's text with every call (python3 -c TEXT CMD CONFIG), so a guest
 needs nothing installed beyond python3. It prints one JSON object on stdout.
 
-  record  CONFIG   remember the clean state: the processes that run, the X windows, the
-                   pointer, a copy of each restored directory with its listing, the entries the
-                   guest user could change outside them, and a time stamp; then the home
-                   baseline (kept when there is one). Run at the clean state, as root.
+  record  CONFIG   remember the clean state: the processes that run, the desktop's session
+                   (its display, and the guest server's, X server's and window manager's
+                   sessions), the X windows, the pointer, a copy of each restored directory
+                   with its listing, the entries the guest user could change outside them, and
+                   a time stamp; then the home baseline (kept when there is one). Run at the
+                   clean state, as root.
   reset   CONFIG   bring the guest back to the recorded state: end every process of the
-                   desktop's user (and what those started) that was not there, leaving other
-                   users' and the system's alone, close the windows that were not there, restore the home and the
+                   desktop's session that is its user's (or that its user's started) and was not
+                   there, leaving other users', the system's and other sessions' alone (see
+                   fate), close the windows that were not there, restore the home and the
                    restored directories, then verify all of it and look for changes outside
                    what it restores. As root. "problems" lists what it could not undo; the
-                   desktop then reverts the snapshot. Both refuse a guest that is not known to
-                   be dedicated to the desktop and looks shared with other work.
+                   desktop then reverts the snapshot. Both refuse a guest given by URL whose
+                   desktop user is root unless told, and one that is not known to be dedicated
+                   to the desktop and looks shared with other work.
 
 CONFIG is a JSON object; see the Go side (desktop/osworld/cleanstate.go) for its fields.
 Processes are told apart by (pid, start time), never by name; the calling request's own
@@ -112,7 +116,7 @@ def drop_lingering(cfg, problems):
 # ---- processes ----------------------------------------------------------------------------
 
 def read_procs():
-    """Returns {pid: (start, ppid, state, uid, comm, flags)} of every process."""
+    """Returns {pid: (start, ppid, state, uid, comm, flags, sid)} of every process."""
     procs = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -127,7 +131,7 @@ def read_procs():
         comm = raw[raw.index("(") + 1:raw.rindex(")")]
         f = raw[raw.rindex(")") + 2:].split()
         # f[0] is field 3 (state): field n is f[n-3].
-        procs[int(name)] = (int(f[19]), int(f[1]), f[0], uid, comm, int(f[6]))
+        procs[int(name)] = (int(f[19]), int(f[1]), f[0], uid, comm, int(f[6]), int(f[3]))
     return procs
 
 
@@ -145,6 +149,39 @@ def environ_has(pid, entry):
             return entry in f.read().split(b"\0")
     except OSError:
         return False
+
+
+def cgroup(pid):
+    """The process's cgroup: systemd's hierarchy where cgroup v1 keeps it apart (name=systemd),
+    else the unified one; "" when it cannot be read."""
+    try:
+        with open("/proc/%d/cgroup" % pid) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    found = ""
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        ctl, _, path = rest.partition(":")
+        if ctl == "name=systemd":
+            return path
+        if hier == "0" and ctl == "":
+            found = path
+    return found
+
+
+def login_session(group):
+    """The systemd login session (user-UID.slice/session-N.scope) that cgroup path group lies
+    in, or None: a desktop's session scope holds its X server and what its session leader
+    started, and no other login's processes. A service's cgroup (the guest server's own, the
+    user manager's, which all of a user's logins share) and a container's root are no such
+    session."""
+    parts = group.split("/")
+    for i in range(1, len(parts)):
+        if parts[i].startswith("session-") and parts[i].endswith(".scope") and \
+                parts[i - 1].startswith("user-") and parts[i - 1].endswith(".slice"):
+            return "/".join(parts[:i + 1])
+    return None
 
 
 def own_processes(procs, nonce, ancestors=True):
@@ -196,15 +233,19 @@ def key(pid, info):
     return "%d:%d" % (pid, info[0])
 
 
-def clean_processes(cfg):
-    procs = read_procs()
+def clean_processes(cfg, procs, session):
+    """The clean state's processes, each with whether it is of the desktop's session: on a
+    guest given by URL only those must still run at a reset (the machine's other work comes
+    and goes as it will)."""
     own = own_processes(procs, cfg["nonce"], ancestors=False)
+    facts = ProcFacts(procs, session)
     out = {}
     for pid, info in procs.items():
         if (pid in own or kernel_thread(pid, info) or system_worker(info) or info[2] == "Z"
                 or not in_scope(cfg, pid)):
             continue
-        out[key(pid, info)] = {"comm": info[4], "uid": info[3]}
+        out[key(pid, info)] = {"comm": info[4], "uid": info[3],
+                               "session": in_session(pid, facts, session)}
     return out
 
 
@@ -213,8 +254,8 @@ def display(cfg):
 
 
 def in_scope(cfg, pid):
-    """Whether a process belongs to the guest: all of them, unless the guest shares its
-    machine (then only those of the guest's X display)."""
+    """Whether the record keeps a process: all of them, unless the guest shares its machine
+    (then only those of the guest's X display)."""
     if not cfg.get("scope_display"):
         return True
     return environ_has(pid, b"DISPLAY=" + display(cfg).encode())
@@ -225,11 +266,151 @@ def desktop_uid(cfg):
     return os.lstat(cfg["home"]).st_uid
 
 
+# ---- the desktop's session ----------------------------------------------------------------
+#
+# A fast reset ends processes of the desktop's session only: those whose environment names
+# its X display, those in the Unix session or the login session's cgroup of the guest server,
+# the X server or the window manager, and what any of them started. Another login of the
+# same user, a cron job, a container's other work are not the desktop's, whoever owns them.
+
+def guest_server(procs, nonce):
+    """The process that runs this call for the desktop (the guest server): the nearest of this
+    process's ancestors that does not carry the call's nonce (its shells and sudo do); None
+    when that is PID 1."""
+    token = nonce.encode()
+    p, seen = procs.get(os.getpid(), (0, 0))[1], set()
+    while p in procs and p > 1 and p not in seen:
+        seen.add(p)
+        if not any(token in a for a in cmdline(p)):
+            return p
+        p = procs[p][1]
+    return None
+
+
+def x_server(procs, disp):
+    """The X server of display disp: the process holding its listening socket
+    (/tmp/.X11-unix/XN, or the abstract socket of that name); None when none is found."""
+    try:
+        n = display_number(disp)
+    except XError:
+        return None
+    names = {"/tmp/.X11-unix/X" + n, "@/tmp/.X11-unix/X" + n}
+    links = set()
+    try:
+        with open("/proc/net/unix") as f:
+            for line in f.read().splitlines()[1:]:
+                p = line.split()
+                # Flags 0x10000: the socket listens.
+                if len(p) >= 8 and p[7] in names and int(p[3], 16) & 0x10000:
+                    links.add("socket:[%s]" % p[6])
+    except OSError:
+        return None
+    # X servers' names start with X (Xorg, Xvfb, Xwayland, Xvnc): those are looked at first,
+    # the rest only when none holds it (reading every descriptor of every process takes a
+    # tenth of a second on a loaded host, more under software emulation).
+    for pid in sorted(procs, key=lambda p: (not procs[p][4].startswith("X"), p)) if links else ():
+        d = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(d)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(os.path.join(d, fd)) in links:
+                    return pid
+            except OSError:
+                pass
+    return None
+
+
+def wm_pid(cfg):
+    """The window manager's pid, as its check window (_NET_SUPPORTING_WM_CHECK) says; None
+    when there is no window manager, or it does not say."""
+    x, _ = x_open(cfg)
+    if x is None:
+        return None
+    with x:
+        try:
+            check = x.cards(x.root, "_NET_SUPPORTING_WM_CHECK")
+            pid = x.cards(check[0], "_NET_WM_PID") if check else []
+        except (OSError, struct.error):
+            return None
+    return pid[0] if pid else None
+
+
+def desktop_session(cfg, procs):
+    """The desktop's session as the record finds it: its display, and unless the scope is the
+    display alone (cfg "scope_display": a guest server on a machine that runs other work),
+    the Unix sessions and login-session cgroups of the guest server, the display's X server
+    and its window manager (the anchors)."""
+    s = {"display": display(cfg), "display_only": bool(cfg.get("scope_display")),
+         "sids": [], "cgroups": [], "anchors": []}
+    if s["display_only"]:
+        return s
+    sids, groups = set(), set()
+    for what, pid in (("guest server", guest_server(procs, cfg["nonce"])),
+                      ("X server", x_server(procs, s["display"])), ("window manager", wm_pid(cfg))):
+        if pid is None or pid <= 1 or pid not in procs:
+            continue
+        sids.add(procs[pid][6])
+        g = login_session(cgroup(pid))
+        if g:
+            groups.add(g)
+        s["anchors"].append({"what": what, "pid": pid, "name": procs[pid][4], "sid": procs[pid][6],
+                             "cgroup": g})
+    s["sids"], s["cgroups"] = sorted(sids), sorted(groups)
+    return s
+
+
+class ProcFacts:
+    """What in_session asks of each process, (ppid, sid, whether its environment names the
+    display, its cgroup), read from /proc on first use: a reset asks only of the newcomers
+    and their ancestors, and of their cgroups only where the session has a login session's
+    ("" otherwise). A table test gives a dict instead."""
+
+    def __init__(self, procs, session):
+        self.procs, self.cache = procs, {}
+        self.entry = b"DISPLAY=" + session["display"].encode()
+        self.groups = bool(session["cgroups"])
+
+    def get(self, pid):
+        if pid not in self.cache:
+            info = self.procs.get(pid)
+            self.cache[pid] = None if info is None else (
+                info[1], info[6], environ_has(pid, self.entry), cgroup(pid) if self.groups else "")
+        return self.cache[pid]
+
+
+def in_session(pid, facts, session):
+    """Whether process pid is of the desktop's session: its environment names the display,
+    it is in one of the session's Unix sessions or login-session cgroups, or it descends from
+    a process that is. Not through PID 1, which adopts every orphan: a process that left the
+    session (a new Unix session, a cleared environment) and was adopted is not its own any
+    more, as far as the reset can tell; nor by PID 1's Unix session, which holds whatever
+    never left it since boot (a container's, a guest without systemd's), not the desktop's
+    alone."""
+    sids, groups = set(session["sids"]), session["cgroups"]
+    init = facts.get(1)
+    if init is not None:
+        sids.discard(init[1])
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        f = facts.get(pid)
+        if f is None:
+            return False
+        ppid, sid, shows_display, group = f
+        if shows_display or sid in sids or any(group == g or group.startswith(g + "/") for g in groups):
+            return True
+        pid = ppid
+    return False
+
+
 def belongs(procs, pid, uid, base):
-    """Whether pid is the desktop's to end: a process of the desktop user, or one that such
-    a process started (sudo, a setuid helper), followed up its parents until a process of the
-    clean state or PID 1. Other users' and the system's processes (those started by PID 1 or
-    a daemon) never are: on a machine the desktop shares they are somebody else's work."""
+    """Whether pid is the desktop user's: a process of that user, or one that such a process
+    started (sudo, a setuid helper), followed up its parents until a process of the clean
+    state or PID 1. Other users' and the system's processes (those started by PID 1 or a
+    daemon) never are: on a machine the desktop shares they are somebody else's work."""
     seen = set()
     while pid in procs and pid not in seen and pid > 1:
         seen.add(pid)
@@ -242,42 +423,60 @@ def belongs(procs, pid, uid, base):
     return False
 
 
-def newcomers(cfg, base):
-    """The processes that were not there at the clean state, split into those the desktop
-    owns (new) and those it must leave alone (spared), and the keys of the clean state's
-    processes still alive."""
+def fate(pid, procs, facts, session, uid, base):
+    """What a fast reset does with a process started since the clean state, decided here
+    alone: "end" one of the desktop's session that is its user's (or that one of its user's
+    started); "spare" one of the session that is another user's or the system's; leave one
+    outside the session "outside", whoever owns it, even the desktop's user (another login,
+    a cron job: not the attempt's); "shared" for one outside that is root's, a sign that the
+    guest runs other work besides the desktop."""
+    if not in_session(pid, facts, session):
+        return "shared" if procs[pid][3] == 0 else "outside"
+    return "end" if belongs(procs, pid, uid, base) else "spare"
+
+
+def newcomers(cfg, base, session):
+    """The processes that were not there at the clean state, by their fate: those to end
+    (new), those left alone (spared: of the session but not the desktop user's, and those
+    outside it unless the scope is the display alone, where the machine's other processes
+    are not the guest's to name), root's outside the session (foreign), and the keys of the
+    clean state's processes still alive."""
     procs = read_procs()
     own = own_processes(procs, cfg["nonce"])
     uid = desktop_uid(cfg)
-    new, spared, alive = {}, {}, set()
+    facts = ProcFacts(procs, session)
+    new, spared, foreign, alive = {}, {}, {}, set()
     for pid, info in procs.items():
         k = key(pid, info)
         if k in base:
             if info[2] != "Z":  # a zombie is gone, whatever its parent did not reap
                 alive.add(k)
             continue
-        if (pid in own or kernel_thread(pid, info) or system_worker(info) or info[2] == "Z"
-                or not in_scope(cfg, pid)):
+        if pid in own or kernel_thread(pid, info) or system_worker(info) or info[2] == "Z":
             continue
-        if belongs(procs, pid, uid, base):
+        f = fate(pid, procs, facts, session, uid, base)
+        if f == "end":
             new[pid] = info
-        else:
+        elif f == "spare" or not session["display_only"]:
             spared[pid] = info
-    return new, spared, alive
+        if f == "shared":
+            foreign[pid] = info
+    return new, spared, foreign, alive
 
 
 def described(pid, info):
     return {"pid": pid, "name": info[4], "uid": info[3]}
 
 
-def end_newcomers(cfg, base, problems, deadline):
-    """Stops, then kills every process of the desktop that was not there at the clean state,
-    until none is left. Returns those it ended and those it left alone because they are not
-    the desktop's (another user's, the system's): on a guest legato owns (cfg "vm") such a
-    process is something the reset cannot undo, so it is a problem too."""
+def end_newcomers(cfg, base, session, problems, deadline):
+    """Stops, then kills every process of the desktop's session that was not there at the
+    clean state and is its user's, until none is left. Returns those it ended and those it
+    left alone (another user's, the system's, outside the session): on a guest legato owns
+    (cfg "vm") such a process is something the reset cannot undo, so it is a problem too, and
+    so is any process of the clean state that is gone (elsewhere, one of the session)."""
     ended, spared = [], {}
     while True:
-        new, left, alive = newcomers(cfg, base)
+        new, left, _, alive = newcomers(cfg, base, session)
         for pid, info in left.items():
             spared[key(pid, info)] = described(pid, info)
         if not new:
@@ -299,22 +498,24 @@ def end_newcomers(cfg, base, problems, deadline):
             except OSError:
                 pass
         time.sleep(0.02)
-    gone = [k for k in base if k not in alive]
+    # A guest given by URL answers for its desktop's session alone.
+    gone = [k for k in base if k not in alive and (cfg.get("vm") or base[k].get("session", True))]
     if gone:
         problems.add("processes of the clean state are gone",
                      ["%s (pid %s)" % (base[k]["comm"], k.split(":")[0]) for k in gone])
     spared = sorted(spared.values(), key=lambda e: e["pid"])
     if spared and cfg.get("vm"):
         problems.add("processes started since the clean state that are not the desktop user's "
-                     "(left running)",
+                     "or not of its session (left running)",
                      ["%s (pid %d, uid %d)" % (e["name"], e["pid"], e["uid"]) for e in spared])
     return ended, spared
 
 
-def shared_signs(cfg):
+def shared_signs(cfg, foreign=None):
     """Why the guest looks like a machine shared with other work rather than a dedicated
-    desktop: processes of other regular users, or more than one X server. Empty when it
-    looks dedicated."""
+    desktop: processes of other regular users, more than one X server, root's processes
+    started since the clean state outside the desktop's session (foreign, {pid: info}).
+    Empty when it looks dedicated."""
     uid = desktop_uid(cfg)
     others = {}
     for pid, info in read_procs().items():
@@ -331,6 +532,12 @@ def shared_signs(cfg):
         xs = []
     if len(xs) > 1:
         signs.append("%d X servers (%s)" % (len(xs), ", ".join(sorted(xs))))
+    if foreign:
+        pids = sorted(foreign)
+        more = "" if len(pids) <= MAX_LISTED else " (+%d more)" % (len(pids) - MAX_LISTED)
+        signs.append("root's processes started since the clean state outside the desktop's "
+                     "session: " + ", ".join("%s (pid %d)" % (foreign[p][4], p)
+                                             for p in pids[:MAX_LISTED]) + more)
     return signs
 
 
@@ -750,12 +957,20 @@ def write_json(path, obj):
     os.rename(tmp, path)
 
 
-def refuse_shared(cfg):
-    """Why a fast reset must not run on this guest: it is not known to be dedicated to the
-    desktop and looks shared with other work. None when it may run."""
+def refuse_shared(cfg, foreign=None):
+    """Why a fast reset must not run on this guest, None when it may: a guest given by URL
+    whose desktop user is root, unless told that it is (then every system daemon is the
+    user's: only the session tells the desktop's processes apart); or a guest not known to be
+    dedicated to the desktop that looks shared with other work (foreign: root's newcomers
+    outside the session, which a reset knows of)."""
+    if desktop_uid(cfg) == 0 and not cfg.get("vm") and not cfg.get("root_desktop"):
+        return ("the desktop user (the owner of %s) is root, whom the system's own processes "
+                "share: a fast reset tells the desktop's processes apart by its session alone; "
+                "if this guest's desktop does run as root (a container), say so with "
+                "--guest-root-desktop" % cfg["home"])
     if cfg.get("dedicated") or cfg.get("scope_display"):
         return None
-    signs = shared_signs(cfg)
+    signs = shared_signs(cfg, foreign)
     if not signs:
         return None
     return ("the guest does not look like a dedicated desktop (%s): a fast reset would end "
@@ -774,7 +989,8 @@ def record(cfg):
     if cfg.get("keep_same_boot") and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
-        if old.get("boot_id") == boot_id():
+        # A record of an older tool, without the session, is made again.
+        if old.get("boot_id") == boot_id() and old.get("session") is not None:
             res.update(kept=True, seconds=time.monotonic() - t0)
             return res
     uid = os.lstat(cfg["home"]).st_uid
@@ -788,7 +1004,9 @@ def record(cfg):
         clean["home"] = scan(cfg["home_baseline"])
         for e in clean["home"].values():
             e["c"] = None
-    clean["processes"] = clean_processes(cfg)
+    procs = read_procs()
+    clean["session"] = desktop_session(cfg, procs)
+    clean["processes"] = clean_processes(cfg, procs, clean["session"])
     clean.update(x_state(cfg))
     wins, why = clean["windows"], clean["windows_why"]
     trees = os.path.join(cfg["state_dir"], "trees")
@@ -821,7 +1039,8 @@ def record(cfg):
     write_json(path, clean)
     res.update(kept=False, processes=len(clean["processes"]),
                windows=None if wins is None else len(wins), windows_why=why,
-               writable=len(clean.get("writable", {})), seconds=time.monotonic() - t0)
+               writable=len(clean.get("writable", {})), session=clean["session"]["anchors"],
+               seconds=time.monotonic() - t0)
     return res
 
 
@@ -832,7 +1051,8 @@ def adopt(cfg, pid):
         clean = json.load(f)
     procs = read_procs()
     if pid in procs:
-        clean["processes"][key(pid, procs[pid])] = {"comm": procs[pid][4], "uid": procs[pid][3]}
+        clean["processes"][key(pid, procs[pid])] = {"comm": procs[pid][4], "uid": procs[pid][3],
+                                                     "session": True}
         write_json(path, clean)
 
 
@@ -849,12 +1069,20 @@ def reset(cfg):
     if clean.get("boot_id") != boot_id():
         problems.fail("the guest rebooted since its clean state was recorded")
         return {"problems": problems, "broken": problems.broken}
-    refused = refuse_shared(cfg)
+    session = clean.get("session")
+    if session is None:
+        problems.fail("the clean-state record has no desktop session (an older legato made it): "
+                      "record it again")
+        return {"problems": problems, "broken": problems.broken}
+    foreign = None
+    if not (cfg.get("dedicated") or cfg.get("scope_display")):
+        foreign = newcomers(cfg, clean["processes"], session)[2]
+    refused = refuse_shared(cfg, foreign)
     if refused:
         problems.fail(refused)
         return {"problems": problems, "broken": problems.broken}
     res = {}
-    res["ended"], res["spared"] = end_newcomers(cfg, clean["processes"], problems,
+    res["ended"], res["spared"] = end_newcomers(cfg, clean["processes"], session, problems,
                                                 time.monotonic() + 5)
     res["dropped_connections"] = drop_lingering(cfg, problems)
     t["processes"] = time.monotonic()
@@ -879,7 +1107,7 @@ def reset(cfg):
     res["changed"] = changed_outside(cfg, clean, problems)[:MAX_LISTED]
     t["checks"] = time.monotonic()
     # Anything the steps above started is gone again, and nothing new came meanwhile.
-    new, _, _ = newcomers(cfg, clean["processes"])
+    new = newcomers(cfg, clean["processes"], session)[0]
     if new:
         problems.add("processes started during the reset",
                      ["%s (pid %d)" % (i[4], p) for p, i in new.items()])
