@@ -637,3 +637,43 @@ func TestTasksErrorString(t *testing.T) {
 		})
 	}
 }
+
+// TestLineCounterIsLineCol: the counter gives lineCol's line for
+// increasing offsets, ones past the end and repeated ones included.
+func TestLineCounterIsLineCol(t *testing.T) {
+	data := []byte("[\n {\"a\": 1},\n\n {\"b\": \"é\\n\"}, {\"c\": 3}\n]\n")
+	c := lineCounter{data: data}
+	for off := 0; off <= len(data)+2; off++ {
+		want, _ := lineCol(data, off)
+		for range 2 {
+			if got := c.at(off); got != want {
+				t.Fatalf("offset %d: line %d, want %d", off, got, want)
+			}
+		}
+	}
+}
+
+// BenchmarkParseTasksOneLine parses n inline tasks written on one line, as
+// json.Marshal writes them.
+func BenchmarkParseTasksOneLine(b *testing.B) {
+	for _, n := range []int{1000, 8000} {
+		entries := make([]map[string]any, n)
+		for i := range entries {
+			id := fmt.Sprintf("t%05d", i)
+			entries[i] = map[string]any{"task_id": id, "domain": "os", "config": map[string]any{
+				"id": id, "instruction": "Click the red square.", "evaluator": map[string]any{"func": "fake_target"}}}
+		}
+		data, err := json.Marshal(entries)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				if _, err := ParseTasks(data, "tasks.json", LoadOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
