@@ -39,6 +39,10 @@ type ServeOptions struct {
 	// whose policy version is more than that many versions behind the one
 	// in force when the group ended (counted in AttemptResult.StaleSteps).
 	// 0 keeps every step.
+	// ImageTokenID is the token id the model server expands each image
+	// into; its runs in a step's prompt ids are the images' spans
+	// (StepImage.TokenSpan). 0 means DefaultImageTokenID (Qwen-VL's).
+	ImageTokenID int64
 	MaxStaleness int
 	// StaleRerun, with MaxStaleness, runs an attempt again when it
 	// finishes with steps that far behind the version then in force

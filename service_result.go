@@ -1,7 +1,9 @@
 package rl
 
 import (
+	"encoding/base64"
 	"fmt"
+	"reflect"
 
 	"legato/rl/export"
 	"legato/rl/schema"
@@ -43,6 +45,9 @@ type AttemptResult struct {
 	// attempt without its sequence is masked.
 	Sequence      *export.Sequence `json:"sequence,omitempty"`
 	SequenceError string           `json:"sequence_error,omitempty"`
+	// Images, with ResultOptions.AttemptImages, holds each image of the
+	// attempt's steps once: sha256 to a PNG data URL.
+	Images map[string]string `json:"images,omitempty"`
 }
 
 // StepResult is a step's sample with how stale its policy version was.
@@ -52,12 +57,59 @@ type StepResult struct {
 	// step's, up to the one in force when its group ended; absent when
 	// the step's version is not one the service put in force.
 	Staleness *int `json:"staleness,omitempty"`
+	// Images are the prompt's images in order (StepImage).
+	Images []StepImage `json:"images"`
+	// PromptPrefixMessages, with StepsPrefix, is how many messages at the
+	// start of the prompt are those of the step before; Messages then
+	// holds the ones after them. (PromptPrefixIDs says the same of the
+	// ids.)
+	PromptPrefixMessages int `json:"prompt_prefix_messages,omitempty"`
+}
+
+// StepsMode says how much of each step a group's result carries.
+type StepsMode string
+
+const (
+	// StepsFull: every step's whole prompt (the default).
+	StepsFull StepsMode = "full"
+	// StepsPrefix: each step after the first carries only what its prompt
+	// adds to the step before's (messages and ids), for trainers that
+	// rebuild a history step by step.
+	StepsPrefix StepsMode = "prefix"
+	// StepsNone: no steps, only each attempt's outcome (status, reward,
+	// advantage, mask), for a trainer that fetches what it needs later.
+	StepsNone StepsMode = "none"
+)
+
+// ResultOptions shape a group's result.
+type ResultOptions struct {
+	// Steps is how much of each step to carry; "" is StepsFull.
+	Steps StepsMode
+	// InlineImages puts each image in the messages as a data URL; else
+	// they stay legato-image://<sha256> references (Blob serves them).
+	InlineImages bool
+	// AttemptImages, instead, puts each image of an attempt once in the
+	// attempt's Images, by hash, the messages keeping their references.
+	AttemptImages bool
+}
+
+// ParseStepsMode reads a steps mode as a query gives it.
+func ParseStepsMode(s string) (StepsMode, error) {
+	switch m := StepsMode(s); m {
+	case "", StepsFull:
+		return StepsFull, nil
+	case StepsPrefix, StepsNone:
+		return m, nil
+	}
+	return "", fmt.Errorf("%w: steps=%q: want full, prefix or none", ErrBadRequest, s)
 }
 
 // Result returns group id once it ended, read back from the run
-// directory. Images stay legato-image://<sha256> references (Blob serves
-// them) unless inline.
-func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
+// directory, shaped by opts.
+func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
+	if opts.Steps == "" {
+		opts.Steps = StepsFull
+	}
 	s.mu.Lock()
 	g := s.groups[id]
 	if g == nil {
@@ -100,11 +152,16 @@ func (s *Service) Result(id string, inline bool) (*GroupResult, error) {
 				}
 				a.Sequence = seq
 			}
-			samples, err := export.RecordSamples(s.store, r, adv, inline)
-			if err != nil {
-				return nil, err
+			if opts.Steps != StepsNone {
+				samples, err := export.RecordSamples(s.store, r, adv, opts.InlineImages)
+				if err != nil {
+					return nil, err
+				}
+				a.Steps, a.StaleSteps = s.stepResults(samples, endVersion)
+				if err := s.shapeSteps(&a, opts); err != nil {
+					return nil, fmt.Errorf("group %s: %s: %w", id, r.RolloutID, err)
+				}
 			}
-			a.Steps, a.StaleSteps = s.stepResults(samples, endVersion)
 		}
 		res.Attempts = append(res.Attempts, a)
 	}
@@ -129,4 +186,64 @@ func (s *Service) stepResults(samples []export.Sample, end string) (steps []Step
 		steps = append(steps, st)
 	}
 	return steps, stale
+}
+
+// shapeSteps lists each step's images and, as opts asks, trims every step
+// to what it adds to the one before and gathers the attempt's images.
+func (s *Service) shapeSteps(a *AttemptResult, opts ResultOptions) error {
+	full := make([][]schema.Message, len(a.Steps))
+	for i := range a.Steps {
+		st := &a.Steps[i]
+		full[i] = st.Messages
+		imgs, err := stepImages(s.store, st.Messages, st.PromptTokenIDs, s.imageTokenID())
+		if err != nil {
+			return fmt.Errorf("step %d: %w", st.Step, err)
+		}
+		st.Images = imgs
+		if opts.AttemptImages {
+			if a.Images == nil {
+				a.Images = map[string]string{}
+			}
+			for _, img := range imgs {
+				if _, ok := a.Images[img.SHA256]; ok {
+					continue
+				}
+				data, err := s.store.ImagePNG(img.SHA256)
+				if err != nil {
+					return err
+				}
+				a.Images[img.SHA256] = "data:image/png;base64," + base64.StdEncoding.EncodeToString(data)
+			}
+		}
+	}
+	if opts.Steps != StepsPrefix {
+		return nil
+	}
+	// From the last step back, so that each compares with its
+	// predecessor's whole prompt.
+	for i := len(a.Steps) - 1; i > 0; i-- {
+		st, prev := &a.Steps[i], &a.Steps[i-1]
+		n := 0
+		for n < len(full[i]) && n < len(full[i-1]) && reflect.DeepEqual(full[i][n], full[i-1][n]) {
+			n++
+		}
+		st.PromptPrefixMessages, st.Messages = n, full[i][n:]
+		k := 0
+		ids, before := st.PromptTokenIDs, prev.PromptTokenIDs
+		for k < len(ids) && k < len(before) && ids[k] == before[k] {
+			k++
+		}
+		st.PromptPrefixIDs, st.PromptTokenIDs = k, ids[k:]
+		// The images listed are the prompt's: their spans stay in the
+		// whole prompt's ids.
+	}
+	return nil
+}
+
+// imageTokenID is the token the prompts' images expand into.
+func (s *Service) imageTokenID() int64 {
+	if s.opts.ImageTokenID != 0 {
+		return s.opts.ImageTokenID
+	}
+	return DefaultImageTokenID
 }

@@ -88,7 +88,7 @@ func TestServiceGroups(t *testing.T) {
 		if info.State != GroupClosed || info.Cursor == 0 {
 			t.Errorf("group %s: %+v, want closed with a cursor", id, info)
 		}
-		res, err := s.Result(id, false)
+		res, err := s.Result(id, ResultOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestServicePause(t *testing.T) {
 		t.Fatalf("serve v2: %+v %v", st, err)
 	}
 	waitEnded(t, s, info.ID)
-	res, err := s.Result(info.ID, false)
+	res, err := s.Result(info.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func TestServiceRestart(t *testing.T) {
 	if info := waitEnded(t, s2, held.ID); info.State != GroupClosed || info.Cursor != 3 && info.Cursor != 4 {
 		t.Errorf("held group after restart: %+v", info)
 	}
-	res, err := s2.Result(held.ID, false)
+	res, err := s2.Result(held.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func TestServiceStaleness(t *testing.T) {
 	// under v3, so its first step is two versions behind.
 	info := calls.oneGroupOneCallPerVersion(t, s, "v1", "v2", "v3")
 	waitEnded(t, s, info.ID)
-	res, err := s.Result(info.ID, false)
+	res, err := s.Result(info.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +408,7 @@ func TestServiceContiguous(t *testing.T) {
 		t.Errorf("history full: %v, want ErrBadRequest", err)
 	}
 	waitEnded(t, s, plain.ID)
-	pres, err := s.Result(plain.ID, false)
+	pres, err := s.Result(plain.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ func TestServiceContiguous(t *testing.T) {
 		}
 	}
 	waitEnded(t, s, info.ID)
-	res, err := s.Result(info.ID, false)
+	res, err := s.Result(info.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +618,7 @@ func TestServiceStaleRerun(t *testing.T) {
 	if want := []string{"retried/stale", "ok"}; fmt.Sprint(statuses) != fmt.Sprint(want) {
 		t.Errorf("records %v, want %v", statuses, want)
 	}
-	res, err := s.Result(info.ID, false)
+	res, err := s.Result(info.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

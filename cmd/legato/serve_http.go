@@ -149,6 +149,28 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
+// resultParams reads how a group's result is shaped: ?steps=full|prefix|none
+// and ?images=refs|inline|attempt.
+func resultParams(w http.ResponseWriter, r *http.Request) (rl.ResultOptions, bool) {
+	steps, err := rl.ParseStepsMode(r.URL.Query().Get("steps"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return rl.ResultOptions{}, false
+	}
+	opts := rl.ResultOptions{Steps: steps}
+	switch v := r.URL.Query().Get("images"); v {
+	case "", "refs":
+	case "inline":
+		opts.InlineImages = true
+	case "attempt":
+		opts.AttemptImages = true
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("images=%q: want refs (legato-image:// references), inline (data URLs in the messages) or attempt (each image once, in the attempt's images)", v))
+		return rl.ResultOptions{}, false
+	}
+	return opts, true
+}
+
 // waitParam reads ?wait=SECONDS.
 func waitParam(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
 	s := r.URL.Query().Get("wait")
@@ -223,6 +245,10 @@ func (h *serveHandler) group(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	opts, ok := resultParams(w, r)
+	if !ok {
+		return
+	}
 	id := r.PathValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
@@ -230,7 +256,7 @@ func (h *serveHandler) group(w http.ResponseWriter, r *http.Request) {
 		h.serviceError(w, err)
 		return
 	}
-	res, err := h.svc.Result(id, r.URL.Query().Get("images") == "inline")
+	res, err := h.svc.Result(id, opts)
 	if err != nil {
 		h.serviceError(w, err)
 		return
@@ -273,7 +299,10 @@ func (h *serveHandler) stream(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	inline := r.URL.Query().Get("images") == "inline"
+	opts, ok := resultParams(w, r)
+	if !ok {
+		return
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
@@ -283,7 +312,7 @@ func (h *serveHandler) stream(w http.ResponseWriter, r *http.Request) {
 	sent := 0
 	for {
 		for _, id := range h.svc.Ended(after, 0) {
-			res, err := h.svc.Result(id, inline)
+			res, err := h.svc.Result(id, opts)
 			if err != nil {
 				// The client sees the stream end early and reads on from
 				// its cursor; the log says why.

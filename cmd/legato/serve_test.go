@@ -158,6 +158,8 @@ func TestServeHTTP(t *testing.T) {
 		{"GET", "/v1/groups/g1?wait=-1", ok, "", 400, "wait="},
 		{"GET", "/v1/groups/g1?wait=NaN", ok, "", 400, `wait=\"NaN\"`},
 		{"GET", "/v1/stream?limit=x", ok, "", 400, "limit="},
+		{"GET", "/v1/stream?steps=some", ok, "", 400, `steps=\"some\": want full, prefix or none`},
+		{"GET", "/v1/groups/g1?images=all", ok, "", 400, `images=\"all\": want refs`},
 		{"POST", "/v1/policy", ok, `{"state": "serving", "version": "a\nb"}`, 400, "version"},
 		{"POST", "/v1/policy", ok, `{"state": "serving", "version": "v2\u0000"}`, 400, `version \"v2\\x00\"`},
 		{"POST", "/v1/policy", ok, `{"state": "serving", "version": "v2\u001b[2J"}`, 400, "control character"},

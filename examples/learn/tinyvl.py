@@ -33,7 +33,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # Token ids. Bytes are BYTE_BASE + byte; an action is ACTION_BASE + cell.
-PAD, BOS, EOS, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD = range(8)
+# An image's placeholder is Qwen-VL's <|image_pad|> id, which legato looks
+# for to give each image its token span.
+PAD, BOS, EOS, IM_START, IM_END, VISION_START, VISION_END = range(7)
+IMAGE_PAD = 151655
 BYTE_BASE = 16
 ACTION_BASE = 300
 IMAGE_TOKENS = 64  # placeholder tokens per image, like a processor's patches

@@ -154,6 +154,14 @@ def samples(groups: List[Any], images: Images) -> Tuple[List[Dict[str, Any]], Li
                 refs = tinyvl.image_urls(s["messages"])
                 if len(refs) != len(spans) or not refs:
                     raise SystemExit(f"{a.rollout_id} step {s['step']}: {len(refs)} images for {len(spans)} image spans")
+                # legato's list of the prompt's images: in order, as sent,
+                # each where its placeholder tokens are.
+                listed = s.get("images") or []
+                if [i["sha256"] for i in listed] != [r[len(IMAGE_PREFIX):] for r in refs]:
+                    raise SystemExit(f"{a.rollout_id} step {s['step']}: images listed out of the messages' order")
+                if [tuple(i.get("token_span") or ()) for i in listed] != spans:
+                    raise SystemExit(f"{a.rollout_id} step {s['step']}: image spans {[i.get('token_span') for i in listed]}, "
+                                     f"the template's {spans}")
                 toks, lps = s["response_token_ids"], s["response_logprobs"]
                 if len(toks) != 1 or len(lps) != 1:
                     raise SystemExit(f"{a.rollout_id} step {s['step']}: {len(toks)} token ids, {len(lps)} logprobs; want one each")
@@ -304,6 +312,9 @@ def main(argv=None) -> int:
             sync(client, server, model, out, f"v{v + 1}")
 
         elapsed = time.monotonic() - start
+        last = ended[-1].id
+        print(f"the stream's bytes for group {last} ({args.group_size} attempts): "
+              f"{group_bytes(client, last, 'none')} with steps=none, {group_bytes(client, last, 'full')} with steps=full")
         print(f"learning curve: " + ", ".join(f"{v} {m:.2f}" for v, m in curve))
         print(f"{rollouts} rollouts in {elapsed:.0f} s ({60 * rollouts / elapsed:.0f} per minute); "
               f"largest on-policy |recomputed - recorded| logprob {worst:.2e}")
@@ -324,6 +335,14 @@ def main(argv=None) -> int:
             p.stop()
         if tmp is not None:
             tmp.cleanup()
+
+
+def group_bytes(client: Client, group_id: str, steps: str) -> int:
+    """The size of a group's result as the service sends it."""
+    req = urllib.request.Request(f"{client.base_url}/v1/groups/{group_id}?steps={steps}",
+                                 headers={"Authorization": "Bearer " + client.token})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return len(resp.read())
 
 
 def initial_weights(server: Proc, grid: int, seed: int, out: Path) -> Dict[str, torch.Tensor]:

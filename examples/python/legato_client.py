@@ -95,6 +95,9 @@ class Attempt:
     # why there is none.
     sequence: Optional[JSON] = None
     sequence_error: str = ""
+    # With images="attempt": each image of the attempt once, sha256 to a
+    # PNG data URL (the steps' messages keep legato-image:// references).
+    images: Optional[Dict[str, str]] = None
 
     @classmethod
     def from_json(cls, d: JSON) -> "Attempt":
@@ -111,6 +114,7 @@ class Attempt:
             stale_steps=d.get("stale_steps", 0),
             sequence=d.get("sequence"),
             sequence_error=d.get("sequence_error", ""),
+            images=d.get("images"),
         )
 
 
@@ -246,11 +250,22 @@ class Client:
                 headers["X-Legato-Policy-Key"] = policy_key
         return Group.from_json(self._request("POST", "/v1/groups", body, headers=headers))
 
-    def group(self, group_id: str, wait: float = 0.0, inline_images: bool = False) -> Group:
-        """The group now, or once it ended if that is within ``wait`` seconds."""
+    def group(self, group_id: str, wait: float = 0.0, inline_images: bool = False,
+              steps: str = "", images: str = "") -> Group:
+        """The group now, or once it ended if that is within ``wait`` seconds.
+
+        ``steps`` is how much of each step comes: "full" (default), "prefix"
+        (each step after the first holds what its prompt adds to the step
+        before's: prompt_prefix_messages and prompt_prefix_ids say how much
+        it shares) or "none" (only each attempt's outcome). ``images`` is
+        "refs" (default: legato-image:// references, fetched with blob),
+        "inline" (data URLs in every step's messages) or "attempt" (each
+        image once, in the attempt's ``images``). Each step lists its
+        prompt's images in order (sha256, bytes, width, height, and the
+        token_span of their placeholder tokens in the prompt ids).
+        """
         q = {"wait": f"{wait:g}"}
-        if inline_images:
-            q["images"] = "inline"
+        _shape(q, inline_images, steps, images)
         path = f"/v1/groups/{urllib.parse.quote(group_id)}?" + urllib.parse.urlencode(q)
         return Group.from_json(self._request("GET", path, timeout=self.timeout + wait))
 
@@ -260,8 +275,9 @@ class Client:
 
     def stream(self, after: int = 0, limit: int = 0, idle: float = 0.0,
                inline_images: bool = False, reconnect: bool = True,
-               retry_for: float = 120.0) -> Iterator[StreamItem]:
-        """Ended groups after cursor ``after``, in the order they ended.
+               retry_for: float = 120.0, steps: str = "", images: str = "") -> Iterator[StreamItem]:
+        """Ended groups after cursor ``after``, in the order they ended,
+        shaped by ``steps`` and ``images`` as ``group`` says.
 
         It yields groups as they end and returns after ``limit`` items (0: no
         limit) or ``idle`` seconds without one (0: never). With ``reconnect``
@@ -281,8 +297,7 @@ class Client:
                 q["limit"] = limit - sent
             if idle:
                 q["wait"] = f"{idle:g}"
-            if inline_images:
-                q["images"] = "inline"
+            _shape(q, inline_images, steps, images)
             req = urllib.request.Request(self.base_url + "/v1/stream?" + urllib.parse.urlencode(q))
             if self.token:
                 req.add_header("Authorization", "Bearer " + self.token)
@@ -398,6 +413,16 @@ def _read_token(path: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def _shape(q: JSON, inline_images: bool, steps: str, images: str) -> None:
+    """Adds a result's shape to query q."""
+    if inline_images:
+        images = images or "inline"
+    if images:
+        q["images"] = images
+    if steps:
+        q["steps"] = steps
 
 
 def _message(raw: bytes) -> str:
