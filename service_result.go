@@ -13,7 +13,10 @@ import (
 // final record, and for the graded ones the samples export writes.
 type GroupResult struct {
 	GroupInfo
-	Attempts []AttemptResult `json:"attempts"`
+	// EndVersion is the policy version in force when the group ended: its
+	// steps' staleness counts the versions after theirs up to it.
+	EndVersion string          `json:"end_version,omitempty"`
+	Attempts   []AttemptResult `json:"attempts"`
 }
 
 // AttemptResult is one attempt of an ended group.
@@ -134,7 +137,7 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 		}
 	}
 	advs := groupAdvantages(finished)
-	res := &GroupResult{GroupInfo: info, Attempts: make([]AttemptResult, 0, len(recs))}
+	res := &GroupResult{GroupInfo: info, EndVersion: endVersion, Attempts: make([]AttemptResult, 0, len(recs))}
 	for i := range recs {
 		r := &recs[i]
 		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,

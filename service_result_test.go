@@ -59,6 +59,9 @@ func TestServiceResultShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if full.EndVersion != "v1" {
+		t.Errorf("end_version %q; want v1, the version in force when the group ended", full.EndVersion)
+	}
 	steps := 0
 	for _, a := range full.Attempts {
 		for k, st := range a.Steps {

@@ -134,6 +134,9 @@ class Group:
     cursor: int
     key: str
     attempts: List[Attempt]
+    # The policy version in force when the group ended (steps' staleness
+    # counts the versions after theirs up to it).
+    end_version: str = ""
 
     @property
     def ended(self) -> bool:
@@ -150,6 +153,7 @@ class Group:
             cursor=d.get("cursor", 0),
             key=d.get("key", ""),
             attempts=[Attempt.from_json(a) for a in d.get("attempts") or []],
+            end_version=d.get("end_version", ""),
         )
 
 
