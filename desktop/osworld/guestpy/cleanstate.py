@@ -474,7 +474,7 @@ def end_newcomers(cfg, base, session, problems, deadline):
     left alone (another user's, the system's, outside the session): on a guest legato owns
     (cfg "vm") such a process is something the reset cannot undo, so it is a problem too, and
     so is any process of the clean state that is gone (elsewhere, one of the session)."""
-    ended, spared = [], {}
+    ended, spared, killed = [], {}, set()
     while True:
         new, left, _, alive = newcomers(cfg, base, session)
         for pid, info in left.items():
@@ -494,9 +494,13 @@ def end_newcomers(cfg, base, session, problems, deadline):
         for pid, info in new.items():
             try:
                 os.kill(pid, signal.SIGKILL)
-                ended.append(described(pid, info))
             except OSError:
-                pass
+                continue
+            # A process killed a moment ago may still show, not yet a zombie, on a
+            # loaded machine: it is killed again, but listed once.
+            if key(pid, info) not in killed:
+                killed.add(key(pid, info))
+                ended.append(described(pid, info))
         time.sleep(0.02)
     # A guest given by URL answers for its desktop's session alone.
     gone = [k for k in base if k not in alive and (cfg.get("vm") or base[k].get("session", True))]
