@@ -17,25 +17,22 @@ import (
 	"time"
 
 	rl "legato/rl"
+	"legato/rl/internal/httpapi"
 )
 
 // A service always requires a bearer token of its callers, on loopback
 // too: another user of the machine reaches a loopback port as well, and
 // a service hands out the model key to whoever moves its policy. The token
-// is serveTokenEnv's (like the model key, never a flag), or one the
-// service makes at start and keeps in serveTokenFile in the run directory,
-// readable by its owner only.
-const (
-	serveTokenEnv  = "LEGATO_SERVE_TOKEN"
-	serveTokenFile = "serve.token"
-)
+// is httpapi.TokenEnv's (like the model key, never a flag), or one the
+// service makes at start and keeps in httpapi.TokenFile in the run
+// directory, readable by its owner only.
 
 // runServe is `legato rl serve`.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	stderr = &lockedWriter{w: stderr}
 	fs, f := newCollectFlags(stderr)
 	fs.Init("legato rl serve", 0)
-	addr := fs.String("addr", "127.0.0.1:8300", "address to serve on; beyond loopback it needs --tls-cert, --tls-key and "+serveTokenEnv)
+	addr := fs.String("addr", "127.0.0.1:8300", "address to serve on; beyond loopback it needs --tls-cert, --tls-key and "+httpapi.TokenEnv)
 	certFile := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	keyFile := fs.String("tls-key", "", "TLS key file (PEM)")
 	var maxStale int
@@ -55,8 +52,8 @@ legato.rollout/v0 format: serving into it again continues it, stream and
 all. The model server's key is read from LEGATO_POLICY_KEY.
 
 Every route (but /metrics with --metrics-open) needs the bearer token
-(Authorization: Bearer TOKEN): $`+serveTokenEnv+` when set, else one made at
-start, printed on the second line of output and written to DIR/`+serveTokenFile+`
+(Authorization: Bearer TOKEN): $`+httpapi.TokenEnv+` when set, else one made at
+start, printed on the second line of output and written to DIR/`+httpapi.TokenFile+`
 (readable by its owner only; replaced by each start). POST /v1/policy
 refuses (409) a version that does not come after the current one: one that
 was in force before, or, for two versions that end in a number after the
@@ -67,7 +64,7 @@ back on purpose and is journaled so.
 	if err := f.parse(fs, args); err != nil {
 		return err
 	}
-	token := os.Getenv(serveTokenEnv)
+	token := os.Getenv(httpapi.TokenEnv)
 	if err := checkServeAddr(*addr, *certFile, *keyFile, token); err != nil {
 		return err
 	}
@@ -95,7 +92,7 @@ back on purpose and is journaled so.
 		_, _ = svc.Close()
 		return err
 	}
-	srv := &http.Server{Handler: newServeHandler(svc, serveAuth{token: token, metricsOpen: *metricsOpen}, log), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: httpapi.New(svc, httpapi.Options{Token: token, MetricsOpen: *metricsOpen, Logger: log}), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() {
 		if *certFile != "" {
@@ -114,9 +111,9 @@ back on purpose and is journaled so.
 	// Once, as Jupyter does: the token is what a caller needs.
 	if made {
 		fmt.Fprintf(stdout, "callers send Authorization: Bearer %s (also in %s, readable by you only; Client(url, run_dir=%q) of examples/python reads it)\n",
-			token, filepath.Join(f.out, serveTokenFile), f.out)
+			token, filepath.Join(f.out, httpapi.TokenFile), f.out)
 	} else {
-		fmt.Fprintf(stdout, "callers send Authorization: Bearer $%s\n", serveTokenEnv)
+		fmt.Fprintf(stdout, "callers send Authorization: Bearer $%s\n", httpapi.TokenEnv)
 	}
 	if f, ok := stdout.(*os.File); ok {
 		_ = f.Sync()
@@ -154,7 +151,7 @@ back on purpose and is journaled so.
 // never holds a token this start does not take (with token set, a file
 // left by an earlier start is removed).
 func serveToken(dir, token string) (string, error) {
-	path := filepath.Join(dir, serveTokenFile)
+	path := filepath.Join(dir, httpapi.TokenFile)
 	if token != "" {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return "", fmt.Errorf("remove the token an earlier start left: %w", err)
@@ -168,7 +165,7 @@ func serveToken(dir, token string) (string, error) {
 	token = hex.EncodeToString(b)
 	// O_EXCL, 0600; named as the store's temporary files (schema's
 	// tempPrefix), which the next start removes if this one is killed.
-	tmp, err := os.CreateTemp(dir, ".tmp-"+serveTokenFile+"-*")
+	tmp, err := os.CreateTemp(dir, ".tmp-"+httpapi.TokenFile+"-*")
 	if err != nil {
 		return "", fmt.Errorf("write the bearer token: %w", err)
 	}
@@ -203,7 +200,7 @@ func checkServeAddr(addr, cert, key, token string) error {
 		return nil
 	}
 	if cert == "" || token == "" {
-		return usageErrorf("--addr %s is beyond loopback: give --tls-cert and --tls-key, and set %s to the bearer token callers must send", addr, serveTokenEnv)
+		return usageErrorf("--addr %s is beyond loopback: give --tls-cert and --tls-key, and set %s to the bearer token callers must send", addr, httpapi.TokenEnv)
 	}
 	return nil
 }

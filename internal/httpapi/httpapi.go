@@ -1,4 +1,13 @@
-package main
+// Package httpapi is the HTTP API of `legato rl serve`: its routes, its
+// JSON bodies and query parameters, its status codes and error texts, the
+// bearer token it asks of every caller and its Prometheus metrics. It is
+// the wire contract of the service and of its Python client,
+// examples/python/legato_client.py; cmd/legato only wires it to flags, a
+// listener, TLS and signals.
+//
+// JSON in and out, errors as {"error": "..."} with a 4xx naming what was
+// wrong, never a crash.
+package httpapi
 
 import (
 	"context"
@@ -17,8 +26,14 @@ import (
 	rl "legato/rl"
 )
 
-// The HTTP front of `legato rl serve`: JSON in and out, errors as
-// {"error": "..."} with a 4xx naming what was wrong, never a crash.
+// A caller finds the bearer token in TokenEnv, when the service was started
+// with it, else in TokenFile in the run directory, where the service wrote
+// the one it made (the Python client's run_dir).
+const (
+	TokenEnv  = "LEGATO_SERVE_TOKEN"
+	TokenFile = "serve.token"
+)
+
 const (
 	maxBodyBytes = 1 << 20          // a task config is a few KB
 	maxWait      = 10 * time.Minute // bound on ?wait=
@@ -27,26 +42,37 @@ const (
 // policyKeyHeader carries the key of a group's own model server.
 const policyKeyHeader = "X-Legato-Policy-Key"
 
-type serveHandler struct {
+// Options are who may call a service and where its handler logs.
+type Options struct {
+	// Token is the bearer token every caller must send, on every route;
+	// required.
+	Token string
+	// MetricsOpen answers GET /metrics without the token (a Prometheus
+	// scraper).
+	MetricsOpen bool
+	// Logger gets the errors a caller cannot be told (a 500's cause, a
+	// stream cut short); nil discards them.
+	Logger *slog.Logger
+}
+
+type handler struct {
 	svc  *rl.Service
-	auth serveAuth
+	opts Options
 	log  *slog.Logger
 }
 
-// serveAuth is who may call a service: whoever sends its bearer token,
-// on every route; with metricsOpen, anyone on /metrics.
-type serveAuth struct {
-	token       string
-	metricsOpen bool
-}
-
-func newServeHandler(svc *rl.Service, auth serveAuth, log *slog.Logger) http.Handler {
-	if auth.token == "" {
-		// A service without a token would serve any local user: the model
-		// key, the rollouts, the policy.
+// New returns the HTTP API of svc. It panics without opts.Token: a service
+// without a token would serve any local user the model key, the rollouts
+// and the policy.
+func New(svc *rl.Service, opts Options) http.Handler {
+	if opts.Token == "" {
 		panic("serve: no bearer token")
 	}
-	h := &serveHandler{svc: svc, auth: auth, log: log}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{svc: svc, opts: opts, log: log}
 	mux := http.NewServeMux()
 	for pattern, handle := range h.routes() {
 		mux.HandleFunc(pattern, handle)
@@ -58,7 +84,7 @@ func newServeHandler(svc *rl.Service, auth serveAuth, log *slog.Logger) http.Han
 }
 
 // routes are the service's endpoints by pattern.
-func (h *serveHandler) routes() map[string]http.HandlerFunc {
+func (h *handler) routes() map[string]http.HandlerFunc {
 	return map[string]http.HandlerFunc{
 		"POST /v1/groups":        h.submit,
 		"GET /v1/groups/{id}":    h.group,
@@ -73,13 +99,13 @@ func (h *serveHandler) routes() map[string]http.HandlerFunc {
 }
 
 // checkToken refuses a request without the service's bearer token.
-func (h *serveHandler) checkToken(next http.Handler) http.Handler {
-	want := []byte(h.auth.token)
+func (h *handler) checkToken(next http.Handler) http.Handler {
+	want := []byte(h.opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		open := h.auth.metricsOpen && r.URL.Path == "/metrics"
+		open := h.opts.MetricsOpen && r.URL.Path == "/metrics"
 		if !open && subtle.ConstantTimeCompare(bearerToken(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="legato"`)
-			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token: send Authorization: Bearer TOKEN, the token in "+serveTokenFile+" in the run directory or in $"+serveTokenEnv)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token: send Authorization: Bearer TOKEN, the token in "+TokenFile+" in the run directory or in $"+TokenEnv)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -110,7 +136,7 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 }
 
 // serviceError answers err from the service with the status it calls for.
-func (h *serveHandler) serviceError(w http.ResponseWriter, err error) {
+func (h *handler) serviceError(w http.ResponseWriter, err error) {
 	status := http.StatusInternalServerError
 	switch {
 	case rl.IsUnknownTask(err), errors.Is(err, rl.ErrUnknownGroup), errors.Is(err, rl.ErrUnknownBlob):
@@ -206,7 +232,7 @@ type submitRequest struct {
 	Size *int `json:"group_size"`
 }
 
-func (h *serveHandler) submit(w http.ResponseWriter, r *http.Request) {
+func (h *handler) submit(w http.ResponseWriter, r *http.Request) {
 	var body submitRequest
 	if !decode(w, r, &body) {
 		return
@@ -240,7 +266,7 @@ func (h *serveHandler) submit(w http.ResponseWriter, r *http.Request) {
 
 // group answers the group, with its attempts once it ended; ?wait=S waits
 // up to S seconds for it to end.
-func (h *serveHandler) group(w http.ResponseWriter, r *http.Request) {
+func (h *handler) group(w http.ResponseWriter, r *http.Request) {
 	wait, ok := waitParam(w, r)
 	if !ok {
 		return
@@ -264,7 +290,7 @@ func (h *serveHandler) group(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, res)
 }
 
-func (h *serveHandler) cancel(w http.ResponseWriter, r *http.Request) {
+func (h *handler) cancel(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	info, err := h.svc.Cancel(ctx, r.PathValue("id"))
@@ -286,7 +312,7 @@ type streamLine struct {
 // written, ?wait=S seconds pass with none, the caller goes away or the
 // service stops. A trainer that restarts reads on from the last cursor it
 // handled: no group is lost or repeated.
-func (h *serveHandler) stream(w http.ResponseWriter, r *http.Request) {
+func (h *handler) stream(w http.ResponseWriter, r *http.Request) {
 	after, ok := intParam(w, r, "after")
 	if !ok {
 		return
@@ -374,11 +400,11 @@ func answerPolicy(st rl.PolicyState) policyAnswer {
 	return policyAnswer{Version: st.Version, State: state, Since: st.Since, Held: st.Held, InFlight: st.InFlight, Servers: st.Servers}
 }
 
-func (h *serveHandler) policy(w http.ResponseWriter, r *http.Request) {
+func (h *handler) policy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, answerPolicy(h.svc.Policy()))
 }
 
-func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
+func (h *handler) setPolicy(w http.ResponseWriter, r *http.Request) {
 	var req policyRequest
 	if !decode(w, r, &req) {
 		return
@@ -420,7 +446,7 @@ func (h *serveHandler) setPolicy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, answerPolicy(st))
 }
 
-func (h *serveHandler) blob(w http.ResponseWriter, r *http.Request) {
+func (h *handler) blob(w http.ResponseWriter, r *http.Request) {
 	data, ctype, err := h.svc.Blob(r.PathValue("sha"))
 	if err != nil {
 		h.serviceError(w, err)
@@ -431,7 +457,7 @@ func (h *serveHandler) blob(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(data)
 }
 
-func (h *serveHandler) status(w http.ResponseWriter, r *http.Request) {
+func (h *handler) status(w http.ResponseWriter, r *http.Request) {
 	st := h.svc.Status()
 	writeJSON(w, http.StatusOK, struct {
 		rl.ServiceStatus
@@ -440,7 +466,7 @@ func (h *serveHandler) status(w http.ResponseWriter, r *http.Request) {
 }
 
 // metrics writes the Prometheus text format.
-func (h *serveHandler) metrics(w http.ResponseWriter, r *http.Request) {
+func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
 	st := h.svc.Status()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	gauge := func(name, help string, v float64) {

@@ -1,11 +1,10 @@
-package main
+package httpapi
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -28,7 +27,7 @@ import (
 // trainer, with instant desktops (the machine saturated by the batch
 // itself) and with desktops that take VM-like time (serve-paced-desktops).
 //
-//	go test -run '^$' -bench ServeVsCollect ./cmd/legato
+//	go test -run '^$' -bench ServeVsCollect ./internal/httpapi
 func BenchmarkServeVsCollect(b *testing.B) {
 	const groups, size = 64, 4
 	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: func(r policytest.Request) string {
@@ -70,7 +69,7 @@ func BenchmarkServeVsCollect(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			h := httptest.NewServer(newServeHandler(svc, serveAuth{token: "bench"}, slog.New(slog.DiscardHandler)))
+			h := httptest.NewServer(New(svc, Options{Token: "bench"}))
 			c := &http.Client{Transport: tokenTransport("bench")}
 			for i := range groups {
 				body := fmt.Sprintf(`{"task": {"task_id": "t%d", "domain": "os", "config": {"id": "t%d", "instruction": "x", "evaluator": {"func": "exact_match"}}}}`, i, i)
@@ -118,4 +117,13 @@ func BenchmarkServeVsCollect(b *testing.B) {
 	b.Run("serve", serve)
 	paced = true
 	b.Run("serve-paced-desktops", serve)
+}
+
+// tokenTransport sends its bearer token with every request.
+type tokenTransport string
+
+func (tok tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(tok))
+	return http.DefaultTransport.RoundTrip(r)
 }
