@@ -126,15 +126,24 @@ class Images:
         self.client, self.grid = client, grid
         self.cache: Dict[str, torch.Tensor] = {}
 
+    def prefetch(self, shas: List[str]) -> None:
+        """Fetches the screenshots not held yet, up to 256 a call."""
+        need = sorted({sha for sha in shas if sha not in self.cache})
+        for i in range(0, len(need), 256):
+            for sha, png in self.client.blobs(need[i:i + 256]).items():
+                self._keep(sha, png)
+
+    def _keep(self, sha: str, png: bytes) -> None:
+        if hashlib.sha256(png).hexdigest() != sha:
+            raise ValueError(f"image {sha}: the bytes the service gave hash to something else")
+        self.cache[sha] = tinyvl.features(tinyvl.decode_png(png), self.grid)
+
     def features(self, ref: str) -> torch.Tensor:
         if not ref.startswith(IMAGE_PREFIX):
             raise ValueError(f"image {ref[:40]!r}: want a {IMAGE_PREFIX} reference")
         sha = ref[len(IMAGE_PREFIX):]
         if sha not in self.cache:
-            png = self.client.blob(sha)
-            if hashlib.sha256(png).hexdigest() != sha:
-                raise ValueError(f"image {sha}: the bytes the service gave hash to something else")
-            self.cache[sha] = tinyvl.features(tinyvl.decode_png(png), self.grid)
+            self._keep(sha, self.client.blob(sha))
         return self.cache[sha]
 
 
@@ -142,6 +151,8 @@ def samples(groups: List[Any], images: Images) -> Tuple[List[Dict[str, Any]], Li
     """Every step of the groups' trainable attempts, rebuilt from what
     legato gives, and the attempts' rewards (masked ones left out)."""
     out, rewards = [], []
+    images.prefetch([i["sha256"] for g in groups for a in g.attempts if not a.masked
+                     for st in a.steps for i in st.get("images") or []])
     for g in groups:
         for a in g.attempts:
             if a.masked:

@@ -30,6 +30,7 @@ directory's serve.token (readable by its owner only) and read from there with
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.client
 import json
@@ -382,6 +383,11 @@ class Client:
         (``legato-image://<sha256>`` in a sample's messages)."""
         data = self._request("GET", f"/v1/blobs/{sha256}")
         return data if isinstance(data, bytes) else json.dumps(data).encode()
+
+    def blobs(self, sha256s: Sequence[str]) -> Dict[str, bytes]:
+        """Several blobs in one call (at most 256 hashes): sha256 to bytes."""
+        got = self._request("POST", "/v1/blobs", {"sha256": list(sha256s)})
+        return {k: base64.b64decode(v) for k, v in got["blobs"].items()}
 
     def status(self) -> JSON:
         """Desktops, groups by state, the stream's last cursor, records by status."""

@@ -93,6 +93,7 @@ func (h *handler) routes() map[string]http.HandlerFunc {
 		"GET /v1/policy":         h.policy,
 		"POST /v1/policy":        h.setPolicy,
 		"GET /v1/blobs/{sha}":    h.blob,
+		"POST /v1/blobs":         h.blobs,
 		"GET /v1/status":         h.status,
 		"GET /metrics":           h.metrics,
 	}
@@ -455,6 +456,41 @@ func (h *handler) blob(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", ctype)
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable") // content-addressed
 	_, _ = w.Write(data)
+}
+
+// maxBatchBlobs bounds a batch fetch: the screenshots of a few attempts'
+// histories, tens of megabytes of base64 at most.
+const maxBatchBlobs = 256
+
+// blobsRequest is a batch fetch of blobs by hash.
+type blobsRequest struct {
+	SHA256 []string `json:"sha256"`
+}
+
+// blobs answers several blobs at once, {"blobs": {sha256: base64}}, for a
+// trainer that needs a group's screenshots without a round trip each.
+func (h *handler) blobs(w http.ResponseWriter, r *http.Request) {
+	var req blobsRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if len(req.SHA256) == 0 || len(req.SHA256) > maxBatchBlobs {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("sha256: %d hashes; want 1 to %d", len(req.SHA256), maxBatchBlobs))
+		return
+	}
+	out := make(map[string][]byte, len(req.SHA256))
+	for _, sha := range req.SHA256 {
+		if _, ok := out[sha]; ok {
+			continue
+		}
+		data, _, err := h.svc.Blob(sha)
+		if err != nil {
+			h.serviceError(w, err)
+			return
+		}
+		out[sha] = data // encoding/json writes []byte as base64
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"blobs": out})
 }
 
 func (h *handler) status(w http.ResponseWriter, r *http.Request) {

@@ -175,3 +175,64 @@ func TestServeAuthEveryRoute(t *testing.T) {
 		t.Error("a caller without the token paused the policy")
 	}
 }
+
+// TestServeBatchBlobs: POST /v1/blobs answers every screenshot of a group
+// in one call, the same bytes as one GET each; a bad or unknown hash, or
+// none, is refused.
+func TestServeBatchBlobs(t *testing.T) {
+	svc, _ := testService(t, rl.PolicyConfig{})
+	defer svc.Close()
+	h := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
+	defer h.Close()
+	const ok = "Bearer s3cret"
+	status, body := httpapitest.Call(t, "POST", h.URL+"/v1/groups", ok, `{"task": {"task_id": "t0", "domain": "os"}, "group_size": 1}`)
+	if status != http.StatusCreated {
+		t.Fatalf("submit: %d %s", status, body)
+	}
+	var g struct{ ID string }
+	if err := json.Unmarshal([]byte(body), &g); err != nil {
+		t.Fatal(err)
+	}
+	status, body = httpapitest.Call(t, "GET", h.URL+"/v1/groups/"+g.ID+"?wait=300", ok, "")
+	var res rl.GroupResult
+	if err := json.Unmarshal([]byte(body), &res); err != nil || status != http.StatusOK || !res.State.Ended() {
+		t.Fatalf("group: %d %v %s", status, err, body)
+	}
+	var shas []string
+	for _, a := range res.Attempts {
+		for _, st := range a.Steps {
+			for _, img := range st.Images {
+				shas = append(shas, img.SHA256)
+			}
+		}
+	}
+	if len(shas) < 2 {
+		t.Fatalf("%d screenshots listed; want the steps' images", len(shas))
+	}
+	req, _ := json.Marshal(map[string]any{"sha256": append(shas, shas[0])})
+	status, body = httpapitest.Call(t, "POST", h.URL+"/v1/blobs", ok, string(req))
+	var got struct{ Blobs map[string][]byte }
+	if err := json.Unmarshal([]byte(body), &got); err != nil || status != http.StatusOK {
+		t.Fatalf("batch: %d %v %.200s", status, err, body)
+	}
+	for _, sha := range shas {
+		st, one := httpapitest.Call(t, "GET", h.URL+"/v1/blobs/"+sha, ok, "")
+		if st != http.StatusOK || !bytes.Equal(got.Blobs[sha], []byte(one)) {
+			t.Errorf("blob %s: %d bytes in the batch, %d from GET (%d)", sha, len(got.Blobs[sha]), len(one), st)
+		}
+	}
+	for _, tt := range []struct {
+		body   string
+		status int
+		words  string
+	}{
+		{`{"sha256": []}`, 400, "0 hashes; want 1 to 256"},
+		{`{"sha256": ["zz"]}`, 400, "sha256"},
+		{`{"sha256": ["` + strings.Repeat("ab", 32) + `"]}`, 404, ""},
+		{`{"sha": ["x"]}`, 400, "unknown field"},
+	} {
+		if status, body := httpapitest.Call(t, "POST", h.URL+"/v1/blobs", ok, tt.body); status != tt.status || !strings.Contains(body, tt.words) {
+			t.Errorf("POST /v1/blobs %s: %d %s; want %d with %q", tt.body, status, body, tt.status, tt.words)
+		}
+	}
+}
