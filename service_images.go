@@ -35,18 +35,31 @@ type StepImage struct {
 	TokenSpan *[2]int `json:"token_span,omitempty"`
 }
 
+// imageSizes describes the images of one group's result, each once: a
+// step's prompt holds the screenshots of the steps before it, so an
+// attempt of n steps names its images n(n+1)/2 times, and each would be
+// read, hashed and decoded again.
+type imageSizes struct {
+	store *schema.MessageStore
+	seen  map[string]StepImage // by the URL a message part holds
+}
+
 // stepImages lists the images of msgs in order, with their sizes and, when
 // ids holds one run of imageToken per image, their spans.
-func stepImages(store *schema.MessageStore, msgs []schema.Message, ids []int64, imageToken int64) ([]StepImage, error) {
+func (is *imageSizes) stepImages(msgs []schema.Message, ids []int64, imageToken int64) ([]StepImage, error) {
 	var out []StepImage
 	for _, m := range msgs {
 		for _, p := range m.Content {
 			if p.ImageURL == nil {
 				continue
 			}
-			img, err := imageOf(store, p.ImageURL.URL)
-			if err != nil {
-				return nil, err
+			img, ok := is.seen[p.ImageURL.URL]
+			if !ok {
+				var err error
+				if img, err = imageOf(is.store, p.ImageURL.URL); err != nil {
+					return nil, err
+				}
+				is.seen[p.ImageURL.URL] = img
 			}
 			out = append(out, img)
 		}
@@ -65,11 +78,16 @@ func stepImages(store *schema.MessageStore, msgs []schema.Message, ids []int64, 
 func imageOf(store *schema.MessageStore, url string) (StepImage, error) {
 	var data []byte
 	var err error
-	if sha, ok := strings.CutPrefix(url, schema.ImageScheme); ok {
+	sha, isRef := strings.CutPrefix(url, schema.ImageScheme)
+	switch b64, isData := strings.CutPrefix(url, "data:image/png;base64,"); {
+	case isRef:
+		// The store checks the bytes against the hash they are named by.
 		data, err = store.ImagePNG(sha)
-	} else if b64, ok := strings.CutPrefix(url, "data:image/png;base64,"); ok {
-		data, err = base64.StdEncoding.DecodeString(b64)
-	} else {
+	case isData:
+		if data, err = base64.StdEncoding.DecodeString(b64); err == nil {
+			sha = pngHash(data)
+		}
+	default:
 		return StepImage{}, fmt.Errorf("image %.40q: neither a %s reference nor a PNG data URL", url, schema.ImageScheme)
 	}
 	if err != nil {
@@ -77,9 +95,9 @@ func imageOf(store *schema.MessageStore, url string) (StepImage, error) {
 	}
 	cfg, err := png.DecodeConfig(bytes.NewReader(data))
 	if err != nil {
-		return StepImage{}, fmt.Errorf("image %s: %w", pngHash(data), err)
+		return StepImage{}, fmt.Errorf("image %s: %w", sha, err)
 	}
-	return StepImage{SHA256: pngHash(data), Bytes: len(data), Width: cfg.Width, Height: cfg.Height}, nil
+	return StepImage{SHA256: sha, Bytes: len(data), Width: cfg.Width, Height: cfg.Height}, nil
 }
 
 func pngHash(data []byte) string {

@@ -138,6 +138,7 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 	}
 	advs := groupAdvantages(finished)
 	res := &GroupResult{GroupInfo: info, EndVersion: endVersion, Attempts: make([]AttemptResult, 0, len(recs))}
+	sizes := &imageSizes{store: s.store, seen: map[string]StepImage{}}
 	for i := range recs {
 		r := &recs[i]
 		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,
@@ -161,7 +162,7 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 					return nil, err
 				}
 				a.Steps, a.StaleSteps = s.stepResults(samples, endVersion)
-				if err := s.shapeSteps(&a, opts); err != nil {
+				if err := s.shapeSteps(&a, opts, sizes); err != nil {
 					return nil, fmt.Errorf("group %s: %s: %w", id, r.RolloutID, err)
 				}
 			}
@@ -193,12 +194,12 @@ func (s *Service) stepResults(samples []export.Sample, end string) (steps []Step
 
 // shapeSteps lists each step's images and, as opts asks, trims every step
 // to what it adds to the one before and gathers the attempt's images.
-func (s *Service) shapeSteps(a *AttemptResult, opts ResultOptions) error {
+func (s *Service) shapeSteps(a *AttemptResult, opts ResultOptions, sizes *imageSizes) error {
 	full := make([][]schema.Message, len(a.Steps))
 	for i := range a.Steps {
 		st := &a.Steps[i]
 		full[i] = st.Messages
-		imgs, err := stepImages(s.store, st.Messages, st.PromptTokenIDs, s.imageTokenID())
+		imgs, err := sizes.stepImages(st.Messages, st.PromptTokenIDs, s.imageTokenID())
 		if err != nil {
 			return fmt.Errorf("step %d: %w", st.Step, err)
 		}
