@@ -23,24 +23,36 @@ func (w lineWriter) Write(p []byte) (int, error) {
 
 const chatBody = `{"model": "m", "logprobs": true, "messages": [{"role": "user", "content": "hi"}]}`
 
-func TestServePolicy(t *testing.T) {
+// startServePolicy runs serve-policy with args and
+// returns its first line and its URL; stop cancels it and wants it to
+// return nil.
+func startServePolicy(t *testing.T, args ...string) (line, url string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	out := make(lineWriter, 8)
 	done := make(chan error, 1)
-	go func() {
-		args := []string{"-addr", "127.0.0.1:0", "-dialect", "sglang", "-no-latency", "-fault", "500", "-fault-every", "2"}
-		done <- new(servePolicyCommand).Run(ctx, args, out, &bytes.Buffer{})
-	}()
-	var line string
+	go func() { done <- new(servePolicyCommand).Run(ctx, args, out, &bytes.Buffer{}) }()
 	select {
 	case line = <-out:
 	case err := <-done:
+		cancel()
 		t.Fatalf("serve-policy returned early: %v", err)
 	}
+	stop = func() {
+		http.DefaultClient.CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve-policy after cancel = %v, want nil", err)
+		}
+	}
+	return line, line[strings.Index(line, "http://") : len(line)-1], stop
+}
+
+func TestServePolicy(t *testing.T) {
+	line, url, stop := startServePolicy(t, "-addr", "127.0.0.1:0", "-dialect", "sglang", "-no-latency", "-fault", "500", "-fault-every", "2")
 	if !strings.Contains(line, "(sglang latest)") {
 		t.Errorf("first line %q does not name the dialect", line)
 	}
-	url := line[strings.Index(line, "http://") : len(line)-1]
 	for i, want := range []int{200, 500, 200} {
 		res, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(chatBody))
 		if err != nil {
@@ -51,11 +63,7 @@ func TestServePolicy(t *testing.T) {
 			t.Errorf("request %d: status %d, want %d", i, res.StatusCode, want)
 		}
 	}
-	http.DefaultClient.CloseIdleConnections()
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serve-policy after cancel = %v, want nil", err)
-	}
+	stop()
 }
 
 // TestServePolicySample: with --sample the same prompt gets different
@@ -63,21 +71,8 @@ func TestServePolicy(t *testing.T) {
 // seed gives the same ones in the same order.
 func TestServePolicySample(t *testing.T) {
 	replies := func(seed string) []string {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		out := make(lineWriter, 8)
-		done := make(chan error, 1)
-		go func() {
-			args := []string{"-addr", "127.0.0.1:0", "-no-latency", "-sample", "-seed", seed}
-			done <- new(servePolicyCommand).Run(ctx, args, out, &bytes.Buffer{})
-		}()
-		var line string
-		select {
-		case line = <-out:
-		case err := <-done:
-			t.Fatalf("serve-policy returned early: %v", err)
-		}
-		url := line[strings.Index(line, "http://") : len(line)-1]
+		_, url, stop := startServePolicy(t, "-addr", "127.0.0.1:0", "-no-latency", "-sample", "-seed", seed)
+		defer stop()
 		var got []string
 		for range 8 {
 			res, err := http.Post(url+"/chat/completions", "application/json", strings.NewReader(chatBody))
@@ -95,11 +90,6 @@ func TestServePolicySample(t *testing.T) {
 				t.Fatalf("reply: %v, %d choices", err, len(body.Choices))
 			}
 			got = append(got, body.Choices[0].Message.Content)
-		}
-		http.DefaultClient.CloseIdleConnections()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve-policy after cancel = %v, want nil", err)
 		}
 		return got
 	}
