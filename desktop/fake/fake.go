@@ -318,13 +318,7 @@ func (d *Desktop) Reset(ctx context.Context, task desktop.Task) error {
 // belongs to one (the same place on any desktop, after a resume, in a
 // replay), else one per Reset of the desktop to the task.
 func (d *Desktop) drawTarget(c drawKey, task string, n, grid int) image.Rectangle {
-	var r *rand.Rand
-	if c.attempt != "" {
-		r = drawKey{seed: c.seed, attempt: c.attempt}.draw("target", "")
-	} else {
-		r = draw(d.seed, "target", task, n)
-	}
-	cell := r.IntN(grid * grid)
+	cell := d.attemptDraw(c, "target", task, n).IntN(grid * grid)
 	return targetRect(d.width, d.height, grid, cell%grid, cell/grid)
 }
 
@@ -514,10 +508,17 @@ func (d *Desktop) rewardDraw(a attempt, c drawKey, redraw bool) *rand.Rand {
 	if redraw {
 		what = "reward again"
 	}
+	return d.attemptDraw(c, what, a.task, a.n)
+}
+
+// attemptDraw returns the generator of a draw made once per attempt when the
+// call c belongs to one, whatever call of the attempt draws it; else once
+// per Reset of the desktop to task, the n-th.
+func (d *Desktop) attemptDraw(c drawKey, what, task string, n int) *rand.Rand {
 	if c.attempt != "" {
 		return drawKey{seed: c.seed, attempt: c.attempt}.draw(what, "")
 	}
-	return draw(d.seed, what, a.task, a.n)
+	return draw(d.seed, what, task, n)
 }
 
 // isInfeasible reports whether an OSWorld evaluator is the "infeasible"
