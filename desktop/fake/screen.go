@@ -213,12 +213,24 @@ func (s *screen) render(f frame) {
 		}
 	}
 
-	bar := image.Rect(win.Min.X, h-h/6, win.Max.X, h-h/6+h/54+1)
 	if !f.settling {
-		s.fill(bar, s.bg)
+		s.fill(progressBar(w, h), s.bg)
 		return
 	}
-	lit := bar.Dx() * (f.tick%barTicks + 1) / barTicks
+	s.progress(f.tick)
+}
+
+// progressBar is where the progress bar of a settling screen is: under the
+// window of cells.
+func progressBar(w, h int) image.Rectangle {
+	return image.Rect(w/8, h-h/6, w-w/8, h-h/6+h/54+1)
+}
+
+// progress draws the progress bar at tick.
+func (s *screen) progress(tick int) {
+	b := s.img.Bounds()
+	bar := progressBar(b.Dx(), b.Dy())
+	lit := bar.Dx() * (tick%barTicks + 1) / barTicks
 	s.fill(image.Rect(bar.Min.X, bar.Min.Y, bar.Min.X+lit, bar.Max.Y), barOnIdx)
 	s.fill(image.Rect(bar.Min.X+lit, bar.Min.Y, bar.Max.X, bar.Max.Y), barOffIdx)
 }
@@ -233,10 +245,7 @@ func (s *screen) renderTarget(f frame) {
 	s.fillBackground(targetBgIdx)
 	s.fill(image.Rect(0, 0, w, h/36+1), topBarIdx)
 	if f.settling {
-		bar := image.Rect(w/8, h-h/6, w-w/8, h-h/6+h/54+1)
-		lit := bar.Dx() * (f.tick%barTicks + 1) / barTicks
-		s.fill(image.Rect(bar.Min.X, bar.Min.Y, bar.Min.X+lit, bar.Max.Y), barOnIdx)
-		s.fill(image.Rect(bar.Min.X+lit, bar.Min.Y, bar.Max.X, bar.Max.Y), barOffIdx)
+		s.progress(f.tick)
 	}
 	idx := targetIdx
 	if f.hit {
