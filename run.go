@@ -28,7 +28,6 @@ type batch struct {
 	store   *schema.Run
 	log     *slog.Logger
 	sched   *scheduler
-	outage  *outage
 	gate    *policyGate
 	// stale, if set, says whether a graded try's steps are too old for its
 	// service's trainer, which wants such attempts run again.
@@ -84,7 +83,6 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	b.stop = stop
 	b.mu.Unlock()
 	first := b.newMain(b.client, b.pol)
-	b.outage = first.outage
 	b.main.Store(first)
 	b.mu.Lock()
 	b.mains, b.runCtx = []*modelServer{first}, runCtx
@@ -115,7 +113,7 @@ func (b *batch) run(ctx context.Context) (*Summary, error) {
 	})
 	tickCtx, stopTicker := context.WithCancel(context.WithoutCancel(ctx))
 	helpers.Go(func() { b.tick(tickCtx) })
-	helpers.Go(func() { b.outage.run(runCtx) })
+	helpers.Go(func() { first.outage.run(runCtx) })
 
 	var workers errgroup.Group
 	for slot := range b.opts.Desktops {

@@ -118,7 +118,7 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 	if err != nil {
 		return 0, err
 	}
-	b, err := readEndState(path)
+	b, err := safeopen.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return 0, fmt.Errorf("%w: %s", desktop.ErrNoEndState, ref)
@@ -145,17 +145,6 @@ func (d *Desktop) GradeEndState(ctx context.Context, ref string, task desktop.Ta
 		target: target, ptr: ptr}
 	d.mu.Unlock()
 	return d.Evaluate(ctx, task)
-}
-
-// readEndState reads a kept end state's file without following a symlink
-// or blocking on a FIFO planted in its stead (see package safeopen).
-func readEndState(path string) ([]byte, error) {
-	f, err := safeopen.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(f)
 }
 
 func (d *Desktop) endStatePath(ref string) string {

@@ -17,6 +17,7 @@ package safeopen
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -41,7 +42,7 @@ func Open(path string) (*os.File, error) {
 	if name == "" {
 		return nil, unsafe(abs, "is a directory, not a file", "name a file")
 	}
-	dfd, err := walk(filepath.Clean(dir))
+	dfd, err := walk(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -51,6 +52,16 @@ func Open(path string) (*os.File, error) {
 		return nil, err
 	}
 	return os.NewFile(uintptr(fd), abs), nil
+}
+
+// ReadFile reads the regular file at path as Open opens it.
+func ReadFile(path string) ([]byte, error) {
+	f, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }
 
 // OpenDir opens the directory path (to read its names, or to check it), as

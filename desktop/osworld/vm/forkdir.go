@@ -109,10 +109,7 @@ func checkForkDir(dir string) error {
 	if !ok {
 		return fmt.Errorf("%w: %s: no owner to check", ErrForkDir, dir)
 	}
-	if err := checkForkDirStat(dir, st.Uid, fi.Mode().Perm()|fi.Mode()&(fs.ModeSticky|fs.ModeSetgid|fs.ModeSetuid)); err != nil {
-		return err
-	}
-	return checkForkDirParent(dir)
+	return checkForkDirStat(dir, st.Uid, fi.Mode().Perm()|fi.Mode()&(fs.ModeSticky|fs.ModeSetgid|fs.ModeSetuid))
 }
 
 // checkForkDirStat refuses a fork directory another uid owns, or that a

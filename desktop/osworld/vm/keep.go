@@ -432,12 +432,7 @@ func openKept(dir, name string) (*os.File, error) {
 // readKept reads the file name of the kept state dir, as openKept opens
 // it.
 func readKept(dir, name string) ([]byte, error) {
-	f, err := openKept(dir, name)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(f)
+	return safeopen.ReadFile(filepath.Join(dir, name))
 }
 
 // loadKeptFiles gives a template of a kept state its disk layer, copied:
