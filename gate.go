@@ -117,9 +117,10 @@ type PolicyState struct {
 	Servers []string `json:"servers,omitempty"`
 }
 
-// set changes the version and the state and returns the new state.
-func (g *policyGate) set(version string, paused bool) PolicyState {
+// set changes the version and the state.
+func (g *policyGate) set(version string, paused bool) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	if version != g.version || paused != (g.resumed != nil) {
 		g.version = version
 		g.since = time.Now()
@@ -131,8 +132,6 @@ func (g *policyGate) set(version string, paused bool) PolicyState {
 		close(g.resumed)
 		g.resumed = nil
 	}
-	g.mu.Unlock()
-	return g.state()
 }
 
 func (g *policyGate) state() PolicyState {

@@ -20,7 +20,8 @@ func TestGateDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st := g.set("v1", true); st.InFlight != 2 || !st.Paused {
+	g.set("v1", true)
+	if st := g.state(); st.InFlight != 2 || !st.Paused {
 		t.Fatalf("after pausing: %+v; want 2 in flight, paused", st)
 	}
 	// A call that comes to the paused gate waits there, not in flight.

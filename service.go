@@ -39,11 +39,11 @@ type ServeOptions struct {
 	// whose policy version is more than that many versions behind the one
 	// in force when the group ended (counted in AttemptResult.StaleSteps).
 	// 0 keeps every step.
+	MaxStaleness int
 	// ImageTokenID is the token id the model server expands each image
 	// into; its runs in a step's prompt ids are the images' spans
 	// (StepImage.TokenSpan). 0 means DefaultImageTokenID (Qwen-VL's).
 	ImageTokenID int64
-	MaxStaleness int
 	// StaleRerun, with MaxStaleness, runs an attempt again when it
 	// finishes with steps that far behind the version then in force
 	// (recorded retried, error kind stale; at most twice an attempt),
@@ -804,7 +804,8 @@ func (s *Service) setPolicy(version string, paused, force bool, baseURLs []strin
 			return PolicyState{}, err
 		}
 	}
-	st := s.b.gate.set(version, paused)
+	s.b.gate.set(version, paused)
+	st := s.Policy()
 	s.noteVersion(version, force)
 	if force {
 		s.b.log.Warn("policy version reset on purpose (force)", "version", version, "was", cur.Version)
@@ -826,17 +827,10 @@ func (s *Service) Policy() PolicyState {
 // the policy and must know every call sent under the old weights has come
 // back before it swaps them: the calls held since the pause wait at the
 // gate and go under the version served next. It refuses a policy that
-// serves (ErrBadRequest), and gives up when ctx ends or the service stops.
+// serves (ErrBadRequest), and gives up when ctx ends. A service that stops
+// ends its calls first (its workers return before it is done), so a drain
+// never outwaits the service.
 func (s *Service) Drain(ctx context.Context) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-s.done:
-			cancel(fmt.Errorf("%w: it stopped while draining", ErrServiceStopped))
-		case <-ctx.Done():
-		}
-	}()
 	err := s.b.gate.drain(ctx)
 	if errors.Is(err, errDrainServing) {
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
@@ -868,9 +862,10 @@ func (s *Service) Status() ServiceStatus {
 	s.b.sched.mu.Lock()
 	phases := s.b.sched.summary.PhaseSeconds()
 	s.b.sched.mu.Unlock()
+	pol := s.Policy()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ServiceStatus{Policy: s.b.gate.state(), Desktops: s.opts.Desktops, Groups: map[GroupState]int{},
+	st := ServiceStatus{Policy: pol, Desktops: s.opts.Desktops, Groups: map[GroupState]int{},
 		Cursor: len(s.ended), Running: p.Running, InFlight: p.InFlight, Counts: p.Counts, PhaseSeconds: phases, Stopped: s.stopped}
 	for _, g := range s.groups {
 		st.Groups[s.infoLocked(g).State]++

@@ -240,8 +240,10 @@ func (h *handler) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	req := body.GroupRequest
 	if body.Size != nil {
-		if *body.Size < 1 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("group_size %d: want 1 to %d, or leave it out for the service's default", *body.Size, rl.MaxGroup))
+		// 0 is the Go API's "the default": on the wire, leaving the field
+		// out says that; Submit checks every other size.
+		if *body.Size == 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("group_size 0: want 1 to %d, or leave it out for the service's default", rl.MaxGroup))
 			return
 		}
 		req.Size = *body.Size
