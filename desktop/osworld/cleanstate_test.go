@@ -106,22 +106,12 @@ func startSleep(t *testing.T, secs, display string) *sleeper {
 // alive reports whether the sleep still runs, waiting a little for one
 // that was killed to be reaped. It is for sleeps that must live: under
 // load a killed one may take longer to be reaped (then dead says it).
-func (s *sleeper) alive() bool { return !s.endsWithin(200 * time.Millisecond) }
+func (s *sleeper) alive() bool { return !endsWithin(s.done, 200*time.Millisecond) }
 
 // dead reports whether the sleep ended, waiting for it as long as a
 // loaded machine may take to reap a killed process: for sleeps that must
 // have been ended.
-func (s *sleeper) dead() bool { return s.endsWithin(30 * time.Second) }
-
-// endsWithin reports whether the sleep ends (or has ended) within d.
-func (s *sleeper) endsWithin(d time.Duration) bool {
-	select {
-	case <-s.done:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
+func (s *sleeper) dead() bool { return endsWithin(s.done, 30*time.Second) }
 
 // TestCleanStateTool runs the tool on the host against a layout of its own:
 // it brings a home and a restored directory back through every kind of
@@ -805,10 +795,11 @@ func recordInSession(t *testing.T, cfg map[string]any) (string, *orphan) {
 	return answer, newOrphan(t, strings.TrimSpace(pid), r)
 }
 
+// alive and dead wait as a sleeper's do.
 func (o *orphan) alive() bool { return !endsWithin(o.done, 200*time.Millisecond) }
 func (o *orphan) dead() bool  { return endsWithin(o.done, 30*time.Second) }
 
-// endsWithin reports whether done is closed within d.
+// endsWithin reports whether done is closed (the process ended) within d.
 func endsWithin(done chan struct{}, d time.Duration) bool {
 	select {
 	case <-done:

@@ -43,9 +43,12 @@ func TestPythonDropsCredentials(t *testing.T) {
 		{"CONDA_APIKEY", false},
 		{"PYTHON_KEYRING_BACKEND", true}, // names no credential
 		{"XDG_SECRET_DIR", false},
-		{"OPENAI_API_KEY", false},
-		{"AWS_SECRET_ACCESS_KEY", false},
-		{"AWS_SESSION_TOKEN", false},
+		{"PYTHON_API_KEY", false},        // an allowed prefix: the name rule drops it
+		{"CONDA_PASSWORD", false},        // likewise
+		{"LC_CREDENTIALS", false},        // likewise
+		{"OPENAI_API_KEY", false},        // these three and HUGGING_FACE_HUB_TOKEN no allowed
+		{"AWS_SECRET_ACCESS_KEY", false}, // prefix lets through: they guard the allowlist,
+		{"AWS_SESSION_TOKEN", false},     // not the name rule
 		{"HF_HOME", true},
 		{"HF_HUB_CACHE", true},
 		{"HF_HUB_OFFLINE", true},
