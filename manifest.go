@@ -180,11 +180,10 @@ func environmentChanges(old, n *schema.Environment) []string {
 		return []string{fmt.Sprintf("--backend %s, not %s", old.Backend, n.Backend)}
 	}
 	knobs := map[string]bool{}
-	for k := range maps.Keys(old.Knobs) {
-		knobs[k] = true
-	}
-	for k := range maps.Keys(n.Knobs) {
-		knobs[k] = true
+	for _, m := range []map[string]string{old.Knobs, n.Knobs} {
+		for k := range m {
+			knobs[k] = true
+		}
 	}
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(knobs)) {

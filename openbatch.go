@@ -21,7 +21,9 @@ type batchDoor struct {
 	// tasks are a collect's tasks, one group each; a service starts with
 	// none and keeps its scheduler open for the groups it is given.
 	tasks []Task
-	open  bool
+	// open is a service's batch: its scheduler takes groups as they are
+	// submitted, and its settings live in its journal, not batch.json.
+	open bool
 	// restore, if set, adds the groups of the batch's earlier runs to b's
 	// scheduler before resume reads their records, checking m against the
 	// settings those runs kept (a service's journal). It may move b.pol

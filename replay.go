@@ -218,7 +218,7 @@ func pickRecords(runDir string, ids []string, sentinel error, log *slog.Logger, 
 	}
 	found := map[string]bool{}
 	var recs []schema.Record
-	rs, err := schema.ReadRunAttempts(runDir, func(rec schema.Record, _ int, _ bool) error {
+	rs, err := schema.ReadRunAttempts(runDir, func(rec schema.Record) error {
 		if len(want) > 0 && !want[rec.RolloutID] {
 			return nil
 		}

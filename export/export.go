@@ -545,20 +545,18 @@ func exportTwoPasses(ctx context.Context, r *io.SectionReader, a *admission, out
 			if !ok {
 				return nil // not finished, or finished without a reward
 			}
+			// The lines an attempt would have written: one sequence, or a
+			// sample per step.
+			lines := len(rec.Steps)
+			if opts.Contiguous {
+				lines = 1
+			}
 			if groups.leftOut[rec.GroupID] {
-				if opts.Contiguous {
-					st.PartialLines++
-				} else {
-					st.PartialLines += len(rec.Steps)
-				}
+				st.PartialLines += lines
 				return nil
 			}
 			if opts.DropConstantGroups && groups.constant(rec.GroupID) {
-				if opts.Contiguous {
-					st.DroppedLines++
-				} else {
-					st.DroppedLines += len(rec.Steps)
-				}
+				st.DroppedLines += lines
 				return nil
 			}
 			return each(&rec, text, adv)

@@ -176,10 +176,9 @@ func (r *RunAttempts) GroupEnded(group string, size, attempts int) bool {
 }
 
 // ReadRunAttempts reads dir/rollouts.jsonl by RunAttempts, calling fn with
-// each record, its line and whether it replaced an earlier error record
-// of its attempt (a rerun). The file is read as it was when opened:
+// each record. The file is read as it was when opened:
 // records appended meanwhile are left for the next read.
-func ReadRunAttempts(dir string, fn func(rec Record, line int, rerun bool) error) (ReadStats, error) {
+func ReadRunAttempts(dir string, fn func(rec Record) error) (ReadStats, error) {
 	f, err := os.Open(filepath.Join(dir, RecordsFile))
 	if err != nil {
 		return ReadStats{}, fmt.Errorf("read records: %w", err)
@@ -191,11 +190,10 @@ func ReadRunAttempts(dir string, fn func(rec Record, line int, rerun bool) error
 	}
 	ra := NewRunAttempts(dir)
 	rs, err := ReadRecordLines(io.NewSectionReader(f, 0, fi.Size()), func(rec Record, line int) error {
-		rerun, err := ra.Add(&rec, line)
-		if err != nil {
+		if _, err := ra.Add(&rec, line); err != nil {
 			return err
 		}
-		return fn(rec, line, rerun)
+		return fn(rec)
 	})
 	if err != nil {
 		return rs, err
