@@ -375,7 +375,7 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 			f.opts.Desktops = n
 		}
 		f.opts.NewDesktop = pool.New
-		f.opts.Environment = osworldEnvironment(pool.Config())
+		f.opts.Environment = osworldEnvironment(pool.Config(), pool.ImageFiles())
 		checkTasks = pool.CheckTasks
 	default:
 		return cleanup, nil, usageErrorf("--backend %q: want fake or osworld", f.backend)

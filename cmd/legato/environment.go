@@ -2,14 +2,13 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"legato/rl/desktop/osworld"
+	"legato/rl/desktop/osworld/vm"
 	"legato/rl/schema"
 )
 
@@ -35,43 +34,31 @@ func fakeEnvironment(ff fakeFlags) *schema.Environment {
 }
 
 // osworldEnvironment describes the osworld backend's desktops of cfg: the
-// image they boot and how they are graded.
-func osworldEnvironment(cfg osworld.Config) *schema.Environment {
+// image files they boot (images, hashed by the pool) and how they are
+// graded.
+func osworldEnvironment(cfg osworld.Config, images []vm.ImageFile) *schema.Environment {
 	knobs := map[string]string{
 		"grader": cfg.Grade.Mode.String(),
 		"python": cfg.Grade.Python,
 	}
-	set := func(k, v string) {
-		if v != "" {
-			knobs[k] = v
-		}
+	if dir := absPath(cfg.Grade.OSWorldDir); dir != "" {
+		knobs["osworld"] = dir
 	}
-	set("osworld", absPath(cfg.Grade.OSWorldDir))
 	if len(cfg.Guests) > 0 {
 		// Guests that already run: their image is theirs, not known here.
 		knobs["image"] = "none (--guest-url guests)"
-	} else {
-		set("image", fileIdentity(cfg.VM.BaseImage))
-		set("kernel", fileIdentity(cfg.VM.Kernel))
-		set("initrd", fileIdentity(cfg.VM.Initrd))
-		set("cmdline", cfg.VM.Cmdline)
+		return &schema.Environment{Backend: "osworld", Knobs: knobs}
+	}
+	// The files by content: an image rebuilt in place is another one, a
+	// copy of the same bytes is not.
+	flag := map[string]string{vm.RoleBase: "image", vm.RoleKernel: "kernel", vm.RoleInitrd: "initrd"}
+	for _, f := range images {
+		knobs[flag[f.Role]] = fmt.Sprintf("%s (%d bytes, sha256 %s)", absPath(f.Path), f.Size, f.SHA256)
+	}
+	if cfg.VM.Cmdline != "" {
+		knobs["cmdline"] = cfg.VM.Cmdline
 	}
 	return &schema.Environment{Backend: "osworld", Knobs: knobs}
-}
-
-// fileIdentity names a file by its absolute path, size and modification
-// time: an image rebuilt or replaced in place is another one. Hashing a
-// multi-gigabyte image at every start would cost minutes.
-func fileIdentity(path string) string {
-	if path == "" {
-		return ""
-	}
-	path = absPath(path)
-	st, err := os.Stat(path)
-	if err != nil {
-		return path
-	}
-	return fmt.Sprintf("%s (%d bytes, modified %s)", path, st.Size(), st.ModTime().UTC().Format(time.RFC3339))
 }
 
 // absPath is path made absolute where it can be, so that the same file

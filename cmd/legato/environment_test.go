@@ -11,6 +11,7 @@ import (
 
 	"legato/rl/desktop/osworld"
 	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/vm"
 	"legato/rl/schema"
 )
 
@@ -65,23 +66,32 @@ func TestOSWorldEnvironment(t *testing.T) {
 	}
 	cfg := osworld.Config{}
 	cfg.VM.BaseImage = image
+	cfg.VM.HashCache = "-" // no cache of hashes in the user's directory
 	cfg.Grade.Mode = grade.NativeOnly
-	first := osworldEnvironment(cfg)
+	// The image files as the pool hashes them at its start.
+	images := func() []vm.ImageFile {
+		files, err := vm.ImageFiles(t.Context(), cfg.VM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files
+	}
+	first := osworldEnvironment(cfg, images())
 	if first.Backend != "osworld" || !strings.HasPrefix(first.Knobs["image"], image+" (9 bytes") || first.Knobs["grader"] != "native-only" {
 		t.Errorf("environment %+v; want the image's path and size, and the grader", first)
 	}
 	if err := os.WriteFile(image, []byte("another image"), 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if again := osworldEnvironment(cfg); again.Knobs["image"] == first.Knobs["image"] {
+	if again := osworldEnvironment(cfg, images()); again.Knobs["image"] == first.Knobs["image"] {
 		t.Errorf("an image rewritten in place has the same identity %q", again.Knobs["image"])
 	}
 	cfg.Grade.Mode = grade.PreferBridge
-	if again := osworldEnvironment(cfg); again.Knobs["grader"] == first.Knobs["grader"] {
+	if again := osworldEnvironment(cfg, images()); again.Knobs["grader"] == first.Knobs["grader"] {
 		t.Errorf("another grader mode is the same knob %q", again.Knobs["grader"])
 	}
 	cfg.Guests = []osworld.GuestAddr{{}}
-	if g := osworldEnvironment(cfg); g.Knobs["image"] == first.Knobs["image"] {
+	if g := osworldEnvironment(cfg, nil); g.Knobs["image"] == first.Knobs["image"] {
 		t.Errorf("guests given by URL: image %q, want them told from VMs", g.Knobs["image"])
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -92,6 +93,10 @@ func pickHost(hosts []hostLoad) int {
 	return best
 }
 
+// ImageFiles returns the files VM mode's desktops boot (base image, kernel,
+// initrd) with their hashes; none for guests given by URL.
+func (p *Pool) ImageFiles() []vm.ImageFile { return slices.Clone(p.images) }
+
 // openHosts opens cfg's hosts and prepares each (see prepareHost), all at
 // once. A host that cannot be prepared is marked down and tried again
 // later; only when none can be is it an error.
@@ -100,6 +105,7 @@ func (p *Pool) openHosts(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	p.images = files
 	for _, spec := range p.cfg.VM.Hosts {
 		ph := &poolHost{cap: spec.Desktops, vms: map[string]bool{}}
 		h, err := vm.OpenHost(spec, p.cfg.VM, vm.HostOptions{Images: files, Lost: func(_ *vm.Host, err error) { p.hostDown(ph, err) }})

@@ -39,7 +39,9 @@ type Pool struct {
 
 	// hosts are the libvirt hosts of VM mode. stopProbes, stopCtx and
 	// probes run the probes of hosts that are down.
-	hosts      []*poolHost
+	hosts []*poolHost
+	// images are VM mode's image files, hashed once at the start.
+	images     []vm.ImageFile
 	stopProbes chan struct{}
 	stopCtx    context.Context
 	stopNow    context.CancelFunc
