@@ -209,16 +209,15 @@ func (o *outage) probe(ctx context.Context) {
 func (o *outage) retire() {
 	o.mu.Lock()
 	o.retired = true
-	waiting := o.cur != nil
+	// A prober not started yet sees retired and quits at once (run).
+	waiting, quit := o.cur != nil, o.quit
 	o.mu.Unlock()
 	if waiting {
 		o.log.Warn("the model calls waiting for the server that was down go to the servers the policy moved to")
 	}
 	o.end(errServerMoved)
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.quit != nil {
-		o.quit()
+	if quit != nil {
+		quit()
 	}
 }
 
