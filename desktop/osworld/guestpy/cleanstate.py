@@ -965,8 +965,9 @@ def refuse_shared(cfg, foreign=None):
     """Why a fast reset must not run on this guest, None when it may: a guest given by URL
     whose desktop user is root, unless told that it is (then every system daemon is the
     user's: only the session tells the desktop's processes apart); or a guest not known to be
-    dedicated to the desktop that looks shared with other work (foreign: root's newcomers
-    outside the session, which a reset knows of)."""
+    dedicated to the desktop that looks shared with other work (foreign, when given, returns
+    root's newcomers outside the session, which a reset knows of: called only when they
+    count, as it reads every process)."""
     if desktop_uid(cfg) == 0 and not cfg.get("vm") and not cfg.get("root_desktop"):
         return ("the desktop user (the owner of %s) is root, whom the system's own processes "
                 "share: a fast reset tells the desktop's processes apart by its session alone; "
@@ -974,7 +975,7 @@ def refuse_shared(cfg, foreign=None):
                 "--guest-root-desktop" % cfg["home"])
     if cfg.get("dedicated") or cfg.get("scope_display"):
         return None
-    signs = shared_signs(cfg, foreign)
+    signs = shared_signs(cfg, foreign() if foreign else None)
     if not signs:
         return None
     return ("the guest does not look like a dedicated desktop (%s): a fast reset would end "
@@ -1078,10 +1079,7 @@ def reset(cfg):
         problems.fail("the clean-state record has no desktop session (an older legato made it): "
                       "record it again")
         return {"problems": problems, "broken": problems.broken}
-    foreign = None
-    if not (cfg.get("dedicated") or cfg.get("scope_display")):
-        foreign = newcomers(cfg, clean["processes"], session)[2]
-    refused = refuse_shared(cfg, foreign)
+    refused = refuse_shared(cfg, lambda: newcomers(cfg, clean["processes"], session)[2])
     if refused:
         problems.fail(refused)
         return {"problems": problems, "broken": problems.broken}
