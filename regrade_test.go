@@ -245,17 +245,9 @@ func withScreen(c fake.Config) fake.Config {
 // advising the repair, before any desktop starts: the attempt is neither
 // replayed and regraded twice, nor lost without a word.
 func TestReplayRegradeReadAsExport(t *testing.T) {
+	out, desk, tasks := keptRun(t)
 	synctest.Test(t, func(t *testing.T) {
-		tasks := testTasks(1)
-		desk := fake.Config{Seed: 4, DefaultReward: fake.Reward{P: 1}}
-		e := newBatchEnv(t, tasks, policytest.Options{Script: clicksThenDone(1)}, desk)
-		desk.EndStates = filepath.Join(e.opts.Out, schema.EndStatesDir)
-		e.fleet = fake.NewFleet(withScreen(desk))
-		e.opts.NewDesktop, e.opts.KeepEndStates = e.fleet.New, true
-		if _, err := e.collect(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(e.opts.Out, schema.RecordsFile)
+		path := filepath.Join(out, schema.RecordsFile)
 		clean, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
@@ -264,7 +256,7 @@ func TestReplayRegradeReadAsExport(t *testing.T) {
 		if len(lines) != 3 || lines[2] != "" { // two records and the end
 			t.Fatalf("rollouts.jsonl has %d lines, want 2 records", len(lines)-1)
 		}
-		first := readRecords(t, e.opts.Out)[0]
+		first := readRecords(t, out)[0]
 		dup := strings.Replace(lines[0], `"rollout_id":"`+first.RolloutID+`"`, `"rollout_id":"`+first.RolloutID+`-again"`, 1)
 		for _, tc := range []struct {
 			name    string
@@ -284,23 +276,23 @@ func TestReplayRegradeReadAsExport(t *testing.T) {
 				t.Fatal(err)
 			}
 			fleet := fake.NewFleet(withScreen(desk))
-			_, err := Replay(t.Context(), e.opts.Out, ReplayOptions{NewDesktop: fleet.New, Tasks: tasks, Ready: e.opts.Ready})
-			if !tc.check(err) || !strings.Contains(err.Error(), "legato rl repair "+e.opts.Out) {
+			_, err := Replay(t.Context(), out, ReplayOptions{NewDesktop: fleet.New, Tasks: tasks})
+			if !tc.check(err) || !strings.Contains(err.Error(), "legato rl repair "+out) {
 				t.Errorf("%s: Replay = %v, want export's error advising legato rl repair", tc.name, err)
 			}
-			_, err = Regrade(t.Context(), e.opts.Out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks})
-			if !tc.check(err) || !strings.Contains(err.Error(), "legato rl repair "+e.opts.Out) {
+			_, err = Regrade(t.Context(), out, RegradeOptions{NewDesktop: fleet.New, Tasks: tasks})
+			if !tc.check(err) || !strings.Contains(err.Error(), "legato rl repair "+out) {
 				t.Errorf("%s: Regrade = %v, want export's error advising legato rl repair", tc.name, err)
 			}
 			if n := len(fleet.Desktops()); n != 0 {
 				t.Errorf("%s: %d desktops started for a refused run", tc.name, n)
 			}
-			_, err = export.ExportSteps(e.opts.Out, filepath.Join(t.TempDir(), "out.jsonl"), export.Options{})
+			_, err = export.ExportSteps(out, filepath.Join(t.TempDir(), "out.jsonl"), export.Options{})
 			if !tc.check(err) {
 				t.Errorf("%s: ExportSteps = %v, which replay's error should be", tc.name, err)
 			}
 		}
-		if _, err := os.Stat(filepath.Join(e.opts.Out, schema.RegradeFile)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(out, schema.RegradeFile)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("refused regrades wrote %s (%v)", schema.RegradeFile, err)
 		}
 	})
