@@ -62,7 +62,7 @@ except ModuleNotFoundError:
     sys.exit("train.py needs PyTorch: apt-get install python3-torch (Debian), then run it with /usr/bin/python3")
 
 import tinyvl  # noqa: E402
-from legato_client import Client, IMAGE_PREFIX, LegatoError  # noqa: E402
+from legato_client import Client, IMAGE_PREFIX  # noqa: E402
 
 # The on-policy agreement a trainer can count on: the same weights, the same
 # pixels, the same arithmetic.
