@@ -100,16 +100,33 @@ func (c *conn) run(ctx context.Context, op string, timeout time.Duration, fn fun
 	if err != nil {
 		return err
 	}
+	cut := false
 	err = bounded(ctx, timeout, func() error { return fn(lv) }, func() {
 		// Closing the socket fails the pending call (go-libvirt's
-		// ErrInterrupted), so the goroutine returns and the next call
-		// dials again.
+		// ErrInterrupted), so the goroutine returns.
+		cut = true
 		nc.Close()
 	})
+	if cut || errors.Is(err, libvirt.ErrInterrupted) {
+		// go-libvirt fails the pending call before lv.IsConnected turns
+		// false, so the next call could still pick this client and fail
+		// at once ("invalid argument"); drop it here so that one dials.
+		c.forget(lv)
+	}
 	if err != nil {
 		return classify(op, err)
 	}
 	return nil
+}
+
+// forget drops lv, whose socket is closed or lost, unless another call has
+// already replaced it.
+func (c *conn) forget(lv *libvirt.Libvirt) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lv == lv {
+		c.dropLocked()
+	}
 }
 
 // bounded runs fn and waits for it; if ctx is done or timeout (0: none)
