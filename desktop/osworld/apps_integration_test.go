@@ -230,9 +230,11 @@ func appsTasks(t *testing.T, tasks []desktop.Task) []desktop.Task {
 // TestIntegrationApps runs the real programs of the real-apps guest
 // (GRUB-booted, systemd, Xvfb): GIMP, LibreOffice Writer and Calc, Chromium
 // driven over DevTools, VLC through its HTTP interface, Thunderbird. A
-// group of attempts per task (appsGroupSize) starts from one golden state with the same
-// first screen; the known solutions score 1 and attempts that do nothing
-// score 0, graded by the tasks' evaluators (natively: no OSWorld checkout).
+// group of attempts per task (appsGroupSize) starts from one golden state
+// with the same first screen; the attempts alternate between the task's
+// known solution, which must score 1, and doing nothing, which must score
+// 0 although it starts where a solved attempt just ended: graded by the
+// tasks' evaluators (natively: no OSWorld checkout).
 func TestIntegrationApps(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
@@ -242,84 +244,102 @@ func TestIntegrationApps(t *testing.T) {
 	p, tasks := itPool(t, cfg, filepath.Join("testdata", "apps-tasks", "tasks.json"))
 	tasks = appsTasks(t, tasks)
 	appsGroup := appsGroupSize()
-	for _, run := range []struct {
-		name   string
-		script func(policytest.Request) string
-		reward float64
-	}{
-		{"solutions", appsSolutions, 1},
-		{"no-op", appsNoop, 0},
-	} {
-		srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: run.script})
-		var mu sync.Mutex
-		var pending string
-		shots := map[string][]firstScreen{}
-		factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
-			d, err := p.New(ctx, slot)
-			if err != nil {
-				return nil, err
-			}
-			seedHistoryTemplate(t, cfg, d.(*VMDesktop), tasks)
-			return firstScreens{VMDesktop: d.(*VMDesktop), mu: &mu, pending: &pending, shots: shots}, nil
+	// The k-th attempt of a task to call the model plays its solution
+	// when k is even and nothing when k is odd; an attempt that did
+	// nothing has one step (its terminate).
+	var scriptMu sync.Mutex
+	begun := map[string]int{}
+	script := func(req policytest.Request) string {
+		scriptMu.Lock()
+		if req.Step == 0 {
+			begun[req.Instruction]++
 		}
-		start := time.Now()
-		sum, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-apps"}, rl.CollectOptions{
-			Out:        t.TempDir(),
-			NewDesktop: factory,
-			Desktops:   1,
-			Group:      appsGroup,
-			MaxSteps:   8,
-			EnvRetries: -1, // a desktop failure must show, not be retried away
-			Logger:     cfg.Logger,
-			OnGroup: func(g rl.Group) {
-				if !g.Closed || len(g.Finished) != appsGroup {
-					t.Errorf("%s: task %s: group closed %v with %d finished attempts; want %d", run.name, g.TaskID, g.Closed, len(g.Finished), appsGroup)
-				}
-				for _, r := range g.Finished {
-					if r.Status != schema.StatusOK || r.Reward == nil || *r.Reward != run.reward {
-						reward := "none"
-						if r.Reward != nil {
-							reward = fmt.Sprint(*r.Reward)
-						}
-						t.Errorf("%s: task %s attempt %d: status %s, reward %s; want ok, %v", run.name, r.TaskID, r.Attempt, r.Status, reward, run.reward)
-					}
-				}
-			},
-		})
-		srv.Close()
+		solve := begun[req.Instruction]%2 == 1
+		scriptMu.Unlock()
+		if !solve {
+			return appsNoop(req)
+		}
+		return appsSolutions(req)
+	}
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: script})
+	defer srv.Close()
+	var mu sync.Mutex
+	var pending string
+	shots := map[string][]firstScreen{}
+	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
+		d, err := p.New(ctx, slot)
 		if err != nil {
-			t.Fatalf("%s: Collect: %v", run.name, err)
+			return nil, err
 		}
-		t.Logf("%s: %d tasks × %d in %v; counts %+v", run.name, len(tasks), appsGroup, time.Since(start).Round(time.Second), sum.Counts)
-		for _, tk := range tasks {
-			got := shots[tk.ID]
-			t.Logf("%s: task %s: first screens %v", run.name, tk.ID, got)
-			if len(got) != appsGroup {
-				t.Errorf("%s: task %s: %d first screenshots; want %d", run.name, tk.ID, len(got), appsGroup)
-				continue
+		seedHistoryTemplate(t, cfg, d.(*VMDesktop), tasks)
+		return firstScreens{VMDesktop: d.(*VMDesktop), mu: &mu, pending: &pending, shots: shots}, nil
+	}
+	start := time.Now()
+	sum, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-apps"}, rl.CollectOptions{
+		Out:        t.TempDir(),
+		NewDesktop: factory,
+		Desktops:   1,
+		Group:      appsGroup,
+		MaxSteps:   8,
+		EnvRetries: -1, // a desktop failure must show, not be retried away
+		Logger:     cfg.Logger,
+		OnGroup: func(g rl.Group) {
+			if !g.Closed || len(g.Finished) != appsGroup {
+				t.Errorf("task %s: group closed %v with %d finished attempts; want %d", g.TaskID, g.Closed, len(g.Finished), appsGroup)
 			}
-			if why := goldenRefusal(tk, cfg.Golden); why != "" {
-				// No golden state (update_browse_history dates its visits
-				// from the clock): the clean state and the setup give each
-				// first screen.
-				for i, shot := range got {
-					if strings.HasPrefix(string(shot.reset), "golden") {
-						t.Errorf("%s: task %s attempt %d: reset %s; want none (%s)", run.name, tk.ID, i, shot.reset, why)
+			solved := 0
+			for _, r := range g.Finished {
+				want, played := 1.0, "solution"
+				if r.NSteps == 1 {
+					want, played = 0, "no-op"
+				} else {
+					solved++
+				}
+				if r.Status != schema.StatusOK || r.Reward == nil || *r.Reward != want {
+					reward := "none"
+					if r.Reward != nil {
+						reward = fmt.Sprint(*r.Reward)
 					}
+					t.Errorf("task %s attempt %d (%s, %d steps): status %s, reward %s; want ok, %v", r.TaskID, r.Attempt, played, r.NSteps, r.Status, reward, want)
 				}
-				continue
 			}
+			if want := (appsGroup + 1) / 2; solved != want {
+				t.Errorf("task %s: %d attempts played the solution, want %d", g.TaskID, solved, want)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	t.Logf("%d tasks × %d in %v; counts %+v", len(tasks), appsGroup, time.Since(start).Round(time.Second), sum.Counts)
+	for _, tk := range tasks {
+		got := shots[tk.ID]
+		t.Logf("task %s: first screens %v", tk.ID, got)
+		if len(got) != appsGroup {
+			t.Errorf("task %s: %d first screenshots; want %d", tk.ID, len(got), appsGroup)
+			continue
+		}
+		if why := goldenRefusal(tk, cfg.Golden); why != "" {
+			// No golden state (update_browse_history dates its visits
+			// from the clock): the clean state and the setup give each
+			// first screen.
 			for i, shot := range got {
-				want := ResetGolden
-				if i == 0 {
-					want = ResetGoldenBuild
+				if strings.HasPrefix(string(shot.reset), "golden") {
+					t.Errorf("task %s attempt %d: reset %s; want none (%s)", tk.ID, i, shot.reset, why)
 				}
-				if shot.reset != want {
-					t.Errorf("%s: task %s attempt %d: reset %s; want %s", run.name, tk.ID, i, shot.reset, want)
-				}
-				if !bytes.Equal(got[0].png, shot.png) {
-					t.Errorf("%s: task %s: attempt %d's first screenshot differs from the first attempt's: %v, pixels in %s", run.name, tk.ID, i, got, diffBox(got[0].png, shot.png))
-				}
+			}
+			continue
+		}
+		for i, shot := range got {
+			want := ResetGolden
+			if i == 0 {
+				want = ResetGoldenBuild
+			}
+			if shot.reset != want {
+				t.Errorf("task %s attempt %d: reset %s; want %s", tk.ID, i, shot.reset, want)
+			}
+			if !bytes.Equal(got[0].png, shot.png) {
+				t.Errorf("task %s: attempt %d's first screenshot differs from the first attempt's: %v, pixels in %s", tk.ID, i, got, diffBox(got[0].png, shot.png))
 			}
 		}
 	}
