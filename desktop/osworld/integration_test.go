@@ -178,6 +178,62 @@ func planCall(step int, plan []string) string {
 	return fmt.Sprintf("Action: step %d.\n<tool_call>\n{\"name\": \"computer_use\", \"arguments\": %s}\n</tool_call>", step, call)
 }
 
+// keptDesktops hands a test's batches (Collect, Replay, ProbeTasks) the
+// same booted desktops, slot for slot: a batch's Close gives its desktop
+// back for the next batch, and the test's end closes them all. What those
+// tests check happens between a reset and a grade, which every attempt
+// does anyway; a boot per batch checks nothing more and costs 20–60 s
+// under software emulation. Batches using it must run one after another.
+type keptDesktops struct {
+	p    *Pool
+	mu   sync.Mutex
+	idle map[int]*VMDesktop
+	all  []*VMDesktop
+}
+
+func keepDesktops(t *testing.T, p *Pool) *keptDesktops {
+	k := &keptDesktops{p: p, idle: map[int]*VMDesktop{}}
+	t.Cleanup(func() {
+		for _, d := range k.all {
+			d.Close()
+		}
+	})
+	return k
+}
+
+// New is a desktop.Factory: slot's kept desktop, or a new one.
+func (k *keptDesktops) New(ctx context.Context, slot int) (desktop.Desktop, error) {
+	k.mu.Lock()
+	d, ok := k.idle[slot]
+	delete(k.idle, slot)
+	k.mu.Unlock()
+	if !ok {
+		nd, err := k.p.New(ctx, slot)
+		if err != nil {
+			return nil, err
+		}
+		d = nd.(*VMDesktop)
+		k.mu.Lock()
+		k.all = append(k.all, d)
+		k.mu.Unlock()
+	}
+	return keptDesktop{d, k, slot}, nil
+}
+
+type keptDesktop struct {
+	*VMDesktop
+	k    *keptDesktops
+	slot int
+}
+
+// Close gives the desktop back for the test's next batch.
+func (d keptDesktop) Close() error {
+	d.k.mu.Lock()
+	defer d.k.mu.Unlock()
+	d.k.idle[d.slot] = d.VMDesktop
+	return nil
+}
+
 // itPool makes the pool of cfg, closed when the test ends, and loads the
 // tasks of file, checked against it.
 func itPool(t *testing.T, cfg Config, file string) (*Pool, []desktop.Task) {

@@ -29,6 +29,9 @@ func TestIntegrationRewardChecks(t *testing.T) {
 	cfg.Golden = GoldenConfig{Max: 4}
 	ctx := t.Context()
 	p, all := itPool(t, cfg, filepath.Join("testdata", "tasks", "guest_tasks.json"))
+	// The replays and the grader checks run on the collect's VMs: a replay
+	// then loads the golden state the attempt it replays took.
+	k := keepDesktops(t, p)
 	byID := map[string]desktop.Task{}
 	for _, tk := range all {
 		byID[tk.ID] = tk
@@ -48,7 +51,7 @@ func TestIntegrationRewardChecks(t *testing.T) {
 	out := t.TempDir()
 	start := time.Now()
 	if _, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-replay"}, rl.CollectOptions{
-		Out: out, NewDesktop: p.New, Desktops: 2, Group: group, MaxSteps: 4, EnvRetries: -1, Logger: cfg.Logger,
+		Out: out, NewDesktop: k.New, Desktops: 2, Group: group, MaxSteps: 4, EnvRetries: -1, Logger: cfg.Logger,
 	}); err != nil {
 		t.Fatalf("Collect: %v", err)
 	}
@@ -67,7 +70,7 @@ func TestIntegrationRewardChecks(t *testing.T) {
 	}
 
 	start = time.Now()
-	rep, err := rl.Replay(ctx, out, rl.ReplayOptions{NewDesktop: p.New, Desktops: 2, Tasks: tasks, Logger: cfg.Logger})
+	rep, err := rl.Replay(ctx, out, rl.ReplayOptions{NewDesktop: k.New, Desktops: 2, Tasks: tasks, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatalf("Replay: %v", err)
 	}
@@ -100,14 +103,14 @@ func TestIntegrationRewardChecks(t *testing.T) {
 		t.Errorf("%.1f%% of the screens replayed identical, want at least 95%%", 100*share)
 	}
 
-	gradeTwiceOnGuest(t, p, byID["legato-term-echo"], cfg)
+	gradeTwiceOnGuest(t, k, byID["legato-term-echo"], cfg)
 }
 
 // gradeTwiceOnGuest runs a task whose grader answers yes, then no, on every
 // end state (a counter in the guest's /tmp, which each reset restores):
 // grading twice catches it, the task is quarantined with its evidence, and
 // the next batch sharing the quarantine skips it.
-func gradeTwiceOnGuest(t *testing.T, p *Pool, base desktop.Task, cfg Config) {
+func gradeTwiceOnGuest(t *testing.T, k *keptDesktops, base desktop.Task, cfg Config) {
 	ctx := t.Context()
 	flaky := base
 	flaky.ID = "legato-flaky-grader"
@@ -120,7 +123,7 @@ func gradeTwiceOnGuest(t *testing.T, p *Pool, base desktop.Task, cfg Config) {
 	defer srv.Close()
 	shared := filepath.Join(t.TempDir(), "quarantine.json")
 	pol := rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-flaky"}
-	opts := rl.CollectOptions{Out: t.TempDir(), NewDesktop: p.New, Desktops: 1, Group: 2, MaxSteps: 4, EnvRetries: -1,
+	opts := rl.CollectOptions{Out: t.TempDir(), NewDesktop: k.New, Desktops: 1, Group: 2, MaxSteps: 4, EnvRetries: -1,
 		GradeTwice: 1, Quarantine: shared, Logger: cfg.Logger}
 	sum, err := rl.Collect(ctx, []desktop.Task{flaky}, pol, opts)
 	if err != nil {
@@ -146,7 +149,7 @@ func gradeTwiceOnGuest(t *testing.T, p *Pool, base desktop.Task, cfg Config) {
 	// tasks check before a batch, on the guest: each task reset twice and
 	// its start state graded twice each time. The steady task is fit; the
 	// flaky grader is caught without an attempt.
-	probes, err := rl.ProbeTasks(ctx, []desktop.Task{base, flaky}, rl.ProbeTasksOptions{NewDesktop: p.New, Logger: cfg.Logger})
+	probes, err := rl.ProbeTasks(ctx, []desktop.Task{base, flaky}, rl.ProbeTasksOptions{NewDesktop: k.New, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatalf("ProbeTasks: %v", err)
 	}
