@@ -8,6 +8,9 @@ import (
 	"legato/rl/schema"
 )
 
+// This file holds the contiguous sequences (Options.Contiguous): an
+// attempt as one token sequence with a loss mask, and its line.
+
 // Sequence is one attempt as a single token sequence, the shape NeMo RL and
 // verl train multi-turn agents on: the first prompt, then each step's
 // generated tokens followed by what the next prompt added (the environment's
@@ -186,4 +189,31 @@ type AttemptSample struct {
 	Reward    float64       `json:"reward"`
 	Advantage float64       `json:"advantage"`
 	Sequence
+}
+
+// writeSequence writes rec's one line, its AttemptSequence, with sw
+// (writeRecord, with Options.Contiguous).
+func writeSequence(rec *schema.Record, text *schema.RecordText, adv float64, sw *sampleWriter, store *schema.MessageStore) (lines int, err error) {
+	if err := fillSequence(&sw.seq, store, rec); err != nil {
+		return 0, err
+	}
+	sw.texts = sw.texts[:0]
+	if sw.seq.Logprobs != nil && copyLogprobText {
+		for i := range rec.Steps {
+			t := text.Logprobs(rec, i)
+			if t == nil {
+				sw.texts = sw.texts[:0]
+				break
+			}
+			sw.texts = append(sw.texts, stepText{t, len(rec.Steps[i].Response.Logprobs)})
+		}
+	}
+	var at int
+	sw.tail, at, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
+		Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq}, sw.texts, sw.encode)
+	if err == nil {
+		sw.advAt = append(sw.advAt, sw.n+int64(at))
+		err = sw.put(append(sw.tail, '\n'))
+	}
+	return 1, err
 }

@@ -1,6 +1,3 @@
-// Package schema defines legato's on-disk run format, legato.rollout/v0: the
-// attempt records of rollouts.jsonl, the content-addressed message and image
-// stores, and the summary.
 package schema
 
 import (
