@@ -315,9 +315,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if err != nil {
 		return nil, err
 	}
-	defer b.client.Close()
-	defer b.store.Close()
-	return b.run(ctx)
+	return b.runAndClose(ctx)
 }
 
 // checkTasks refuses task lists a batch cannot run.
