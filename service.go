@@ -877,9 +877,22 @@ func (s *Service) Err() error {
 // interrupted (they run again when a service continues the directory),
 // every desktop is closed and the summary written. It returns the final
 // summary.
-func (s *Service) Close() (*Summary, error) {
+//
+// When ctx ends first (a desktop slow to close), Close returns ctx's
+// error: the service was told to stop and goes on stopping, every desktop
+// still closed; Done is closed once it stopped, and Close called again
+// then returns the summary.
+func (s *Service) Close(ctx context.Context) (*Summary, error) {
 	s.cancel()
-	<-s.done
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		select {
+		case <-s.done: // both: the service stopped
+		default:
+			return nil, ctx.Err()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.runErr != nil && !errors.Is(s.runErr, context.Canceled) {
