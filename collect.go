@@ -251,26 +251,6 @@ func AttemptsPerTask(group int, oversample float64) int {
 	return group + int(extra)
 }
 
-// Group is a task's group of attempts when it ends, for a trainer that
-// consumes a batch while it runs.
-type Group struct {
-	ID     string
-	TaskID string
-	// Closed is true when G attempts finished; false when the group ended
-	// short because attempts failed for good, or was dropped.
-	Closed bool
-	// Dropped is true when its caller cancelled the group (a service's
-	// DELETE) before G attempts finished.
-	Dropped bool
-	// Finished are the records of the finished (ok, truncated) attempts
-	// that count for the group, at most G, in the order rollouts.jsonl
-	// holds them: a resumed batch delivers a group as the first run did.
-	Finished []Record
-	// Advantages[i] is the GRPO advantage of Finished[i]: (reward − mean) /
-	// population std over Finished, 0 when all rewards are equal.
-	Advantages []float64
-}
-
 // Progress is a snapshot of a running batch.
 type Progress struct {
 	Elapsed      time.Duration
@@ -335,9 +315,7 @@ func Collect(ctx context.Context, tasks []Task, pol PolicyConfig, opts CollectOp
 	if err != nil {
 		return nil, err
 	}
-	defer b.client.Close()
-	defer b.store.Close()
-	return b.run(ctx)
+	return b.runAndClose(ctx)
 }
 
 // checkTasks refuses task lists a batch cannot run.

@@ -250,7 +250,7 @@ func TestServiceQuarantine(t *testing.T) {
 		Rewards: map[string]fake.Reward{"t0": {P: 0.5, Flaky: true}}})
 	e.opts.NewDesktop, e.opts.GradeTwice, e.opts.Group = e.fleet.New, 1, 8
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0)})
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +263,7 @@ func TestServiceQuarantine(t *testing.T) {
 	if _, _, err := s.Submit(GroupRequest{Task: inlineTask(1)}); err != nil {
 		t.Errorf("a group of another task: %v", err)
 	}
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	checkClosed(t, e.fleet)
@@ -292,7 +292,7 @@ func TestServiceRestartEndsQuarantined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := schema.AddQuarantined(e.opts.Quarantine, map[string]schema.QuarantinedTask{
@@ -301,7 +301,7 @@ func TestServiceRestartEndsQuarantined(t *testing.T) {
 	}
 
 	s2 := e.serve(t)
-	defer s2.Close()
+	defer s2.Close(context.Background())
 	// The policy is paused: a group left queued never ends, so the wait
 	// has a bound (any delay while it ends would be the machine's).
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -315,7 +315,7 @@ func TestServiceRestartEndsQuarantined(t *testing.T) {
 	if info := waitEnded(t, s2, good.ID); info.State != GroupClosed {
 		t.Errorf("group of another task: %+v, want closed", info)
 	}
-	sum, err := s2.Close()
+	sum, err := s2.Close(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

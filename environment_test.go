@@ -2,6 +2,7 @@ package rl
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -103,18 +104,18 @@ func TestCollectResumeOtherEnvironment(t *testing.T) {
 func TestServeRestartOtherEnvironment(t *testing.T) {
 	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
 	e.opts.Environment = &schema.Environment{Backend: "fake", Knobs: map[string]string{"fake-seed": "1"}}
-	if _, err := e.serve(t).Close(); err != nil {
+	if _, err := e.serve(t).Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	other := e.opts
 	other.Environment = &schema.Environment{Backend: "fake", Knobs: map[string]string{"fake-seed": "2"}}
 	if s, err := Serve(t.Context(), e.pol, other); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "--fake-seed 1, not 2") {
 		if s != nil {
-			s.Close()
+			s.Close(context.Background())
 		}
 		t.Errorf("restart with another --fake-seed: %v; want a refusal naming it", err)
 	}
-	if _, err := e.serve(t).Close(); err != nil {
+	if _, err := e.serve(t).Close(context.Background()); err != nil {
 		t.Errorf("restart on the same desktops: %v", err)
 	}
 }

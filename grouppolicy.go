@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"sync"
 
@@ -77,7 +76,7 @@ func (b *batch) moveMain(cfg PolicyConfig) error {
 	if b.runCtx.Err() != nil || b.fatal != nil {
 		b.mu.Unlock()
 		client.Close()
-		return fmt.Errorf("%w: it is stopping", ErrServiceStopped)
+		return errBatchStopping
 	}
 	old := b.main.Load()
 	b.mains = append(b.mains, m)
@@ -96,6 +95,12 @@ func (b *batch) moveMain(cfg PolicyConfig) error {
 // goes again, to the server now in force, whatever the wait ended with
 // (errServerMoved, or the old breaker giving up in the moment of the move).
 func (b *batch) movedFrom(a *attempt, srv *modelServer) bool { return b.server(a) != srv }
+
+// newGroupServers returns the per-group servers of b's groups, their
+// probers running until ctx ends; the servers' policy is b's.
+func newGroupServers(ctx context.Context, b *batch) *groupServers {
+	return &groupServers{ctx: ctx, base: b.pol, b: b, byID: map[string]*modelServer{}}
+}
 
 // groupServers keeps a service's per-group model servers, one per distinct
 // configuration, for the service's life.
@@ -141,7 +146,7 @@ func (gs *groupServers) get(p GroupPolicy, key string) (*modelServer, error) {
 		return s, nil
 	}
 	if gs.ctx.Err() != nil {
-		return nil, fmt.Errorf("%w: it is stopping", ErrServiceStopped)
+		return nil, errBatchStopping
 	}
 	client, err := policy.NewReplicas(cfg)
 	if err != nil {

@@ -2,6 +2,26 @@ package rl
 
 import "sync"
 
+// Group is a task's group of attempts when it ends, for a trainer that
+// consumes a batch while it runs.
+type Group struct {
+	ID     string
+	TaskID string
+	// Closed is true when G attempts finished; false when the group ended
+	// short because attempts failed for good, or was dropped.
+	Closed bool
+	// Dropped is true when its caller cancelled the group (a service's
+	// DELETE) before G attempts finished.
+	Dropped bool
+	// Finished are the records of the finished (ok, truncated) attempts
+	// that count for the group, at most G, in the order rollouts.jsonl
+	// holds them: a resumed batch delivers a group as the first run did.
+	Finished []Record
+	// Advantages[i] is the GRPO advantage of Finished[i]: (reward − mean) /
+	// population std over Finished, 0 when all rewards are equal.
+	Advantages []float64
+}
+
 // groupQueue hands ended groups from the scheduler, which pushes under its
 // lock and must never wait, to the one goroutine that delivers them, in
 // order. It is unbounded: a service adds groups while it runs, so no

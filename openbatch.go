@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 
 	"legato/rl/policy"
 	"legato/rl/policy/qwen"
@@ -26,9 +27,13 @@ type batchDoor struct {
 	open bool
 	// restore, if set, adds the groups of the batch's earlier runs to b's
 	// scheduler before resume reads their records, checking m against the
-	// settings those runs kept (a service's journal). It may move b.pol
-	// to other servers: b's client is made after it.
+	// settings those runs kept (a service's journal). It may start b on
+	// other servers (startOn): b's client is made after it.
 	restore func(b *batch, m schema.Batch) error
+	// onGroup is an open batch's OnGroup (a service's stream), and stale,
+	// if set, says which graded tries are too old and run again.
+	onGroup func(Group)
+	stale   func(*Record) bool
 	// held is the warning when a quarantine holds tasks of the batch at
 	// its start.
 	held string
@@ -101,6 +106,11 @@ func openBatch(pol PolicyConfig, opts CollectOptions, door batchDoor) (_ *batch,
 			return nil, found, err
 		}
 	}
+	if door.open {
+		// moveMain waits for run's first server.
+		b.ready = make(chan struct{})
+		b.opts.OnGroup, b.stale = door.onGroup, door.stale
+	}
 	if client, err = policy.NewReplicas(b.pol); err != nil {
 		return nil, found, err
 	}
@@ -136,6 +146,10 @@ func openBatch(pol PolicyConfig, opts CollectOptions, door batchDoor) (_ *batch,
 		if err := run.WriteBatch(&m); err != nil {
 			return nil, found, err
 		}
+	}
+	if door.open {
+		// A service's Status reads it before run.
+		b.started = time.Now()
 	}
 	return b, found, nil
 }

@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -135,7 +136,7 @@ func TestServiceEndStateBound(t *testing.T) {
 		if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
 			t.Fatalf("run %d: group %s %s, want closed", i+1, info.ID, info.State)
 		}
-		if _, err := s.Close(); err != nil {
+		if _, err := s.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}

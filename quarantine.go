@@ -1,23 +1,19 @@
 package rl
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"maps"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"legato/rl/desktop"
 	"legato/rl/schema"
 )
 
@@ -222,85 +218,6 @@ func (q *quarantine) batchAdded() map[string]string {
 	maps.Copy(out, q.before)
 	maps.Copy(out, q.added)
 	return out
-}
-
-// holdQuarantined ends, before the batch runs, the groups whose task the
-// quarantine holds and that are not closed: their attempts without a
-// record never run. It returns their task ids, in order.
-func (s *scheduler) holdQuarantined(q *quarantine) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	skip := map[*group]bool{}
-	var ids []string
-	for _, g := range s.groups {
-		if _, ok := q.holds(g.task.ID, g.taskSHA); ok && !g.closed {
-			skip[g] = true
-			ids = append(ids, g.task.ID)
-		}
-	}
-	if len(skip) == 0 {
-		return nil
-	}
-	kept := s.queue[:0]
-	for _, a := range s.queue {
-		if !skip[a.g] {
-			kept = append(kept, a)
-		}
-	}
-	s.queue = kept
-	for g := range skip {
-		// The group ends short, as one whose attempts failed for good.
-		g.left, g.quarantined = 0, true
-	}
-	sort.Strings(ids)
-	return ids
-}
-
-// secondGrade grades the end state just graded once more, when the batch
-// grades twice and this try is among those it picks, and records what the
-// second grade said. A desktop that failed on it is reported for
-// replacement; the first grade stands.
-func (t *try) secondGrade(ctx context.Context, reward float64) (desktopFailed bool) {
-	if !pickedForSecondGrade(t.rec.RolloutID, t.b.opts.GradeTwice) {
-		return false
-	}
-	g := &schema.SecondGrade{}
-	t.rec.SecondGrade = g
-	r, ok := t.d.(desktop.Regrader)
-	if !ok {
-		g.Error = "the desktop cannot grade an end state again (it is not a desktop.Regrader)"
-		return false
-	}
-	var again float64
-	err := timed(&t.rec.Timing.EvalS, func() (err error) {
-		again, err = r.EvaluateAgain(ctx, t.task)
-		return err
-	})
-	switch {
-	case err != nil:
-		g.Error = err.Error()
-		return desktop.IsFailure(ctx, err)
-	case again < 0 || again > 1 || again != again:
-		g.Error = fmt.Sprintf("%v: the desktop returned %v", errBadReward, again)
-		return false
-	}
-	g.Reward, g.Agrees = &again, again == reward
-	return false
-}
-
-// pickedForSecondGrade reports whether the attempt rolloutID is among the
-// fraction of attempts graded twice: picked by a hash of its id, so the
-// pick spreads over tasks and attempts.
-func pickedForSecondGrade(rolloutID string, fraction float64) bool {
-	switch {
-	case fraction <= 0:
-		return false
-	case fraction >= 1:
-		return true
-	}
-	h := fnv.New64a()
-	h.Write([]byte(rolloutID))
-	return float64(h.Sum64()>>11)/(1<<53) < fraction
 }
 
 // quarantineWarning is the summary's warning about tasks held out.

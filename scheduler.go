@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -691,4 +692,36 @@ const maxStaleReruns = 2
 
 func isStaleRetry(rec *Record) bool {
 	return rec.Status == schema.StatusRetried && rec.Error != nil && rec.Error.Kind == schema.ErrorStale
+}
+
+// holdQuarantined ends, before the batch runs, the groups whose task the
+// quarantine holds and that are not closed: their attempts without a
+// record never run. It returns their task ids, in order.
+func (s *scheduler) holdQuarantined(q *quarantine) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	skip := map[*group]bool{}
+	var ids []string
+	for _, g := range s.groups {
+		if _, ok := q.holds(g.task.ID, g.taskSHA); ok && !g.closed {
+			skip[g] = true
+			ids = append(ids, g.task.ID)
+		}
+	}
+	if len(skip) == 0 {
+		return nil
+	}
+	kept := s.queue[:0]
+	for _, a := range s.queue {
+		if !skip[a.g] {
+			kept = append(kept, a)
+		}
+	}
+	s.queue = kept
+	for g := range skip {
+		// The group ends short, as one whose attempts failed for good.
+		g.left, g.quarantined = 0, true
+	}
+	sort.Strings(ids)
+	return ids
 }

@@ -193,7 +193,7 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 	// restore opens the journal and rebuilds the groups of earlier runs
 	// from it, with the batch openBatch opened.
 	restore := func(b *batch, m schema.Batch) (err error) {
-		opts.CollectOptions = b.opts
+		opts.CollectOptions = b.options()
 		s.opts = opts
 		var entries []journalEntry
 		if s.journal, entries, err = openJournal(opts.Out, opts.Logger); err != nil {
@@ -206,28 +206,26 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		}
 		if urls := lastBaseURLs(entries); len(urls) > 0 {
 			// A trainer moved the policy to other servers: they hold it.
-			if urls[0] != b.pol.BaseURL {
+			if b.startOn(urls) {
 				opts.Logger.Warn("serving from the model servers the trainer last named (POST /v1/policy), not --policy-url", "servers", len(urls))
 			}
-			b.pol.BaseURL, b.pol.Replicas = urls[0], urls[1:]
 		}
-		b.ready = make(chan struct{})
-		b.opts.OnGroup = s.onGroup
 		if opts.ContiguousHarness == nil && opts.Harness == nil {
 			s.opts.ContiguousHarness = qwen.New(qwen.Config{ImageMax: MaxImageMax})
 		}
-		if opts.StaleRerun && opts.MaxStaleness > 0 {
-			b.stale = s.isStale
-		}
 		s.b = b
-		s.servers = &groupServers{ctx: runCtx, base: b.pol, b: b, byID: map[string]*modelServer{}}
+		s.servers = newGroupServers(runCtx, b)
 		return s.replay(entries, m)
+	}
+	door := batchDoor{open: true, restore: restore, onGroup: s.onGroup,
+		held: "ending the unfinished groups of tasks quarantined since they were submitted"}
+	if opts.StaleRerun && opts.MaxStaleness > 0 {
+		door.stale = s.isStale
 	}
 	// Groups queued before a restart whose task was quarantined since (by
 	// this service's grades, or in the shared file) end short, as collect
 	// ends them, instead of training on a task found unfit.
-	b, _, err := openBatch(pol, opts.CollectOptions, batchDoor{open: true, restore: restore,
-		held: "ending the unfinished groups of tasks quarantined since they were submitted"})
+	b, _, err := openBatch(pol, opts.CollectOptions, door)
 	if err != nil {
 		cancel()
 		if s.servers != nil {
@@ -241,14 +239,11 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 		}
 		return nil, err
 	}
-	b.started = time.Now()
 	go func() {
 		defer close(s.done)
-		sum, err := b.run(runCtx)
+		sum, err := b.runAndClose(runCtx)
 		cancel()
 		s.servers.close()
-		b.client.Close()
-		b.store.Close()
 		s.journal.close()
 		s.store.Close()
 		s.mu.Lock()
@@ -263,8 +258,8 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 // journal with m.
 func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if len(entries) == 0 {
-		s.noteVersion(s.b.gate.state().Version, false)
-		return s.journal.append(journalEntry{Op: opService, Manifest: &m, Version: s.b.gate.state().Version})
+		s.noteVersion(s.b.policyVersion(), false)
+		return s.journal.append(journalEntry{Op: opService, Manifest: &m, Version: s.b.policyVersion()})
 	}
 	if entries[0].Op != opService || entries[0].Manifest == nil {
 		return fmt.Errorf("%s does not start with the service's settings: not a service journal", JournalFile)
@@ -273,7 +268,6 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 		return fmt.Errorf("%w (the service's settings are in the first line of %s)", err, JournalFile)
 	}
 	s.noteVersion(entries[0].Version, false)
-	sched := s.b.sched
 	var keyed []string
 	for i, e := range entries[1:] {
 		switch e.Op {
@@ -299,7 +293,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 					return fmt.Errorf("%s line %d: group %s has history contiguous, which this service's harness cannot give; serve with the harness it had", JournalFile, i+2, e.ID)
 				}
 			}
-			sched.addLocked0(g)
+			s.b.restoreGroup(g)
 			s.next++
 			switch {
 			case e.Keyed:
@@ -308,16 +302,14 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 				keyed = append(keyed, e.ID)
 			case e.Policy != nil:
 				if g.server, err = s.servers.get(*e.Policy, ""); err != nil {
-					return fmt.Errorf("%s line %d: group %s's policy: %w", JournalFile, i+2, e.ID, err)
+					return fmt.Errorf("%s line %d: group %s's policy: %w", JournalFile, i+2, e.ID, serviceErr(err))
 				}
 			}
 		case opDrop:
-			if g := sched.byID[e.ID]; g != nil {
-				g.closed, g.dropped = true, true
-			}
+			s.b.restoreDrop(e.ID)
 		case opPolicy:
 			paused := e.Paused != nil && *e.Paused
-			s.b.gate.set(e.Version, paused)
+			s.b.setPolicy(e.Version, paused)
 			s.noteVersion(e.Version, e.Force)
 		case opEnd:
 			g := s.groups[e.ID]
@@ -329,20 +321,19 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 		}
 	}
 	for _, id := range keyed {
-		g := sched.byID[id]
-		if s.groups[id].info.Cursor != 0 || g.dropped {
+		if s.groups[id].info.Cursor != 0 || s.b.restoredDropped(id) {
 			continue
 		}
-		s.b.log.Warn("cancelled a group that had its own model key: keys are never stored, so it cannot run on after a restart; submit it again", "group", id)
+		s.opts.Logger.Warn("cancelled a group that had its own model key: keys are never stored, so it cannot run on after a restart; submit it again", "group", id)
 		if err := s.journal.append(journalEntry{Op: opDrop, ID: id}); err != nil {
 			return err
 		}
-		g.closed, g.dropped = true, true
+		s.b.restoreDrop(id)
 	}
 	if len(entries) > 1 && !slices.ContainsFunc(entries[1:], func(e journalEntry) bool { return e.Op == opPolicy }) {
 		// The policy was never changed: this run's --version is in force,
 		// and joins the history if it is new.
-		if v := s.b.gate.state().Version; v != s.versions[len(s.versions)-1] {
+		if v := s.b.policyVersion(); v != s.versions[len(s.versions)-1] {
 			s.noteVersion(v, false)
 			return s.journal.append(journalEntry{Op: opPolicy, Version: v, Paused: new(false)})
 		}
@@ -418,7 +409,7 @@ func checkVersion(v string) error {
 // isStale reports whether a graded try has a step more than MaxStaleness
 // versions behind the version in force now.
 func (s *Service) isStale(rec *Record) bool {
-	now := s.b.gate.state().Version
+	now := s.b.policyVersion()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range rec.Steps {
@@ -458,7 +449,7 @@ func (s *Service) onGroup(grp Group) {
 	}
 	cursor := len(s.ended) + 1
 	now := time.Now().UTC()
-	version := s.b.gate.state().Version
+	version := s.b.policyVersion()
 	// Under the lock: the stream's order is the journal's.
 	err := s.journal.append(journalEntry{Op: opEnd, At: now, ID: grp.ID, Cursor: cursor, State: state, Version: version})
 	if err == nil {
@@ -470,15 +461,6 @@ func (s *Service) onGroup(grp Group) {
 	if err != nil {
 		s.b.fail(&storeFailure{err})
 	}
-}
-
-// quarantinePlace names the quarantine files of the service.
-func (s *Service) quarantinePlace() string {
-	place := s.b.quar.runFile
-	if s.b.quar.shared != "" {
-		place += " or " + s.b.quar.shared
-	}
-	return place
 }
 
 func (s *Service) broadcastLocked() {
@@ -526,9 +508,9 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	if err != nil {
 		return GroupInfo{}, false, fmt.Errorf("%w: task: %w", ErrBadRequest, err)
 	}
-	if e, ok := s.b.quar.holds(task.ID, TaskSHA(task)); ok {
+	if e, ok := s.b.quarantined(task); ok {
 		return GroupInfo{}, false, fmt.Errorf("%w: task %q (%s: %s); remove its entry from %s once it is fixed",
-			ErrQuarantined, task.ID, e.Reason, e.Evidence, s.quarantinePlace())
+			ErrQuarantined, task.ID, e.Reason, e.Evidence, s.b.quarantineFiles())
 	}
 	entry, err := json.Marshal(struct {
 		ID     string          `json:"task_id"`
@@ -556,7 +538,7 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	var server *modelServer
 	if req.Policy != nil {
 		if server, err = s.servers.get(*req.Policy, req.APIKey); err != nil {
-			return GroupInfo{}, false, fmt.Errorf("%w: policy: %w", ErrBadRequest, err)
+			return GroupInfo{}, false, fmt.Errorf("%w: policy: %w", ErrBadRequest, serviceErr(err))
 		}
 	}
 	if len(s.groups) >= maxServiceGroups {
@@ -578,8 +560,8 @@ func (s *Service) Submit(req GroupRequest) (info GroupInfo, created bool, err er
 	}
 	ng := newGroup(id, task, size, attempts)
 	ng.server, ng.harness = server, harness
-	if !s.b.sched.add(ng) {
-		return GroupInfo{}, false, fmt.Errorf("%w: it is stopping", ErrServiceStopped)
+	if err := s.b.submit(ng); err != nil {
+		return GroupInfo{}, false, serviceErr(err)
 	}
 	return s.infoLocked(g), true, nil
 }
@@ -631,6 +613,15 @@ var errUnknownTask = errors.New("unknown task")
 // not know.
 func IsUnknownTask(err error) bool { return errors.Is(err, errUnknownTask) }
 
+// serviceErr says an engine's errBatchStopping in the service's words:
+// callers test for ErrServiceStopped.
+func serviceErr(err error) error {
+	if errors.Is(err, errBatchStopping) {
+		return fmt.Errorf("%w: %w", ErrServiceStopped, err)
+	}
+	return err
+}
+
 func (s *Service) stoppedErrLocked() error {
 	if s.runErr != nil {
 		return fmt.Errorf("%w: %w", ErrServiceStopped, s.runErr)
@@ -651,7 +642,7 @@ func (s *Service) Info(id string) (GroupInfo, error) {
 
 func (s *Service) infoLocked(g *serviceGroup) GroupInfo {
 	info := g.info
-	if info.State == GroupQueued && s.b.sched.started(info.ID) {
+	if info.State == GroupQueued && s.b.groupStarted(info.ID) {
 		info.State = GroupRunning
 	}
 	return info
@@ -704,7 +695,7 @@ func (s *Service) Cancel(ctx context.Context, id string) (GroupInfo, error) {
 	if err != nil {
 		return GroupInfo{}, err
 	}
-	s.b.sched.drop(id)
+	s.b.cancelGroup(id)
 	return s.Wait(ctx, id)
 }
 
@@ -776,7 +767,7 @@ func (s *Service) setPolicy(version string, paused, force bool, baseURLs []strin
 	if s.stopped {
 		return PolicyState{}, s.stoppedErrLocked()
 	}
-	cur := s.b.gate.state()
+	cur := s.b.gateState()
 	if version == "" {
 		version = cur.Version
 	}
@@ -789,9 +780,8 @@ func (s *Service) setPolicy(version string, paused, force bool, baseURLs []strin
 	force = force && version != cur.Version
 	var cfg PolicyConfig
 	if len(baseURLs) > 0 {
-		cfg = s.b.pol
-		cfg.BaseURL, cfg.Replicas = baseURLs[0], baseURLs[1:]
-		if err := cfg.Validate(); err != nil {
+		var err error
+		if cfg, err = s.b.policyOn(baseURLs); err != nil {
 			return PolicyState{}, fmt.Errorf("%w: base URLs: %w", ErrBadRequest, err)
 		}
 	}
@@ -801,27 +791,21 @@ func (s *Service) setPolicy(version string, paused, force bool, baseURLs []strin
 	}
 	if len(baseURLs) > 0 {
 		if err := s.b.moveMain(cfg); err != nil {
-			return PolicyState{}, err
+			return PolicyState{}, serviceErr(err)
 		}
 	}
-	s.b.gate.set(version, paused)
+	s.b.setPolicy(version, paused)
 	st := s.Policy()
 	s.noteVersion(version, force)
 	if force {
-		s.b.log.Warn("policy version reset on purpose (force)", "version", version, "was", cur.Version)
+		s.opts.Logger.Warn("policy version reset on purpose (force)", "version", version, "was", cur.Version)
 	}
-	s.b.log.Info("policy", "version", st.Version, "paused", st.Paused)
+	s.opts.Logger.Info("policy", "version", st.Version, "paused", st.Paused)
 	return st, nil
 }
 
 // Policy returns the policy gate's state and the servers the calls go to.
-func (s *Service) Policy() PolicyState {
-	st := s.b.gate.state()
-	if m := s.b.main.Load(); m != nil {
-		st.Servers = append([]string{m.pol.BaseURL}, m.pol.Replicas...)
-	}
-	return st
-}
+func (s *Service) Policy() PolicyState { return s.b.policyState() }
 
 // Drain waits until no model call is in flight, for a trainer that paused
 // the policy and must know every call sent under the old weights has come
@@ -831,7 +815,7 @@ func (s *Service) Policy() PolicyState {
 // ends its calls first (its workers return before it is done), so a drain
 // never outwaits the service.
 func (s *Service) Drain(ctx context.Context) error {
-	err := s.b.gate.drain(ctx)
+	err := s.b.drainCalls(ctx)
 	if errors.Is(err, errDrainServing) {
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
@@ -859,9 +843,7 @@ type ServiceStatus struct {
 // Status returns a snapshot of the service.
 func (s *Service) Status() ServiceStatus {
 	p := s.b.progress(false)
-	s.b.sched.mu.Lock()
-	phases := s.b.sched.summary.PhaseSeconds()
-	s.b.sched.mu.Unlock()
+	phases := s.b.phaseSeconds()
 	pol := s.Policy()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -895,9 +877,22 @@ func (s *Service) Err() error {
 // interrupted (they run again when a service continues the directory),
 // every desktop is closed and the summary written. It returns the final
 // summary.
-func (s *Service) Close() (*Summary, error) {
+//
+// When ctx ends first (a desktop slow to close), Close returns ctx's
+// error: the service was told to stop and goes on stopping, every desktop
+// still closed; Done is closed once it stopped, and Close called again
+// then returns the summary.
+func (s *Service) Close(ctx context.Context) (*Summary, error) {
 	s.cancel()
-	<-s.done
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		select {
+		case <-s.done: // both: the service stopped
+		default:
+			return nil, ctx.Err()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.runErr != nil && !errors.Is(s.runErr, context.Canceled) {

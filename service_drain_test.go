@@ -44,7 +44,7 @@ func TestServiceDrain(t *testing.T) {
 	e.pol.BaseURL = front.URL + target.Path
 	e.opts.Desktops, e.opts.Group = 1, 1
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 
 	if err := s.Drain(t.Context()); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("drain while serving: %v; want ErrBadRequest", err)

@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -100,7 +101,7 @@ func newMoveEnv(t *testing.T, fault policytest.Fault, replicas bool) *moveEnv {
 	m.nextSrv = policytest.NewServer(policytest.Options{NoLatency: true, Script: clicksThenDone(2), Faults: m.next.draw})
 	t.Cleanup(m.nextSrv.Close)
 	m.s = m.serve(t)
-	t.Cleanup(func() { m.s.Close() })
+	t.Cleanup(func() { m.s.Close(context.Background()) })
 	return m
 }
 
@@ -223,7 +224,7 @@ func TestServiceMoveCallsInFlight(t *testing.T) {
 	}
 	m.srv.Close() // the held calls fail; the old server refuses connections
 	m.finish(t, g.ID)
-	sum, err := m.s.Close()
+	sum, err := m.s.Close(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,7 +126,7 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 	}
 	// In attempt order; advantages are over the finished ones, which are
 	// never more than G.
-	recs, err := schema.ReadRecordsAt(s.opts.Out, s.b.sched.finals(id))
+	recs, err := schema.ReadRecordsAt(s.opts.Out, s.b.groupFinals(id))
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", id, err)
 	}

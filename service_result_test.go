@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -47,7 +48,7 @@ func TestServiceResultShapes(t *testing.T) {
 	}})
 	e.opts.Group = 2
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	info, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
 	if err != nil {
 		t.Fatal(err)

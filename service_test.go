@@ -74,7 +74,7 @@ func waitEnded(t *testing.T, s *Service, id string) GroupInfo {
 func TestServiceGroups(t *testing.T) {
 	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(2)})
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	var ids []string
 	for i := range 3 {
 		info, created, err := s.Submit(GroupRequest{Task: inlineTask(i), Size: 2 + i%2})
@@ -145,7 +145,7 @@ func TestServiceGroups(t *testing.T) {
 		}
 	}
 	waitEnded(t, s, a.ID)
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	checkClosed(t, e.fleet)
@@ -156,7 +156,7 @@ func TestServiceGroups(t *testing.T) {
 func TestServicePause(t *testing.T) {
 	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	if _, err := s.SetPolicy("", true); err != nil {
 		t.Fatal(err)
 	}
@@ -218,12 +218,12 @@ func TestServiceRestart(t *testing.T) {
 	if info, err := s.Cancel(t.Context(), dropped.ID); err != nil || info.State != GroupCancelled {
 		t.Fatalf("cancel: %+v %v", info, err)
 	}
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 
 	s2 := e.serve(t)
-	defer s2.Close()
+	defer s2.Close(context.Background())
 	if p := s2.Policy(); p.Version != "v7" || !p.Paused {
 		t.Errorf("policy after restart %+v, want v7 paused", p)
 	}
@@ -351,7 +351,7 @@ func TestServiceStaleness(t *testing.T) {
 	e.opts.MaxStaleness = 1
 	e.opts.Desktops, e.opts.Group = 1, 1
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	// v1 for the first call, v2 and v3 for the next two: the group ends
 	// under v3, so its first step is two versions behind.
 	info := calls.oneGroupOneCallPerVersion(t, s, "v1", "v2", "v3")
@@ -377,7 +377,7 @@ func TestServiceNoDesktops(t *testing.T) {
 	e.opts.Desktops = 1
 	e.opts.NewDesktop = func(context.Context, int) (desktop.Desktop, error) { return nil, errors.New("no VM today") }
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	<-s.Done()
 	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "no VM today") {
 		t.Errorf("service error %v, want the desktops' failure", err)
@@ -395,7 +395,7 @@ func TestServiceContiguous(t *testing.T) {
 	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(2)})
 	e.opts.ImageMax = 1
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	info, _, err := s.Submit(GroupRequest{Task: inlineTask(0), History: "contiguous"})
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestServiceGroupPolicy(t *testing.T) {
 	own := policytest.NewServer(policytest.Options{NoLatency: true, Script: clicksThenDone(1), APIKey: "group-secret"})
 	defer own.Close()
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	gp := &GroupPolicy{BaseURL: own.URL(), Model: "gateway-model"}
 	good, _, err := s.Submit(GroupRequest{Task: inlineTask(0), Policy: gp, APIKey: "group-secret"})
 	if err != nil {
@@ -520,11 +520,11 @@ func TestServiceKeyNotKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	s2 := e.serve(t)
-	defer s2.Close()
+	defer s2.Close(context.Background())
 	if _, err := s2.SetPolicy("", false); err != nil {
 		t.Fatal(err)
 	}
@@ -576,11 +576,11 @@ func TestServiceMovePolicy(t *testing.T) {
 	if got := e.srv.Stats().Requests; got != before || next.Stats().Completed == 0 {
 		t.Errorf("after the move the old server got %d more calls and the new one completed %d", got-before, next.Stats().Completed)
 	}
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	s2 := e.serve(t)
-	defer s2.Close()
+	defer s2.Close(context.Background())
 	n := next.Stats().Completed
 	again, _, err := s2.Submit(GroupRequest{Task: inlineTask(2)})
 	if err != nil {
@@ -602,7 +602,7 @@ func TestServiceStaleRerun(t *testing.T) {
 	e.opts.Desktops, e.opts.Group = 1, 1
 	e.opts.EnvRetries = -1 // a stale rerun must not need one
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	info := calls.oneGroupOneCallPerVersion(t, s, "v1", "v2", "v3")
 	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
 		t.Fatalf("group %s", info.State)
@@ -698,11 +698,11 @@ func TestServicePolicyOrder(t *testing.T) {
 	if n != 1 {
 		t.Errorf("steps of v2 after the reset to v1 are %d behind, want 1", n)
 	}
-	if _, err := s.Close(); err != nil {
+	if _, err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	s2 := e.serve(t)
-	defer s2.Close()
+	defer s2.Close(context.Background())
 	if p := s2.Policy(); p.Version != "v1" {
 		t.Errorf("version %q after restart, want v1", p.Version)
 	}
@@ -727,7 +727,7 @@ func TestServiceTaskEntry(t *testing.T) {
 	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(1)})
 	e.opts.Tasks = []Task{{ID: "t0", Domain: "os", Instruction: "x", Evaluator: json.RawMessage(`{"func":"exact_match"}`)}}
 	s := e.serve(t)
-	defer s.Close()
+	defer s.Close(context.Background())
 	s.SetPolicy("", true) // nothing needs to run
 	for _, tt := range []struct{ entry, words string }{
 		{`{"task_id": "t0", "domain": "chrome"}`, `domain "chrome": the service's task "t0" is in domain "os"`},

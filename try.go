@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
@@ -597,4 +598,51 @@ func (c *rolloutClock) stop() {
 		c.timer.Stop()
 		c.cancel(context.Canceled)
 	}
+}
+
+// secondGrade grades the end state just graded once more, when the batch
+// grades twice and this try is among those it picks, and records what the
+// second grade said. A desktop that failed on it is reported for
+// replacement; the first grade stands.
+func (t *try) secondGrade(ctx context.Context, reward float64) (desktopFailed bool) {
+	if !pickedForSecondGrade(t.rec.RolloutID, t.b.opts.GradeTwice) {
+		return false
+	}
+	g := &schema.SecondGrade{}
+	t.rec.SecondGrade = g
+	r, ok := t.d.(desktop.Regrader)
+	if !ok {
+		g.Error = "the desktop cannot grade an end state again (it is not a desktop.Regrader)"
+		return false
+	}
+	var again float64
+	err := timed(&t.rec.Timing.EvalS, func() (err error) {
+		again, err = r.EvaluateAgain(ctx, t.task)
+		return err
+	})
+	switch {
+	case err != nil:
+		g.Error = err.Error()
+		return desktop.IsFailure(ctx, err)
+	case again < 0 || again > 1 || again != again:
+		g.Error = fmt.Sprintf("%v: the desktop returned %v", errBadReward, again)
+		return false
+	}
+	g.Reward, g.Agrees = &again, again == reward
+	return false
+}
+
+// pickedForSecondGrade reports whether the attempt rolloutID is among the
+// fraction of attempts graded twice: picked by a hash of its id, so the
+// pick spreads over tasks and attempts.
+func pickedForSecondGrade(rolloutID string, fraction float64) bool {
+	switch {
+	case fraction <= 0:
+		return false
+	case fraction >= 1:
+		return true
+	}
+	h := fnv.New64a()
+	h.Write([]byte(rolloutID))
+	return float64(h.Sum64()>>11)/(1<<53) < fraction
 }

@@ -89,7 +89,7 @@ back on purpose and is journaled so.
 	}
 	made := token == ""
 	if token, err = serveToken(f.out, token); err != nil {
-		_, _ = svc.Close()
+		_, _ = svc.Close(context.WithoutCancel(ctx))
 		return err
 	}
 	srv := &http.Server{Handler: httpapi.New(svc, httpapi.Options{Token: token, MetricsOpen: *metricsOpen, Logger: log}), ReadHeaderTimeout: 10 * time.Second}
@@ -131,9 +131,11 @@ back on purpose and is journaled so.
 	case err := <-served:
 		runErr = fmt.Errorf("http: %w", err)
 	}
+	// Every desktop closes before the command returns, however it was
+	// stopped: nothing outlives it.
+	sum, cerr := svc.Close(context.WithoutCancel(ctx))
 	// Streams and long polls end when the service stops; give them a
 	// moment to write their last line.
-	sum, cerr := svc.Close()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -101,7 +102,7 @@ func BenchmarkServeVsCollect(b *testing.B) {
 			}
 			res.Body.Close()
 			h.Close()
-			if _, err := svc.Close(); err != nil {
+			if _, err := svc.Close(context.Background()); err != nil {
 				b.Fatal(err)
 			}
 			if n != groups {

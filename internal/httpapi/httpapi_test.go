@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -47,7 +48,7 @@ func testService(t *testing.T, pol rl.PolicyConfig) (svc *rl.Service, out string
 // bearer token, on a service in this process.
 func TestServeHTTP(t *testing.T) {
 	svc, out := testService(t, rl.PolicyConfig{})
-	defer svc.Close()
+	defer svc.Close(context.Background())
 	h := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
 	defer h.Close()
 	do := func(method, path, authz, body string) (int, string) {
@@ -144,7 +145,7 @@ func TestServeHTTP(t *testing.T) {
 // --metrics-open, /metrics alone answers without it.
 func TestServeAuthEveryRoute(t *testing.T) {
 	svc, _ := testService(t, rl.PolicyConfig{})
-	defer svc.Close()
+	defer svc.Close(context.Background())
 	closed := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
 	defer closed.Close()
 	open := httptest.NewServer(New(svc, Options{Token: "s3cret", MetricsOpen: true}))
@@ -181,7 +182,7 @@ func TestServeAuthEveryRoute(t *testing.T) {
 // none, is refused.
 func TestServeBatchBlobs(t *testing.T) {
 	svc, _ := testService(t, rl.PolicyConfig{})
-	defer svc.Close()
+	defer svc.Close(context.Background())
 	h := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
 	defer h.Close()
 	const ok = "Bearer s3cret"
