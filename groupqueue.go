@@ -1,6 +1,10 @@
 package rl
 
-import "sync"
+import (
+	"sync"
+
+	"legato/rl/export"
+)
 
 // Group is a task's group of attempts when it ends, for a trainer that
 // consumes a batch while it runs.
@@ -75,4 +79,15 @@ func (q *groupQueue) pop() (Group, bool) {
 		}
 		<-q.ready
 	}
+}
+
+// groupAdvantages wraps export.Advantages for the records of a group.
+func groupAdvantages(recs []Record) []float64 {
+	rewards := make([]float64, len(recs))
+	for i, r := range recs {
+		if r.Reward != nil {
+			rewards[i] = *r.Reward
+		}
+	}
+	return export.Advantages(rewards)
 }

@@ -1,7 +1,9 @@
 package rl
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"time"
@@ -185,4 +187,40 @@ func batchManifest(door batchDoor, pol PolicyConfig, opts CollectOptions, harnes
 	n := errorReruns(old)
 	m.ErrorReruns = &n
 	return m, nil
+}
+
+// checkTasks refuses task lists a batch cannot run.
+func checkTasks(tasks []Task, opts CollectOptions) error {
+	if len(tasks) == 0 {
+		return errors.New("no tasks")
+	}
+	if n := AttemptsPerTask(opts.Group, opts.Oversample); len(tasks) > MaxAttempts/n {
+		return fmt.Errorf("%d tasks × %d attempts: more than %d attempts in one batch; split the tasks into several batches", len(tasks), n, MaxAttempts)
+	}
+	seen := make(map[string]int, len(tasks))
+	for i, t := range tasks {
+		if t.ID == "" {
+			return fmt.Errorf("task %d has no id", i)
+		}
+		if j, ok := seen[t.ID]; ok {
+			return fmt.Errorf("tasks %d and %d have the same id %q", j, i, t.ID)
+		}
+		seen[t.ID] = i
+	}
+	return nil
+}
+
+// repairRun moves the lines of rollouts.jsonl that no reader may use
+// (damaged lines, later duplicates of a final record) to the run's
+// quarantine file before a resume reads it, so the resumed batch and its
+// exports agree on every attempt, and logs each line moved.
+func repairRun(run *schema.Run, log *slog.Logger) error {
+	st, err := run.Repair()
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", run.Dir(), err)
+	}
+	for _, l := range st.Lines {
+		log.Warn("moved a line of rollouts.jsonl to "+schema.QuarantineFile, "line", l.Line, "reason", l.Reason)
+	}
+	return nil
 }
