@@ -53,15 +53,15 @@ type AttemptResult struct {
 	Images map[string]string `json:"images,omitempty"`
 }
 
-// StepResult is a step's sample with how stale its policy version was.
+// StepResult is a step's sample with how stale its policy version was. Its
+// Images are the prompt's images in order (StepImage), their spans in the
+// whole prompt's ids whatever the steps mode.
 type StepResult struct {
 	export.Sample
 	// Staleness is how many policy versions came into force after the
 	// step's, up to the one in force when its group ended; absent when
 	// the step's version is not one the service put in force.
 	Staleness *int `json:"staleness,omitempty"`
-	// Images are the prompt's images in order (StepImage).
-	Images []StepImage `json:"images"`
 	// PromptPrefixMessages, with StepsPrefix, is how many messages at the
 	// start of the prompt are those of the step before; Messages then
 	// holds the ones after them. (PromptPrefixIDs says the same of the
@@ -138,7 +138,6 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 	}
 	advs := groupAdvantages(finished)
 	res := &GroupResult{GroupInfo: info, EndVersion: endVersion, Attempts: make([]AttemptResult, 0, len(recs))}
-	sizes := &imageSizes{store: s.store, seen: map[string]StepImage{}}
 	for i := range recs {
 		r := &recs[i]
 		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,
@@ -157,12 +156,12 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 				a.Sequence = seq
 			}
 			if opts.Steps != StepsNone {
-				samples, err := export.RecordSamples(s.store, r, adv, opts.InlineImages)
+				samples, err := export.RecordSamples(s.store, r, adv, export.Options{InlineImages: opts.InlineImages, ImageTokenID: s.opts.ImageTokenID})
 				if err != nil {
 					return nil, err
 				}
 				a.Steps, a.StaleSteps = s.stepResults(samples, endVersion)
-				if err := s.shapeSteps(&a, opts, sizes); err != nil {
+				if err := s.shapeSteps(&a, opts); err != nil {
 					return nil, fmt.Errorf("group %s: %s: %w", id, r.RolloutID, err)
 				}
 			}
@@ -192,23 +191,18 @@ func (s *Service) stepResults(samples []export.Sample, end string) (steps []Step
 	return steps, stale
 }
 
-// shapeSteps lists each step's images and, as opts asks, trims every step
-// to what it adds to the one before and gathers the attempt's images.
-func (s *Service) shapeSteps(a *AttemptResult, opts ResultOptions, sizes *imageSizes) error {
+// shapeSteps, as opts asks, trims every step to what it adds to the one
+// before and gathers the attempt's images.
+func (s *Service) shapeSteps(a *AttemptResult, opts ResultOptions) error {
 	full := make([][]schema.Message, len(a.Steps))
 	for i := range a.Steps {
 		st := &a.Steps[i]
 		full[i] = st.Messages
-		imgs, err := sizes.stepImages(st.Messages, st.PromptTokenIDs, s.imageTokenID())
-		if err != nil {
-			return fmt.Errorf("step %d: %w", st.Step, err)
-		}
-		st.Images = imgs
 		if opts.AttemptImages {
 			if a.Images == nil {
 				a.Images = map[string]string{}
 			}
-			for _, img := range imgs {
+			for _, img := range st.Images {
 				if _, ok := a.Images[img.SHA256]; ok {
 					continue
 				}
@@ -242,12 +236,4 @@ func (s *Service) shapeSteps(a *AttemptResult, opts ResultOptions, sizes *imageS
 		// whole prompt's ids.
 	}
 	return nil
-}
-
-// imageTokenID is the token the prompts' images expand into.
-func (s *Service) imageTokenID() int64 {
-	if s.opts.ImageTokenID != 0 {
-		return s.opts.ImageTokenID
-	}
-	return DefaultImageTokenID
 }

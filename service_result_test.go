@@ -1,16 +1,23 @@
 package rl
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
+	"legato/rl/export"
 	"legato/rl/policy/policytest"
 	"legato/rl/schema"
 )
@@ -165,6 +172,68 @@ func TestServiceResultShapes(t *testing.T) {
 		}
 		if len(a.Images) != len(a.Steps) {
 			t.Errorf("%s: %d images once each; want one per step's new screen, %d", a.RolloutID, len(a.Images), len(a.Steps))
+		}
+	}
+}
+
+// TestServiceResultImagesAreExports: a result's steps list the images an
+// export of the service's run directory lists for the same steps, spans
+// included, whether the result inlines its images or trims its steps.
+func TestServiceResultImagesAreExports(t *testing.T) {
+	e := newServiceEnv(t, policytest.Options{Script: clicksThenDone(2)})
+	e.opts.Group = 2
+	s := e.serve(t)
+	defer s.Close(context.Background())
+	info, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
+		t.Fatalf("group %s", info.State)
+	}
+	out := filepath.Join(t.TempDir(), "train.jsonl")
+	if _, err := export.ExportSteps(e.opts.Out, out, export.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string][]StepImage{}
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var smp struct {
+			RolloutID string      `json:"rollout_id"`
+			Step      int         `json:"step"`
+			Images    []StepImage `json:"images"`
+		}
+		if err := json.Unmarshal(line, &smp); err != nil {
+			t.Fatal(err)
+		}
+		exported[fmt.Sprint(smp.RolloutID, "/", smp.Step)] = smp.Images
+	}
+	for _, opts := range []ResultOptions{{}, {Steps: StepsPrefix, InlineImages: true}} {
+		res, err := s.Result(info.ID, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps := 0
+		for _, a := range res.Attempts {
+			for _, st := range a.Steps {
+				steps++
+				want, ok := exported[fmt.Sprint(a.RolloutID, "/", st.Step)]
+				if !ok {
+					t.Fatalf("%+v: %s step %d is not in the export", opts, a.RolloutID, st.Step)
+				}
+				if len(st.Images) == 0 || st.Images[0].TokenSpan == nil {
+					t.Fatalf("%+v: %s step %d: images %+v; want the screens with their spans", opts, a.RolloutID, st.Step, st.Images)
+				}
+				if diff := cmp.Diff(want, st.Images); diff != "" {
+					t.Errorf("%+v: %s step %d images (-export +result):\n%s", opts, a.RolloutID, st.Step, diff)
+				}
+			}
+		}
+		if steps != len(exported) {
+			t.Errorf("%+v: %d steps in the result, %d in the export", opts, steps, len(exported))
 		}
 	}
 }

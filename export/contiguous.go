@@ -189,13 +189,22 @@ type AttemptSample struct {
 	Reward    float64       `json:"reward"`
 	Advantage float64       `json:"advantage"`
 	Sequence
+	// Images are the sequence's images in order, with their spans in
+	// TokenIDs: its last prompt's, which it starts with and which holds
+	// every screenshot of the attempt; null when it has none.
+	Images []StepImage `json:"images"`
 }
 
 // writeSequence writes rec's one line, its AttemptSequence, with sw
 // (writeRecord, with Options.Contiguous).
-func writeSequence(rec *schema.Record, text *schema.RecordText, adv float64, sw *sampleWriter, store *schema.MessageStore) (lines int, err error) {
+func writeSequence(rec *schema.Record, text *schema.RecordText, adv float64, sw *sampleWriter, store *schema.MessageStore, opts Options) (lines int, err error) {
 	if err := fillSequence(&sw.seq, store, rec); err != nil {
 		return 0, err
+	}
+	last := len(rec.Steps) - 1
+	imgs, err := sw.imageLister(store, opts).list(rec.Steps[last].Request, [][]int64{sw.seq.TokenIDs[:sw.seq.StepStarts[last]]})
+	if err != nil {
+		return 0, fmt.Errorf("rollout %s step %d: images: %w", rec.RolloutID, last, err)
 	}
 	sw.texts = sw.texts[:0]
 	if sw.seq.Logprobs != nil && copyLogprobText {
@@ -210,7 +219,7 @@ func writeSequence(rec *schema.Record, text *schema.RecordText, adv float64, sw 
 	}
 	var at int
 	sw.tail, at, err = appendAttemptSample(sw.tail[:0], &AttemptSample{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID,
-		Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq}, sw.texts, sw.encode)
+		Attempt: rec.Attempt, Status: rec.Status, Reward: *rec.Reward, Advantage: adv, Sequence: sw.seq, Images: imgs}, sw.texts, sw.encode)
 	if err == nil {
 		sw.advAt = append(sw.advAt, sw.n+int64(at))
 		err = sw.put(append(sw.tail, '\n'))

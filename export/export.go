@@ -74,6 +74,10 @@ type Options struct {
 	// and its advantages would be another group's (3 rewards 1, 1, 0 give
 	// 0.707 and −1.414; with the fourth attempt's 1, 0.577 and −1.732).
 	PartialGroups bool
+	// ImageTokenID is the token id the model server expanded each image
+	// into, whose runs in the prompts' ids are the images' spans
+	// (StepImage.TokenSpan). 0 means DefaultImageTokenID (Qwen-VL's).
+	ImageTokenID int64
 }
 
 // Which rewards an export takes (Options.Rewards).
@@ -173,6 +177,9 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	}
 	if err := schema.CheckOutput(runDir, outPath); err != nil {
 		return st, fmt.Errorf("export: output %w", err)
+	}
+	if opts.ImageTokenID < 0 {
+		return st, fmt.Errorf("export: ImageTokenID %d: want the model's image token id, or 0 for DefaultImageTokenID (%d)", opts.ImageTokenID, DefaultImageTokenID)
 	}
 	if opts.Contiguous && opts.PromptPrefix {
 		return st, errors.New("export: PromptPrefix shares prompt ids between per-step samples, and Contiguous writes one sequence per attempt: choose one")

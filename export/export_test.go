@@ -165,6 +165,11 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 	if _, err := schema.ReadRunRecords(fixedRun, func(r schema.Record) error { recs[r.RolloutID] = r; return nil }); err != nil {
 		t.Fatal(err)
 	}
+	store, err := schema.OpenMessageStore(fixedRun, schema.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
 	withPromptIDs := 0
 	for _, s := range samples {
 		rec := recs[s.RolloutID]
@@ -191,6 +196,9 @@ func checkAgainstRecords(t *testing.T, samples []export.Sample, inline bool) {
 		}
 		if step.LogprobDefect() != "" {
 			want.ResponseLogprobs = nil // exported unusable, not as it came
+		}
+		for _, img := range wantImages(t, store, step, export.DefaultImageTokenID) {
+			want.Images = append(want.Images, export.StepImage{SHA256: img.SHA256, Bytes: img.Bytes, Width: img.Width, Height: img.Height, TokenSpan: img.Span})
 		}
 		if diff := cmp.Diff(want, s); diff != "" {
 			t.Errorf("sample %s step %d (-want +got):\n%s", s.RolloutID, s.Step, diff)

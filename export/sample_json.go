@@ -27,7 +27,9 @@ func appendTail(b []byte, t *sampleTail, enc func(any) ([]byte, error)) ([]byte,
 		b = append(b, s...)
 		return nil
 	}
-	b = append(b, '{')
+	b = append(b, `{"images":`...)
+	b = appendImages(b, t.Images)
+	b = append(b, ',')
 	if t.PromptPrefixIDs != 0 {
 		b = append(b, `"prompt_prefix_ids":`...)
 		b = strconv.AppendInt(b, int64(t.PromptPrefixIDs), 10)
@@ -195,6 +197,8 @@ func appendAttemptSample(b []byte, s *AttemptSample, texts []stepText, enc func(
 	b = append(b, `,"step_starts":`...)
 	b = appendInts32(b, s.StepStarts)
 	str(`,"policy_versions":`, s.PolicyVersions)
+	b = append(b, `,"images":`...)
+	b = appendImages(b, s.Images)
 	return append(b, '}'), advAt, err
 }
 

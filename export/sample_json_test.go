@@ -35,6 +35,8 @@ func TestAppendTail(t *testing.T) {
 		{PromptPrefixIDs: 1 << 20, PromptTokenIDs: ints, ResponseTokenIDs: ints, ResponseLogprobs: floats, ResponseTokens: []string{"<a>", "\"", "\u2028", "\x01", "é", "\xff"},
 			ResponseText: "<tool_call>{\"a\": 1} & \n\t\\", ResponseReasoning: "think\u2029", TokenIDsSource: schema.SourceReturnTokenIDs,
 			FinishReason: "stop", Warnings: []string{schema.WarnLogprobsMismatch}},
+		{Images: []StepImage{}},
+		{Images: testImages},
 	}
 	rng := rand.New(rand.NewPCG(28, 1))
 	for range 200 {
@@ -92,6 +94,14 @@ func TestAppendTail(t *testing.T) {
 // TestAppendAttemptSample: a contiguous sample's JSON is encoding/json's,
 // byte for byte, for edge values and random sequences; NaN and ±Inf are
 // refused as encoding/json refuses them.
+// testImages are images as samples list them: with a span, without, and
+// at the bounds of their numbers.
+var testImages = []StepImage{
+	{SHA256: strings.Repeat("0a", 32), Bytes: 1 << 21, Width: 1920, Height: 1080, TokenSpan: &[2]int{14, 2714}},
+	{SHA256: strings.Repeat("f9", 32), Bytes: 1, Width: 1, Height: math.MaxInt32},
+	{SHA256: strings.Repeat("00", 32), TokenSpan: &[2]int{0, math.MaxInt}},
+}
+
 func TestAppendAttemptSample(t *testing.T) {
 	sw := newSampleWriter(nil)
 	want := func(s *AttemptSample) []byte {
@@ -109,7 +119,9 @@ func TestAppendAttemptSample(t *testing.T) {
 			Reward: math.Copysign(0, -1), Advantage: -1e-7, Sequence: Sequence{TokenIDs: []int64{}, LossMask: []int{}, Logprobs: []float64{},
 				StepStarts: []int{}, PolicyVersions: []string{}}},
 		{Reward: 1e21, Advantage: math.MaxFloat64, Sequence: Sequence{TokenIDs: []int64{math.MinInt64, math.MaxInt64}, LossMask: []int{0, 1},
-			Logprobs: []float64{0, math.SmallestNonzeroFloat64}, PromptLength: 1, StepStarts: []int{1}, PolicyVersions: []string{"v<2>"}}},
+			Logprobs: []float64{0, math.SmallestNonzeroFloat64}, PromptLength: 1, StepStarts: []int{1}, PolicyVersions: []string{"v<2>"}},
+			Images: testImages},
+		{Images: []StepImage{}},
 	}
 	rng := rand.New(rand.NewPCG(28, 2))
 	for range 100 {

@@ -108,11 +108,22 @@ func fill(t *testing.T, v reflect.Value, prefix string) {
 					e.SetInt(int64(100*i + j))
 				case reflect.Float64:
 					e.SetFloat(-float64(i) - float64(j)/4)
+				case reflect.Struct:
+					fill(t, e, fmt.Sprintf("%s-%d-", s, j))
 				default:
 					t.Fatalf("field %s: no filler for slices of %s", v.Type().Field(i).Name, e.Kind())
 				}
 			}
 			f.Set(sl)
+		case reflect.Pointer:
+			if f.Type().Elem().Kind() != reflect.Array {
+				t.Fatalf("field %s: no filler for pointers to %s", v.Type().Field(i).Name, f.Type().Elem().Kind())
+			}
+			p := reflect.New(f.Type().Elem())
+			for j := range p.Elem().Len() {
+				p.Elem().Index(j).SetInt(int64(10*i + j))
+			}
+			f.Set(p)
 		default:
 			t.Fatalf("field %s: no filler for %s", v.Type().Field(i).Name, f.Kind())
 		}

@@ -29,6 +29,10 @@ type Sample struct {
 	Advantage     float64 `json:"advantage"`
 	// Messages is the exact prompt of the call.
 	Messages []schema.Message `json:"messages"`
+	// Images are the prompt's images in order, with their spans in
+	// PromptTokenIDs (whole prompts' positions, PromptPrefix or not);
+	// null when it has none.
+	Images []StepImage `json:"images"`
 	// PromptPrefixIDs, with Options.PromptPrefix, is how many ids at the
 	// start of the prompt are those at the start of the previous step's
 	// prompt; PromptTokenIDs then holds the ids after them (absent when
@@ -71,8 +75,9 @@ type sampleHead struct {
 }
 
 type sampleTail struct {
-	PromptPrefixIDs int     `json:"prompt_prefix_ids,omitempty"`
-	PromptTokenIDs  []int64 `json:"prompt_token_ids,omitempty"`
+	Images          []StepImage `json:"images"`
+	PromptPrefixIDs int         `json:"prompt_prefix_ids,omitempty"`
+	PromptTokenIDs  []int64     `json:"prompt_token_ids,omitempty"`
 	// promptChunks, when set, are the prompt's ids as the store's chunks
 	// (PromptTokenIDs is then nil): appendTail writes them one after the
 	// other, without first copying the prompt into one slice.
@@ -92,20 +97,21 @@ type sampleTail struct {
 
 // stepSample loads the sample of step i of rec, with advantage adv, in the
 // three pieces a line is written in (stepHeadTail, and the messages).
-func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float64, load schema.LoadOptions) (sampleHead, []schema.Message, sampleTail, error) {
+func stepSample(store *schema.MessageStore, rec *schema.Record, i int, adv float64, load schema.LoadOptions, images *imageLister) (sampleHead, []schema.Message, sampleTail, error) {
 	msgs, err := store.LoadRequest(rec.Steps[i], load)
 	if err != nil {
 		return sampleHead{}, nil, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
-	head, tail, err := stepHeadTail(store, rec, i, adv, nil)
+	head, tail, err := stepHeadTail(store, rec, i, adv, nil, images)
 	return head, msgs, tail, err
 }
 
 // stepHeadTail loads the fields of step i's sample before and after its
-// messages; prev is the prompt of step i-1 as chunks, nil for none.
-// Logprobs with a defect are left out and the defect named in its
-// warnings: only an export with AllowBadLogprobs gets that far.
-func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv float64, prev [][]int64) (sampleHead, sampleTail, error) {
+// messages, its images listed by images; prev is the prompt of step i-1
+// as chunks, nil for none. Logprobs with a defect are left out and the
+// defect named in its warnings: only an export with AllowBadLogprobs gets
+// that far.
+func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv float64, prev [][]int64, images *imageLister) (sampleHead, sampleTail, error) {
 	step := &rec.Steps[i]
 	var prevStep schema.Step
 	if i > 0 {
@@ -115,9 +121,14 @@ func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv flo
 	if err != nil {
 		return sampleHead{}, sampleTail{}, fmt.Errorf("rollout %s step %d: %w", rec.RolloutID, i, err)
 	}
+	imgs, err := images.list(step.Request, promptChunks)
+	if err != nil {
+		return sampleHead{}, sampleTail{}, fmt.Errorf("rollout %s step %d: images: %w", rec.RolloutID, i, err)
+	}
 	head := sampleHead{RolloutID: rec.RolloutID, TaskID: rec.TaskID, GroupID: rec.GroupID, Attempt: rec.Attempt,
 		Step: i, Status: rec.Status, PolicyVersion: step.Version(rec), Reward: *rec.Reward, Advantage: adv}
 	tail := sampleTail{
+		Images:            imgs,
 		promptChunks:      promptChunks,
 		ResponseText:      step.Response.Content,
 		ResponseReasoning: step.Response.Reasoning,
@@ -138,24 +149,26 @@ func stepHeadTail(store *schema.MessageStore, rec *schema.Record, i int, adv flo
 }
 
 // RecordSamples returns the samples export writes for rec, one per step,
-// with advantage adv; rec must be graded (a reward). Images stay
-// references unless inline. A service hands them to a trainer one group
-// at a time.
-func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, inline bool) ([]Sample, error) {
+// with advantage adv; rec must be graded (a reward). Of opts, only
+// InlineImages (images stay references without it) and ImageTokenID
+// (their spans) count. A service hands them to a trainer one group at a
+// time.
+func RecordSamples(store *schema.MessageStore, rec *schema.Record, adv float64, opts Options) ([]Sample, error) {
 	if rec.Reward == nil {
 		return nil, fmt.Errorf("rollout %s: no reward (status %s): only graded attempts have samples", rec.RolloutID, rec.Status)
 	}
-	load := schema.LoadOptions{KeepImageRefs: !inline}
+	load := schema.LoadOptions{KeepImageRefs: !opts.InlineImages}
+	images := newImageLister(store, opts.ImageTokenID)
 	out := make([]Sample, 0, len(rec.Steps))
 	for i := range rec.Steps {
-		h, msgs, t, err := stepSample(store, rec, i, adv, load)
+		h, msgs, t, err := stepSample(store, rec, i, adv, load, images)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, Sample{
 			RolloutID: h.RolloutID, TaskID: h.TaskID, GroupID: h.GroupID, Attempt: h.Attempt, Step: h.Step,
 			Status: h.Status, PolicyVersion: h.PolicyVersion, Reward: h.Reward, Advantage: h.Advantage,
-			Messages: msgs, PromptPrefixIDs: t.PromptPrefixIDs, PromptTokenIDs: t.promptIDs(), ResponseText: t.ResponseText,
+			Messages: msgs, Images: t.Images, PromptPrefixIDs: t.PromptPrefixIDs, PromptTokenIDs: t.promptIDs(), ResponseText: t.ResponseText,
 			ResponseReasoning: t.ResponseReasoning, ResponseTokenIDs: t.ResponseTokenIDs,
 			ResponseLogprobs: t.ResponseLogprobs, ResponseTokens: t.ResponseTokens,
 			TokenIDsSource: t.TokenIDsSource, FinishReason: t.FinishReason, Warnings: t.Warnings,
@@ -240,9 +253,10 @@ func writeStepSamples(rec *schema.Record, text *schema.RecordText, adv float64, 
 	// distinct message of the attempt is encoded once (with images inline
 	// they are too big to keep, and encoded as they are written).
 	clear(sw.msgJSON)
+	images := sw.imageLister(store, opts)
 	for i := range rec.Steps {
 		step := &rec.Steps[i]
-		head, tail, err := stepHeadTail(store, rec, i, adv, prev)
+		head, tail, err := stepHeadTail(store, rec, i, adv, prev, images)
 		if err != nil {
 			return lines, err
 		}

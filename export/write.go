@@ -243,11 +243,12 @@ func (a *admission) patch(f io.WriterAt, patches []advantagePatch) error {
 
 // readOptions is what an export with opts leaves out of the records it
 // reads: a sequence holds no messages, so a contiguous export skips the
-// requests' hashes.
+// requests' hashes but the last step's, whose messages hold the
+// sequence's images.
 func readOptions(opts Options) schema.ReadOptions {
 	// The writers copy logprobs from the records' text; writeRecord
 	// parses the values of a record whose text does not hold them all.
-	return schema.ReadOptions{NoRequests: opts.Contiguous, LazyLogprobs: copyLogprobText}
+	return schema.ReadOptions{NoRequests: opts.Contiguous, LastRequest: opts.Contiguous, LazyLogprobs: copyLogprobText}
 }
 
 // keptRecord is a record the first pass of an export keeps for the second,
@@ -316,13 +317,13 @@ func writeSamples(ctx context.Context, src recordSource, placeholders bool, w io
 			// encoder reports any error when it loads them.
 			clear(seen)
 			for i := range rec.Steps {
-				if opts.Contiguous {
-					break // a sequence has no messages
+				if opts.Contiguous && i < len(rec.Steps)-1 {
+					continue // a sequence's images are in its last prompt
 				}
 				for _, h := range rec.Steps[i].Request {
 					if _, ok := seen[h]; !ok {
 						seen[h] = struct{}{}
-						if opts.InlineImages {
+						if opts.InlineImages && !opts.Contiguous {
 							_, _ = store.Message(h) // the cache LoadRequest reads
 						} else {
 							_, _ = store.MessageJSON(h)
@@ -423,7 +424,7 @@ func writeRecord(ctx context.Context, rec *schema.Record, text *schema.RecordTex
 		}
 	}
 	if opts.Contiguous {
-		return writeSequence(rec, text, adv, sw, store)
+		return writeSequence(rec, text, adv, sw, store, opts)
 	}
 	return writeStepSamples(rec, text, adv, sw, store, opts)
 }
@@ -460,6 +461,17 @@ type sampleWriter struct {
 	// msgJSON holds the JSON of the messages of the attempt being
 	// written, by hash.
 	msgJSON map[string][]byte
+	// images lists the images of the attempt being written.
+	images *imageLister
+}
+
+// imageLister returns sw's lister of images, reset for a new attempt.
+func (sw *sampleWriter) imageLister(store *schema.MessageStore, opts Options) *imageLister {
+	if sw.images == nil {
+		sw.images = newImageLister(store, opts.ImageTokenID)
+	}
+	sw.images.reset()
+	return sw.images
 }
 
 func newSampleWriter(w io.Writer) *sampleWriter {

@@ -87,7 +87,7 @@ func parseRecordFast(line []byte, opts ReadOptions, t *RecordText) (rec Record, 
 		raw := line[h.start:h.end]
 		switch h.field {
 		case hotRequest:
-			if !opts.NoRequests {
+			if keepsRequest(opts, h.step, len(rec.Steps)) {
 				st.Request = parseStrings(raw, h.n)
 			}
 		case hotChunks:

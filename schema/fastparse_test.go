@@ -25,6 +25,8 @@ var readWays = []struct {
 	{"text", true, ReadOptions{}},
 	{"text, lazy", true, ReadOptions{LazyLogprobs: true}},
 	{"text, lazy, no requests", true, ReadOptions{LazyLogprobs: true, NoRequests: true}},
+	{"last request", false, ReadOptions{NoRequests: true, LastRequest: true}},
+	{"text, lazy, last request", true, ReadOptions{LazyLogprobs: true, NoRequests: true, LastRequest: true}},
 }
 
 // parsedLine is what a reader makes of a line one way: the record, the

@@ -291,6 +291,26 @@ func (s *MessageStore) ImagePNG(hash string) ([]byte, error) {
 	return load(s, "image", hash, func(sum [32]byte) ([]byte, error) { return s.readImage(hash, sum) })
 }
 
+// ImageHead reads the first len(head) bytes of the image with the given
+// hash into head (fewer when the file is shorter) and returns how many it
+// read and the image's size in bytes, without reading the rest or checking
+// it against its hash: what a PNG header says (its width and height) is
+// worth an open and a small read, where ImagePNG reads and hashes the
+// whole screenshot. The name is the hash of the bytes the store was given
+// (Run.PutMessages names each image by the sha256 of its PNG), which
+// ImagePNG checks on every read.
+func (s *MessageStore) ImageHead(hash string, head []byte) (n int, size int64, err error) {
+	type result struct {
+		n    int
+		size int64
+	}
+	r, err := load(s, "image", hash, func([32]byte) (result, error) {
+		n, size, err := readHead(filepath.Join(s.imgDir, hash+".png"), head)
+		return result{n, size}, notFound(err)
+	})
+	return r.n, r.size, err
+}
+
 func (s *MessageStore) readImage(hash string, sum [32]byte) ([]byte, error) {
 	png, err := os.ReadFile(filepath.Join(s.imgDir, hash+".png"))
 	if err != nil {

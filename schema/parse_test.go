@@ -114,6 +114,27 @@ func TestParseRecordAgrees(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("line %d (-encoding/json +parseRecordText):\n%s", i, diff)
 		}
+		// With the last request only: the same record, each earlier
+		// step's request nil.
+		last := want
+		last.Steps = slices.Clone(want.Steps)
+		for k := range max(len(last.Steps)-1, 0) {
+			last.Steps[k].Request = nil
+		}
+		lastOnly := ReadOptions{NoRequests: true, LastRequest: true}
+		got, _, err = parseRecordText(line, lastOnly)
+		if err != nil {
+			t.Fatalf("line %d: parseRecordText with the last request: %v", i, err)
+		}
+		if diff := cmp.Diff(last, got); diff != "" {
+			t.Errorf("line %d (-encoding/json with the last request +parseRecordText LastRequest):\n%s", i, diff)
+		}
+		if got, err = parseRecordOpts(line, lastOnly); err != nil {
+			t.Fatalf("line %d: parseRecordOpts with the last request: %v", i, err)
+		}
+		if diff := cmp.Diff(last, got); diff != "" {
+			t.Errorf("line %d (-encoding/json with the last request +parseRecordOpts LastRequest):\n%s", i, diff)
+		}
 		// Without requests: the same record, each step's request nil.
 		got, _, err = parseRecordText(line, ReadOptions{NoRequests: true})
 		if err != nil {

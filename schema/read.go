@@ -93,6 +93,11 @@ type ReadOptions struct {
 	// decoding them does: the gain is memory. The line is still checked
 	// whole: a request that is not an array of strings is refused as ever.
 	NoRequests bool
+	// LastRequest, with NoRequests, keeps the last step's Request: the
+	// last prompt of a contiguous attempt holds every earlier one's
+	// messages, and so all of its screenshots, in an eighth of the hashes
+	// of every step's requests (15 steps, two messages added a step).
+	LastRequest bool
 	// LazyLogprobs, with a RecordText (ReadRecordsTextWith), leaves the
 	// steps' logprobs that the text holds as the writers copy it
 	// unparsed: such a step's Logprobs has its length but holds NaNs
@@ -447,10 +452,29 @@ func parseRecordOpts(line []byte, opts ReadOptions) (Record, error) {
 			return checkVersion(rec)
 		}
 	}
-	if opts.NoRequests {
+	if opts.NoRequests && !opts.LastRequest {
 		return parseRecordWith(line, recordDecodingNoRequests)
 	}
-	return parseRecordWith(line, recordDecoding)
+	rec, err := parseRecordWith(line, recordDecoding)
+	keepLastRequest(&rec, opts)
+	return rec, err
+}
+
+// keepLastRequest leaves out the requests of rec that opts leave out when
+// opts keep the last: a reader that had to decode them all.
+func keepLastRequest(rec *Record, opts ReadOptions) {
+	if !opts.NoRequests || !opts.LastRequest {
+		return
+	}
+	for k := range max(len(rec.Steps)-1, 0) {
+		rec.Steps[k].Request = nil
+	}
+}
+
+// keepsRequest says whether a reader with opts keeps the request of step
+// k of n.
+func keepsRequest(opts ReadOptions, k, n int) bool {
+	return !opts.NoRequests || (opts.LastRequest && k == n-1)
 }
 
 // parseRecordText is parseRecord keeping the text of the record's
@@ -476,13 +500,14 @@ func parseRecordText(line []byte, opts ReadOptions) (Record, *RecordText, error)
 		jsonv2.UnmarshalFromFunc(unmarshalInt64s),
 		jsonv2.UnmarshalFromFunc(floats),
 	}
-	if opts.NoRequests {
+	if opts.NoRequests && !opts.LastRequest {
 		unmarshalers = append(unmarshalers, jsonv2.UnmarshalFromFunc(skipRequest))
 	}
 	rec, err := parseRecordWith(line, jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(unmarshalers...)))
 	if err != nil {
 		return Record{}, nil, err
 	}
+	keepLastRequest(&rec, opts)
 	t.own()
 	return rec, t, nil
 }

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -340,5 +341,37 @@ func TestParseHash(t *testing.T) {
 		if _, err := parseHash(bad); !errors.Is(err, ErrBadHash) {
 			t.Errorf("parseHash(%q) = %v, want ErrBadHash", bad, err)
 		}
+	}
+}
+
+// TestImageHead: an image's first bytes and its size, read without the
+// rest; fewer bytes from a shorter file; a missing image is ErrNotFound
+// and a name that is no hash ErrBadHash.
+func TestImageHead(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	if _, err := r.PutMessages([]Message{{Role: "user", Content: []Part{ImagePart(dataURL(tinyPNG))}}}); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	s, err := OpenMessageStore(dir, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	head := make([]byte, 16)
+	n, size, err := s.ImageHead(sha(tinyPNG), head)
+	if err != nil || n != 16 || size != int64(len(tinyPNG)) || !bytes.Equal(head, tinyPNG[:16]) {
+		t.Errorf("ImageHead = %d, %d, %v (%q); want 16, %d and the PNG's first bytes", n, size, err, head, len(tinyPNG))
+	}
+	long := make([]byte, len(tinyPNG)+10)
+	if n, _, err := s.ImageHead(sha(tinyPNG), long); err != nil || n != len(tinyPNG) || !bytes.Equal(long[:n], tinyPNG) {
+		t.Errorf("ImageHead of more than the file = %d, %v; want its %d bytes", n, err, len(tinyPNG))
+	}
+	if _, _, err := s.ImageHead(sha([]byte("never stored")), head); !errors.Is(err, ErrNotFound) {
+		t.Errorf("ImageHead of a missing image: %v; want ErrNotFound", err)
+	}
+	if _, _, err := s.ImageHead("../../etc/passwd", head); !errors.Is(err, ErrBadHash) {
+		t.Errorf("ImageHead of a path: %v; want ErrBadHash", err)
 	}
 }

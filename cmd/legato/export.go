@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strings"
 
@@ -16,8 +17,9 @@ import (
 // exportCommand is `legato rl export`: it writes one training sample per
 // model call of a run, with group advantages.
 type exportCommand struct {
-	out  string
-	opts export.Options
+	out          string
+	opts         export.Options
+	imageTokenID int
 }
 
 func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
@@ -32,15 +34,18 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.opts.IncludeQuarantined, "include-quarantined", false, "write the samples of quarantined tasks too (left out by default: their rewards are not to be trusted)")
 	choiceVar(fs, &c.opts.Rewards, "rewards", export.RewardsRecorded, []string{export.RewardsRecorded, export.RewardsRegraded}, "the rewards samples and advantages take: recorded, or regraded (the latest legato rl regrade of each attempt's kept end state; every finished attempt needs one)")
 	fs.BoolVar(&c.opts.PartialGroups, "partial-groups", false, "write the groups that never ended too (fewer finished attempts than the batch's group size while some attempts have no final record: a collect stopped or crashed), with advantages over the attempts they have")
+	intVar(fs, &c.imageTokenID, "image-token-id", export.DefaultImageTokenID, 1, math.MaxInt, "the token id the model server expands each image into (Qwen-VL's <|image_pad|> by default): its runs in the prompt ids are the images' token_span")
 	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
 	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
        [--allow-missing-logprobs] [--allow-bad-logprobs] [--contiguous | --prompt-prefix]
-       [--partial-groups]
+       [--partial-groups] [--image-token-id N]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
 logprobs, the reward, and the GRPO advantage within the attempt's group
 ((reward - mean) / population std; 0 when the group's rewards are equal).
+Each sample lists its prompt's images (sha256, bytes, width, height and
+token_span, where the image's tokens are in the prompt ids).
 Flags may come before or after DIR.
 
 A group that never ended is left out and counted on stderr: fewer finished
@@ -77,6 +82,7 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 	if c.out == "" {
 		return usageErrorf("missing --out FILE: name the file to write the samples to")
 	}
+	c.opts.ImageTokenID = int64(c.imageTokenID)
 	if err := schema.CheckOutput(dir, c.out); errors.Is(err, schema.ErrRunFile) {
 		return usageErrorf("--out %w", err)
 	}

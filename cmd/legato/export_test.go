@@ -85,24 +85,24 @@ func TestExportCommand(t *testing.T) {
 		wantStderr string // a substring
 	}{
 		{name: "flags after the directory", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"},
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n",
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (14.6 KiB)\n",
 			wantStderr: "warning: wrote 1 of 11 samples with broken logprobs as samples without logprobs, marked in their warnings (--allow-bad-logprobs)\n" +
 				"warning: wrote 2 of 11 samples without logprobs (--allow-missing-logprobs)\n"},
 		{name: "flags before the directory", args: []string{"-out=" + out, "--drop-constant-groups", "DIR"},
-			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (7.2 KiB)\n" +
+			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (8.6 KiB)\n" +
 				"dropped 2 groups with equal rewards (5 samples)\n"},
 		{name: "torn last line", args: []string{"DIR", "--out", out, "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: tornCopy,
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n",
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (14.6 KiB)\n",
 			wantStderr: "/run/rollouts.jsonl (a crash mid-append; collect runs its attempt again): rollouts.jsonl line 12 (offset 20429): no newline at the end"},
 		// Group c, whose r-c1 has no logprobs, is left out: the export
 		// needs no --allow-missing-logprobs.
 		{name: "a group cut short", args: []string{"DIR", "--out", out, "--allow-bad-logprobs"}, dir: cutShortCopy,
-			wantStdout: "wrote 9 samples from 4 rollouts in 2 groups to " + out + " (10.3 KiB)\n" +
+			wantStdout: "wrote 9 samples from 4 rollouts in 2 groups to " + out + " (12.2 KiB)\n" +
 				"left out 1 groups that never ended (2 samples)\n",
 			wantStderr: "warning: 1 groups left out: not closed, fewer than 2 finished attempts and some attempts without a final record " +
 				"(a collect stopped or crashed; resume it to finish them); --partial-groups writes them (2 samples): v7/task-c\n"},
 		{name: "a group cut short, written", args: []string{"DIR", "--out", out, "--partial-groups", "--allow-missing-logprobs", "--allow-bad-logprobs"}, dir: cutShortCopy,
-			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (12.4 KiB)\n" +
+			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (14.6 KiB)\n" +
 				"wrote 1 groups that never ended (--partial-groups)\n",
 			wantStderr: "warning: wrote 1 groups that never ended, with advantages over the attempts they have (--partial-groups): v7/task-c\n"},
 	}
@@ -185,6 +185,8 @@ func TestExportCommandUsage(t *testing.T) {
 		{"two directories", []string{fixedRun, fixedRun, "--out", "x.jsonl"}, "want one run directory"},
 		{"unknown flag", []string{fixedRun, "--out", "x.jsonl", "--inline"}, "flag provided but not defined: -inline"},
 		{"out is the manifest", []string{fixedRun, "--out", fixedRun + "/batch.json"}, "is one of the run's own files (batch.json)"},
+		{"image token 0", []string{fixedRun, "--out", "x.jsonl", "--image-token-id", "0"}, `invalid value "0" for flag -image-token-id: want an integer ≥ 1`},
+		{"image token negative", []string{fixedRun, "--out", "x.jsonl", "--image-token-id=-5"}, `invalid value "-5" for flag -image-token-id`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

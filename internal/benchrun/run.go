@@ -5,11 +5,14 @@ package benchrun
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"image"
+	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,8 +87,9 @@ func (s Run) store(pack *benchPack, dir string, sum [32]byte, data []byte) error
 // generating 300,000 messages take minutes. Like a real run, each step's
 // prompt repeats the rollout's history (system prompt, instruction, every
 // earlier reply and screenshot), so messages are shared across steps and
-// each rollout adds two new ones per step. Images are references only; the
-// benchmark exports references and never reads them.
+// each rollout adds two new ones per step. Each screenshot is a small PNG
+// of its own in images/ (an export reads its header for the samples'
+// image sizes; the pixels, never read, need not be a screen's).
 func (s Run) Write(dir string) error {
 	for _, d := range []string{schema.MessagesDir, schema.ImagesDir, schema.TokensDir} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -197,8 +201,12 @@ func (s Run) Write(dir string) error {
 			}
 			grow(2000)
 			for k := range s.Steps {
+				img, err := putImage(dir, i*1000+k)
+				if err != nil {
+					return err
+				}
 				shot, err := put(schema.Message{Role: "user", Content: []schema.Part{
-					schema.ImagePart(fmt.Sprintf("%s%064x", schema.ImageScheme, i*1000+k)),
+					schema.ImagePart(schema.ImageScheme + img),
 				}})
 				if err != nil {
 					return err
@@ -262,4 +270,18 @@ func (s Run) Write(dir string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// putImage writes a 16×9 grey PNG whose first pixels spell n, as the
+// store names images (images/<sha256>.png), and returns its hash.
+func putImage(dir string, n int) (string, error) {
+	img := image.NewGray(image.Rect(0, 0, 16, 9))
+	binary.LittleEndian.PutUint64(img.Pix, uint64(n))
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b.Bytes())
+	h := hex.EncodeToString(sum[:])
+	return h, os.WriteFile(filepath.Join(dir, schema.ImagesDir, h+".png"), b.Bytes(), 0o644)
 }
