@@ -1,0 +1,158 @@
+package view_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"legato/rl/export/view"
+)
+
+const token = "test-token"
+
+func openRun(t *testing.T, dir string) *view.Run {
+	t.Helper()
+	run, err := view.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Close() })
+	return run
+}
+
+func get(t *testing.T, c *http.Client, url string, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(body)
+}
+
+// TestHandlerToken checks that every route needs the token, that ?token=
+// sets the cookie and redirects without it, and that the cookie and a
+// bearer header both let a request through.
+func TestHandlerToken(t *testing.T) {
+	srv := httptest.NewServer(view.Handler(openRun(t, writeFixture(t)), token))
+	defer srv.Close()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, path := range []string{"/", "/attempt?id=r-save-0", "/group?id=v1/t-save", "/static/view.css", "/img/" + strings.Repeat("0", 64) + ".png"} {
+		if resp, _ := get(t, noRedirect, srv.URL+path); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET %s without the token: %s, want 401", path, resp.Status)
+		}
+		if resp, _ := get(t, noRedirect, srv.URL+path, "Authorization", "Bearer wrong"); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET %s with a wrong token: %s, want 401", path, resp.Status)
+		}
+	}
+	resp, _ := get(t, noRedirect, srv.URL+"/attempt?id=r-save-0&token="+token)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "attempt?id=r-save-0" {
+		t.Fatalf("GET with ?token=: %s, Location %q; want 303 to attempt?id=r-save-0", resp.Status, resp.Header.Get("Location"))
+	}
+	var cookie *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == view.TokenCookie {
+			cookie = c
+		}
+	}
+	if cookie == nil || cookie.Value != token || !cookie.HttpOnly || cookie.SameSite != http.SameSiteStrictMode {
+		t.Fatalf("cookie %+v: want %s=%s, HttpOnly, SameSite=Strict", cookie, view.TokenCookie, token)
+	}
+	if resp, body := get(t, noRedirect, srv.URL+"/attempt?id=r-save-0", "Cookie", cookie.String()); resp.StatusCode != 200 || !strings.Contains(body, "The Save button is in the toolbar") {
+		t.Errorf("GET with the cookie: %s, want 200 with the reasoning", resp.Status)
+	}
+	if resp, _ := get(t, noRedirect, srv.URL+"/", "Authorization", "Bearer "+token); resp.StatusCode != 200 {
+		t.Errorf("GET / with the bearer token: %s, want 200", resp.Status)
+	}
+}
+
+// TestHandlerRoutes checks the answers to good and bad requests: images
+// with their type and caching, 400 naming a bad parameter, 404 for an id
+// no record has.
+func TestHandlerRoutes(t *testing.T) {
+	dir := writeFixture(t)
+	srv := httptest.NewServer(view.Handler(openRun(t, dir), token))
+	defer srv.Close()
+	auth := []string{"Authorization", "Bearer " + token}
+	imgs, err := os.ReadDir(filepath.Join(dir, "images"))
+	if err != nil || len(imgs) == 0 {
+		t.Fatalf("images: %v, %d", err, len(imgs))
+	}
+	want, _ := os.ReadFile(filepath.Join(dir, "images", imgs[0].Name()))
+	resp, body := get(t, http.DefaultClient, srv.URL+"/img/"+imgs[0].Name(), auth...)
+	if resp.StatusCode != 200 || body != string(want) || resp.Header.Get("Content-Type") != "image/png" ||
+		!strings.Contains(resp.Header.Get("Cache-Control"), "immutable") || resp.Header.Get("ETag") == "" {
+		t.Errorf("image: %s, %d bytes (want %d), Content-Type %q, Cache-Control %q, ETag %q", resp.Status, len(body), len(want),
+			resp.Header.Get("Content-Type"), resp.Header.Get("Cache-Control"), resp.Header.Get("ETag"))
+	}
+	if resp, _ := get(t, http.DefaultClient, srv.URL+"/img/"+imgs[0].Name(), append(auth, "If-None-Match", resp.Header.Get("ETag"))...); resp.StatusCode != http.StatusNotModified {
+		t.Errorf("image with its ETag: %s, want 304", resp.Status)
+	}
+	for _, c := range []struct {
+		path, says string
+		status     int
+	}{
+		{"/img/" + strings.Repeat("0", 64) + ".png", "not in the run's store", 404},
+		{"/img/nothex.png", "image", 400},
+		{"/?reward_min=abc", "reward_min", 400},
+		{"/?quarantined=maybe", "quarantined", 400},
+		{"/?page=0", "page", 400},
+		{"/attempt", "id: missing", 400},
+		{"/attempt?id=nope", `attempt "nope"`, 404},
+		{"/group?id=nope", `group "nope"`, 404},
+		{"/static/secret.txt", "not found", 404},
+	} {
+		resp, body := get(t, http.DefaultClient, srv.URL+c.path, auth...)
+		if resp.StatusCode != c.status || !strings.Contains(body, c.says) {
+			t.Errorf("GET %s: %s %q; want %d saying %q", c.path, resp.Status, body, c.status, c.says)
+		}
+	}
+	// Filters narrow the attempts listed.
+	for q, ids := range map[string][]string{
+		"":                 {"r-save-0", "r-save-1", "r-other-0"},
+		"?task=t-save":     {"r-save-0", "r-save-1"},
+		"?quarantined=yes": {"r-other-0"},
+		"?reward_min=0.5":  {"r-save-0"},
+	} {
+		_, body := get(t, http.DefaultClient, srv.URL+"/"+q, auth...)
+		for _, id := range []string{"r-save-0", "r-save-1", "r-other-0"} {
+			listed := strings.Contains(body, `data-rollout="`+id+`"`)
+			if listed != contains(ids, id) {
+				t.Errorf("run page %q: %s listed %v, want %v", q, id, listed, !listed)
+			}
+		}
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestOpenNotRun checks that a directory without records is refused
+// with ErrNotRun.
+func TestOpenNotRun(t *testing.T) {
+	_, err := view.Open(t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "not a run directory") {
+		t.Fatalf("Open of an empty directory: %v, want ErrNotRun", err)
+	}
+}
