@@ -204,6 +204,17 @@ func TestServeNeedsToken(t *testing.T) {
 	if status, body := httpapitest.Call(t, "GET", base+"/v1/groups/g000001?wait=300", authz, ""); status != 200 || !strings.Contains(body, `"state":"closed"`) {
 		t.Fatalf("group with the token: %d %s, want closed", status, body)
 	}
+	// The run's pages are served under /view/, behind the same token.
+	third, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(third, base+"/view/?token="+token) {
+		t.Errorf("third line %q (%v): want the link to %s/view/ with the token", third, err, base)
+	}
+	if status, body := httpapitest.Call(t, "GET", base+"/view/", authz, ""); status != 200 || !strings.Contains(body, `class="attempt" data-rollout=`) {
+		t.Errorf("GET /view/ with the token: %d, want 200 listing the attempt", status)
+	}
+	if status, _ := httpapitest.Call(t, "GET", base+"/view/", "", ""); status != http.StatusUnauthorized {
+		t.Errorf("GET /view/ without the token: %d, want 401", status)
+	}
 	if n := stolen.Load(); n > 0 {
 		t.Errorf("the other server got %d requests with the model key", n)
 	}
