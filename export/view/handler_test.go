@@ -6,10 +6,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"legato/rl/export/view"
+	"legato/rl/schema"
 )
 
 const token = "test-token"
@@ -155,4 +159,99 @@ func TestOpenNotRun(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not a run directory") {
 		t.Fatalf("Open of an empty directory: %v, want ErrNotRun", err)
 	}
+}
+
+// TestAttemptReplayRegrade checks that an attempt's page shows what
+// replay.json and regrades.jsonl say of it: the replayed reward, the step
+// whose screen diverged and by how much, the regraded reward.
+func TestAttemptReplayRegrade(t *testing.T) {
+	dir := writeFixture(t)
+	replay := `{"schema":"legato.replay/v0","attempts":[{"rollout_id":"r-save-0","task_id":"t-save","recorded_reward":1,"replayed_reward":0,"reward_agrees":false,` +
+		`"first_divergence":1,"screens":[{"step":0,"identical":true,"distance":0,"recorded":"a","replayed":"a"},{"step":1,"identical":false,"distance":0.125,"recorded":"b","replayed":"c"}]}]}`
+	if err := os.WriteFile(filepath.Join(dir, "replay.json"), []byte(replay), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	regrade := `{"rollout_id":"r-save-0","task_id":"t-save","reward":1,"regraded":0.5,"task_sha256":"new","recorded_task_sha256":"old","end_state":"e","at":"2026-12-02T10:00:00.000Z"}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "regrades.jsonl"), []byte(regrade), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(view.Handler(openRun(t, dir), token))
+	defer srv.Close()
+	_, body := get(t, http.DefaultClient, srv.URL+"/attempt?id=r-save-0", "Authorization", "Bearer "+token)
+	for _, want := range []string{
+		`<p id="replay">replayed: reward 0 (recorded 1) <span class="q">disagrees</span>; <span class="q">screens diverge from step 1</span>`,
+		"the replayed screen differs: 12.50% of pixels",
+		`<p id="regrade">regraded 2026-12-02T10:00:00.000Z: 0.5 (recorded 1); the task changed since (old → new)`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("attempt page lacks %q", want)
+		}
+	}
+	_, body = get(t, http.DefaultClient, srv.URL+"/attempt?id=r-save-1", "Authorization", "Bearer "+token)
+	if strings.Contains(body, `id="replay"`) || strings.Contains(body, `id="regrade"`) {
+		t.Error("an attempt neither replayed nor regraded shows a replay or a regrade")
+	}
+}
+
+// TestLiveRun checks that the pages follow a run being written: records
+// appended show, a torn tail counts as unreadable until its line is whole,
+// and a file rewritten shorter is indexed again from its start.
+func TestLiveRun(t *testing.T) {
+	dir := writeFixture(t)
+	srv := httptest.NewServer(view.Handler(openRun(t, dir), token))
+	defer srv.Close()
+	listed := func() (ids []string, torn bool) {
+		t.Helper()
+		_, body := get(t, http.DefaultClient, srv.URL+"/", "Authorization", "Bearer "+token)
+		for _, m := range regexp.MustCompile(`class="attempt" data-rollout="([^"]+)"`).FindAllStringSubmatch(body, -1) {
+			ids = append(ids, m[1])
+		}
+		return ids, strings.Contains(body, "unreadable line(s)")
+	}
+	check := func(what string, wantIDs []string, wantTorn bool) {
+		t.Helper()
+		ids, torn := listed()
+		if diff := cmp.Diff(wantIDs, ids); diff != "" || torn != wantTorn {
+			t.Errorf("%s: attempts (-want +got):\n%s; torn lines shown %v, want %v", what, diff, torn, wantTorn)
+		}
+	}
+	check("at first", []string{"r-save-0", "r-save-1", "r-other-0"}, false)
+
+	w, err := schema.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Append(&schema.Record{RolloutID: "r-new", TaskID: "t-new", GroupID: "v1/t-new", Status: schema.StatusOK, Reward: new(1.0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check("after an append", []string{"r-save-0", "r-save-1", "r-other-0", "r-new"}, false)
+
+	path := filepath.Join(dir, schema.RecordsFile)
+	appendTo := func(s string) {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendTo(`{"schema":"legato.rollout/v0","rollout_id":"r-late","status":"ok"`)
+	check("with a torn tail", []string{"r-save-0", "r-save-1", "r-other-0", "r-new"}, true)
+	appendTo("}\n")
+	check("once the tail is whole", []string{"r-save-0", "r-save-1", "r-other-0", "r-new", "r-late"}, false)
+
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(data), "\n")
+	if err := os.WriteFile(path, []byte(first+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("rewritten shorter", []string{"r-save-0"}, false)
 }

@@ -15,8 +15,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"legato/rl/schema"
@@ -29,13 +31,13 @@ var ErrNotRun = errors.New("not a run directory")
 // row is what the index keeps of one record: enough to filter, count and
 // list it, and where its line starts.
 type row struct {
-	ID, Task, Domain, Group, Version string
-	Attempt, Steps                   int
-	Status                           schema.Status
-	Reward                           float64
-	Graded                           bool // Reward holds a reward
-	Quarantined                      bool
-	Off                              int64
+	ID, Task, TaskSHA, Domain, Group, Version string
+	Attempt, Steps                            int
+	Status                                    schema.Status
+	Reward                                    float64
+	Graded                                    bool // Reward holds a reward
+	Quarantined                               bool
+	Off                                       int64
 }
 
 // Run is an open run directory. It is safe for concurrent use.
@@ -45,14 +47,18 @@ type Run struct {
 	batch  *schema.Batch
 	coords string
 
-	mu       sync.Mutex
-	size     int64 // of rollouts.jsonl when last indexed
-	rows     []row
-	byID     map[string]int
-	torn     int
-	regrades map[string]schema.Regrade
-	replays  map[string]replayAttempt
-	quar     *schema.Quarantine
+	mu        sync.Mutex
+	size      int64     // of rollouts.jsonl when last indexed
+	sides     [3]string // sideFiles when last read
+	lastOff   int64     // the offset of the last record indexed
+	lastID    string    // and its rollout id
+	rows      []row
+	byID      map[string]int
+	torn      int // unreadable lines before the last record
+	tornAfter int // and after it
+	regrades  map[string]schema.Regrade
+	replays   map[string]replayAttempt
+	quar      *schema.Quarantine
 }
 
 // replayAttempt is what the view shows of an attempt's replay: the part of
@@ -101,9 +107,11 @@ func (r *Run) Close() error { return r.store.Close() }
 // Dir is the run directory.
 func (r *Run) Dir() string { return r.dir }
 
-// refresh indexes rollouts.jsonl again when it changed size since the last
-// time (a run being written: `legato rl serve` shows its live run), with
-// the files beside it.
+// refresh brings the index up to date: a run being written (`legato rl
+// serve` shows its live run) gains records, and replay, regrade and
+// quarantine files may appear. Records are read from the last one indexed
+// on, unless the file shrank or that record moved (a repair rewrote it):
+// then from the start.
 func (r *Run) refresh() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -111,25 +119,42 @@ func (r *Run) refresh() error {
 	if err != nil {
 		return fmt.Errorf("index the run: %w", err)
 	}
-	if fi.Size() == r.size {
+	sides := sideFiles(r.dir)
+	if fi.Size() == r.size && sides == r.sides {
 		return nil
 	}
 	quar, err := schema.ReadQuarantine(filepath.Join(r.dir, schema.TaskQuarantineFile))
 	if err != nil {
 		return err
 	}
-	var rows []row
-	byID := map[string]int{}
-	st, err := schema.ReadRunRecordsAt(r.dir, func(rec schema.Record, _ int, off int64) error {
-		rw := row{ID: rec.RolloutID, Task: rec.TaskID, Domain: rec.Domain, Group: rec.GroupID, Version: rec.Policy.Version,
+	regrades, err := schema.LatestRegrades(r.dir)
+	if err != nil {
+		return err
+	}
+	replays, err := readReplay(r.dir)
+	if err != nil {
+		return err
+	}
+	// The rows are copied: pages being made hold the old ones.
+	rows, byID := slices.Clone(r.rows), maps.Clone(r.byID)
+	from, torn := r.lastOff, r.torn
+	if fi.Size() < r.size || len(rows) == 0 || !r.lastStill() {
+		rows, byID, from, torn = nil, map[string]int{}, 0, 0
+	}
+	last, lastID := r.lastOff, r.lastID
+	lastLine := 0
+	st, err := schema.ReadRunRecordsFrom(r.dir, from, func(rec schema.Record, line int, off int64) error {
+		lastLine = line
+		if len(rows) > 0 && off <= last {
+			return nil // the last record indexed, read again
+		}
+		last, lastID = off, rec.RolloutID
+		rw := row{ID: rec.RolloutID, Task: rec.TaskID, TaskSHA: rec.TaskSHA, Domain: rec.Domain, Group: rec.GroupID, Version: rec.Policy.Version,
 			Attempt: rec.Attempt, Steps: len(rec.Steps), Status: rec.Status, Off: off}
 		if rec.Reward != nil {
 			rw.Reward, rw.Graded = *rec.Reward, true
 		}
-		if e, ok := quar.Tasks[rec.TaskID]; ok && (rec.TaskSHA == "" || e.TaskSHA == rec.TaskSHA) {
-			rw.Quarantined = true
-		}
-		// A later record of the same id (a repaired run aside, none) is
+		// A later record of the same id (none but in a damaged run) is
 		// the one shown.
 		if i, dup := byID[rw.ID]; dup {
 			rows[i] = rw
@@ -142,17 +167,35 @@ func (r *Run) refresh() error {
 	if err != nil {
 		return fmt.Errorf("index the run: %w", err)
 	}
-	regrades, err := schema.LatestRegrades(r.dir)
-	if err != nil {
-		return err
+	for i := range rows {
+		e, ok := quar.Tasks[rows[i].Task]
+		rows[i].Quarantined = ok && (rows[i].TaskSHA == "" || e.TaskSHA == rows[i].TaskSHA)
 	}
-	replays, err := readReplay(r.dir)
-	if err != nil {
-		return err
-	}
-	r.rows, r.byID, r.torn, r.size, r.quar = rows, byID, st.TornLines, fi.Size(), quar
-	r.regrades, r.replays = regrades, replays
+	r.rows, r.byID, r.lastOff, r.lastID, r.size, r.sides = rows, byID, last, lastID, fi.Size(), sides
+	// Unreadable lines before the last record stay counted; those after
+	// it (a torn tail, a record being written) are read again next time.
+	after := min(st.TornLines, st.Lines-lastLine)
+	r.torn, r.tornAfter = torn+st.TornLines-after, after
+	r.regrades, r.replays, r.quar = regrades, replays, quar
 	return nil
+}
+
+// lastStill reports whether the record last indexed is still where it was.
+func (r *Run) lastStill() bool {
+	recs, err := schema.ReadRecordsAt(r.dir, []int64{r.lastOff})
+	return err == nil && recs[0].RolloutID == r.lastID
+}
+
+// sideFiles is the size and time of the files beside rollouts.jsonl that
+// pages show, to see when one changed.
+func sideFiles(dir string) [3]string {
+	var out [3]string
+	for i, name := range []string{schema.TaskQuarantineFile, schema.RegradeFile, schema.ReplayFile} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			out[i] = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return out
 }
 
 // readReplay reads replay.json's attempts by rollout id; none without it.
@@ -182,7 +225,7 @@ func readReplay(dir string) (map[string]replayAttempt, error) {
 func (r *Run) snapshot() index {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return index{rows: r.rows, byID: r.byID, torn: r.torn, regrades: r.regrades, replays: r.replays, quar: r.quar}
+	return index{rows: r.rows, byID: r.byID, torn: r.torn + r.tornAfter, regrades: r.regrades, replays: r.replays, quar: r.quar}
 }
 
 type index struct {
