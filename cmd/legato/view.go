@@ -83,6 +83,9 @@ func (c *viewCommand) Run(ctx context.Context, args []string, stdout, stderr io.
 			return err
 		}
 		fmt.Fprintf(stdout, "wrote %d pages and %d images to %s; open %s/index.html\n", st.Pages, st.Images, c.out, c.out)
+		if st.Missing > 0 {
+			fmt.Fprintf(stderr, "warning: %d images the pages show are missing from %s's store\n", st.Missing, dir)
+		}
 		return nil
 	}
 	if token == "" {

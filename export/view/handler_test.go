@@ -255,3 +255,37 @@ func TestLiveRun(t *testing.T) {
 	}
 	check("rewritten shorter", []string{"r-save-0"}, false)
 }
+
+// TestStaticSelfContained checks the exported pages: every link is
+// relative and names a file of the export, nothing is loaded from the
+// network, and html/template rejected no value.
+func TestStaticSelfContained(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "pages")
+	if _, err := view.WriteStatic(openRun(t, writeFixture(t)), out); err != nil {
+		t.Fatal(err)
+	}
+	pages, _ := filepath.Glob(filepath.Join(out, "*.html"))
+	if len(pages) != 6 {
+		t.Fatalf("%d pages, want 6", len(pages))
+	}
+	ref := regexp.MustCompile(`(?:href|src)="([^"#]*)`)
+	for _, p := range pages {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{"http:", "https:", "ZgotmplZ", "@import", "url("} {
+			if strings.Contains(string(data), bad) {
+				t.Errorf("%s contains %q", filepath.Base(p), bad)
+			}
+		}
+		for _, m := range ref.FindAllStringSubmatch(string(data), -1) {
+			if m[1] == "" {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(out, m[1])); err != nil {
+				t.Errorf("%s links %q, which the export lacks", filepath.Base(p), m[1])
+			}
+		}
+	}
+}

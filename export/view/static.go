@@ -15,6 +15,8 @@ import (
 // StaticStats counts what WriteStatic wrote.
 type StaticStats struct {
 	Pages, Images int
+	// Missing counts the images pages name that the run's store lacks.
+	Missing int
 }
 
 // WriteStatic writes the pages of run into out as files that open from
@@ -89,10 +91,17 @@ func WriteStatic(run *Run, out string) (StaticStats, error) {
 		}
 	}
 	for sha := range images {
-		if err := linkImage(run, sha, filepath.Join(out, "img", sha+".png")); err != nil {
+		err := linkImage(run, sha, filepath.Join(out, "img", sha+".png"))
+		switch {
+		case errors.Is(err, schema.ErrNotFound):
+			// A damaged store: the page shows no image there, as the
+			// server answers 404.
+			st.Missing++
+		case err != nil:
 			return st, err
+		default:
+			st.Images++
 		}
-		st.Images++
 	}
 	return st, nil
 }
