@@ -205,7 +205,26 @@ func TestServeNeedsToken(t *testing.T) {
 		t.Fatalf("group with the token: %d %s, want closed", status, body)
 	}
 	// The run's pages are served under /view/, behind the same token.
-	third, err := br.ReadString('\n')
+	// All three lines are written before serving: a service that writes
+	// no third line must fail the test, not hang it.
+	type line struct {
+		s   string
+		err error
+	}
+	got := make(chan line, 1)
+	go func() {
+		s, err := br.ReadString('\n')
+		got <- line{s, err}
+	}()
+	var third string
+	select {
+	case l := <-got:
+		third, err = l.s, l.err
+	case <-time.After(time.Minute):
+		pr.Close()
+		<-got
+		t.Fatal("no third line a minute after the second")
+	}
 	if err != nil || !strings.Contains(third, base+"/view/?token="+token) {
 		t.Errorf("third line %q (%v): want the link to %s/view/ with the token", third, err, base)
 	}
