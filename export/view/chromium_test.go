@@ -200,6 +200,21 @@ func TestAttemptPageInChromium(t *testing.T) {
 				}
 			}
 
+			if c.name == "file" {
+				// A deep link shows its step: step 3's drag ends at its
+				// point, and step 0's click is not drawn.
+				img, data = screenshotOf(t, bin, c.attempt+"#step-3")
+				r := screenRect(img)
+				sx, sy := float64(r.Dx())/shotW, float64(r.Dy())/shotH
+				drag := image.Pt(r.Min.X+int(dragX*sx+0.5), r.Min.Y+int(dragY*sy+0.5))
+				click := image.Pt(r.Min.X+int(clickX*sx+0.5), r.Min.Y+int(clickY*sy+0.5))
+				if r.Dx() < 300 || !near(img.At(drag.X, drag.Y), marker, 24) || near(img.At(click.X, click.Y), marker, 24) {
+					t.Errorf("#step-3: screenshot drawn at %v; pixel at the drag's end %v: %v, at step 0's click %v: %v; want the marker at the drag only",
+						r, drag, img.At(drag.X, drag.Y), click, img.At(click.X, click.Y))
+					os.WriteFile(filepath.Join(os.TempDir(), "legato-view-failed-step3.png"), data, 0o644)
+				}
+			}
+
 			dom = string(runChromium(t, bin, c.run, "--dump-dom"))
 			for _, id := range []string{"r-save-0", "r-save-1", "r-other-0"} {
 				if !strings.Contains(dom, `data-rollout="`+id+`"`) {

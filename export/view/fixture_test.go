@@ -57,6 +57,13 @@ var (
 	clickX, clickY = 500 * 640 / 999.0, 250 * 400 / 999.0
 )
 
+// dragTo is where the fourth step's drag ends, on the grid; on the
+// screenshot it is at (dragX, dragY).
+var (
+	dragTo       = [2]float64{800, 800}
+	dragX, dragY = 800 * 640 / 999.0, 800 * 400 / 999.0
+)
+
 // reasoning is the first step's reasoning, which the attempt page shows.
 const reasoning = "The Save button is in the toolbar at the top; I will click it."
 
@@ -129,7 +136,7 @@ func writeFixture(t *testing.T) string {
 			fmt.Sprintf("pyautogui.click(%d, %d)", int(clickAt[0]*1920/999), int(clickAt[1]*1080/999))},
 		{"Now the name.", "Typing.", map[string]any{"action": "type", "text": "report.docx"}, "pyautogui.typewrite('report.docx')"},
 		{"Confirm.", "Pressing keys.", map[string]any{"action": "key", "keys": []string{"ctrl", "s"}}, "pyautogui.hotkey('ctrl', 's')"},
-		{"Drag the slider.", "Dragging.", map[string]any{"action": "left_click_drag", "coordinate": []float64{800, 800}}, "pyautogui.dragTo(1537, 864, duration=0.5)"},
+		{"Drag the slider.", "Dragging.", map[string]any{"action": "left_click_drag", "coordinate": dragTo[:]}, "pyautogui.dragTo(1537, 864, duration=0.5)"},
 		{"Scroll down.", "Scrolling.", map[string]any{"action": "scroll", "pixels": -5, "coordinate": []float64{200, 600}}, "pyautogui.scroll(-5, x=384, y=648)"},
 		{"Done.", "Done.", map[string]any{"action": "terminate", "status": "success"}, "DONE"},
 	})
