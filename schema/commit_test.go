@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -485,5 +486,46 @@ func TestAppendAtOffsets(t *testing.T) {
 	}
 	if _, err := ReadRecordsAt(dir, []int64{offs[0] + 1}); err == nil {
 		t.Error("reading from the middle of a line found a record")
+	}
+}
+
+// TestReadRunRecordsFrom: reading from a record's offset passes that record
+// and those after it with their offsets in the file, and a torn tail's
+// offset is the file's too.
+func TestReadRunRecordsFrom(t *testing.T) {
+	dir := t.TempDir()
+	r := mustCreate(t, dir)
+	var offs []int64
+	for i := range 5 {
+		off, err := r.AppendAt(&Record{RolloutID: fmt.Sprintf("r%d", i), Status: StatusOK})
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs = append(offs, off)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, RecordsFile), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	f.WriteString(`{"schema":"legato.rollout/v0","rollout_id":"torn"`)
+	f.Close()
+	var got []string
+	st, err := ReadRunRecordsFrom(dir, offs[3], func(rec Record, line int, off int64) error {
+		got = append(got, fmt.Sprintf("%s@%d line %d", rec.RolloutID, off, line))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{fmt.Sprintf("r3@%d line 1", offs[3]), fmt.Sprintf("r4@%d line 2", offs[4])}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+	if !st.TornTail || st.TornOffset != fi.Size() || st.FirstTorn.Offset != fi.Size() {
+		t.Errorf("torn tail at %d (first torn %+v), want at %d", st.TornOffset, st.FirstTorn, fi.Size())
 	}
 }

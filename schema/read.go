@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -142,6 +143,27 @@ func ReadRunRecordsAt(dir string, fn func(rec Record, line int, off int64) error
 	}
 	defer f.Close()
 	return readRecords(f, fn, MaxRecordBytes)
+}
+
+// ReadRunRecordsFrom is ReadRunRecordsAt starting at the byte offset from,
+// which must start a line (a record's offset that ReadRunRecordsAt passed,
+// say): a reader that follows a run being written reads again only from
+// its last record. Offsets are the file's; line numbers count from the line
+// at from.
+func ReadRunRecordsFrom(dir string, from int64, fn func(rec Record, line int, off int64) error) (ReadStats, error) {
+	f, err := os.Open(filepath.Join(dir, RecordsFile))
+	if err != nil {
+		return ReadStats{}, fmt.Errorf("read records: %w", err)
+	}
+	defer f.Close()
+	st, err := readRecords(io.NewSectionReader(f, from, math.MaxInt64-from), func(rec Record, line int, off int64) error {
+		return fn(rec, line, from+off)
+	}, MaxRecordBytes)
+	if st.FirstTorn != nil {
+		st.TornOffset += from
+		st.FirstTorn.Offset += from
+	}
+	return st, err
 }
 
 // ReadRecordsAt reads the records whose lines start at the byte offsets

@@ -74,6 +74,7 @@ func TestDispatch(t *testing.T) {
 		{name: "help of repair", args: []string{"rl", "help", "repair"}, wantCode: 0, wantStdout: "help-repair.golden"},
 		{name: "help of gc", args: []string{"rl", "help", "gc"}, wantCode: 0, wantStdout: "help-gc.golden"},
 		{name: "help of bench", args: []string{"rl", "help", "bench"}, wantCode: 0, wantStdout: "help-bench.golden"},
+		{name: "help of view", args: []string{"rl", "help", "view"}, wantCode: 0, wantStdout: "help-view.golden"},
 		{name: "help of serve-policy", args: []string{"rl", "help", "serve-policy"}, wantCode: 0, wantStdout: "help-serve-policy.golden"},
 		{name: "help of help", args: []string{"rl", "help", "help"}, wantCode: 0, wantStdout: "help-help.golden"},
 		{name: "no command", args: nil, wantCode: 2,
@@ -83,7 +84,7 @@ func TestDispatch(t *testing.T) {
 		{name: "unknown command", args: []string{"collect"}, wantCode: 2,
 			wantStderr: []string{`legato: unknown command "collect"`, `under "legato rl"`}},
 		{name: "unknown subcommand", args: []string{"rl", "colect", "--tasks", "x"}, wantCode: 2,
-			wantStderr: []string{`legato rl: unknown subcommand "colect"`, "probe, collect, serve, grader, tasks, replay, regrade, export, repair, profile, hosts, gc, bench, serve-policy, help", "Run 'legato rl help'"}},
+			wantStderr: []string{`legato rl: unknown subcommand "colect"`, "probe, collect, serve, grader, tasks, replay, regrade, export, repair, profile, view, hosts, gc, bench, serve-policy, help", "Run 'legato rl help'"}},
 		{name: "help of an unknown subcommand", args: []string{"rl", "help", "frob"}, wantCode: 2,
 			wantStderr: []string{`unknown subcommand "frob"`}},
 		{name: "help of two subcommands", args: []string{"rl", "help", "probe", "export"}, wantCode: 2,
@@ -92,6 +93,10 @@ func TestDispatch(t *testing.T) {
 		{name: "collect without --out", args: []string{"rl", "collect", "--tasks", "t.json"}, wantCode: 2, wantStderr: []string{"legato rl collect: --out DIR is required"}},
 		{name: "export without --out", args: []string{"rl", "export", "runs/x"}, wantCode: 2, wantStderr: []string{"legato rl export:", "--out FILE"}},
 		{name: "repair without a run", args: []string{"rl", "repair"}, wantCode: 2, wantStderr: []string{"legato rl repair: missing run directory"}},
+		{name: "view without a run", args: []string{"rl", "view"}, wantCode: 2, wantStderr: []string{"legato rl view: missing run directory"}},
+		{name: "view of no run", args: []string{"rl", "view", "runs/x"}, wantCode: 2, wantStderr: []string{"legato rl view: runs/x: not a run directory: no rollouts.jsonl"}},
+		{name: "view beyond loopback", args: []string{"rl", "view", "runs/x", "--addr", "0.0.0.0:8301"}, wantCode: 2, wantStderr: []string{"--addr 0.0.0.0:8301 is beyond loopback"}},
+		{name: "view --out and --addr", args: []string{"rl", "view", "runs/x", "--out", "p", "--addr", "127.0.0.1:1"}, wantCode: 2, wantStderr: []string{"--out writes files and --addr"}},
 		{name: "profile of no run", args: []string{"rl", "profile", "runs/x"}, wantCode: 1, wantStderr: []string{"legato rl profile:", "runs/x"}},
 	}
 	for _, tt := range tests {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	rl "legato/rl"
+	"legato/rl/export/view"
 	"legato/rl/internal/httpapi"
 )
 
@@ -51,7 +52,9 @@ fake backend knows its demo tasks). DIR is the run directory, in the
 legato.rollout/v0 format: serving into it again continues it, stream and
 all. The model server's key is read from LEGATO_POLICY_KEY.
 
-Every route (but /metrics with --metrics-open) needs the bearer token
+The run's pages, as legato rl view serves them, are under /view/ (the third
+line of output links them). Every route (but /metrics with --metrics-open)
+needs the bearer token
 (Authorization: Bearer TOKEN): $`+httpapi.TokenEnv+` when set, else one made at
 start, printed on the second line of output and written to DIR/`+httpapi.TokenFile+`
 (readable by its owner only; replaced by each start). POST /v1/policy
@@ -92,7 +95,18 @@ back on purpose and is journaled so.
 		_, _ = svc.Close(context.WithoutCancel(ctx))
 		return err
 	}
-	srv := &http.Server{Handler: httpapi.New(svc, httpapi.Options{Token: token, MetricsOpen: *metricsOpen, Logger: log}), ReadHeaderTimeout: 10 * time.Second}
+	// The run's pages (legato rl view) under /view/, behind the same
+	// token: a live run, indexed again as records come.
+	pages, err := view.Open(f.out)
+	if err != nil {
+		_, _ = svc.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	defer pages.Close()
+	mux := http.NewServeMux()
+	mux.Handle("/view/", http.StripPrefix("/view", view.Handler(pages, token)))
+	mux.Handle("/", httpapi.New(svc, httpapi.Options{Token: token, MetricsOpen: *metricsOpen, Logger: log}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() {
 		if *certFile != "" {
@@ -114,6 +128,11 @@ back on purpose and is journaled so.
 			token, filepath.Join(f.out, httpapi.TokenFile), f.out)
 	} else {
 		fmt.Fprintf(stdout, "callers send Authorization: Bearer $%s\n", httpapi.TokenEnv)
+	}
+	if made {
+		fmt.Fprintf(stdout, "the run's pages: %s\n", view.URL(scheme+"://"+ln.Addr().String()+"/view", token))
+	} else {
+		fmt.Fprintf(stdout, "the run's pages: %s://%s/view/?token=$%s\n", scheme, ln.Addr(), httpapi.TokenEnv)
 	}
 	if f, ok := stdout.(*os.File); ok {
 		_ = f.Sync()

@@ -204,6 +204,36 @@ func TestServeNeedsToken(t *testing.T) {
 	if status, body := httpapitest.Call(t, "GET", base+"/v1/groups/g000001?wait=300", authz, ""); status != 200 || !strings.Contains(body, `"state":"closed"`) {
 		t.Fatalf("group with the token: %d %s, want closed", status, body)
 	}
+	// The run's pages are served under /view/, behind the same token.
+	// All three lines are written before serving: a service that writes
+	// no third line must fail the test, not hang it.
+	type line struct {
+		s   string
+		err error
+	}
+	got := make(chan line, 1)
+	go func() {
+		s, err := br.ReadString('\n')
+		got <- line{s, err}
+	}()
+	var third string
+	select {
+	case l := <-got:
+		third, err = l.s, l.err
+	case <-time.After(time.Minute):
+		pr.Close()
+		<-got
+		t.Fatal("no third line a minute after the second")
+	}
+	if err != nil || !strings.Contains(third, base+"/view/?token="+token) {
+		t.Errorf("third line %q (%v): want the link to %s/view/ with the token", third, err, base)
+	}
+	if status, body := httpapitest.Call(t, "GET", base+"/view/", authz, ""); status != 200 || !strings.Contains(body, `class="attempt" data-rollout=`) {
+		t.Errorf("GET /view/ with the token: %d, want 200 listing the attempt", status)
+	}
+	if status, _ := httpapitest.Call(t, "GET", base+"/view/", "", ""); status != http.StatusUnauthorized {
+		t.Errorf("GET /view/ without the token: %d, want 401", status)
+	}
 	if n := stolen.Load(); n > 0 {
 		t.Errorf("the other server got %d requests with the model key", n)
 	}
