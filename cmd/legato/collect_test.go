@@ -289,8 +289,10 @@ func TestCollectServerRestart(t *testing.T) {
 
 	out := filepath.Join(t.TempDir(), "run")
 	var stdout, stderr bytes.Buffer
+	// No fake latencies: the server goes at its 4th request, long before
+	// the batch's last, and the desktops then wait for it (server_down_s).
 	err = run(t.Context(), []string{"rl", "collect", "--out", out, "--policy-url", srv.URL(), "--model", "m", "--version", "v",
-		"--fake-speed", "demo", "--desktops", "2", "--group", "2", "--step-timeout", "2"}, &stdout, &stderr)
+		"--fake-speed", "none", "--desktops", "2", "--group", "2", "--step-timeout", "2"}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("collect: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -328,8 +330,12 @@ func TestCollectSamplingAndHarnessFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "run")
+	// Two steps an attempt show the knobs on every request (the demo tasks
+	// take up to five, each a second of the race detector's time here), and
+	// no wait for the fake's screen, which has settled at once, to look the
+	// same twice (300 ms an action).
 	args := []string{"rl", "collect", "--out", out, "--policy-url", srv.URL(), "--model", "m", "--version", "v",
-		"--fake-speed", "none", "--desktops", "2", "--group", "1", "--temperature", "0", "--top-p", "0.9", "--max-tokens", "300",
+		"--fake-speed", "none", "--no-ready-signal", "--max-steps", "2", "--desktops", "2", "--group", "1", "--temperature", "0", "--top-p", "0.9", "--max-tokens", "300",
 		"--harness", "qwen25vl", "--system-prompt", prompt}
 	var stderr bytes.Buffer
 	if err := run(t.Context(), args, &bytes.Buffer{}, &stderr); err != nil {
@@ -378,7 +384,7 @@ func TestCollectSamplingAndHarnessFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = run(t.Context(), append(slices.Clone(args), "--max-steps", "1"), &bytes.Buffer{}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "--max-steps 15, not 1") {
+	if err == nil || !strings.Contains(err.Error(), "--max-steps 2, not 1") {
 		t.Errorf("resume with another --max-steps: %v; want a refusal naming it", err)
 	}
 }
@@ -460,7 +466,9 @@ func TestCollectInterruptManyDesktops(t *testing.T) {
 // directory it leaves resumes to a complete batch.
 func TestCollectSecondInterrupt(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
-	cmd, sc := startCollect(t, out, "--desktops", "300", "--group", "20", "--fake-speed", "demo")
+	// Groups of 4: the interrupts come while the batch starts, so a bigger
+	// batch adds nothing but the resume's work.
+	cmd, sc := startCollect(t, out, "--desktops", "300", "--group", "4", "--fake-speed", "demo")
 	for range 2 {
 		// The second may find the process gone already: that is fine.
 		_ = cmd.Process.Signal(syscall.SIGINT)
@@ -468,7 +476,7 @@ func TestCollectSecondInterrupt(t *testing.T) {
 	waitInterrupted(t, cmd, sc)
 
 	var stdout, errb bytes.Buffer
-	args := []string{"rl", "collect", "--out", out, "--desktops", "300", "--group", "20", "--fake-speed", "none"}
+	args := []string{"rl", "collect", "--out", out, "--desktops", "300", "--group", "4", "--fake-speed", "none"}
 	if err := run(t.Context(), args, &stdout, &errb); err != nil {
 		t.Fatalf("resume: %v\n%s", err, errb.String())
 	}

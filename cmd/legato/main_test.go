@@ -28,6 +28,18 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
+	// A race-built process sleeps a second before it exits (GORACE's
+	// atexit_sleep_ms, 1000 by default) for reports other goroutines are
+	// still writing. The tests run this binary as legato in dozens of
+	// child processes (TestPythonClient stops a dozen), each paying that
+	// second; the children inherit this and exit at once, unless the
+	// caller's GORACE says otherwise.
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		if err := os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0")); err != nil {
+			fmt.Fprintln(os.Stderr, "set GORACE:", err)
+			os.Exit(2)
+		}
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -26,7 +26,10 @@ from legato_client import Client, Group
 from test_serve import TASK, ServiceCase
 
 G = 3  # attempts per group (n_samples_per_prompt)
-FLAGS = ("--fake-speed", "none", "--desktops", "2", "--oversample", "1")
+# No latencies, and no wait for the screen to settle after each action
+# (the fake's screen has settled at once; looking twice would add 300 ms
+# an action): the glue sees the same groups, sooner.
+FLAGS = ("--fake-speed", "none", "--no-ready-signal", "--desktops", "2", "--oversample", "1")
 
 
 class FakeDataSource:
@@ -168,8 +171,9 @@ class TestSlimeGlue(GlueCase):
         self.assertEqual(slime_glue.reward_post_process(None, [s for s in conv if s.remove_sample])[1], [0.0])
 
         # With legato_key_prefix, the same rollout submitted again (a resumed
-        # run) gets the same groups back; another rollout gets new ones.
-        kargs = types.SimpleNamespace(**vars(args), legato_key_prefix="run1")
+        # run) gets the same groups back; another rollout gets new ones. (One
+        # group a rollout shows that as well as two.)
+        kargs = types.SimpleNamespace(**dict(vars(args), rollout_batch_size=1), legato_key_prefix="run1")
         first = slime_glue.generate_rollout(kargs, 4, FakeDataSource(G), evaluation=False)
         again = slime_glue.generate_rollout(kargs, 4, FakeDataSource(G), evaluation=False)
         other = slime_glue.generate_rollout(kargs, 5, FakeDataSource(G), evaluation=False)

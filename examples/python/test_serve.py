@@ -53,22 +53,32 @@ class TestTrainerLoop(ServiceCase):
         that aborts one generation in nine."""
         pol = harness.policy_server("--fault", "abort", "--fault-every", "9", "--no-latency", log_path=self.log)
         self.procs.append(pol)
+        # Groups of 2 on 8 desktops: 4 groups at a time, so that most are
+        # queued or running when a switch or the kill comes (checked
+        # below). No fake latencies: the wait for the screen to settle after
+        # each action (two looks, 300 ms apart) keeps each attempt in flight
+        # for over a second.
+        size = 2
         flags = ("--policy-url", pol.url, "--model", "scripted", "--version", "v1", "--desktops", "8",
-                 "--group", "4", "--max-steps", "5", "--fake-speed", "demo")
+                 "--group", str(size), "--max-steps", "5", "--fake-speed", "none")
         svc = self.start(*flags)
         client = Client(svc.url, run_dir=self.out)
         client.wait_ready()
         restarted = []
+        unended_at_kill = []
 
         def kill_mid_stream(item) -> None:
             if item.cursor == 12 and not restarted:
+                groups = client.status()["groups"]
+                unended_at_kill.append(sum(n for state, n in groups.items() if state not in ("closed", "short", "cancelled")))
                 svc_now = self.procs.pop()
                 svc_now.kill()
                 restarted.append(self.start(*flags))
 
-        st = async_trainer.run(client, [TASK], groups=20, group_size=4, switch_every=8, on_group=kill_mid_stream)
+        st = async_trainer.run(client, [TASK], groups=20, group_size=size, switch_every=8, on_group=kill_mid_stream)
 
         self.assertTrue(restarted, "the service was never killed")
+        self.assertGreater(unended_at_kill[0], 0, "every group had ended before the kill: nothing was in flight")
         self.assertEqual([it.cursor for it in st.items], list(range(1, 21)), "cursors lost or repeated")
         ids = [it.group.id for it in st.items]
         self.assertEqual(len(set(ids)), 20, f"a group came twice: {ids}")
@@ -81,7 +91,7 @@ class TestTrainerLoop(ServiceCase):
             g = it.group
             self.assertEqual(g.state, "closed", f"group {g.id}")
             unmasked = [a for a in g.attempts if not a.masked]
-            self.assertEqual(len(unmasked), 4, f"group {g.id}: {[(a.status, a.error) for a in g.attempts]}")
+            self.assertEqual(len(unmasked), size, f"group {g.id}: {[(a.status, a.error) for a in g.attempts]}")
             for a in g.attempts:
                 self.assertNotEqual(a.status, "error", f"{a.rollout_id}: {a.error}")
                 versions = [s["policy_version"] for s in a.steps]
@@ -109,7 +119,7 @@ class TestTrainerLoop(ServiceCase):
 
 class TestClientErrors(ServiceCase):
     def test_bad_input_and_cancel(self) -> None:
-        svc = self.start("--desktops", "1", "--fake-speed", "none")
+        svc = self.start("--desktops", "1", "--fake-speed", "none", "--no-ready-signal")
         c = Client(svc.url, run_dir=self.out)
         c.wait_ready()
         # The service made a token: without it nothing is answered.
@@ -191,7 +201,8 @@ class TestStreamGivesUp(unittest.TestCase):
                 pass
 
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        t = threading.Thread(target=srv.serve_forever)
+        # Polled every 50 ms for shutdown, not 0.5 s: each subtest ends it.
+        t = threading.Thread(target=srv.serve_forever, args=(0.05,))
         t.start()
         self.addCleanup(t.join)
         self.addCleanup(srv.server_close)
