@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/guest/guesttest"
@@ -935,5 +936,69 @@ func TestCleanStateRecordFindsTheDesktopsSession(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"guest server sh", "X server Xvfb", "window manager jwm"}, got); diff != "" {
 		t.Errorf("the session's anchors (-want +got):\n%s\nrecord: %+v", diff, rec)
+	}
+}
+
+// TestEndNewcomersForgetsWhatItKilled: a process the reset killed may show
+// once more before it is gone, and then, its parent ended and its
+// environment unreadable, look outside the desktop's session. It was ended:
+// the reset must not report it left running (which failed a fast reset of
+// a terminal whose shell outlived its xterm by a moment, and fell back to
+// a snapshot load). A process outside the session that the reset never
+// killed is still reported.
+func TestEndNewcomersForgetsWhatItKilled(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	const driver = `
+import json, sys, types
+g = {"__name__": "legato_guest"}
+exec(compile(sys.argv[1], "legato_guest", "exec"), g)
+sh = (500, 1, "S", 1000, "sh", 0, 217)
+other = (600, 1, "S", 1000, "cron-job", 0, 300)
+looks = [({217: sh}, {}), ({}, {217: sh})]
+if sys.argv[2] == "outside":
+    looks = [({217: sh}, {}), ({}, {217: sh, 300: other})]
+def newcomers(cfg, base, session):
+    new, left = looks.pop(0)
+    return new, left, {}, set()
+g["newcomers"] = newcomers
+g["os"] = types.SimpleNamespace(kill=lambda pid, sig: None)
+problems = g["Problems"]()
+ended, spared = g["end_newcomers"]({"vm": True}, {}, {}, problems, float("inf"))
+print(json.dumps({"ended": [e["pid"] for e in ended], "spared": [e["pid"] for e in spared],
+                  "problems": list(problems)}))
+`
+	for _, tt := range []struct {
+		look        string
+		wantSpared  []int
+		wantProblem bool
+	}{
+		{"killed", nil, false},
+		{"outside", []int{300}, true},
+	} {
+		c := exec.Command("python3", "-I", "-S", "-c", driver, guestTool, tt.look)
+		var stderr strings.Builder
+		c.Stderr = &stderr
+		b, err := c.Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tt.look, err, stderr.String())
+		}
+		var got struct {
+			Ended, Spared []int
+			Problems      []string
+		}
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%s: %q: %v", tt.look, b, err)
+		}
+		if diff := cmp.Diff([]int{217}, got.Ended); diff != "" {
+			t.Errorf("%s: ended (-want +got):\n%s", tt.look, diff)
+		}
+		if diff := cmp.Diff(tt.wantSpared, got.Spared, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("%s: spared (-want +got):\n%s", tt.look, diff)
+		}
+		if has := len(got.Problems) > 0; has != tt.wantProblem {
+			t.Errorf("%s: problems %q; want some: %v", tt.look, got.Problems, tt.wantProblem)
+		}
 	}
 }

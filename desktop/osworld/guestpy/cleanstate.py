@@ -477,8 +477,10 @@ def end_newcomers(cfg, base, session, problems, deadline):
     ended, spared, killed = [], {}, set()
     while True:
         new, left, _, alive = newcomers(cfg, base, session)
-        for pid, info in left.items():
-            spared[key(pid, info)] = described(pid, info)
+        # What the last look leaves alone is what is left running. One killed a moment ago
+        # may still show, and once its parent is gone and its environment unreadable it
+        # looks outside the session: it is ended, not spared.
+        spared = {key(p, i): described(p, i) for p, i in left.items() if key(p, i) not in killed}
         if not new:
             break
         if time.monotonic() > deadline:
