@@ -36,9 +36,9 @@ func phaseColor(phase string) string {
 	return "#bab0ac"
 }
 
-// statusColor is the color of a status: the strip under each rollout and
-// the count chips.
-func statusColor(s schema.Status) string {
+// StatusColor is the color of a status: the strip under each rollout and
+// the count chips here, and the pages of legato rl view.
+func StatusColor(s schema.Status) string {
 	switch s {
 	case schema.StatusOK:
 		return "#2e7d32"
@@ -167,8 +167,8 @@ func newView(r *Report) *view {
 	}
 	v.Hosts = hosts
 	for _, st := range statusOrder() {
-		v.Counts = append(v.Counts, countView{st, statusColor(st), s.Counts[st]})
-		v.StatusLegend = append(v.StatusLegend, legendView{string(st), statusColor(st)})
+		v.Counts = append(v.Counts, countView{st, StatusColor(st), s.Counts[st]})
+		v.StatusLegend = append(v.StatusLegend, legendView{string(st), StatusColor(st)})
 	}
 	finished := s.Counts[schema.StatusOK] + s.Counts[schema.StatusTruncated]
 	v.Numbers = []numberView{
@@ -219,7 +219,7 @@ func newTimeline(r *Report) timelineView {
 				reward = strconv.FormatFloat(*ro.Reward, 'g', 4, 64)
 			}
 			rv := rolloutView{
-				ID: ro.ID, Status: string(ro.Status), Color: statusColor(ro.Status),
+				ID: ro.ID, Status: string(ro.Status), Color: StatusColor(ro.Status),
 				Title: fmt.Sprintf("%s · task %s attempt %d · %s · reward %s · %s from %s",
 					ro.ID, ro.TaskID, ro.Attempt, ro.Status, reward, duration(ro.To-ro.From), duration(ro.From)),
 				X: px(x(ro.From)), W: px(math.Max(0.5, x(ro.To)-x(ro.From))),

@@ -18,21 +18,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/export/profile"
+	"legato/rl/internal/chromiumtest"
 )
-
-// chromium returns the path of a headless-capable Chromium. The test fails
-// without one: CI installs Debian's chromium package.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Fatal("chromium not found in PATH: install Debian's chromium package " +
-		"(apt-get install --no-install-recommends chromium); .ci/run installs it")
-	return ""
-}
 
 // runChromium loads page in headless Chromium with extra (--dump-dom or
 // --screenshot=...) and returns its stdout. No network: the page must not
@@ -100,7 +87,7 @@ func TestHTMLSelfContained(t *testing.T) {
 // the histogram and its percentile marks, the status counts; the screenshot
 // is not blank and shows every phase color.
 func TestHTMLInChromium(t *testing.T) {
-	bin := chromium(t)
+	bin := chromiumtest.Path(t)
 	page := writePage(t)
 	rep := build(t, fixedRun)
 

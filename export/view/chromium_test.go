@@ -18,24 +18,10 @@ import (
 	"time"
 
 	"legato/rl/export/view"
+	"legato/rl/internal/chromiumtest"
 )
 
 var readmeShot = flag.String("readme-shot", "", "write the attempt page's screenshot to `FILE` (docs/view-attempt.png)")
-
-// chromium returns the path of a headless-capable Chromium. The test fails
-// without one: CI installs Debian's chromium package (as export/profile's
-// tests).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Fatal("chromium not found in PATH: install Debian's chromium package " +
-		"(apt-get install --no-install-recommends chromium); .ci/run installs it")
-	return ""
-}
 
 // runChromium loads url in headless Chromium with extra (--dump-dom or
 // --screenshot=...) and returns its stdout. The only server it may reach
@@ -153,7 +139,7 @@ func checkAttemptShot(t *testing.T, img image.Image) {
 // page) and the model's text; the run and group pages show their
 // attempts.
 func TestAttemptPageInChromium(t *testing.T) {
-	bin := chromium(t)
+	bin := chromiumtest.Path(t)
 	dir := writeFixture(t)
 	run := openRun(t, dir)
 	srv := httptest.NewServer(view.Handler(run, token))

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"legato/rl/export"
+	"legato/rl/export/profile"
 	"legato/rl/schema"
 )
 
@@ -181,27 +182,6 @@ type runPage struct {
 	Static                                  bool
 }
 
-// statusColor is the colour of a status, as the profile page has them.
-func statusColor(s schema.Status) string {
-	switch s {
-	case schema.StatusOK:
-		return "#2e7d32"
-	case schema.StatusTruncated:
-		return "#9e9d24"
-	case schema.StatusSurplus:
-		return "#0277bd"
-	case schema.StatusCancelled:
-		return "#616161"
-	case schema.StatusSkipped:
-		return "#bdbdbd"
-	case schema.StatusRetried:
-		return "#ef6c00"
-	case schema.StatusError:
-		return "#c62828"
-	}
-	return "#000000"
-}
-
 var statusOrder = []schema.Status{schema.StatusOK, schema.StatusTruncated, schema.StatusSurplus, schema.StatusCancelled,
 	schema.StatusSkipped, schema.StatusRetried, schema.StatusError}
 
@@ -268,7 +248,7 @@ func (r *Run) buildRun(ix index, f filter, page int, l links) runPage {
 		if n := statusN[s]; n > 0 {
 			g := f
 			g.Status = string(s)
-			p.Statuses = append(p.Statuses, bar{Label: string(s), N: n, Width: 100 * float64(n) / float64(most), Color: statusColor(s), Link: l.run(g, 1)})
+			p.Statuses = append(p.Statuses, bar{Label: string(s), N: n, Width: 100 * float64(n) / float64(most), Color: profile.StatusColor(s), Link: l.run(g, 1)})
 		}
 	}
 	p.Rewards = rewardBars(ix.rows, matched, rewardMin, rewardMax)
@@ -300,7 +280,7 @@ func (r *Run) buildRun(ix index, f filter, page int, l links) runPage {
 		rw := &ix.rows[i]
 		p.Attempts = append(p.Attempts, attemptRow{ID: rw.ID, Link: l.attempt(rw.ID), Task: rw.Task, Domain: rw.Domain,
 			Group: rw.Group, GroupLink: l.group(rw.Group), Status: string(rw.Status), Reward: fmtReward(rw), Version: rw.Version,
-			Attempt: rw.Attempt, Steps: rw.Steps, Quarantined: rw.Quarantined, Color: statusColor(rw.Status)})
+			Attempt: rw.Attempt, Steps: rw.Steps, Quarantined: rw.Quarantined, Color: profile.StatusColor(rw.Status)})
 	}
 	return p
 }
@@ -439,7 +419,7 @@ func (r *Run) buildGroup(ix index, id string, l links) (groupPage, bool, error) 
 	var first string
 	for i, rw := range rows {
 		ga := groupAttempt{ID: rw.ID, Link: l.attempt(rw.ID), Status: string(rw.Status), Reward: fmtReward(&rw),
-			Attempt: rw.Attempt, Steps: rw.Steps, Color: statusColor(rw.Status), Advantage: "–"}
+			Attempt: rw.Attempt, Steps: rw.Steps, Color: profile.StatusColor(rw.Status), Advantage: "–"}
 		if a, ok := adv[i]; ok {
 			ga.Advantage = fmt.Sprintf("%+.3f", a)
 		}
@@ -533,7 +513,7 @@ func (r *Run) buildAttempt(ix index, id string, l links) (attemptPage, bool, err
 	}
 	p := attemptPage{ID: rec.RolloutID, Task: rec.TaskID, Domain: rec.Domain, Group: rec.GroupID, GroupLink: l.group(rec.GroupID),
 		RunLink: l.run(filter{}, 1), Attempt: rec.Attempt, Try: rec.Try, Desktop: rec.Desktop, Status: string(rec.Status),
-		Reward: fmtReward(&rw), Color: statusColor(rec.Status), Error: rec.Error, Policy: rec.Policy, Timing: rec.Timing,
+		Reward: fmtReward(&rw), Color: profile.StatusColor(rec.Status), Error: rec.Error, Policy: rec.Policy, Timing: rec.Timing,
 		Started: fmtTime(rec.StartedAt), Ended: fmtTime(rec.EndedAt), Env: rec.Env, SecondGrade: rec.SecondGrade,
 		EndState: rec.EndState, Quarantined: rw.Quarantined, Static: l.static()}
 	if g, ok := ix.regrades[id]; ok {
