@@ -2,51 +2,20 @@ package profile_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"image/color"
 	"image/png"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"legato/rl/export/profile"
 	"legato/rl/internal/chromiumtest"
 )
-
-// runChromium loads page in headless Chromium with extra (--dump-dom or
-// --screenshot=...) and returns its stdout. No network: the page must not
-// need it, and a test talks to nothing beyond loopback.
-func runChromium(t *testing.T, bin, page string, extra ...string) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	home := t.TempDir()
-	args := append([]string{
-		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--disable-extensions", "--no-proxy-server", "--hide-scrollbars",
-		"--user-data-dir=" + filepath.Join(home, "profile"), "--window-size=1400,900",
-	}, extra...)
-	args = append(args, "file://"+page)
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Dir = home
-	cmd.Env = append(os.Environ(), "HOME="+home)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("%s %s: %v\nstderr:\n%s", bin, strings.Join(extra, " "), err, stderr.String())
-	}
-	return stdout.Bytes()
-}
 
 func writePage(t *testing.T) string {
 	t.Helper()
@@ -91,7 +60,7 @@ func TestHTMLInChromium(t *testing.T) {
 	page := writePage(t)
 	rep := build(t, fixedRun)
 
-	dom := string(runChromium(t, bin, page, "--dump-dom"))
+	dom := string(chromiumtest.Run(t, bin, "file://"+page, "--dump-dom"))
 	var wantDesktops, gotDesktops []string
 	for _, d := range rep.Desktops {
 		wantDesktops = append(wantDesktops, fmt.Sprint(d.Slot))
@@ -129,7 +98,7 @@ func TestHTMLInChromium(t *testing.T) {
 	}
 
 	shot := filepath.Join(t.TempDir(), "profile.png")
-	runChromium(t, bin, page, "--screenshot="+shot)
+	chromiumtest.Run(t, bin, "file://"+page, "--screenshot="+shot)
 	f, err := os.Open(shot)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package view_test
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"image"
@@ -10,46 +9,16 @@ import (
 	"image/png"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"legato/rl/export/view"
 	"legato/rl/internal/chromiumtest"
 )
 
 var readmeShot = flag.String("readme-shot", "", "write the attempt page's screenshot to `FILE` (docs/view-attempt.png)")
-
-// runChromium loads url in headless Chromium with extra (--dump-dom or
-// --screenshot=...) and returns its stdout. The only server it may reach
-// is the test's, on loopback.
-func runChromium(t *testing.T, bin, url string, extra ...string) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	home := t.TempDir()
-	args := append([]string{
-		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--disable-extensions", "--no-proxy-server", "--hide-scrollbars", "--force-device-scale-factor=1",
-		"--user-data-dir=" + filepath.Join(home, "profile"), "--window-size=1400,900",
-		"--virtual-time-budget=10000", "--run-all-compositor-stages-before-draw",
-	}, extra...)
-	args = append(args, url)
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Dir = home
-	cmd.Env = append(os.Environ(), "HOME="+home)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("%s %s: %v\nstderr:\n%s", bin, strings.Join(extra, " "), err, stderr.String())
-	}
-	return stdout.Bytes()
-}
 
 func screenshotOf(t *testing.T, bin, url string) (image.Image, []byte) {
 	t.Helper()
@@ -230,4 +199,12 @@ func fileNameOf(t *testing.T, out, prefix string) string {
 		t.Fatalf("pages %s*.html in the export: %q, want one", prefix, m)
 	}
 	return strings.TrimPrefix(filepath.Base(m[0]), "g-")
+}
+
+// runChromium is chromiumtest.Run at one device pixel per CSS pixel (the
+// pixel check measures the drawn image), after the page's script ran.
+func runChromium(t *testing.T, bin, url string, extra ...string) []byte {
+	t.Helper()
+	return chromiumtest.Run(t, bin, url, append([]string{"--force-device-scale-factor=1",
+		"--virtual-time-budget=10000", "--run-all-compositor-stages-before-draw"}, extra...)...)
 }
