@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"legato/rl/policy/qwen"
 	"legato/rl/schema"
 )
 
@@ -50,17 +51,6 @@ func coordsOf(b *schema.Batch) string {
 	return gridCoords
 }
 
-// call is the computer_use call of an action record (policy/qwen's Call).
-type call struct {
-	Action     string    `json:"action"`
-	Keys       []string  `json:"keys"`
-	Text       string    `json:"text"`
-	Coordinate []float64 `json:"coordinate"`
-	Pixels     float64   `json:"pixels"`
-	Time       float64   `json:"time"`
-	Status     string    `json:"status"`
-}
-
 // pointer follows the mouse through an attempt's actions, for where a drag
 // starts; unknown (nil) until an action puts it somewhere.
 type pointer struct {
@@ -74,7 +64,7 @@ type pointer struct {
 // the screenshot's (the screen's size is not recorded; the default harness
 // sends a screenshot at the screen's size).
 func markAction(a schema.ActionRecord, coords string, w, h int, p *pointer) []Mark {
-	var c call
+	var c qwen.Call
 	if len(a.Call) > 0 && json.Unmarshal(a.Call, &c) == nil && c.Action != "" {
 		return markCall(c, coords, w, h, p)
 	}
@@ -94,7 +84,7 @@ func scale(coord []float64, coords string, w, h int) (float64, float64, bool) {
 	return min(max(x, 0), float64(w)), min(max(y, 0), float64(h)), true
 }
 
-func markCall(c call, coords string, w, h int, p *pointer) []Mark {
+func markCall(c qwen.Call, coords string, w, h int, p *pointer) []Mark {
 	m := Mark{Kind: c.Action}
 	x, y, at := scale(c.Coordinate, coords, w, h)
 	switch c.Action {
