@@ -56,13 +56,7 @@ func TestServiceResultShapes(t *testing.T) {
 	e.opts.Group = 2
 	s := e.serve(t)
 	defer s.Close(context.Background())
-	info, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
-		t.Fatalf("group %s", info.State)
-	}
+	info := submitClosed(t, s, GroupRequest{Task: inlineTask(1)})
 	full, err := s.Result(info.ID, ResultOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -184,13 +178,7 @@ func TestServiceResultImagesAreExports(t *testing.T) {
 	e.opts.Group = 2
 	s := e.serve(t)
 	defer s.Close(context.Background())
-	info, _, err := s.Submit(GroupRequest{Task: inlineTask(1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
-		t.Fatalf("group %s", info.State)
-	}
+	info := submitClosed(t, s, GroupRequest{Task: inlineTask(1)})
 	out := filepath.Join(t.TempDir(), "train.jsonl")
 	if _, err := export.ExportSteps(e.opts.Out, out, export.Options{}); err != nil {
 		t.Fatal(err)
@@ -236,4 +224,17 @@ func TestServiceResultImagesAreExports(t *testing.T) {
 			t.Errorf("%+v: %d steps in the result, %d in the export", opts, steps, len(exported))
 		}
 	}
+}
+
+// submitClosed submits req to s and waits until its group closed.
+func submitClosed(t *testing.T, s *Service, req GroupRequest) GroupInfo {
+	t.Helper()
+	info, _, err := s.Submit(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := waitEnded(t, s, info.ID); info.State != GroupClosed {
+		t.Fatalf("group %s", info.State)
+	}
+	return info
 }
