@@ -164,6 +164,15 @@ back on purpose and is journaled so.
 	return errors.Join(runErr, cerr)
 }
 
+// newToken makes a bearer token: 32 random bytes, in hex.
+func newToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("make a bearer token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
 // serveToken returns the bearer token of a service in dir: token (from
 // $LEGATO_SERVE_TOKEN) when set, else a new random one, written to
 // dir/serve.token readable by its owner only. The file is written under a
@@ -179,11 +188,10 @@ func serveToken(dir, token string) (string, error) {
 		}
 		return token, nil
 	}
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("make a bearer token: %w", err)
+	token, err := newToken()
+	if err != nil {
+		return "", err
 	}
-	token = hex.EncodeToString(b)
 	// O_EXCL, 0600; named as the store's temporary files (schema's
 	// tempPrefix), which the next start removes if this one is killed.
 	tmp, err := os.CreateTemp(dir, ".tmp-"+httpapi.TokenFile+"-*")

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -89,11 +87,9 @@ func (c *viewCommand) Run(ctx context.Context, args []string, stdout, stderr io.
 		return nil
 	}
 	if token == "" {
-		b := make([]byte, 32)
-		if _, err := rand.Read(b); err != nil {
-			return fmt.Errorf("make a token: %w", err)
+		if token, err = newToken(); err != nil {
+			return err
 		}
-		token = hex.EncodeToString(b)
 	}
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
