@@ -328,7 +328,7 @@ func (r *replayer) run(ctx context.Context, d desktop.Desktop, rec *schema.Recor
 			}
 		}
 		obs = nil
-		end, err := r.act(ctx, d, st, &obs)
+		end, err := r.act(ctx, d, rec.TaskID, st, &obs)
 		if err != nil {
 			return err
 		}
@@ -348,35 +348,20 @@ func (r *replayer) run(ctx context.Context, d desktop.Desktop, rec *schema.Recor
 	return nil
 }
 
-// act runs a step's recorded actions, each followed by the wait until the
-// screen is ready, as the attempt did; it reports whether the attempt
-// ended there.
-func (r *replayer) act(ctx context.Context, d desktop.Desktop, st *schema.Step, obs **desktop.Observation) (bool, error) {
-	for _, ar := range st.Actions {
-		a := desktop.ParseAction(ar.Action)
-		if s, ok := d.(desktop.Stepper); ok && !a.Terminal() {
-			res, err := s.Step(ctx, a, r.opts.Ready.Max)
-			if err != nil {
-				return false, desk(ctx, "step "+shorten(ar.Action), err)
-			}
-			o := res.Ready.Observation
-			*obs = &o
-			continue
-		}
-		if _, err := d.Act(ctx, a); err != nil {
-			return false, desk(ctx, "act "+shorten(ar.Action), err)
-		}
-		if a.Terminal() {
-			return true, nil
-		}
-		ready, err := desktop.WaitReady(ctx, d, r.opts.Ready)
-		if err != nil {
-			return false, desk(ctx, "wait ready", err)
-		}
-		o := ready.Observation
-		*obs = &o
+// act runs a step's recorded actions through the stepping the attempt
+// ran them with (actionRun), each followed by the wait until the screen is
+// ready, as the attempt did; it reports whether the attempt ended there.
+func (r *replayer) act(ctx context.Context, d desktop.Desktop, taskID string, st *schema.Step, obs **desktop.Observation) (bool, error) {
+	actions := make([]desktop.Action, len(st.Actions))
+	for i, ar := range st.Actions {
+		actions[i] = desktop.ParseAction(ar.Action)
 	}
-	return false, nil
+	// The replay's own action records and timing are not kept: the
+	// report compares screens and rewards.
+	var replayed schema.Step
+	var tm schema.Timing
+	run := actionRun{d: d, ready: r.opts.Ready, log: r.opts.Logger, taskID: taskID}
+	return run.actions(ctx, actions, nil, &replayed, &tm, obs)
 }
 
 // compare matches the screen obs, as the harness puts it in a prompt,
