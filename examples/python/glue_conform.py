@@ -447,14 +447,15 @@ FIXTURE_FLAGS = ("--fake-speed", "none", "--no-ready-signal", "--desktops", "2",
                  "--history", "contiguous", "--max-steps", "3")
 
 
-def skyrl_batch(instances: int, trajectory_id: Any, batch_metadata: Any) -> Dict[str, Any]:
+def skyrl_batch(instances: int, trajectory_id: Any, batch_metadata: Any, size: int = G,
+                task: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """A GeneratorInput as SkyRL's prepare_generator_input lays it out:
-    each instance's prompt ``G`` times, its task in ``env_extras``."""
+    each instance's prompt ``size`` times, its task in ``env_extras``."""
     prompts, extras, tids = [], [], []
     for u in range(instances):
-        for r in range(G):
+        for r in range(size):
             prompts.append([{"role": "user", "content": "write a note"}])
-            extras.append({"legato_task": dict(TASK)})
+            extras.append({"legato_task": dict(task or TASK)})
             tids.append(trajectory_id(instance_id=f"uid{u}", repetition_id=r))
     return {"prompts": prompts, "env_classes": ["legato"] * len(prompts), "env_extras": extras,
             "sampling_params": None, "trajectory_ids": tids, "batch_metadata": batch_metadata}
