@@ -42,7 +42,8 @@ import urllib.request
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = ["Client", "LegatoError", "StreamError", "StreamItem", "Group", "Attempt", "NotContiguous",
-           "untrainable_reason", "trainable", "image_refs", "concatenate_steps", "EXACT_SOURCES", "IMAGE_PREFIX"]
+           "WeightSync", "untrainable_reason", "trainable", "image_refs", "step_images", "concatenate_steps",
+           "EXACT_SOURCES", "IMAGE_PREFIX"]
 
 JSON = Dict[str, Any]
 
@@ -362,13 +363,17 @@ class Client:
                                  timeout=self.timeout + 600)
         return self._request("POST", "/v1/policy", {"state": "paused"})
 
-    def serve(self, version: str = "", base_urls: Optional[List[str]] = None) -> JSON:
+    def serve(self, version: str = "", base_urls: Optional[List[str]] = None, force: bool = False) -> JSON:
         """Resume model calls; with ``version``, every later step carries it.
         ``base_urls`` move the calls to other servers (replicas of the new
-        weights), e.g. when the trainer started them on new ports."""
+        weights), e.g. when the trainer started them on new ports. ``force``
+        puts a version in force that does not come after the current one
+        (going back to earlier weights on purpose)."""
         body: JSON = {"state": "serving", "version": version}
         if base_urls:
-            body["base_urls"] = base_urls
+            body["base_urls"] = list(base_urls)
+        if force:
+            body["force"] = True
         return self._request("POST", "/v1/policy", body)
 
     def policy(self) -> JSON:
@@ -547,3 +552,74 @@ def concatenate_steps(steps: Sequence[Dict[str, Any]]) -> Tuple[List[int], List[
         lps += [float(x) for x in s["response_logprobs"] or []]
         seq += gen
     return prompt, response, mask, lps, starts
+
+
+def step_images(step: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The images of a step's prompt in order, as legato lists them: each
+    ``{"sha256", "bytes", "width", "height"[, "token_span"]}``, the span
+    being [start, end) of its placeholder tokens in the prompt's ids. A
+    step without that list (from before legato listed images) gives its
+    messages' legato-image:// references, sha256 only."""
+    images = step.get("images")
+    if images is not None:
+        return [dict(img) for img in images]
+    return [{"sha256": sha} for sha in image_refs(step.get("messages") or [])]
+
+
+# -- weight sync ---------------------------------------------------------------
+
+
+class WeightSync:
+    """legato's side of a trainer's weight update: ``before`` holds new
+    model calls and waits until none is in flight (POST /v1/policy paused,
+    drain), so no call is answered half by the old weights and half by the
+    new ones, or aborted by the swap; ``after`` serves ``version`` on
+    ``base_urls``, the OpenAI API roots that serve the new weights (the
+    trainer's router or engines), so every step from then on carries the
+    version and goes where the weights are.
+
+    Versions only go up in legato. A trainer restarted from a checkpoint
+    older than the last version it served goes back on purpose: the first
+    ``after`` of a process is sent with ``force`` when legato refuses it
+    (409), and journaled so; a later refusal is raised.
+
+    An update that raises leaves legato paused: nothing is generated with
+    weights half swapped. The next ``after`` (a restarted trainer's first
+    sync) serves again.
+    """
+
+    def __init__(self, client: "Client", base_urls: Optional[Sequence[str]] = None) -> None:
+        self.client = client
+        self.base_urls = [u for u in (base_urls or []) if u]
+        self.synced: List[str] = []  # the versions served, in order
+
+    def before(self) -> None:
+        self.client.pause(drain=True)
+
+    def after(self, version: str) -> JSON:
+        try:
+            st = self.client.serve(version, self.base_urls)
+        except LegatoError as e:
+            if e.status != 409 or self.synced:
+                raise
+            st = self.client.serve(version, self.base_urls, force=True)
+        self.synced.append(version)
+        return st
+
+    def around(self, version: str, update: Any, *args: Any, **kwargs: Any) -> Any:
+        """``update(*args, **kwargs)`` between ``before`` and ``after``."""
+        self.before()
+        out = update(*args, **kwargs)
+        self.after(version)
+        return out
+
+    async def around_async(self, version: Any, update: Any, *args: Any, **kwargs: Any) -> Any:
+        """``around`` for a coroutine function ``update``; ``version`` may be
+        a function, called once the update is done. The client's calls run
+        in a thread, so the trainer's event loop keeps going."""
+        import asyncio
+        await asyncio.to_thread(self.before)
+        out = await update(*args, **kwargs)
+        v = version() if callable(version) else version
+        await asyncio.to_thread(self.after, v)
+        return out

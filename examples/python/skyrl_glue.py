@@ -75,16 +75,36 @@ or surplus attempts) never train:
 An unmasked attempt whose steps lack prompt ids, exact generated ids or
 aligned logprobs is treated like a masked one (``env_metrics`` row says why).
 
-Policy versions: with ``version_prefix`` (default ``skyrl-step-``) a training
-call serves version ``prefix + str(batch_metadata.global_step)`` before it
-submits, so every step legato records carries it; each row's
+Weight sync and policy versions
+-------------------------------
+``generate()`` never changes legato's policy: under SkyRL's fully-async
+trainer a generation worker prepares its batch at step k (its
+``batch_metadata.global_step``) and may get its slot after step k+1 started
+and new weights were synced, so a version stamped per call would name the
+wrong weights. The version moves with the weights instead: ``legato_trainer(
+trainer_cls, client)`` returns the trainer class with its weight save
+(``dispatch.save_weights_for_sampler``, which the synchronous and the
+fully-async trainer both call after each training step and once before the
+first) wrapped in legato's pause and serve: ``POST /v1/policy`` paused with
+drain (no model call in flight while the weights swap), then serving version
+``version_prefix + str(global_step + 1)`` (default ``skyrl-step-``: the step
+these weights generate for, as ``batch_metadata.global_step`` counts) with
+``base_urls``, where the weights are served: the inference engines' router,
+``inference_engine_client.proxy_url + "/v1"`` unless given. Each row's
 ``env_metrics["legato_policy_versions"]`` lists its steps' versions.
 
-Screenshots stay legato-image:// references; ``env_metrics["legato_images"]``
-lists the sha256 of the images in the row's prompt. A vision-language run
-passes ``vision_features(pngs) -> (pixel_values, image_grid_thw)`` (e.g. the
-model's image processor) and the output carries ``pixel_values`` and
-``image_grid_thw`` per row, as SkyRLVLMGymGenerator's does.
+Images
+------
+Screenshots stay legato-image:// references. Each row's
+``env_metrics["legato_images"]`` lists the sha256 of the images of its
+prompt in order, as legato lists them (``step_images``: the last step's for
+a trajectory row, which holds every screenshot of the attempt), and
+``env_metrics["legato_image_spans"]`` where their placeholder tokens are in
+the row's ``prompt_token_ids + response_ids``. A vision-language run passes
+``vision_features(pngs) -> (pixel_values, image_grid_thw)`` (e.g. the model's
+image processor), called with the PNGs in that order, and the output carries
+``pixel_values`` and ``image_grid_thw`` per row, as SkyRLVLMGymGenerator's
+does; without it both are None.
 
 Read at NovaSky-AI/SkyRL a9564572: skyrl/train/generators/base.py,
 skyrl/train/generators/skyrl_gym_generator.py, skyrl/train/generators/
@@ -92,7 +112,11 @@ skyrl_vlm_generator.py, skyrl/train/generators/utils.py, skyrl/train/utils/
 trainer_utils.py (validate_generator_output), skyrl/train/trainer.py,
 skyrl/train/dataset/dataset.py, skyrl/train/dataset/preprocess.py,
 skyrl/train/entrypoints/main_base.py, skyrl/backends/skyrl_train/utils/
-ppo_utils.py, docs/content/docs/tutorials/step-wise-training.mdx.
+ppo_utils.py, docs/content/docs/tutorials/step-wise-training.mdx,
+skyrl/train/fully_async_trainer.py, skyrl/backends/skyrl_train/workers/
+worker_dispatch.py, skyrl/backends/skyrl_train/inference_servers/
+remote_inference_client.py. descriptors/skyrl.json holds the interface as
+read there; glue_conform.py checks this module's output against it.
 """
 
 from __future__ import annotations
@@ -103,8 +127,8 @@ import json
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from legato_client import (Attempt, Client, Group, NotContiguous, concatenate_steps, image_refs, trainable,
-                           untrainable_reason)
+from legato_client import (Attempt, Client, Group, NotContiguous, WeightSync, concatenate_steps, step_images,
+                           trainable, untrainable_reason)
 
 try:  # SkyRL is optional; its current package, then the older skyrl-train one.
     from skyrl.train.generators.base import GeneratorInterface as _Base  # type: ignore
@@ -126,7 +150,8 @@ except Exception:
             def to_string(self) -> str:
                 return f"{self.instance_id}_{self.repetition_id}"
 
-__all__ = ["LegatoGenerator", "TrajectoryID", "NotContiguous", "concatenate_steps", "untrainable_reason"]
+__all__ = ["LegatoGenerator", "TrajectoryID", "NotContiguous", "concatenate_steps", "untrainable_reason",
+           "legato_trainer", "LegatoDispatch", "engine_base_urls"]
 
 
 def _task(extras: Optional[Dict[str, Any]], key: str, row: int) -> Dict[str, Any]:
@@ -155,7 +180,7 @@ class _Row:
     stop_reason: str
     is_last_step: bool
     env_metrics: Dict[str, Any]
-    images: List[str]
+    images: List[Dict[str, Any]]  # step_images of the row's prompt, in order
 
 
 class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
@@ -163,7 +188,7 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
     module docstring)."""
 
     def __init__(self, client: Client, layout: str = "trajectory", task_key: str = "legato_task",
-                 version_prefix: str = "skyrl-step-", wait_timeout: float = 3600.0, pad_token_id: int = 0,
+                 wait_timeout: float = 3600.0, pad_token_id: int = 0,
                  vision_features: Optional[Callable[[List[bytes]], Tuple[Any, Any]]] = None,
                  key_prefix: str = "") -> None:
         if layout not in ("trajectory", "step"):
@@ -171,7 +196,6 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
         self.client = client
         self.layout = layout
         self.task_key = task_key
-        self.version_prefix = version_prefix
         self.wait_timeout = wait_timeout
         self.pad_token_id = pad_token_id
         self.vision_features = vision_features
@@ -184,19 +208,14 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
 
     # -- the work --------------------------------------------------------------
 
-    def generate_blocking(self, input_batch: Dict[str, Any]) -> Dict[str, Any]:
+    def _instances(self, input_batch: Dict[str, Any]) -> Dict[str, List[int]]:
+        """The rows of each instance of the batch (one legato group), in
+        repetition order, instances in order of first appearance."""
         n = len(input_batch["prompts"])
         extras = input_batch.get("env_extras") or [{} for _ in range(n)]
         tids = input_batch.get("trajectory_ids")
-        meta = input_batch.get("batch_metadata")
         if self.layout == "step" and tids is None:
             raise ValueError("layout='step' needs trajectory_ids in the input batch")
-        phase = getattr(meta, "training_phase", "train") if meta is not None else "train"
-        step = getattr(meta, "global_step", None) if meta is not None else None
-        if self.version_prefix and phase == "train" and step is not None:
-            self.client.serve(f"{self.version_prefix}{step}")
-
-        # Rows of one instance form one legato group, in repetition order.
         groups: Dict[str, List[int]] = {}
         for i in range(n):
             key = tids[i].instance_id if tids is not None else json.dumps(_task(extras[i], self.task_key, i), sort_keys=True)
@@ -204,20 +223,36 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
         if tids is not None:
             for rows in groups.values():
                 rows.sort(key=lambda i: tids[i].repetition_id)
+        return groups
 
+    def generate_blocking(self, input_batch: Dict[str, Any]) -> Dict[str, Any]:
+        n = len(input_batch["prompts"])
+        extras = input_batch.get("env_extras") or [{} for _ in range(n)]
+        meta = input_batch.get("batch_metadata")
+        # The step the batch was prepared at names its groups' keys only: the
+        # policy version is the weight sync's (legato_trainer), never this.
+        step = getattr(meta, "global_step", None) if meta is not None else None
+        groups = self._instances(input_batch)
         submitted = []
         for inst, rows in groups.items():
             k = f"{self.key_prefix}{step}-{inst}" if self.key_prefix else ""
             submitted.append(self.client.submit(_task(extras[rows[0]], self.task_key, rows[0]),
                                                 group_size=len(rows), key=k))
+        return self.output_for(input_batch, [self._wait(g.id) for g in submitted])
+
+    def output_for(self, input_batch: Dict[str, Any], ended: Sequence[Group]) -> Dict[str, Any]:
+        """The GeneratorOutput of ``input_batch`` from its ended legato
+        groups, one per instance in order of first appearance."""
+        n = len(input_batch["prompts"])
+        tids = input_batch.get("trajectory_ids")
+        groups = self._instances(input_batch)
+        if len(ended) != len(groups):
+            raise ValueError(f"{len(ended)} groups for the batch's {len(groups)} instances")
         per_row: Dict[int, List[_Row]] = {}
-        ended = []
-        for g, rows in zip(submitted, groups.values()):
-            done = self._wait(g.id)
-            ended.append(done)
+        for done, rows in zip(ended, groups.values()):
             for i, rs in zip(rows, self.group_rows(done, len(rows))):
                 per_row[i] = rs
-        self.last_groups = ended
+        self.last_groups = list(ended)
 
         out_rows: List[_Row] = []
         out_tids = []
@@ -225,7 +260,7 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
             for r in per_row[i]:
                 out_rows.append(r)
                 out_tids.append(tids[i] if tids is not None else None)
-        return self._output(out_rows, out_tids if tids is not None else None, ended)
+        return self._output(out_rows, out_tids if tids is not None else None, list(ended))
 
     def _wait(self, group_id: str) -> Group:
         deadline = time.monotonic() + self.wait_timeout
@@ -279,7 +314,7 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
                 is_last_step=True,
                 env_metrics=self._metrics_row(group, a, legato_policy_versions=[s["policy_version"] for s in steps],
                                               legato_step_starts=starts),
-                images=image_refs(steps[-1].get("messages") or []),
+                images=step_images(steps[-1]),
             )]
         rows = []
         for j, s in enumerate(steps):
@@ -292,7 +327,7 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
                 stop_reason=s.get("finish_reason") or "", is_last_step=last,
                 env_metrics=self._metrics_row(group, a, legato_step=s["step"],
                                               legato_policy_versions=[s["policy_version"]]),
-                images=image_refs(s.get("messages") or []),
+                images=step_images(s),
             ))
         return rows
 
@@ -301,7 +336,7 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
             s0 = ok[0].steps[0]
             prompt = [int(t) for t in s0["prompt_token_ids"]]
             resp = [int(t) for t in (s0["response_token_ids"] or [self.pad_token_id])[:1]]
-            images = image_refs(s0.get("messages") or [])
+            images = step_images(s0)
         else:
             prompt, resp, images = [self.pad_token_id], [self.pad_token_id], []
         return _Row(
@@ -334,14 +369,19 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
             "trajectory_time_splits": None,
             "rollout_expert_indices": None,
             "is_last_step": [r.is_last_step for r in rows] if self.layout == "step" else None,
-            "env_metrics": [dict(r.env_metrics, legato_images=r.images) for r in rows],
+            "env_metrics": [dict(r.env_metrics, legato_images=[img["sha256"] for img in r.images],
+                                 legato_image_spans=[img.get("token_span") for img in r.images]) for r in rows],
+            # GeneratorOutput's vision fields: None unless vision_features.
+            "pixel_values": None,
+            "image_grid_thw": None,
         }
         if self.vision_features is not None:
             cache: Dict[str, bytes] = {}
             pv, thw = [], []
             for r in rows:
                 pngs = []
-                for sha in r.images:
+                for img in r.images:
+                    sha = img["sha256"]
                     if sha not in cache:
                         cache[sha] = self.client.blob(sha)
                     pngs.append(cache[sha])
@@ -351,3 +391,63 @@ class LegatoGenerator(_Base):  # type: ignore[misc, valid-type]
             out["pixel_values"] = pv
             out["image_grid_thw"] = thw
         return out
+
+
+# -- weight sync ------------------------------------------------------------------
+
+# What the weight sync relies on in SkyRL, checked against its descriptor
+# (glue_conform.py): the trainers' method that sets up the weight sync, the
+# dispatch's weight save their train() awaits, and the engine client's
+# router address.
+SEAM = {"trainer_method": "init_weight_sync_state", "dispatch_method": "save_weights_for_sampler",
+        "router_field": "proxy_url"}
+
+
+def engine_base_urls(trainer: Any) -> List[str]:
+    """Where a SkyRL trainer's weights are served, as legato's base URLs:
+    its inference engine client's router (``proxy_url``) with the OpenAI
+    API's /v1, or none when it has no such client."""
+    url = getattr(getattr(trainer, "inference_engine_client", None), SEAM["router_field"], None)
+    return [url.rstrip("/") + "/v1"] if url else []
+
+
+class LegatoDispatch:
+    """A SkyRL trainer's ``dispatch`` whose ``save_weights_for_sampler``
+    runs inside legato's pause (drained) and serve; everything else is the
+    wrapped dispatch's."""
+
+    def __init__(self, dispatch: Any, sync: WeightSync, version: Callable[[], str]) -> None:
+        self._dispatch = dispatch
+        self._sync = sync
+        self._version = version
+
+    async def save_weights_for_sampler(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._sync.around_async(self._version, self._dispatch.save_weights_for_sampler, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dispatch, name)
+
+
+def legato_trainer(trainer_cls: type, client: Client, base_urls: Optional[Sequence[str]] = None,
+                   version_prefix: str = "skyrl-step-") -> type:
+    """``trainer_cls`` (SkyRL's RayPPOTrainer, FullyAsyncRayPPOTrainer or a
+    subclass) with legato's weight sync around each weight save (see the
+    module docstring). An experiment returns it from ``get_trainer``:
+
+        trainer_cls = legato_trainer(FullyAsyncRayPPOTrainer, Client(url, run_dir=...))
+        return trainer_cls(cfg=cfg, tracker=tracker, ...)
+    """
+
+    class LegatoTrainer(trainer_cls):  # type: ignore[misc, valid-type]
+        def init_weight_sync_state(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().init_weight_sync_state(*args, **kwargs)
+            sync = WeightSync(client, list(base_urls) if base_urls is not None else engine_base_urls(self))
+            self.legato_sync = sync
+            # Called once the weights are saved: global_step is the step
+            # that trained them (0 before the first), so they generate for
+            # the next one.
+            self.dispatch = LegatoDispatch(self.dispatch, sync, lambda: f"{version_prefix}{self.global_step + 1}")
+            return out
+
+    LegatoTrainer.__name__ = LegatoTrainer.__qualname__ = f"Legato{trainer_cls.__name__}"
+    return LegatoTrainer

@@ -25,7 +25,10 @@ desktops and grades them together; the rollout function is the entry point
 that hands over whole groups, which is what legato returns. (Read at THUDM/slime
 624b824a: slime/rollout/sglang_rollout.py, slime/rollout/base_types.py,
 slime/utils/types.py, slime/ray/rollout.py, slime/observability/
-rollout_data_utils.py, slime/utils/arguments.py, and the doc named above.)
+rollout_data_utils.py, slime/utils/arguments.py, slime/ray/actor_group.py,
+train.py, train_async.py, and the doc named above; descriptors/slime.json
+holds the interface as read there, and glue_conform.py checks this module's
+output against it.)
 
 What it does
 ------------
@@ -74,24 +77,38 @@ placeholder: ``remove_sample=True``, ``loss_mask`` all 0, reward and advantage
 prompt ids or aligned logprobs cannot give token-level data either and is
 handled the same way (``metadata["legato"]["untrainable"]`` says why).
 
-Policy versions: at the start of each call ``generate_rollout`` serves
-version ``legato_version_prefix + str(rollout_id)`` (default
-``slime-rollout-``; empty to leave the version alone), so every step legato
-records afterwards carries it; ``Sample.weight_versions`` lists each step's
-version.
+Weight sync and policy versions: ``generate_rollout`` never changes
+legato's policy (under train_async.py the next rollout is generated while
+the current one trains, so a version stamped per call would name the wrong
+weights). The version moves with the weights: ``install_weight_sync(
+actor_model, args)``, one line in slime's train.py (or train_async.py)
+after ``create_training_models``, wraps ``actor_model.update_weights`` in
+legato's pause and serve: ``POST /v1/policy`` paused with drain (no model
+call in flight while the weights swap), then serving the next version with
+``base_urls`` = the router slime's SGLang engines sit behind
+(``http://{sglang_router_ip}:{sglang_router_port}/v1``, or
+``legato_base_urls``), so legato's model calls go where the new weights are.
+The k-th sync of a process (from 0) serves ``legato_version_prefix +
+str(start_rollout_id + k)`` (default ``slime-rollout-``): under train.py the
+rollout these weights generate. ``Sample.weight_versions`` lists each
+step's version.
 
 Screenshots stay references: ``metadata["legato"]["images"]`` lists the
-sha256 of every image in the sample's prompt, in order (``Client.blob``
-fetches the PNG). A vision-language run sets
-``legato_multimodal_function_path`` to a function ``f(client, shas) -> dict``
-that returns ``multimodal_train_inputs`` (e.g. the model's processor output
-without input_ids); without it that field stays None.
+sha256 of every image in the sample's prompt, in order, as legato lists
+them (``step_images``: the last step's for a trajectory sample, which holds
+every screenshot of the attempt), and ``metadata["legato"]["image_spans"]``
+where their placeholder tokens are in ``tokens``. A vision-language run sets
+``legato_multimodal_function_path`` to a function ``f(client, shas) -> dict``,
+called with the shas in that order, that returns ``multimodal_train_inputs``
+(e.g. the model's processor output without input_ids); without it that
+field stays None.
 
 Settings, read from ``args`` (set them with ``--custom-config-path``) or the
 environment: legato_url (LEGATO_URL, default http://127.0.0.1:8300),
 legato_token (LEGATO_SERVE_TOKEN), legato_run_dir (LEGATO_RUN_DIR: the
 service's run directory, whose serve.token is the token when none is given),
-legato_layout, legato_version_prefix,
+legato_layout, legato_version_prefix, legato_base_urls (LEGATO_BASE_URLS,
+comma-separated: where the weights are served, default slime's router),
 legato_wait_timeout (seconds per group, default 3600), legato_pad_token_id
 (default 0), legato_eval_tasks (a list of tasks for ``evaluation=True``),
 legato_multimodal_function_path, legato_key_prefix (LEGATO_KEY_PREFIX: a
@@ -116,8 +133,8 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from legato_client import (Attempt, Client, Group, NotContiguous, concatenate_steps, image_refs, trainable,
-                           untrainable_reason)
+from legato_client import (Attempt, Client, Group, NotContiguous, WeightSync, concatenate_steps, image_refs,
+                           step_images, trainable, untrainable_reason)
 
 try:  # slime is optional: real Sample objects when it is there.
     from slime.utils.types import Sample as _SlimeSample  # type: ignore
@@ -132,7 +149,7 @@ except Exception:
 __all__ = [
     "LegatoSample", "NotContiguous", "generate_rollout", "reward_post_process",
     "rollout_groups", "group_to_samples", "concatenate_steps", "untrainable_reason",
-    "image_refs", "task_from_sample",
+    "image_refs", "task_from_sample", "install_weight_sync", "router_base_urls",
 ]
 
 # Token id sources whose ids are the ones the server generated (legato's
@@ -253,7 +270,8 @@ def group_to_samples(group: Group, templates: Sequence[Any], layout: str = "traj
         truncated = a.status == "truncated" or steps[-1].get("finish_reason") == "length"
         if layout == "trajectory":
             prompt, resp, mask, lps, starts = concatenate_steps(steps)
-            refs = image_refs(steps[-1].get("messages") or [])
+            images = step_images(steps[-1])
+            refs = [img["sha256"] for img in images]
             entries.append(_new_sample(template, {
                 "rollout_id": rid(template),
                 "tokens": prompt + resp,
@@ -266,15 +284,16 @@ def group_to_samples(group: Group, templates: Sequence[Any], layout: str = "traj
                 "remove_sample": False,
                 "status": "truncated" if truncated else "completed",
                 "multimodal_train_inputs": multimodal(refs) if multimodal else None,
-                "legato": _attempt_meta(group, a, images=refs, step_starts=starts,
-                                        prompt_length=len(prompt)),
+                "legato": _attempt_meta(group, a, images=refs, image_spans=[img.get("token_span") for img in images],
+                                        step_starts=starts, prompt_length=len(prompt)),
             }))
         else:
             r = rid(template)
             per_step = []
             for s in steps:
                 ids = [int(t) for t in s["response_token_ids"] or []]
-                refs = image_refs(s.get("messages") or [])
+                images = step_images(s)
+                refs = [img["sha256"] for img in images]
                 per_step.append(_new_sample(template, {
                     "rollout_id": r,
                     "tokens": [int(t) for t in s["prompt_token_ids"]] + ids,
@@ -288,6 +307,7 @@ def group_to_samples(group: Group, templates: Sequence[Any], layout: str = "traj
                     "status": "truncated" if s.get("finish_reason") == "length" else "completed",
                     "multimodal_train_inputs": multimodal(refs) if multimodal else None,
                     "legato": _attempt_meta(group, a, step=s["step"], images=refs,
+                                            image_spans=[img.get("token_span") for img in images],
                                             prompt_length=len(s["prompt_token_ids"])),
                 }))
             entries.append(per_step)
@@ -298,7 +318,7 @@ def group_to_samples(group: Group, templates: Sequence[Any], layout: str = "traj
         s0 = ok[0].steps[0]
         filler_prompt = [int(t) for t in s0["prompt_token_ids"]]
         filler_resp = [int(t) for t in (s0["response_token_ids"] or [pad_token_id])[:1]]
-        filler_refs = image_refs(s0.get("messages") or [])
+        filler_refs = [img["sha256"] for img in step_images(s0)]
     else:
         filler_prompt, filler_resp, filler_refs = [pad_token_id], [pad_token_id], []
     left_out = [a for a in sorted(group.attempts, key=lambda a: a.attempt) if a.rollout_id in why]
@@ -403,6 +423,7 @@ class Settings:
     run_dir: Optional[str]
     layout: str
     version_prefix: str
+    base_urls: List[str]
     wait_timeout: float
     pad_token_id: int
     eval_tasks: List[Dict[str, Any]]
@@ -422,12 +443,21 @@ class Settings:
             run_dir=get("legato_run_dir", "LEGATO_RUN_DIR", None),
             layout=get("legato_layout", "LEGATO_LAYOUT", "trajectory"),
             version_prefix=get("legato_version_prefix", "LEGATO_VERSION_PREFIX", "slime-rollout-"),
+            base_urls=_url_list(get("legato_base_urls", "LEGATO_BASE_URLS", None)),
             wait_timeout=float(get("legato_wait_timeout", "LEGATO_WAIT_TIMEOUT", 3600)),
             pad_token_id=int(get("legato_pad_token_id", "LEGATO_PAD_TOKEN_ID", 0)),
             eval_tasks=list(getattr(args, "legato_eval_tasks", None) or []),
             multimodal_path=get("legato_multimodal_function_path", "LEGATO_MULTIMODAL_FUNCTION_PATH", ""),
             key_prefix=get("legato_key_prefix", "LEGATO_KEY_PREFIX", ""),
         )
+
+
+def _url_list(v: Any) -> List[str]:
+    if not v:
+        return []
+    if isinstance(v, str):
+        v = v.split(",")
+    return [u.strip() for u in v if u and u.strip()]
 
 
 def _load(path: str) -> Callable[..., Any]:
@@ -443,11 +473,6 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     if cfg.multimodal_path:
         fn = _load(cfg.multimodal_path)
         multimodal = lambda shas: fn(client, shas)  # noqa: E731
-    if cfg.version_prefix and not evaluation:
-        # The weights in force now have trained on every rollout before this
-        # one; each step legato records from here on carries this version.
-        client.serve(f"{cfg.version_prefix}{rollout_id}")
-
     if evaluation:
         if not cfg.eval_tasks:
             raise ValueError("evaluation with legato needs legato_eval_tasks (a list of tasks)")
@@ -472,6 +497,45 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
                                      wait_timeout=cfg.wait_timeout, pad_token_id=cfg.pad_token_id,
                                      multimodal=multimodal)
     return (_TrainOutput or TrainOutput)(samples=out, metrics=metrics)
+
+
+# What the weight sync relies on in slime, checked against its descriptor
+# (glue_conform.py): the train group's weight update its train.py calls, and
+# the arguments naming the router of its SGLang engines.
+SEAM = {"group_method": "update_weights", "router_args": ["sglang_router_ip", "sglang_router_port"]}
+
+
+def router_base_urls(args: Any) -> List[str]:
+    """Where slime serves its weights, as legato's base URLs: the router
+    in front of its SGLang engines (``sglang_router_ip``/``_port``, set by
+    slime when it starts them), with the OpenAI API's /v1."""
+    ip, port = (getattr(args, a, None) for a in SEAM["router_args"])
+    return [f"http://{ip}:{port}/v1"] if ip and port else []
+
+
+def install_weight_sync(actor_model: Any, args: Any, client: Optional[Client] = None) -> WeightSync:
+    """Wrap ``actor_model.update_weights`` (slime's RayTrainGroup) in
+    legato's pause (drained) and serve, with the next version and the
+    router's address (see the module docstring). In slime's train.py:
+
+        actor_model, critic_model = create_training_models(args, pgs, rollout_manager)
+        slime_glue.install_weight_sync(actor_model, args)
+    """
+    cfg = Settings.from_args(args)
+    client = client or Client(cfg.url, token=cfg.token, run_dir=cfg.run_dir)
+    urls = cfg.base_urls or router_base_urls(args)
+    if not urls:
+        raise ValueError("install_weight_sync: no address for the weights: slime's args have no "
+                         "sglang_router_ip/sglang_router_port; set legato_base_urls (LEGATO_BASE_URLS)")
+    sync = WeightSync(client, urls)
+    update = getattr(actor_model, SEAM["group_method"])
+    start = int(getattr(args, "start_rollout_id", 0) or 0)
+
+    def update_weights(*a: Any, **kw: Any) -> Any:
+        return sync.around(f"{cfg.version_prefix}{start + len(sync.synced)}", update, *a, **kw)
+
+    setattr(actor_model, SEAM["group_method"], update_weights)
+    return sync
 
 
 def _status_value(sample: Any) -> str:

@@ -96,6 +96,9 @@ class GlueCase(ServiceCase):
 class TestSlimeGlue(GlueCase):
     def test_trajectory_layout_via_generate_rollout(self) -> None:
         c = self.service("--history", "contiguous")
+        # The version in force, which the rollout function leaves alone
+        # (the weight sync moves it: test_conform.py).
+        c.serve("slime-rollout-3")
         args = types.SimpleNamespace(legato_url=c.base_url, legato_run_dir=self.out, rollout_batch_size=2, n_samples_per_prompt=G,
                                      legato_layout="trajectory")
         out = slime_glue.generate_rollout(args, 3, FakeDataSource(G), evaluation=False)
@@ -353,8 +356,7 @@ class TestWithTrainerInstalled(GlueCase):
         # Samples built without a slime template are slime's too.
         conv = slime_glue.group_to_samples(ended[0], [None] * G, layout="step")
         self.assertTrue(all(isinstance(s, Sample) for e in conv for s in e))
-        args = types.SimpleNamespace(legato_url=c.base_url, legato_run_dir=self.out, rollout_batch_size=1, n_samples_per_prompt=G,
-                                     legato_version_prefix="")
+        args = types.SimpleNamespace(legato_url=c.base_url, legato_run_dir=self.out, rollout_batch_size=1, n_samples_per_prompt=G)
         self.assertIsInstance(slime_glue.generate_rollout(args, 0, FakeDataSource(G), evaluation=False),
                               RolloutFnTrainOutput)
 
@@ -403,6 +405,7 @@ def skyrl_batch(instances: int) -> Dict[str, Any]:
 class TestSkyRLGlue(GlueCase):
     def test_trajectory_layout(self) -> None:
         c = self.service("--history", "contiguous")
+        c.serve("skyrl-step-5")  # the weight sync's; generate() leaves it alone
         gen = skyrl_glue.LegatoGenerator(c, layout="trajectory")
         batch = skyrl_batch(2)
         out = asyncio.run(gen.generate(batch))
@@ -458,7 +461,7 @@ class TestSkyRLGlue(GlueCase):
 
     def test_step_layout(self) -> None:
         c = self.service()
-        gen = skyrl_glue.LegatoGenerator(c, layout="step", version_prefix="")
+        gen = skyrl_glue.LegatoGenerator(c, layout="step")
         c.serve("v4")
         batch = skyrl_batch(2)
         out = asyncio.run(gen.generate(batch))
