@@ -1,7 +1,14 @@
 package osworld
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"image/png"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +17,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/guest/guesttest"
 )
 
 // executorActions are actions whose results tell a fresh interpreter from
@@ -125,6 +133,173 @@ func TestExecutorSameScreen(t *testing.T) {
 			t.Errorf("after %q the screen differs between python -c and the executor: %s %v", steps[i], why, err)
 		}
 	}
+}
+
+// cursorProbe prints, as JSON, the pointer's place and its cursor image as
+// the X server shows it (x11.py comes first): how many of its pixels are
+// partly transparent (an anti-aliased theme's edges), and the screen's
+// pixels its opaque ones make, with the colour OSWorld's server draws them
+// in (red and blue swapped).
+const cursorProbe = `
+import json
+x = X()
+px, py, _ = x.pointer()
+w, h, argb = x.cursor_image()
+partial, opaque = 0, []
+for i in range(w * h):
+    b, g, r, a = argb[i * 4:i * 4 + 4]
+    partial += 0 < a < 255
+    sx, sy = px + i % w, py + i // w
+    if a == 255 and sx < x.width and sy < x.height:
+        opaque.append([sx, sy, b, g, r])
+print(json.dumps({"x": px, "y": py, "partial": partial, "opaque": opaque}))
+`
+
+// TestExecutorOSWorldPointer: on a guest server that draws the pointer as
+// OSWorld's does (legato's with --pointer osworld: the X cursor image
+// pasted at the pointer), the executor knows it, and its screenshots show
+// what /screenshot shows, pixel for pixel, with an anti-aliased cursor
+// theme: the pointer over text, over a button, over the bare desktop, and
+// cut by the screen's edges.
+func TestExecutorOSWorldPointer(t *testing.T) {
+	const theme = "/usr/share/icons/Adwaita/cursors/left_ptr"
+	if _, err := os.Stat(theme); err != nil {
+		t.Fatalf("no anti-aliased cursor theme (%v): install the Debian package adwaita-icon-theme", err)
+	}
+	xmessage, err := exec.LookPath("xmessage")
+	if err != nil {
+		t.Fatal("xmessage not found: install the Debian package x11-utils")
+	}
+	g := startHostGuestWith(t, guesttest.Options{
+		ServerArgs: []string{"--pointer", "osworld"},
+		Env:        []string{"XCURSOR_THEME=Adwaita", "XCURSOR_SIZE=24"},
+	})
+	d := g.desktop(t, g.config(t, g.URL))
+	ctx := t.Context()
+	setup := task(t, "pointer", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Point.",
+	  "config": [
+	    {"type": "launch", "parameters": {"command": [%q, "-T", "legato-text", "-geometry", "40x8+40+40",
+	      "-e", "sh", "-c", "seq -w 1000 1200 | tr '\\n' ' '; exec cat"]}},
+	    {"type": "launch", "parameters": {"command": [%q, "-title", "legato-button", "-geometry", "+600+300",
+	      "-buttons", "OK", "Press it."]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath, xmessage))
+	if err := d.Reset(ctx, setup); err != nil {
+		t.Fatal(err)
+	}
+	text := g.WaitWindow(t, "legato-text")
+	button := g.WaitWindow(t, "legato-button")
+	if err := d.WaitAfterReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d.shots != shotsAgree {
+		t.Fatalf("after the first screenshot the executor's are %v, want trusted (%v)", d.shots, shotsAgree)
+	}
+	var pong struct {
+		Pointer string `json:"pointer"`
+		Why     string `json:"pointer_why"`
+	}
+	if _, err := d.callExecutor(ctx, executorRequest{Op: "ping"}, &pong); err != nil || pong.Pointer != "osworld" {
+		t.Fatalf("the executor draws the pointer as %q (%s), %v; want osworld", pong.Pointer, pong.Why, err)
+	}
+	tx, ty, tw, th := windowGeometry(t, g, text)
+	bx, by := bottomChild(t, g, button)
+	for _, p := range []struct {
+		name string
+		x, y int
+	}{
+		{"over text", tx + tw/3, ty + th/2},
+		{"over a button", bx, by},
+		{"over the desktop", g.Width * 3 / 4, g.Height / 4},
+		{"cut by the right and bottom edges", g.Width - 12, g.Height - 10},
+		{"cut by the right edge", g.Width - 9, g.Height / 2},
+	} {
+		code := fmt.Sprintf("pyautogui.moveTo(%d, %d)", p.x, p.y)
+		res, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: code}, 20*time.Second)
+		if err != nil || res.Act.ExitCode != 0 {
+			t.Fatalf("%s: %+v, %v", p.name, res.Act, err)
+		}
+		if res.Ready.Capture <= 0 {
+			t.Errorf("%s: the step's screenshot is not the executor's", p.name)
+		}
+		shot := res.Ready.Observation.Screenshot
+		sameShots(t, d, code, shot)
+
+		out, err := d.sh.run(ctx, `exec python3 -I -S -c "$1"`, x11Src+cursorProbe)
+		if err != nil || out.ReturnCode != 0 {
+			t.Fatalf("%s: cursor probe: %v %+v", p.name, err, out)
+		}
+		var c struct {
+			X, Y    int
+			Partial int
+			Opaque  [][5]int
+		}
+		if err := json.Unmarshal([]byte(out.Output), &c); err != nil {
+			t.Fatalf("%s: cursor probe %q: %v", p.name, out.Output, err)
+		}
+		if c.X != p.x || c.Y != p.y {
+			t.Fatalf("%s: the pointer is at (%d, %d), want (%d, %d)", p.name, c.X, c.Y, p.x, p.y)
+		}
+		t.Logf("%s: the pointer at (%d, %d), its cursor %d partly transparent pixels, %d opaque on the screen", p.name, c.X, c.Y, c.Partial, len(c.Opaque))
+		if c.Partial == 0 {
+			t.Errorf("%s: the cursor has no partly transparent pixels: no anti-aliased theme in effect "+
+				"(XCURSOR_THEME; the Debian packages adwaita-icon-theme and libxcursor1)", p.name)
+		}
+		if len(c.Opaque) == 0 {
+			t.Fatalf("%s: no opaque pixel of the cursor on the screen", p.name)
+		}
+		// The pointer is in the screenshot, where OSWorld's server puts it.
+		img, err := png.Decode(bytes.NewReader(shot))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pix, w := rgb(img), img.Bounds().Dx()
+		for _, o := range c.Opaque {
+			i := (o[1]*w + o[0]) * 3
+			if got := [3]int{int(pix[i]), int(pix[i+1]), int(pix[i+2])}; got != [3]int{o[2], o[3], o[4]} {
+				t.Errorf("%s: at (%d, %d) the screenshot has %v, the cursor's opaque %v", p.name, o[0], o[1], got, o[2:])
+				break
+			}
+		}
+	}
+}
+
+// windowGeometry is a window's place and size on the screen.
+func windowGeometry(t *testing.T, g *hostGuest, id string) (x, y, w, h int) {
+	t.Helper()
+	v := map[string]int{}
+	for _, line := range strings.Fields(g.sh(t, "xdotool getwindowgeometry --shell "+id)) {
+		k, val, _ := strings.Cut(line, "=")
+		n, err := strconv.Atoi(val)
+		if err == nil {
+			v[k] = n
+		}
+	}
+	if v["WIDTH"] == 0 || v["HEIGHT"] == 0 {
+		t.Fatalf("window %s: geometry %v", id, v)
+	}
+	return v["X"], v["Y"], v["WIDTH"], v["HEIGHT"]
+}
+
+// bottomChild is the middle of the lowest of a window's descendants (of
+// xmessage's, its button).
+func bottomChild(t *testing.T, g *hostGuest, id string) (x, y int) {
+	t.Helper()
+	geom := regexp.MustCompile(`(\d+)x(\d+)\+-?\d+\+-?\d+\s+\+(-?\d+)\+(-?\d+)`)
+	best := -1
+	for _, m := range geom.FindAllStringSubmatch(g.sh(t, "xwininfo -tree -id "+id), -1) {
+		var n [4]int
+		for i := range n {
+			n[i], _ = strconv.Atoi(m[i+1])
+		}
+		if n[3] > best {
+			best, x, y = n[3], n[2]+n[0]/2, n[3]+n[1]/2
+		}
+	}
+	if best < 0 {
+		t.Fatalf("window %s has no child windows", id)
+	}
+	return x, y
 }
 
 // stillScreen is the guest server's screenshot once two taken half a

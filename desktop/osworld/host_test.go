@@ -43,7 +43,13 @@ type hostGuest struct {
 
 func startHostGuest(t *testing.T) *hostGuest {
 	t.Helper()
-	g := guesttest.Start(t, guesttest.Options{})
+	return startHostGuestWith(t, guesttest.Options{})
+}
+
+// startHostGuestWith is startHostGuest with the guest's options.
+func startHostGuestWith(t *testing.T, opts guesttest.Options) *hostGuest {
+	t.Helper()
+	g := guesttest.Start(t, opts)
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)

@@ -247,6 +247,7 @@ class Executor:
         self.pyautogui = sys.modules.get("pyautogui")
         self.defaults = settings(self.pyautogui)
         self.pause = DeferredPause(self.pyautogui)
+        self.shooter.check()
         self.watcher = Watcher()
         self.watcher.start()
         self.watcher.started.wait(10)
@@ -375,7 +376,7 @@ class Executor:
         it is the settled screen, and its capture and encoding did not wait for the end of
         the interval. Taken again after any damage, at most EARLY_MAX times a request. A
         failure leaves it to the screenshot after the wait."""
-        if level is None or self.shooter.style not in ("legato", "none"):
+        if level is None or self.shooter.style not in STYLES:
             return
         last = self.watcher.last_damage()
         if last is not None and last > now - EARLY_QUIET:
@@ -498,7 +499,7 @@ class Executor:
             elif op == "settle":
                 out = self.settle(req)
             elif op == "ping":
-                out = {"pid": os.getpid(), "pointer": self.shooter.style}
+                out = {"pid": os.getpid(), "pointer": self.shooter.style, "pointer_why": self.shooter.why}
             else:
                 raise ValueError("unknown request %r" % op)
         except Exception as e:

@@ -6,20 +6,26 @@ read from the server with GetImage, with the pointer drawn in the way that serve
 The desktop compares the two once per desktop and keeps to /screenshot when they differ.
 
 Pointer styles (POINTER):
-  legato  legato's test guest server (testdata/guest/server.py): a black and white arrow
-          whose tip is at the pointer.
-  none    the server draws no pointer (legato's server with --no-pointer).
-The style is found from the guest server's command line (the executor's parent): OSWorld's
-own server pastes the X cursor image with PIL, which this does not draw; there the style is
-"unknown", and the desktop does not ask for screenshots. Where legato's server reads Xvfb's
-framebuffer file (--xwd), so does this (see server_screen).
+  legato   legato's test guest server (testdata/guest/server.py): a black and white arrow
+           whose tip is at the pointer.
+  none     the server draws no pointer (legato's server with --no-pointer or --pointer none).
+  osworld  OSWorld's own server (its desktop_env/server/main.py), and legato's with
+           --pointer osworld: the X cursor image pasted at the pointer (draw_cursor).
+  unknown  any other server: the executor takes no screenshots, and says why.
+The style is found from the guest server's command line and script (the executor's parent,
+see screen_of). Where legato's server reads Xvfb's framebuffer file (--xwd), so does this;
+with the osworld style both read the screen with GetImage, as OSWorld's server does.
 
 The PNG is RGB, 8 bits, filter None on every row, one zlib stream at a given level, made in
 bands on two threads (encode_png): the same pixels give the same bytes (one zlib build), and
 under software emulation the row filters cost more in Python than the size they save.
 """
+import re
 import threading
 import zlib
+
+# The styles this draws; "unknown" is not one.
+STYLES = ("legato", "none", "osworld")
 
 # The arrow of legato's test guest server, 'X' black, '.' white, its tip the top-left corner.
 # It must stay the same as that server's (ARROW in testdata/guest/server.py): the desktop's
@@ -45,39 +51,84 @@ ARROW = [
 ]
 
 
+# legato's guest server says so in the first lines of its script.
+LEGATO_MARK = b"legato's OSWorld-compatible guest server"
+
+# OSWorld's server: its script (upstream's desktop_env/server/main.py) is a Flask app whose
+# GET /screenshot is capture_screen_with_cursor, which on Linux reads the cursor image with
+# pyxcursor's getCursorImageArrayFast and pastes it at the pointer with itself as the mask.
+# All of them must be there: a server that draws the pointer otherwise is unknown.
+OSWORLD_MARKS = [re.compile(p) for p in (
+    rb"\bFlask\(",
+    rb"\.route\(\s*['\"]/screenshot['\"]",
+    rb"\bdef capture_screen_with_cursor\(",
+    rb"\.getCursorImageArrayFast\(\)",
+    rb"\.paste\(\s*cursor_img\s*,\s*\(\s*cursor_x\s*,\s*cursor_y\s*\)\s*,\s*cursor_img\s*\)",
+)]
+
+SCRIPT_MAX = 1 << 20  # bytes of the server's script read; upstream's main.py is ~60 KB
+
+
 def server_screen(pid):
-    """(pointer style, XWD file or None) of the guest server of process pid, from its command
-    line. legato's server reads Xvfb's framebuffer file when given --xwd: that file holds the
-    X server's own pointer sprite, which GetImage leaves out, so the screenshot must come from
-    the same file."""
+    """(pointer style, XWD file or None, why the style is unknown) of the guest server of
+    process pid, from its command line and its script (relative paths from its directory)."""
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             argv = f.read().decode("utf-8", "replace").split("\0")
-    except OSError:
-        return "unknown", None
+    except OSError as e:
+        return "unknown", None, "cannot read the guest server's command line: %s" % e
     script = next((a for a in argv if a.endswith(".py")), "")
-    try:
-        with open(script, "rb") as f:
-            head = f.read(200)
-    except OSError:
-        return "unknown", None
-    if b"legato's OSWorld-compatible guest server" not in head:
-        return "unknown", None
-    xwd = None
+    text = None
+    if script:
+        try:
+            with open(os.path.join("/proc/%d/cwd" % pid, script), "rb") as f:
+                text = f.read(SCRIPT_MAX)
+        except OSError:
+            pass
+    return screen_of(argv, script, text)
+
+
+def screen_of(argv, script, text):
+    """(pointer style, XWD file or None, why) of a guest server run as argv, whose script is
+    script, with text its contents (None: unreadable). legato's server is known by the line
+    its script starts with, and draws as its flags say (--pointer STYLE, --pointer=STYLE,
+    --no-pointer; it takes no abbreviations); it reads Xvfb's framebuffer file when given
+    --xwd, a file that holds the X server's own pointer sprite, which GetImage leaves out, so
+    the screenshot must come from the same file, except with --pointer osworld, where it
+    reads the screen with GetImage as OSWorld's server does. OSWorld's server is known by
+    OSWORLD_MARKS; its screen is GetImage's."""
+    if text is None:
+        return "unknown", None, "cannot read the guest server's script %r" % script
+    if LEGATO_MARK not in text[:200]:
+        if all(m.search(text) for m in OSWORLD_MARKS):
+            return "osworld", None, ""
+        return "unknown", None, ("the guest server (%s) is neither legato's nor OSWorld's: "
+                                 "how it draws the pointer is not known" % script)
+    style, xwd = "legato", None
     for i, a in enumerate(argv):
-        if a == "--xwd" and i + 1 < len(argv):
-            xwd = argv[i + 1]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a == "--xwd" and nxt is not None:
+            xwd = nxt
         elif a.startswith("--xwd="):
             xwd = a[len("--xwd="):]
-    return ("none" if "--no-pointer" in argv else "legato"), xwd
+        elif a == "--no-pointer":
+            style = "none"
+        elif a == "--pointer" and nxt is not None:
+            style = nxt
+        elif a.startswith("--pointer="):
+            style = a[len("--pointer="):]
+    if style not in STYLES:
+        return "unknown", None, "legato's guest server draws the pointer as %r, unknown here" % style
+    return style, None if style == "osworld" else xwd, ""
 
 
 class Shooter:
     """Takes screenshots over one X connection of its own."""
 
-    def __init__(self, style, xwd=None):
+    def __init__(self, style, xwd=None, why=""):
         self.style = style
         self.xwd = xwd
+        self.why = why  # why the style is unknown
         self.x = None
 
     def connect(self):
@@ -88,11 +139,29 @@ class Shooter:
                              % (self.x.image_byte_order, self.x.root_depth))
         return self.x
 
+    def check(self):
+        """Makes sure the osworld style can be drawn here: without the X cursor image (the
+        server has no XFIXES) the style is unknown."""
+        if self.style != "osworld":
+            return
+        try:
+            self.connect().cursor_image()
+        except (OSError, struct.error) as e:  # XError is an OSError
+            self.style = "unknown"
+            self.why = "OSWorld's guest server pastes the X cursor image, which cannot be read here: %s" % e
+            self.drop()
+
+    def drop(self):
+        if self.x is not None:
+            self.x.close()
+            self.x = None
+
     def shot(self, level):
         """(png bytes, width, height, capture seconds, encode seconds)."""
-        if self.style not in ("legato", "none"):
-            raise XError("the guest server draws the pointer in a way this does not (%s)" % self.style)
+        if self.style not in STYLES:
+            raise XError(self.why or "the guest server draws the pointer in a way this does not (%s)" % self.style)
         t0 = time.monotonic()
+        cursor = None
         try:
             x = self.connect()
             if self.xwd:
@@ -101,10 +170,10 @@ class Shooter:
                 w, h = x.width, x.height
                 raw = x.image(0, 0, w, h)
             px, py, _ = x.pointer()
+            if self.style == "osworld":
+                cursor = x.cursor_image()
         except (OSError, struct.error):
-            if self.x is not None:
-                self.x.close()
-                self.x = None
+            self.drop()
             raise
         if len(raw) < w * h * 4:
             raise XError("short image: %d bytes for %dx%d" % (len(raw), w, h))
@@ -116,6 +185,8 @@ class Shooter:
         del raw
         if self.style == "legato":
             draw_arrow(rgb, w, h, px, py)
+        elif cursor is not None:
+            draw_cursor(rgb, w, h, px, py, *cursor)
         t1 = time.monotonic()
         png = encode_png(rgb, w, h, level)
         return png, w, h, t1 - t0, time.monotonic() - t1
@@ -152,6 +223,27 @@ def draw_arrow(rgb, w, h, px, py):
                 continue
             i = (y * w + x) * 3
             rgb[i:i + 3] = b"\x00\x00\x00" if c == "X" else b"\xff\xff\xff"
+
+
+def draw_cursor(rgb, w, h, px, py, cw, ch, argb):
+    """OSWorld's pointer, as its server's capture_screen_with_cursor draws it on Linux: the X
+    cursor image (cw x ch, argb as x11.cursor_image gives it: B, G, R, A bytes, the colour
+    premultiplied by A) with its top-left corner at the pointer (the hot spot ignored), cut
+    at the screen's edges. Its server reads each pixel's bytes B, G, R, A as R, G, B, A (red
+    and blue swap) and pastes the image with itself as the mask, as PIL does: each channel
+    (dst * (255 - A) + C * A) / 255, rounded to the nearest (PIL's DIV255), with C the colour
+    as it is, already premultiplied. A = 0 leaves the pixel as it is."""
+    for cy in range(max(0, -py), min(ch, h - py)):
+        row = (py + cy) * w + px
+        for cx in range(max(0, -px), min(cw, w - px)):
+            o = (cy * cw + cx) * 4
+            a = argb[o + 3]
+            if a == 0:
+                continue
+            i = (row + cx) * 3
+            for k in range(3):  # the screen's R, G, B from the image's B, G, R
+                t = rgb[i + k] * (255 - a) + argb[o + k] * a + 128
+                rgb[i + k] = (t + (t >> 8)) >> 8
 
 
 def png_part(tag, data):

@@ -61,6 +61,7 @@ class X:
         number = display_number(display)
         self.on_event = None
         self.atoms = {}
+        self.xfixes = None  # XFIXES's major opcode once its version was asked
         self.next_id = 1
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)
@@ -232,6 +233,29 @@ class X:
         x, y = struct.unpack("<hh", r[16:20])
         mask = struct.unpack("<H", r[24:26])[0]
         return x, y, [b for b in range(1, 6) if mask & (1 << (7 + b))]
+
+    def cursor_image(self):
+        """The pointer's cursor as the X server shows it (XFIXES GetCursorImage): (width,
+        height, pixels). The pixels are ARGB with the colour premultiplied by alpha, one 32-bit
+        word each, row by row, least significant byte first as this client speaks: the bytes
+        of a pixel are B, G, R, A. XError when the server has no XFIXES (of version 1 or
+        later: GetCursorImage is version 1's)."""
+        if self.xfixes is None:
+            ext = self.extension("XFIXES")
+            if not ext:
+                raise XError("the X server has no XFIXES extension")
+            # QueryVersion comes first: XFIXES answers nothing else before it.
+            r = self.request(struct.pack("<BBHII", ext[0], 0, 3, 5, 0))
+            if struct.unpack("<I", r[8:12])[0] < 1:
+                raise XError("the X server's XFIXES is version %d, without GetCursorImage"
+                             % struct.unpack("<I", r[8:12])[0])
+            self.xfixes = ext[0]
+        r = self.request(struct.pack("<BBH", self.xfixes, 4, 1))  # GetCursorImage
+        w, h = struct.unpack("<HH", r[12:16])
+        pixels = r[32:32 + w * h * 4]
+        if len(pixels) < w * h * 4:
+            raise XError("short cursor image: %d bytes for %dx%d" % (len(pixels), w, h))
+        return w, h, pixels
 
     def warp(self, x, y):
         self.send(struct.pack("<BxHIIhhHHhh", 41, 6, 0, self.root, 0, 0, 0, 0, x, y))

@@ -40,6 +40,12 @@ type Options struct {
 	NoWindowManager bool
 	// Timeouts are the client's per-call timeouts.
 	Timeouts guest.Timeouts
+	// ServerArgs are more arguments for the guest server, such as
+	// "--pointer", "osworld".
+	ServerArgs []string
+	// Env is more environment for the window manager, the guest server
+	// and what it runs, such as XCURSOR_THEME=Adwaita.
+	Env []string
 }
 
 // Guest is a running guest server.
@@ -119,6 +125,7 @@ func Start(t testing.TB, opts Options) *Guest {
 		"PYTHONPATH="+Dir(),
 		"PYTHONDONTWRITEBYTECODE=1",
 	)
+	env = append(env, opts.Env...)
 	if !opts.NoWindowManager {
 		startWM(t, paths["jwm"], env, dir)
 	}
@@ -129,9 +136,10 @@ func Start(t testing.TB, opts Options) *Guest {
 	}
 	defer r.Close()
 	stderr := logFile(t, dir, "server.log")
-	cmd := exec.Command(paths["python3"], server, "--host", "127.0.0.1", "--port", "0",
+	args := append([]string{server, "--host", "127.0.0.1", "--port", "0",
 		"--xwd", filepath.Join(fbdir, "Xvfb_screen0"), "--opener", opener,
-		"--upload-tmp", dir)
+		"--upload-tmp", dir}, opts.ServerArgs...)
+	cmd := exec.Command(paths["python3"], args...)
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, home, w, stderr
 	start(t, cmd, "guest server", stderr.Name())
 	w.Close()

@@ -37,13 +37,23 @@ Differences from OSWorld's server, all because a test guest has no AT-SPI and no
     POST /wallpaper then serves.
   * /setup/open_file opens files with --opener (default xdg-open).
 
+The pointer on /screenshot (--pointer): "legato" (the default) draws a black and white arrow
+with its tip at the pointer; "none" (or --no-pointer) draws none; "osworld" draws it as
+OSWorld's server does on Linux: the X cursor image (XFIXES, through libXfixes as OSWorld
+reads it, red and blue swapped) pasted with its top-left corner at the pointer, blended as
+PIL blends it, on the screen read with GetImage (--xwd is not read then: Xvfb's framebuffer
+file holds the X server's own pointer sprite, which GetImage leaves out).
+
 Run: server.py [--host 127.0.0.1] [--port 5000] [--xwd /run/xvfb/Xvfb_screen0] [--opener CMD]
+               [--pointer legato|none|osworld]
 With --port 0 it picks a free port; it always prints "listening on HOST:PORT" on stdout once
 it accepts connections. DISPLAY comes from the environment. SIGTERM kills every program it
 launched, then exits.
 """
 import argparse
 import array
+import ctypes
+import ctypes.util
 import json
 import mmap
 import os
@@ -165,6 +175,10 @@ def xwd_to_image(buf):
     return width, height, 3, rgb
 
 
+# How /screenshot draws the pointer (--pointer): "legato", the arrow below with its tip at the
+# pointer; "none", no pointer; "osworld", as OSWorld's own server does (screenshot_osworld).
+POINTER_STYLES = ("legato", "none", "osworld")
+
 # An arrow pointer, 'X' black outline, '.' white fill; its hot spot is the top-left corner.
 ARROW = [
     "X",
@@ -222,7 +236,148 @@ def pointer_position():
         return None
 
 
+# ---- OSWorld's way (--pointer osworld) -------------------------------------------------------
+#
+# OSWorld's server, on Linux, takes the screen with pyautogui (the X server's GetImage of the
+# root window, without the X server's own pointer sprite), reads the X cursor image through
+# libXfixes with ctypes, and pastes it with PIL. Done here the same way, through the same C
+# libraries, with the paste written out: it is the reference the executor's own drawing
+# (guestpy/shot.py, over the X protocol) is tested against, so it shares none of its code.
+
+
+class XImage(ctypes.Structure):
+    """The head of Xlib's XImage, as far as it is read here."""
+    _fields_ = [("width", ctypes.c_int), ("height", ctypes.c_int), ("xoffset", ctypes.c_int),
+                ("format", ctypes.c_int), ("data", ctypes.c_void_p), ("byte_order", ctypes.c_int),
+                ("bitmap_unit", ctypes.c_int), ("bitmap_bit_order", ctypes.c_int),
+                ("bitmap_pad", ctypes.c_int), ("depth", ctypes.c_int),
+                ("bytes_per_line", ctypes.c_int), ("bits_per_pixel", ctypes.c_int),
+                ("red_mask", ctypes.c_ulong), ("green_mask", ctypes.c_ulong),
+                ("blue_mask", ctypes.c_ulong)]
+
+
+class XFixesCursorImage(ctypes.Structure):
+    """libXfixes' XFixesCursorImage: each pixel an unsigned long holding 0xAARRGGBB."""
+    _fields_ = [("x", ctypes.c_short), ("y", ctypes.c_short), ("width", ctypes.c_ushort),
+                ("height", ctypes.c_ushort), ("xhot", ctypes.c_ushort), ("yhot", ctypes.c_ushort),
+                ("cursor_serial", ctypes.c_ulong), ("pixels", ctypes.POINTER(ctypes.c_ulong))]
+
+
+XLIBS = []
+
+
+def xlibs():
+    """(libX11, libXfixes), loaded once, their functions typed."""
+    if XLIBS:
+        return XLIBS[0]
+    libs = []
+    for name, package in (("X11", "libx11-6"), ("Xfixes", "libxfixes3")):
+        path = ctypes.util.find_library(name)
+        if not path:
+            raise RuntimeError("--pointer osworld needs lib%s (Debian package %s)" % (name, package))
+        libs.append(ctypes.CDLL(path))
+    x11, xfixes = libs
+    vp = ctypes.c_void_p
+    x11.XOpenDisplay.restype, x11.XOpenDisplay.argtypes = vp, [ctypes.c_char_p]
+    x11.XCloseDisplay.argtypes = [vp]
+    x11.XDefaultRootWindow.restype, x11.XDefaultRootWindow.argtypes = ctypes.c_ulong, [vp]
+    x11.XDisplayWidth.argtypes = x11.XDisplayHeight.argtypes = [vp, ctypes.c_int]
+    x11.XGetImage.restype = ctypes.POINTER(XImage)
+    x11.XGetImage.argtypes = [vp, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
+                              ctypes.c_uint, ctypes.c_ulong, ctypes.c_int]
+    x11.XDestroyImage.argtypes = [ctypes.POINTER(XImage)]
+    x11.XQueryPointer.restype = ctypes.c_int
+    x11.XQueryPointer.argtypes = [vp, ctypes.c_ulong] + [ctypes.POINTER(ctypes.c_ulong)] * 2 + [
+        ctypes.POINTER(ctypes.c_int)] * 4 + [ctypes.POINTER(ctypes.c_uint)]
+    x11.XFree.argtypes = [vp]
+    xfixes.XFixesGetCursorImage.restype = ctypes.POINTER(XFixesCursorImage)
+    xfixes.XFixesGetCursorImage.argtypes = [vp]
+    XLIBS.append((x11, xfixes))
+    return XLIBS[0]
+
+
+def cursor_rgba(raw, count, word):
+    """The cursor image as OSWorld's server hands it to PIL: of each pixel's unsigned long
+    (word bytes, native order) the first four bytes, taken as R, G, B, A. On a little-endian
+    machine those are 0xAARRGGBB's B, G, R, A: red and blue end up swapped."""
+    out = bytearray(count * 4)
+    for i in range(count):
+        out[i * 4:i * 4 + 4] = raw[i * word:i * word + 4]
+    return out
+
+
+def paste_cursor(width, height, channels, pix, cw, ch, rgba, x, y):
+    """PIL's Image.paste(cursor, (x, y), cursor) onto the screen: the box cut to the screen,
+    then every channel blended by the cursor's alpha as PIL rounds it, the cursor's colour
+    taken as it is (premultiplied already, yet multiplied again)."""
+    x0, y0 = max(x, 0), max(y, 0)
+    x1, y1 = min(x + cw, width), min(y + ch, height)
+    for sy in range(y0, y1):
+        for sx in range(x0, x1):
+            c = ((sy - y) * cw + (sx - x)) * 4
+            alpha = rgba[c + 3]
+            p = (sy * width + sx) * channels
+            for k in range(3):
+                v = pix[p + k] * (255 - alpha) + rgba[c + k] * alpha
+                pix[p + k] = (2 * v + 255) // 510  # v / 255 rounded half up, as PIL's DIV255
+
+
+def screenshot_osworld():
+    """The screen as OSWorld's server shows it: (width, height, channels, pixels)."""
+    x11, xfixes = xlibs()
+    dpy = x11.XOpenDisplay(None)
+    if not dpy:
+        raise RuntimeError("cannot open the X display %r" % os.environ.get("DISPLAY"))
+    try:
+        root = x11.XDefaultRootWindow(dpy)
+        width, height = x11.XDisplayWidth(dpy, 0), x11.XDisplayHeight(dpy, 0)
+        img = x11.XGetImage(dpy, root, 0, 0, width, height, 0xFFFFFFFF, 2)  # ZPixmap
+        if not img:
+            raise RuntimeError("XGetImage of the root window failed")
+        try:
+            im = img.contents
+            if (im.bits_per_pixel != 32 or im.byte_order != 0
+                    or (im.red_mask, im.green_mask, im.blue_mask) != (0xFF0000, 0xFF00, 0xFF)):
+                raise RuntimeError("screen format not handled: %d bits, byte order %d"
+                                   % (im.bits_per_pixel, im.byte_order))
+            bgrx = ctypes.string_at(im.data, im.bytes_per_line * height)
+            bpl = im.bytes_per_line
+        finally:
+            x11.XDestroyImage(img)
+        pix = bytearray(width * height * 3)
+        for row in range(height):
+            line = bgrx[row * bpl:row * bpl + width * 4]
+            o = row * width * 3
+            pix[o:o + width * 3:3] = line[2::4]
+            pix[o + 1:o + width * 3:3] = line[1::4]
+            pix[o + 2:o + width * 3:3] = line[0::4]
+        cur = xfixes.XFixesGetCursorImage(dpy)
+        if not cur:
+            # No XFIXES: OSWorld's server (of late) then shows the screen without the pointer.
+            return width, height, 3, pix
+        try:
+            c = cur.contents
+            cw, ch = c.width, c.height
+            word = ctypes.sizeof(ctypes.c_ulong)
+            rgba = cursor_rgba(ctypes.string_at(c.pixels, cw * ch * word), cw * ch, word)
+        finally:
+            x11.XFree(cur)
+        # pyautogui.position(): the pointer's place on the root window.
+        win = [ctypes.c_ulong() for _ in range(2)]
+        pos = [ctypes.c_int() for _ in range(4)]
+        mask = ctypes.c_uint()
+        if not x11.XQueryPointer(dpy, root, *map(ctypes.byref, win + pos), ctypes.byref(mask)):
+            raise RuntimeError("the pointer is on another screen")
+        px, py = pos[0].value, pos[1].value
+    finally:
+        x11.XCloseDisplay(dpy)
+    paste_cursor(width, height, 3, pix, cw, ch, rgba, px, py)
+    return width, height, 3, pix
+
+
 def screenshot(args):
+    if args.pointer == "osworld":
+        return encode_png(*screenshot_osworld())
     if args.xwd:
         with open(args.xwd, "rb") as f:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -233,7 +388,7 @@ def screenshot(args):
         if r.returncode != 0:
             raise RuntimeError("xwd failed: %s" % r.stderr.decode("utf-8", "replace").strip())
         img = xwd_to_image(r.stdout)
-    if not args.no_pointer:
+    if args.pointer == "legato":
         pos = pointer_position()
         if pos is not None:
             draw_pointer(*img, pos[0], pos[1])
@@ -802,7 +957,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # No abbreviated flags: the executor reads this command line (guestpy/shot.py) and knows
+    # the flags only as they are spelled here.
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (0.0.0.0 inside a VM reached only through a forward)")
     ap.add_argument("--port", type=int, default=5000, help="port; 0 picks a free one")
@@ -810,7 +967,10 @@ def main():
                     help="Xvfb -fbdir screen file to read screenshots from (else runs xwd)")
     ap.add_argument("--opener", default="xdg-open", help="command that opens a file")
     ap.add_argument("--upload-tmp", default="", help="directory for uploads in flight")
-    ap.add_argument("--no-pointer", action="store_true", help="do not draw the pointer")
+    ap.add_argument("--pointer", choices=POINTER_STYLES, default="legato",
+                    help="how /screenshot draws the pointer (see the top of this file)")
+    ap.add_argument("--no-pointer", dest="pointer", action="store_const", const="none",
+                    help="--pointer none")
     ap.add_argument("--verbose", action="store_true", help="log every request on stderr")
     args = ap.parse_args()
 
