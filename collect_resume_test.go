@@ -439,6 +439,8 @@ func TestCollectOptionsValidate(t *testing.T) {
 		{name: "negative max steps", change: func(o *CollectOptions) { o.MaxSteps = -1 }, want: "MaxSteps (--max-steps) -1"},
 		{name: "negative image max", change: func(o *CollectOptions) { o.ImageMax = -1 }, want: "ImageMax (--image-max) -1"},
 		{name: "one stable screenshot", change: func(o *CollectOptions) { o.Ready.Stable = 1 }, want: "ready stable 1"},
+		{name: "sample std", change: func(o *CollectOptions) { o.AdvantageStd = schema.SampleStd }},
+		{name: "unknown std", change: func(o *CollectOptions) { o.AdvantageStd = "unbiased" }, want: `AdvantageStd (--advantage-std) "unbiased": want population or sample`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

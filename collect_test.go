@@ -334,7 +334,7 @@ func checkBatch(t *testing.T, e *batchEnv, sum *Summary, complete bool) []schema
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("OnGroup: group %s finished records (-file +OnGroup):\n%s", g.ID, diff)
 		}
-		if diff := cmp.Diff(export.Advantages(rewards), g.Advantages); diff != "" {
+		if diff := cmp.Diff(export.Advantages(rewards, e.opts.AdvantageStd), g.Advantages); diff != "" {
 			t.Errorf("OnGroup: group %s advantages (-want +got):\n%s", g.ID, diff)
 		}
 		if !strings.HasSuffix(g.ID, "/"+g.TaskID) {

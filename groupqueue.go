@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"legato/rl/export"
+	"legato/rl/schema"
 )
 
 // Group is a task's group of attempts when it ends, for a trainer that
@@ -22,8 +23,10 @@ type Group struct {
 	// holds them: a resumed batch delivers a group as the first run did.
 	Finished []Record
 	// Advantages[i] is the GRPO advantage of Finished[i]: (reward − mean) /
-	// population std over Finished, 0 when all rewards are equal.
-	Advantages []float64
+	// std over Finished, 0 when all rewards are equal, where std is
+	// AdvantageStd, the batch's (CollectOptions.AdvantageStd).
+	Advantages   []float64
+	AdvantageStd schema.AdvantageStd
 }
 
 // groupQueue hands ended groups from the scheduler, which pushes under its
@@ -82,12 +85,12 @@ func (q *groupQueue) pop() (Group, bool) {
 }
 
 // groupAdvantages wraps export.Advantages for the records of a group.
-func groupAdvantages(recs []Record) []float64 {
+func groupAdvantages(recs []Record, kind schema.AdvantageStd) []float64 {
 	rewards := make([]float64, len(recs))
 	for i, r := range recs {
 		if r.Reward != nil {
 			rewards[i] = *r.Reward
 		}
 	}
-	return export.Advantages(rewards)
+	return export.Advantages(rewards, kind)
 }

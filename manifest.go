@@ -53,6 +53,9 @@ func manifestFor(tasks []Task, pol PolicyConfig, opts CollectOptions, harness po
 		MaxSteps:       opts.MaxSteps,
 		RolloutTimeout: opts.RolloutTimeout.String(),
 		Environment:    opts.Environment,
+		// As given: "" until batchManifest resolves it against the batch's
+		// own (keptAdvantageStd).
+		AdvantageStd: opts.AdvantageStd,
 	}
 }
 
@@ -133,6 +136,11 @@ func sameBatch(dir string, old *schema.Batch, m schema.Batch) error {
 		diffs = append(diffs, fmt.Sprintf("groups of %d with %d attempts per task, not %d with %d", old.Group, old.Attempts, m.Group, m.Attempts))
 	}
 	diffs = append(diffs, environmentChanges(old.Environment, m.Environment)...)
+	if o := old.AdvantageStd.OrDefault(); m.AdvantageStd != "" && m.AdvantageStd != o {
+		// Its earlier groups' advantages, delivered already, have the
+		// other scale.
+		differ("--advantage-std", o, m.AdvantageStd)
+	}
 	if old.TasksSHA != m.TasksSHA {
 		if strings.Join(old.TaskIDs, "\n") == strings.Join(m.TaskIDs, "\n") {
 			diffs = append(diffs, "the same task ids but changed task configs")
@@ -204,6 +212,25 @@ func knobValue(knobs map[string]string, k string) string {
 		return `""`
 	}
 	return v
+}
+
+// keptAdvantageStd is the advantage std a batch runs with: the one old,
+// its settings, recorded (sameBatch refused another), or for a new batch
+// (old nil) the one asked for, PopulationStd by default. A kind old
+// records that this legato does not know (a hand-edited file) is an
+// error: its advantages would silently change scale.
+func keptAdvantageStd(where string, old *schema.Batch, asked schema.AdvantageStd) (schema.AdvantageStd, error) {
+	if old == nil {
+		return asked.OrDefault(), nil
+	}
+	if old.AdvantageStd == "" {
+		return schema.PopulationStd, nil
+	}
+	k, err := schema.ParseAdvantageStd(string(old.AdvantageStd))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", where, err)
+	}
+	return k, nil
 }
 
 // unrecorded lists the knobs old's batch.json does not record, which this

@@ -101,6 +101,8 @@ func openBatch(pol PolicyConfig, opts CollectOptions, door batchDoor) (_ *batch,
 	}
 	sched := newScheduler(door.tasks, pol, opts)
 	sched.open = door.open
+	// A service's is its journal's, which restore reads.
+	sched.advStd = m.AdvantageStd
 	b := &batch{tasks: door.tasks, pol: pol, opts: opts, harness: harness, store: run, log: opts.Logger,
 		sched: sched, gate: newPolicyGate(pol.Version)}
 	if door.restore != nil {
@@ -176,17 +178,20 @@ func batchManifest(door batchDoor, pol PolicyConfig, opts CollectOptions, harnes
 		return m, nil
 	}
 	old, err := readManifest(opts.Out)
-	if err != nil || old == nil {
+	if err != nil {
 		return m, err
 	}
-	if err := continueBatch(opts.Out, schema.BatchFile, old, m, opts.Logger); err != nil {
-		return m, err
+	if old != nil {
+		if err := continueBatch(opts.Out, schema.BatchFile, old, m, opts.Logger); err != nil {
+			return m, err
+		}
+		// The batch's first run fixed the bound; --no-retry-errors still
+		// turns reruns off.
+		n := errorReruns(old)
+		m.ErrorReruns = &n
 	}
-	// The batch's first run fixed the bound; --no-retry-errors still
-	// turns reruns off.
-	n := errorReruns(old)
-	m.ErrorReruns = &n
-	return m, nil
+	m.AdvantageStd, err = keptAdvantageStd(schema.BatchFile, old, m.AdvantageStd)
+	return m, err
 }
 
 // checkTasks refuses task lists a batch cannot run.

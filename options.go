@@ -148,6 +148,14 @@ type CollectOptions struct {
 	// naming the knob: a group would mix the rewards of two
 	// environments. Nil records none and checks none.
 	Environment *schema.Environment
+	// AdvantageStd is the std that divides a group's advantages
+	// (Group.Advantages, a service's results; export follows the batch):
+	// schema.PopulationStd, or schema.SampleStd as slime and SkyRL
+	// compute theirs. batch.json (a service's journal) records it, and a
+	// batch keeps the one its first run recorded: "" takes it
+	// (PopulationStd for a new batch, or one recorded before the setting
+	// was), and another is refused, naming it.
+	AdvantageStd schema.AdvantageStd
 
 	// OnCommitted, when set, is told how long each finished try's record
 	// took from its hand-over to being durable: how long the try's
@@ -239,6 +247,11 @@ func (o CollectOptions) Validate() error {
 	}
 	if o.RolloutTimeout > 0 && o.RolloutTimeout < MinRolloutTimeout {
 		bad("RolloutTimeout (--rollout-timeout) %v: want 0 (no cap) or at least %v", o.RolloutTimeout, MinRolloutTimeout)
+	}
+	if o.AdvantageStd != "" {
+		if _, err := schema.ParseAdvantageStd(string(o.AdvantageStd)); err != nil {
+			bad("AdvantageStd (--advantage-std) %q: want %s or %s", o.AdvantageStd, schema.PopulationStd, schema.SampleStd)
+		}
 	}
 	if err := o.Ready.Validate(); err != nil {
 		bad("Ready: %v", err)

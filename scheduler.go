@@ -44,6 +44,9 @@ type scheduler struct {
 	// errorReruns is the batch's bound on reruns of an error record
 	// (batch.json), whatever this run does.
 	errorReruns int
+	// advStd is the std of the batch's advantages (batch.json, a
+	// service's journal), fixed before the batch runs.
+	advStd schema.AdvantageStd
 
 	groupsEnded, groupsClosed int
 	// resumedGraded and resumedEnded are what earlier runs of the batch
@@ -526,7 +529,7 @@ func (s *scheduler) endGroupLocked(g *group) {
 	if s.ended != nil {
 		fin := append([]Record(nil), g.finished...)
 		s.ended.push(Group{ID: g.id, TaskID: g.task.ID, Closed: g.closed && !g.dropped, Dropped: g.dropped,
-			Finished: fin, Advantages: groupAdvantages(fin)})
+			Finished: fin, Advantages: groupAdvantages(fin, s.advStd), AdvantageStd: s.advStd})
 	}
 }
 

@@ -257,7 +257,16 @@ func Serve(ctx context.Context, pol PolicyConfig, opts ServeOptions) (*Service, 
 // replay rebuilds the service's state from its journal, or starts the
 // journal with m.
 func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
+	var old *schema.Batch
+	if len(entries) > 0 {
+		old = entries[0].Manifest
+	}
+	kind, err := keptAdvantageStd(JournalFile+" line 1", old, m.AdvantageStd)
+	if err != nil {
+		return err
+	}
 	if len(entries) == 0 {
+		m.AdvantageStd, s.b.sched.advStd = kind, kind
 		s.noteVersion(s.b.policyVersion(), false)
 		return s.journal.append(journalEntry{Op: opService, Manifest: &m, Version: s.b.policyVersion()})
 	}
@@ -267,6 +276,7 @@ func (s *Service) replay(entries []journalEntry, m schema.Batch) error {
 	if err := continueBatch(s.opts.Out, JournalFile, entries[0].Manifest, m, s.opts.Logger); err != nil {
 		return fmt.Errorf("%w (the service's settings are in the first line of %s)", err, JournalFile)
 	}
+	s.b.sched.advStd = kind
 	s.noteVersion(entries[0].Version, false)
 	var keyed []string
 	for i, e := range entries[1:] {

@@ -15,8 +15,12 @@ type GroupResult struct {
 	GroupInfo
 	// EndVersion is the policy version in force when the group ended: its
 	// steps' staleness counts the versions after theirs up to it.
-	EndVersion string          `json:"end_version,omitempty"`
-	Attempts   []AttemptResult `json:"attempts"`
+	EndVersion string `json:"end_version,omitempty"`
+	// AdvantageStd, once the group ended, is the std that divided its
+	// attempts' advantages: the service's (CollectOptions.AdvantageStd,
+	// kept in its journal).
+	AdvantageStd schema.AdvantageStd `json:"advantage_std,omitempty"`
+	Attempts     []AttemptResult     `json:"attempts"`
 }
 
 // AttemptResult is one attempt of an ended group.
@@ -25,8 +29,8 @@ type AttemptResult struct {
 	Attempt   int    `json:"attempt"`
 	Status    Status `json:"status"`
 	// Reward is set on graded attempts, Advantage on the finished ones
-	// that count for the group: (reward − mean) / std over them, 0 when
-	// all are equal.
+	// that count for the group: (reward − mean) / std over them
+	// (GroupResult.AdvantageStd), 0 when all are equal.
 	Reward    *float64 `json:"reward"`
 	Advantage *float64 `json:"advantage"`
 	// Masked is true for attempts a trainer must leave out of its loss:
@@ -136,8 +140,9 @@ func (s *Service) Result(id string, opts ResultOptions) (*GroupResult, error) {
 			finished = append(finished, r)
 		}
 	}
-	advs := groupAdvantages(finished)
-	res := &GroupResult{GroupInfo: info, EndVersion: endVersion, Attempts: make([]AttemptResult, 0, len(recs))}
+	kind := s.b.sched.advStd
+	advs := groupAdvantages(finished, kind)
+	res := &GroupResult{GroupInfo: info, EndVersion: endVersion, AdvantageStd: kind, Attempts: make([]AttemptResult, 0, len(recs))}
 	for i := range recs {
 		r := &recs[i]
 		a := AttemptResult{RolloutID: r.RolloutID, Attempt: r.Attempt, Status: r.Status, Reward: r.Reward,

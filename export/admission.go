@@ -201,7 +201,7 @@ func (a *admission) check(rs schema.ReadStats, opts Options, st *Stats) error {
 		return fmt.Errorf("%w: %d (%s): regrade them (legato rl regrade; their end states must have been kept) or export the recorded rewards",
 			ErrNotRegraded, len(a.notRegraded), strings.Join(a.notRegraded[:min(3, len(a.notRegraded))], ", "))
 	}
-	a.groups.finish()
+	a.groups.finish(opts.AdvantageStd)
 	st.GroupSize = a.shape.size
 	for _, g := range a.groups.order {
 		if !a.attempts.GroupEnded(g, a.shape.size, a.shape.attempts) {

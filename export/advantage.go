@@ -1,6 +1,7 @@
 package export
 
 import (
+	"fmt"
 	"math"
 	"slices"
 
@@ -8,11 +9,27 @@ import (
 )
 
 // Advantages returns the GRPO advantage of each reward within its group:
-// (reward − mean) / std with the population std. They are all 0 when the
-// rewards are all equal, so one reward, or a group every attempt solved,
-// gives 0 rather than a division by zero. The result has the length of
-// rewards.
-func Advantages(rewards []float64) []float64 {
+// (reward − mean) / std, where std is the population standard deviation
+// (squared deviations divided by n) or, with SampleStd, the sample one
+// (divided by n − 1, as slime and SkyRL compute it), as kind says; "" is
+// PopulationStd.
+// It is the one place legato computes advantages: export, a batch's
+// OnGroup, a service's results and the run's pages all call it.
+//
+// They are all 0 when the rewards are all equal, so one reward (whose
+// sample std is 0/0), or a group every attempt solved, gives 0 rather
+// than a division by zero. The result has the length of rewards. A kind
+// other than the two panics: callers take it from ParseAdvantageStd, a
+// validated option or a batch.json schema.ReadBatch checked.
+func Advantages(rewards []float64, kind schema.AdvantageStd) []float64 {
+	var ddof float64 // as numpy's: the squared deviations are divided by n − ddof
+	switch kind.OrDefault() {
+	case schema.PopulationStd:
+	case schema.SampleStd:
+		ddof = 1
+	default:
+		panic(fmt.Sprintf("export.Advantages: advantage std %q: want %s or %s", kind, schema.PopulationStd, schema.SampleStd))
+	}
 	adv := make([]float64, len(rewards))
 	if constant(rewards) {
 		return adv
@@ -29,7 +46,7 @@ func Advantages(rewards []float64) []float64 {
 	for _, r := range rewards {
 		ss += (r - mean) * (r - mean)
 	}
-	std := math.Sqrt(ss / n)
+	std := math.Sqrt(ss / (n - ddof))
 	if std == 0 { // unequal rewards whose deviations underflow
 		return adv
 	}
@@ -196,10 +213,10 @@ func (t *groupTable) writes(id string, dropConstant bool) bool {
 	return !t.leftOut[id] && !(dropConstant && constant(t.groups[id].rewards))
 }
 
-// finish computes every group's advantages.
-func (t *groupTable) finish() {
+// finish computes every group's advantages with the std kind says.
+func (t *groupTable) finish(kind schema.AdvantageStd) {
 	for _, g := range t.groups {
-		g.adv = Advantages(g.rewards)
+		g.adv = Advantages(g.rewards, kind)
 	}
 }
 

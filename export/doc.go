@@ -11,15 +11,18 @@
 //
 // A sample's advantage is (reward − mean) / std over the rewards of its
 // group's finished attempts (status ok or truncated), where std is the
-// population standard deviation (divide by n, not n−1). When every finished
-// reward of a group is equal, including a group with one finished attempt,
-// the advantages are 0: such a group carries no GRPO signal. Cancelled,
-// skipped, surplus, retried and error records never enter the statistics,
-// and only finished attempts are exported. A group that never ended
-// (schema.GroupEnded: fewer finished attempts than batch.json's group while
-// some attempts have no final record, as a stopped collect leaves it) is
-// left out, its advantages over the attempts it has being another group's,
-// unless Options.PartialGroups.
+// population standard deviation (divide by n) or, when the batch recorded
+// it (schema.SampleStd, collect --advantage-std sample) or
+// Options.AdvantageStd says so, the sample one (divide by n−1, as slime
+// and SkyRL compute theirs). Advantages computes it, for every caller.
+// When every finished reward of a group is equal, including a group with
+// one finished attempt, the advantages are 0: such a group carries no GRPO
+// signal. Cancelled, skipped, surplus, retried and error records never
+// enter the statistics, and only finished attempts are exported. A group
+// that never ended (schema.GroupEnded: fewer finished attempts than
+// batch.json's group while some attempts have no final record, as a
+// stopped collect leaves it) is left out, its advantages over the attempts
+// it has being another group's, unless Options.PartialGroups.
 //
 // An export writes each attempt's samples as it reads its record, before
 // the rest of its group is read: the advantage gets advantageWidth bytes,

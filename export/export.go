@@ -78,6 +78,13 @@ type Options struct {
 	// into, whose runs in the prompts' ids are the images' spans
 	// (StepImage.TokenSpan). 0 means DefaultImageTokenID (Qwen-VL's).
 	ImageTokenID int64
+	// AdvantageStd is the std that divides the advantages: "" takes the
+	// one the batch recorded (schema.RecordedAdvantageStd: batch.json's,
+	// a service's journal's, PopulationStd when neither records one).
+	// Another value is used as given, and Stats.RecordedAdvantageStd
+	// says whether it disagrees with the batch's (a trainer's scale
+	// changes with it).
+	AdvantageStd schema.AdvantageStd
 }
 
 // Which rewards an export takes (Options.Rewards).
@@ -134,6 +141,11 @@ type Stats struct {
 	BadLogprobs int
 	// Bytes is the size of the written file.
 	Bytes int64
+	// AdvantageStd is the std that divided the advantages, and
+	// RecordedAdvantageStd the one the batch recorded
+	// (Options.AdvantageStd).
+	AdvantageStd         schema.AdvantageStd
+	RecordedAdvantageStd schema.AdvantageStd
 }
 
 // ExportSteps writes the training samples of the run directory runDir to
@@ -181,6 +193,11 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if opts.ImageTokenID < 0 {
 		return st, fmt.Errorf("export: ImageTokenID %d: want the model's image token id, or 0 for DefaultImageTokenID (%d)", opts.ImageTokenID, DefaultImageTokenID)
 	}
+	if opts.AdvantageStd != "" {
+		if _, err := schema.ParseAdvantageStd(string(opts.AdvantageStd)); err != nil {
+			return st, fmt.Errorf("export: AdvantageStd: %w", err)
+		}
+	}
 	if opts.Contiguous && opts.PromptPrefix {
 		return st, errors.New("export: PromptPrefix shares prompt ids between per-step samples, and Contiguous writes one sequence per attempt: choose one")
 	}
@@ -197,6 +214,13 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 	if err != nil {
 		return st, fmt.Errorf("export %s: %w", runDir, err)
 	}
+	if st.RecordedAdvantageStd, err = schema.RecordedAdvantageStd(runDir); err != nil {
+		return st, fmt.Errorf("export %s: %w", runDir, err)
+	}
+	if opts.AdvantageStd == "" {
+		opts.AdvantageStd = st.RecordedAdvantageStd
+	}
+	st.AdvantageStd = opts.AdvantageStd
 	var shape groupShape
 	if batch != nil {
 		shape = groupShape{size: batch.Group, attempts: batch.Attempts}
@@ -215,7 +239,7 @@ func ExportStepsContext(ctx context.Context, runDir, outPath string, opts Option
 			if _, err := r.Seek(0, io.SeekStart); err != nil {
 				return rs, err
 			}
-			st = Stats{}
+			st = Stats{AdvantageStd: st.AdvantageStd, RecordedAdvantageStd: st.RecordedAdvantageStd}
 			a = newAdmission(runDir, held, regraded, shape, &st)
 		}
 		return exportTwoPasses(ctx, r, a, outPath, opts, &st)

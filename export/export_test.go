@@ -27,31 +27,100 @@ import (
 )
 
 func TestAdvantages(t *testing.T) {
+	const pop, smp = schema.PopulationStd, schema.SampleStd
 	tests := []struct {
 		name    string
+		kind    schema.AdvantageStd
 		rewards []float64
 		want    []float64
 	}{
-		{"two of four solved", []float64{1, 0, 1, 0}, []float64{1, -1, 1, -1}},
+		{"two of four solved", pop, []float64{1, 0, 1, 0}, []float64{1, -1, 1, -1}},
+		// "" is the default, population.
+		{"two of four solved, no kind", "", []float64{1, 0, 1, 0}, []float64{1, -1, 1, -1}},
+		// mean 1/2, sample std √(1/3): √(4/3) ≈ 1.155 times less.
+		{"two of four solved, sample std", smp, []float64{1, 0, 1, 0}, []float64{math.Sqrt(3) / 2, -math.Sqrt(3) / 2, math.Sqrt(3) / 2, -math.Sqrt(3) / 2}},
 		// mean 1/3, population std √2/3.
-		{"one of three solved", []float64{1, 0, 0}, []float64{math.Sqrt2, -1 / math.Sqrt2, -1 / math.Sqrt2}},
+		{"one of three solved", pop, []float64{1, 0, 0}, []float64{math.Sqrt2, -1 / math.Sqrt2, -1 / math.Sqrt2}},
+		// mean 1/3, sample std 1/√3.
+		{"one of three solved, sample std", smp, []float64{1, 0, 0}, []float64{2 / math.Sqrt(3), -1 / math.Sqrt(3), -1 / math.Sqrt(3)}},
+		// mean 1/2, sample std 1/√2: the smallest group with a signal.
+		{"one of two solved, sample std", smp, []float64{1, 0}, []float64{1 / math.Sqrt2, -1 / math.Sqrt2}},
 		// mean 1/2, population std 1/√6.
-		{"partial credit", []float64{0.5, 1, 0}, []float64{0, math.Sqrt(1.5), -math.Sqrt(1.5)}},
-		{"all solved", []float64{1, 1, 1, 1}, []float64{0, 0, 0, 0}},
-		{"all failed", []float64{0, 0}, []float64{0, 0}},
+		{"partial credit", pop, []float64{0.5, 1, 0}, []float64{0, math.Sqrt(1.5), -math.Sqrt(1.5)}},
+		{"all solved", pop, []float64{1, 1, 1, 1}, []float64{0, 0, 0, 0}},
+		{"all solved, sample std", smp, []float64{1, 1, 1, 1}, []float64{0, 0, 0, 0}},
+		{"all failed", pop, []float64{0, 0}, []float64{0, 0}},
 		// The mean of three 0.1s is not exactly 0.1: equal rewards must
 		// still give 0, not rounding noise divided by a tiny std.
-		{"all equal fractions", []float64{0.1, 0.1, 0.1}, []float64{0, 0, 0}},
-		{"single attempt", []float64{0.5}, []float64{0}},
-		{"none", []float64{}, []float64{}},
+		{"all equal fractions", pop, []float64{0.1, 0.1, 0.1}, []float64{0, 0, 0}},
+		{"all equal fractions, sample std", smp, []float64{0.1, 0.1, 0.1}, []float64{0, 0, 0}},
+		{"single attempt", pop, []float64{0.5}, []float64{0}},
+		// n − 1 = 0: 0/0, a group without signal like an all-equal one.
+		{"single attempt, sample std", smp, []float64{0.5}, []float64{0}},
+		{"none", pop, []float64{}, []float64{}},
+		{"none, sample std", smp, []float64{}, []float64{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := export.Advantages(tt.rewards)
+			got := export.Advantages(tt.rewards, tt.kind)
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
-				t.Errorf("Advantages(%v) (-want +got):\n%s", tt.rewards, diff)
+				t.Errorf("Advantages(%v, %q) (-want +got):\n%s", tt.rewards, tt.kind, diff)
 			}
 		})
+	}
+}
+
+// TestAdvantagesUnknownKind: a kind that is neither std is a caller's bug
+// (every entry point validates it), never a silent population std.
+func TestAdvantagesUnknownKind(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), `"unbiased"`) {
+			t.Errorf("Advantages with kind \"unbiased\": recovered %v, want a panic naming it", r)
+		}
+	}()
+	export.Advantages([]float64{1, 0}, "unbiased")
+}
+
+// advantageFixture is testdata/advantages.json, written by
+// testdata/advantages.py from Python's statistics module.
+type advantageFixture struct {
+	Groups []struct {
+		Name       string    `json:"name"`
+		Rewards    []float64 `json:"rewards"`
+		Population []float64 `json:"population"`
+		Sample     []float64 `json:"sample"`
+	} `json:"groups"`
+}
+
+// TestAdvantagesReference compares Advantages with advantages computed
+// independently, by Python's statistics.pstdev and statistics.stdev
+// (testdata/advantages.py, no numpy), on groups of rewards like a batch's:
+// binary and partial credit, G from 1 to 16, equal rewards.
+func TestAdvantagesReference(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "advantages.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx advantageFixture
+	if err := json.Unmarshal(data, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fx.Groups) < 10 {
+		t.Fatalf("testdata/advantages.json holds %d groups; regenerate it with testdata/advantages.py", len(fx.Groups))
+	}
+	for _, g := range fx.Groups {
+		for _, c := range []struct {
+			kind schema.AdvantageStd
+			want []float64
+		}{{schema.PopulationStd, g.Population}, {schema.SampleStd, g.Sample}} {
+			if len(c.want) != len(g.Rewards) {
+				t.Fatalf("%s: %d %s advantages for %d rewards", g.Name, len(c.want), c.kind, len(g.Rewards))
+			}
+			got := export.Advantages(g.Rewards, c.kind)
+			if diff := cmp.Diff(c.want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
+				t.Errorf("%s: Advantages(%v, %s) (-python +go):\n%s", g.Name, g.Rewards, c.kind, diff)
+			}
+		}
 	}
 }
 
@@ -139,6 +208,8 @@ func TestExportSteps(t *testing.T) {
 				t.Fatal(err)
 			}
 			tt.wantStats.Bytes = int64(len(data))
+			// batch.json records no std: it predates the setting.
+			tt.wantStats.AdvantageStd, tt.wantStats.RecordedAdvantageStd = schema.PopulationStd, schema.PopulationStd
 			if diff := cmp.Diff(tt.wantStats, st); diff != "" {
 				t.Errorf("stats (-want +got):\n%s", diff)
 			}
@@ -154,6 +225,61 @@ func TestExportSteps(t *testing.T) {
 			}
 			checkAgainstRecords(t, samples, tt.opts.InlineImages)
 		})
+	}
+}
+
+// TestExportAdvantageStd: an export divides the advantages by the std the
+// batch recorded unless told another, which its stats then tell apart
+// from the batch's; an unknown kind is refused, naming it.
+func TestExportAdvantageStd(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.CopyFS(dir, os.DirFS(fixedRun)); err != nil {
+		t.Fatal(err)
+	}
+	b := `{"task_ids":["task-a","task-b","task-c"],"advantage_std":"sample"}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, schema.BatchFile), []byte(b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Group a: rewards 1 and 0, whose sample std is 1/√2; groups b and c
+	// have equal rewards.
+	tests := []struct {
+		name      string
+		kind      schema.AdvantageStd
+		wantStd   schema.AdvantageStd
+		wantA0    float64
+		wantOther float64
+	}{
+		{"the batch's", "", schema.SampleStd, 1 / math.Sqrt2, 0},
+		{"the batch's, given", schema.SampleStd, schema.SampleStd, 1 / math.Sqrt2, 0},
+		{"another", schema.PopulationStd, schema.PopulationStd, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "train.jsonl")
+			st, err := export.ExportSteps(dir, out, export.Options{AllowMissingLogprobs: true, AllowBadLogprobs: true, AdvantageStd: tt.kind})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.AdvantageStd != tt.wantStd || st.RecordedAdvantageStd != schema.SampleStd {
+				t.Errorf("stats: std %q, recorded %q; want %q and sample", st.AdvantageStd, st.RecordedAdvantageStd, tt.wantStd)
+			}
+			for _, s := range readSamples(t, out) {
+				want := tt.wantOther
+				switch s.RolloutID {
+				case "r-a0":
+					want = tt.wantA0
+				case "r-a1":
+					want = -tt.wantA0
+				}
+				if math.Abs(s.Advantage-want) > 1e-12 {
+					t.Errorf("%s step %d: advantage %v, want %v", s.RolloutID, s.Step, s.Advantage, want)
+				}
+			}
+		})
+	}
+	_, err := export.ExportSteps(dir, filepath.Join(t.TempDir(), "train.jsonl"), export.Options{AdvantageStd: "unbiased"})
+	if err == nil || !strings.Contains(err.Error(), `AdvantageStd: advantage std "unbiased": want population or sample`) {
+		t.Errorf("export with an unknown std: %v, want a refusal naming it", err)
 	}
 }
 

@@ -60,7 +60,7 @@ func TestGroupTable(t *testing.T) {
 			taken = append(taken, rc.RolloutID)
 		}
 	}
-	tab.finish()
+	tab.finish(schema.PopulationStd)
 	if diff := cmp.Diff([]string{"g1-ok1", "g1-trunc0", "g1-ok0", "g2-ok", "g3-a", "g3-b"}, taken); diff != "" {
 		t.Errorf("records in the statistics (-want +got):\n%s", diff)
 	}

@@ -1,9 +1,11 @@
 package schema
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -48,6 +50,46 @@ type Batch struct {
 	// recorded (a batch.json older than it, or a library caller that
 	// does not describe its desktops).
 	Environment *Environment `json:"environment,omitempty"`
+	// AdvantageStd is the standard deviation that divides the batch's
+	// group advantages (--advantage-std); "" in a batch.json written
+	// before it was recorded, whose advantages were the population
+	// std's (AdvantageStd.OrDefault).
+	AdvantageStd AdvantageStd `json:"advantage_std,omitempty"`
+}
+
+// AdvantageStd says which standard deviation of a group's rewards divides
+// their deviations from the mean in its GRPO advantages.
+type AdvantageStd string
+
+const (
+	// PopulationStd divides the squared deviations by n: legato's
+	// default, and what every batch before AdvantageStd was recorded
+	// used.
+	PopulationStd AdvantageStd = "population"
+	// SampleStd divides them by n − 1 (Bessel's correction), as torch.std
+	// does by default and slime and SkyRL compute their advantages: at
+	// G = 4, population-std advantages are √(4/3) ≈ 1.155 times these.
+	SampleStd AdvantageStd = "sample"
+)
+
+// AdvantageStds are the kinds ParseAdvantageStd accepts, in the order a
+// usage text lists them.
+var AdvantageStds = []AdvantageStd{PopulationStd, SampleStd}
+
+// ParseAdvantageStd reads a kind as a flag or a file gives it.
+func ParseAdvantageStd(s string) (AdvantageStd, error) {
+	if k := AdvantageStd(s); k == PopulationStd || k == SampleStd {
+		return k, nil
+	}
+	return "", fmt.Errorf("advantage std %q: want %s or %s", s, PopulationStd, SampleStd)
+}
+
+// OrDefault is k, or PopulationStd when k is "" (not recorded, not set).
+func (k AdvantageStd) OrDefault() AdvantageStd {
+	if k == "" {
+		return PopulationStd
+	}
+	return k
 }
 
 // Environment describes a batch's desktops: their backend and each of its
@@ -100,7 +142,81 @@ func ReadBatch(dir string) (*Batch, error) {
 	if b.Schema != "" && b.Schema != BatchVersion {
 		return nil, fmt.Errorf("read %s: schema %q: this legato reads %q", path, b.Schema, BatchVersion)
 	}
+	if err := b.checkAdvantageStd(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
 	return &b, nil
+}
+
+// checkAdvantageStd refuses a recorded kind this legato does not know:
+// advantages computed with another std would be a silent change of scale.
+func (b *Batch) checkAdvantageStd() error {
+	if b.AdvantageStd == "" {
+		return nil
+	}
+	_, err := ParseAdvantageStd(string(b.AdvantageStd))
+	return err
+}
+
+// maxServiceManifest bounds the first line of a service's journal that
+// RecordedAdvantageStd reads: the service's settings, a few hundred bytes.
+const maxServiceManifest = 1 << 20
+
+// RecordedAdvantageStd is the advantage std the batch in dir recorded:
+// batch.json's, or in a service's run directory the one in the settings
+// its journal (ServiceFile) starts with; PopulationStd when neither
+// records one (a batch older than the setting, or no settings file).
+func RecordedAdvantageStd(dir string) (AdvantageStd, error) {
+	b, err := ReadBatch(dir)
+	if err != nil {
+		return "", err
+	}
+	if b == nil {
+		if b, err = readServiceManifest(dir); err != nil {
+			return "", err
+		}
+	}
+	if b == nil {
+		return PopulationStd, nil
+	}
+	return b.AdvantageStd.OrDefault(), nil
+}
+
+// readServiceManifest reads the settings a service's journal in dir starts
+// with (a line {"op": "service", "manifest": BATCH, ...}, which legato/rl
+// writes); nil when there is no journal or its first line is not whole
+// yet (the service cuts such a line and writes it again).
+func readServiceManifest(dir string) (*Batch, error) {
+	path := filepath.Join(dir, ServiceFile)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the service's settings: %w", err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(io.LimitReader(f, maxServiceManifest)).ReadBytes('\n')
+	if errors.Is(err, io.EOF) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	var first struct {
+		Op       string `json:"op"`
+		Manifest *Batch `json:"manifest"`
+	}
+	if err := json.Unmarshal(line, &first); err != nil {
+		return nil, fmt.Errorf("read %s: first line: %w", path, err)
+	}
+	if first.Op != "service" || first.Manifest == nil {
+		return nil, fmt.Errorf("read %s: its first line is not the service's settings: not a service journal", path)
+	}
+	if err := first.Manifest.checkAdvantageStd(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return first.Manifest, nil
 }
 
 // WriteBatch writes b as the run's batch.json, atomically.

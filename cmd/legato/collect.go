@@ -104,6 +104,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Var(&f.sampling.topP, "top-p", "nucleus sampling top-p sent with every request (default: the server's)")
 	intVar(fs, &f.pol.MaxTokens, "max-tokens", 0, 0, 1<<24, "cap on generated tokens per model call (0: the server's default)")
 	f.ow.Register(fs)
+	advantageStdVar(fs, &f.opts.AdvantageStd, "the `std` dividing a group's advantages, (reward - mean) / std, as OnGroup and the service give them and export writes them (batch.json records it; continuing a batch keeps its own and refuses another; default for a new batch: population, divide by n); sample divides by n-1, as slime and SkyRL do (advantages 1.155 times smaller at G=4)")
 	fs.Var(&fraction{p: &f.opts.GradeTwice, bare: 1}, "grade-twice", "grade this fraction of end states a second time (getters and metric, no postconfig), 0 to 1 (bare: every one); a task whose grader gives another reward is quarantined")
 	fs.StringVar(&f.opts.Quarantine, "quarantine", "", "task quarantine file shared across batches: tasks it holds are skipped (named in the summary); tasks this batch finds unfit go into it and into the run's quarantine.json")
 	fs.BoolVar(&f.opts.KeepEndStates, "keep-end-states", false, "keep every attempt's end state before its grade, so legato rl regrade can grade it again later, in DIR/end-states (osworld backend: root and VMs on this machine; the guest RAM and disk changes, tens of MB per attempt)")

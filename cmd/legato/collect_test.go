@@ -87,6 +87,7 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"negative oversample", []string{"--out", "x", "--oversample", "-1"}, "Oversample (--oversample) -1"},
 		{"negative fixed wait", []string{"--out", "x", "--no-ready-signal", "--fixed-wait", "-1"}, `invalid value "-1" for flag -fixed-wait`},
 		{"history", []string{"--out", "x", "--history", "full"}, `invalid value "full" for flag -history`},
+		{"advantage std", []string{"--out", "x", "--advantage-std", "unbiased"}, `invalid value "unbiased" for flag -advantage-std: want population or sample`},
 		{"grade twice above 1", []string{"--out", "x", "--grade-twice=2"}, `-grade-twice: "2": want a fraction from 0 to 1`},
 		{"grade twice not a number", []string{"--out", "x", "--grade-twice=most"}, `-grade-twice: "most": want a fraction`},
 		{"flaky task not in the batch", []string{"--out", "x", "--fake-flaky", "no-such-task"}, `--fake-flaky "no-such-task": no such task in the batch`},
@@ -108,6 +109,41 @@ func TestCollectFlagErrors(t *testing.T) {
 				t.Errorf("error %q does not say %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestCollectAdvantageStd: collect --advantage-std sample records it in
+// batch.json, export then follows it without a warning, and continuing the
+// batch with the population std exits 2 naming the flag, while continuing
+// it without the flag keeps the batch's.
+func TestCollectAdvantageStd(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"rl", "collect", "--out", out, "--fake-speed", "none", "--desktops", "2", "--group", "4", "--max-steps", "2"}
+	var stderr bytes.Buffer
+	if err := run(t.Context(), append(args, "--advantage-std", "sample"), io.Discard, &stderr); err != nil {
+		t.Fatalf("collect: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if b, err := schema.ReadBatch(out); err != nil || b.AdvantageStd != schema.SampleStd {
+		t.Fatalf("batch.json: %+v, %v; want advantage_std sample", b, err)
+	}
+	stderr.Reset()
+	if err := run(t.Context(), []string{"rl", "export", out, "--out", filepath.Join(t.TempDir(), "train.jsonl"), "--allow-missing-logprobs"}, io.Discard, &stderr); err != nil {
+		t.Fatalf("export: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if strings.Contains(stderr.String(), "advantage-std") {
+		t.Errorf("export of the batch's own std warns:\n%s", stderr.String())
+	}
+	stderr.Reset()
+	err := run(t.Context(), append(args, "--advantage-std", "population"), io.Discard, &stderr)
+	if code := exitCode(t.Context(), err, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--advantage-std sample, not population") {
+		t.Errorf("continuing with --advantage-std population: exit %d, stderr:\n%s\nwant %d naming the flag", code, stderr.String(), exitUsage)
+	}
+	stderr.Reset()
+	if err := run(t.Context(), args, io.Discard, &stderr); err != nil {
+		t.Fatalf("continuing without --advantage-std: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if b, err := schema.ReadBatch(out); err != nil || b.AdvantageStd != schema.SampleStd {
+		t.Errorf("batch.json after continuing: %+v, %v; want advantage_std sample kept", b, err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -35,15 +36,18 @@ func (c *exportCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	choiceVar(fs, &c.opts.Rewards, "rewards", export.RewardsRecorded, []string{export.RewardsRecorded, export.RewardsRegraded}, "the rewards samples and advantages take: recorded, or regraded (the latest legato rl regrade of each attempt's kept end state; every finished attempt needs one)")
 	fs.BoolVar(&c.opts.PartialGroups, "partial-groups", false, "write the groups that never ended too (fewer finished attempts than the batch's group size while some attempts have no final record: a collect stopped or crashed), with advantages over the attempts they have")
 	intVar(fs, &c.imageTokenID, "image-token-id", export.DefaultImageTokenID, 1, math.MaxInt, "the token id the model server expands each image into (Qwen-VL's <|image_pad|> by default): its runs in the prompt ids are the images' token_span")
+	advantageStdVar(fs, &c.opts.AdvantageStd, "the `std` dividing the advantages (default: the one the batch recorded, population when it records none; another is written with a warning on stderr: a trainer's scale changes)")
 	fs.BoolVar(&c.opts.AllowBadLogprobs, "allow-bad-logprobs", false, "write samples whose logprobs came null, NaN, infinite or not one per token id instead of failing: they get response_logprobs null and the defect in their warnings")
 	setUsage(fs, `Usage: legato rl export DIR --out FILE [--inline-images] [--drop-constant-groups]
        [--allow-missing-logprobs] [--allow-bad-logprobs] [--contiguous | --prompt-prefix]
-       [--partial-groups] [--image-token-id N]
+       [--partial-groups] [--image-token-id N] [--advantage-std population|sample]
 
 Writes one training sample per model call of every ok or truncated attempt
 of the run directory DIR: the prompt, the response's text, token ids and
 logprobs, the reward, and the GRPO advantage within the attempt's group
-((reward - mean) / population std; 0 when the group's rewards are equal).
+((reward - mean) / std over its finished attempts, with the std the batch
+recorded, population unless collect or serve was given --advantage-std
+sample; 0 when the group's rewards are equal).
 Each sample lists its prompt's images (sha256, bytes, width, height and
 token_span, where the image's tokens are in the prompt ids).
 Flags may come before or after DIR.
@@ -93,6 +97,10 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 	if err != nil {
 		return err
 	}
+	if st.AdvantageStd != st.RecordedAdvantageStd {
+		fmt.Fprintf(stderr, "warning: --advantage-std %s: the advantages are divided by the %s std, not the %s std the batch recorded (%s): they differ from the ones OnGroup or the service gave by a factor of sqrt(n/(n-1)) for groups of n (1.155 at 4), and a trainer's scale changes with them\n",
+			st.AdvantageStd, st.AdvantageStd, st.RecordedAdvantageStd, recordedIn(dir))
+	}
 	if st.TornLines > 0 {
 		fmt.Fprintf(stderr, "warning: skipped the torn last line of %s (a crash mid-append; collect runs its attempt again): %v\n",
 			filepath.Join(dir, schema.RecordsFile), st.FirstTorn)
@@ -125,6 +133,15 @@ func (c *exportCommand) Run(ctx context.Context, args []string, stdout, stderr i
 		fmt.Fprintf(stderr, "warning: %d finished rollouts have no reward and were left out\n", st.MissingReward)
 	}
 	return nil
+}
+
+// recordedIn names the file a run directory's settings are in: a
+// service's journal, or batch.json.
+func recordedIn(dir string) string {
+	if _, err := os.Stat(filepath.Join(dir, schema.ServiceFile)); err == nil {
+		return schema.ServiceFile
+	}
+	return schema.BatchFile
 }
 
 // maxNamedGroups is how many groups the export's report names.

@@ -75,6 +75,18 @@ func cutShortCopy(t *testing.T) string {
 	return dir
 }
 
+// sampleStdCopy copies the fixed run with a batch.json that records the
+// sample std.
+func sampleStdCopy(t *testing.T) string {
+	t.Helper()
+	dir := runCopy(t)
+	b := `{"task_ids":["task-a","task-b","task-c"],"advantage_std":"sample"}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, schema.BatchFile), []byte(b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func TestExportCommand(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "train.jsonl")
 	tests := []struct {
@@ -105,6 +117,14 @@ func TestExportCommand(t *testing.T) {
 			wantStdout: "wrote 11 samples from 5 rollouts in 3 groups to " + out + " (14.6 KiB)\n" +
 				"wrote 1 groups that never ended (--partial-groups)\n",
 			wantStderr: "warning: wrote 1 groups that never ended, with advantages over the attempts they have (--partial-groups): v7/task-c\n"},
+		// The batch's own std: nothing to say.
+		{name: "the batch's advantage std", args: []string{"DIR", "--out", out, "--drop-constant-groups"}, dir: sampleStdCopy,
+			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (8.6 KiB)\n" +
+				"dropped 2 groups with equal rewards (5 samples)\n"},
+		{name: "another advantage std", args: []string{"DIR", "--out", out, "--drop-constant-groups", "--advantage-std", "population"}, dir: sampleStdCopy,
+			wantStdout: "wrote 6 samples from 2 rollouts in 1 groups to " + out + " (8.6 KiB)\n" +
+				"dropped 2 groups with equal rewards (5 samples)\n",
+			wantStderr: "warning: --advantage-std population: the advantages are divided by the population std, not the sample std the batch recorded (batch.json)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -187,6 +207,7 @@ func TestExportCommandUsage(t *testing.T) {
 		{"out is the manifest", []string{fixedRun, "--out", fixedRun + "/batch.json"}, "is one of the run's own files (batch.json)"},
 		{"image token 0", []string{fixedRun, "--out", "x.jsonl", "--image-token-id", "0"}, `invalid value "0" for flag -image-token-id: want an integer ≥ 1`},
 		{"image token negative", []string{fixedRun, "--out", "x.jsonl", "--image-token-id=-5"}, `invalid value "-5" for flag -image-token-id`},
+		{"advantage std", []string{fixedRun, "--out", "x.jsonl", "--advantage-std", "n-1"}, `invalid value "n-1" for flag -advantage-std: want population or sample`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

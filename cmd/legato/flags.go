@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"legato/rl/schema"
 )
 
 // parseFlags parses a subcommand's flags. A bad flag or flag value becomes
@@ -221,6 +223,41 @@ func (c choice) Set(s string) error {
 		return errors.New("want " + orList(c.choices))
 	}
 	*c.p = s
+	return nil
+}
+
+// advantageStd is --advantage-std: "" until given, then a kind
+// schema.ParseAdvantageStd accepts.
+type advantageStd struct{ p *schema.AdvantageStd }
+
+// advantageStdVar defines --advantage-std, bound to p; the usage lists the
+// kinds.
+func advantageStdVar(fs *flag.FlagSet, p *schema.AdvantageStd, usage string) {
+	fs.Var(advantageStd{p}, "advantage-std", usage+": "+advantageStds())
+}
+
+// advantageStds lists the kinds as "population or sample".
+func advantageStds() string {
+	var words []string
+	for _, k := range schema.AdvantageStds {
+		words = append(words, string(k))
+	}
+	return orList(words)
+}
+
+func (a advantageStd) String() string {
+	if a.p == nil {
+		return ""
+	}
+	return string(*a.p)
+}
+
+func (a advantageStd) Set(s string) error {
+	k, err := schema.ParseAdvantageStd(s)
+	if err != nil {
+		return errors.New("want " + advantageStds())
+	}
+	*a.p = k
 	return nil
 }
 

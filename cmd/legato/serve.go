@@ -51,6 +51,9 @@ collect's; --tasks, when given, are the tasks a group may name by id (the
 fake backend knows its demo tasks). DIR is the run directory, in the
 legato.rollout/v0 format: serving into it again continues it, stream and
 all. The model server's key is read from LEGATO_POLICY_KEY.
+--advantage-std sample divides the results' advantages by the sample std
+(slime's, SkyRL's) instead of the population std; each ended group's
+advantage_std says which, and the journal keeps it for every restart.
 
 The run's pages, as legato rl view serves them, are under /view/ (the third
 line of output links them). Every route (but /metrics with --metrics-open)

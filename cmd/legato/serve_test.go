@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -354,4 +355,19 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, roots *x509
 	roots = x509.NewCertPool()
 	roots.AddCert(cert)
 	return certFile, keyFile, roots
+}
+
+// TestServeAdvantageStdFlag: serve takes collect's --advantage-std, and a
+// kind it does not know exits 2 naming the flag and the kinds, before
+// anything starts.
+func TestServeAdvantageStdFlag(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	var stderr bytes.Buffer
+	err := runServe(t.Context(), []string{"--out", out, "--addr", "127.0.0.1:0", "--advantage-std", "unbiased"}, io.Discard, io.Discard)
+	if code := exitCode(t.Context(), err, &stderr); code != exitUsage || !strings.Contains(stderr.String(), `invalid value "unbiased" for flag -advantage-std: want population or sample`) {
+		t.Errorf("serve --advantage-std unbiased: exit %d, stderr %q; want %d naming the flag and the kinds", code, stderr.String(), exitUsage)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Errorf("the refused serve made %s", out)
+	}
 }

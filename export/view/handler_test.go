@@ -289,3 +289,46 @@ func TestStaticSelfContained(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupAdvantageStd: a group's page shows the advantages with the std
+// the batch recorded, as export writes them: t-save's rewards 1 and 0 get
+// ±1 with the population std, ±1/√2 with the sample std.
+func TestGroupAdvantageStd(t *testing.T) {
+	for _, c := range []struct {
+		kind schema.AdvantageStd
+		want []string
+	}{
+		// html/template writes + as &#43;.
+		{schema.PopulationStd, []string{"advantage &#43;1.000", "advantage -1.000"}},
+		{schema.SampleStd, []string{"advantage &#43;0.707", "advantage -0.707"}},
+	} {
+		t.Run(string(c.kind), func(t *testing.T) {
+			dir := writeFixture(t)
+			b, err := schema.ReadBatch(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.AdvantageStd = c.kind
+			run, err := schema.Create(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = run.WriteBatch(b)
+			run.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(view.Handler(openRun(t, dir), token))
+			defer srv.Close()
+			resp, body := get(t, http.DefaultClient, srv.URL+"/group?id=v1/t-save", "Authorization", "Bearer "+token)
+			if resp.StatusCode != 200 {
+				t.Fatalf("group page: %s", resp.Status)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(body, w) {
+					t.Errorf("%s std: the group page does not say %q", c.kind, w)
+				}
+			}
+		})
+	}
+}

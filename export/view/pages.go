@@ -403,7 +403,7 @@ func (r *Run) buildGroup(ix index, id string, l links) (groupPage, bool, error) 
 	slices.SortStableFunc(rows, func(a, b row) int { return cmp.Compare(a.Attempt, b.Attempt) })
 	p.Task, p.Domain = rows[0].Task, rows[0].Domain
 	// Advantages as export computes them: over the finished attempts'
-	// rewards.
+	// rewards, with the batch's std.
 	var rewards []float64
 	var idx []int
 	for i, rw := range rows {
@@ -412,7 +412,7 @@ func (r *Run) buildGroup(ix index, id string, l links) (groupPage, bool, error) 
 		}
 	}
 	adv := map[int]float64{}
-	for k, a := range export.Advantages(rewards) {
+	for k, a := range export.Advantages(rewards, r.advStd) {
 		adv[idx[k]] = a
 	}
 	p.Identical = true

@@ -46,6 +46,9 @@ type Run struct {
 	store  *schema.MessageStore
 	batch  *schema.Batch
 	coords string
+	// advStd is the std of the batch's advantages, which a group's page
+	// shows as export computes them.
+	advStd schema.AdvantageStd
 
 	mu        sync.Mutex
 	size      int64     // of rollouts.jsonl when last indexed
@@ -89,11 +92,15 @@ func Open(dir string) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	advStd, err := schema.RecordedAdvantageStd(dir)
+	if err != nil {
+		return nil, err
+	}
 	store, err := schema.OpenMessageStore(dir, schema.StoreOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w: %v", dir, ErrNotRun, err)
 	}
-	r := &Run{dir: dir, store: store, batch: b, coords: coordsOf(b), size: -1}
+	r := &Run{dir: dir, store: store, batch: b, coords: coordsOf(b), advStd: advStd, size: -1}
 	if err := r.refresh(); err != nil {
 		store.Close()
 		return nil, err

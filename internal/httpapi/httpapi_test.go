@@ -237,3 +237,28 @@ func TestServeBatchBlobs(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupAdvantageStd: an ended group, as GET /v1/groups/{id} and the
+// stream give it, says which std divided its advantages (the service's
+// default, population), for a trainer that would compute its own.
+func TestGroupAdvantageStd(t *testing.T) {
+	svc, _ := testService(t, rl.PolicyConfig{})
+	defer svc.Close(context.Background())
+	h := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
+	defer h.Close()
+	const ok = "Bearer s3cret"
+	status, body := httpapitest.Call(t, "POST", h.URL+"/v1/groups", ok, `{"task": {"task_id": "t0", "domain": "os"}, "group_size": 1}`)
+	if status != http.StatusCreated {
+		t.Fatalf("submit: %d %s", status, body)
+	}
+	var g struct{ ID string }
+	if err := json.Unmarshal([]byte(body), &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/groups/" + g.ID + "?wait=300&steps=none", "/v1/stream?after=0&limit=1&steps=none"} {
+		status, body = httpapitest.Call(t, "GET", h.URL+path, ok, "")
+		if status != http.StatusOK || !strings.Contains(body, `"advantage_std":"population"`) {
+			t.Errorf("GET %s: %d %.300s; want the group's advantage_std population", path, status, body)
+		}
+	}
+}
