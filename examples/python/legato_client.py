@@ -139,6 +139,10 @@ class Group:
     # The policy version in force when the group ended (steps' staleness
     # counts the versions after theirs up to it).
     end_version: str = ""
+    # Which standard deviation divided the attempts' advantages:
+    # "population" (n, legato's default) or "sample" (n - 1, as slime and
+    # SkyRL compute theirs); the service's --advantage-std.
+    advantage_std: str = ""
 
     @property
     def ended(self) -> bool:
@@ -156,6 +160,7 @@ class Group:
             key=d.get("key", ""),
             attempts=[Attempt.from_json(a) for a in d.get("attempts") or []],
             end_version=d.get("end_version", ""),
+            advantage_std=d.get("advantage_std", ""),
         )
 
 

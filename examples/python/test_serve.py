@@ -90,6 +90,7 @@ class TestTrainerLoop(ServiceCase):
         for it in st.items:
             g = it.group
             self.assertEqual(g.state, "closed", f"group {g.id}")
+            self.assertEqual(g.advantage_std, "population", f"group {g.id}: the std of its advantages")
             unmasked = [a for a in g.attempts if not a.masked]
             self.assertEqual(len(unmasked), size, f"group {g.id}: {[(a.status, a.error) for a in g.attempts]}")
             for a in g.attempts:
