@@ -45,7 +45,10 @@ type TaskProbeRun struct {
 	Screen string   `json:"screen,omitempty"`
 	Reward *float64 `json:"reward"`
 	Again  *float64 `json:"again"`
-	Error  string   `json:"error,omitempty"`
+	// Explain is what the desktop said its first grade rested on
+	// (desktop.GradeExplainer), "" when it says nothing.
+	Explain string `json:"explain,omitempty"`
+	Error   string `json:"error,omitempty"`
 	// ResetFailed says Error came from the reset.
 	ResetFailed bool `json:"reset_failed,omitempty"`
 }
@@ -54,7 +57,10 @@ type TaskProbeRun struct {
 // state: the reset and the task's setup, the first screen, the start state
 // graded twice without an action. A task is unfit when its setup fails,
 // its grader fails, gives a reward out of [0, 1] or two different rewards
-// for the same state, or its two resets show different first screens.
+// for the same state, its two resets show different first screens, or its
+// untouched start state already scores above 0 (a policy would be rewarded
+// for doing nothing; the evidence says what the grader read, where the
+// desktop can tell).
 // With opts.Quarantine the unfit tasks go into that file. The error is
 // about running at all (no desktop, ctx done), not about the tasks.
 func ProbeTasks(ctx context.Context, tasks []Task, opts ProbeTasksOptions) ([]TaskProbe, error) {
@@ -140,6 +146,9 @@ func probeRun(ctx context.Context, d desktop.Desktop, task Task, run *TaskProbeR
 		return fail("evaluate", err)
 	}
 	run.Reward = &r
+	if e, ok := d.(desktop.GradeExplainer); ok {
+		run.Explain = e.ExplainGrade()
+	}
 	rg, ok := d.(desktop.Regrader)
 	if !ok {
 		return false
@@ -175,6 +184,15 @@ func judgeProbe(runs [2]TaskProbeRun) (reason, evidence string) {
 	}
 	if runs[0].Screen != runs[1].Screen {
 		return schema.QuarantineReplayDiverges, "two resets showed different first screens: the start state is not reproducible"
+	}
+	// Partial credit too: any reward for doing nothing is one a policy
+	// learns to collect.
+	if r := *runs[0].Reward; r > 0 {
+		evidence = fmt.Sprintf("the untouched start state scores %v without an action", r)
+		if runs[0].Explain != "" {
+			evidence += ": " + runs[0].Explain
+		}
+		return schema.QuarantineSolvedAtStart, evidence
 	}
 	return "", ""
 }

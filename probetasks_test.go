@@ -67,3 +67,87 @@ func TestProbeTasks(t *testing.T) {
 		}
 	})
 }
+
+// TestProbeTasksSolvedAtStart: a task whose untouched start state already
+// scores, all of it or part, is unfit, with the desktop's explanation of the
+// grade as evidence, and goes into the quarantine; one that scores only
+// after an action is fit.
+func TestProbeTasksSolvedAtStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tasks := testTasks(3)
+		fleet := fake.NewFleet(fake.Config{Width: testWidth, Height: testHeight, Seed: 9, Rewards: map[string]fake.Reward{
+			"t0": {P: 1}, "t1": {P: 1, AtStart: 1}, "t2": {AtStart: 0.5}}})
+		qfile := filepath.Join(t.TempDir(), "q.json")
+		probes, err := ProbeTasks(t.Context(), tasks, ProbeTasksOptions{NewDesktop: fleet.New, Desktops: 2, Quarantine: qfile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkClosed(t, fleet)
+		want := map[string]string{
+			"t0": "",
+			"t1": `the untouched start state scores 1 without an action: fake: task "t1" is set to score 1 untouched (Reward.AtStart)`,
+			"t2": `the untouched start state scores 0.5 without an action: fake: task "t2" is set to score 0.5 untouched (Reward.AtStart)`,
+		}
+		for _, p := range probes {
+			wantReason := ""
+			if want[p.TaskID] != "" {
+				wantReason = schema.QuarantineSolvedAtStart
+			}
+			if p.Reason != wantReason || p.Evidence != want[p.TaskID] {
+				t.Errorf("%s: %q (%s), want %q (%s)", p.TaskID, p.Reason, p.Evidence, wantReason, want[p.TaskID])
+			}
+		}
+		q, err := schema.ReadQuarantine(qfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids := q.IDs(); len(ids) != 2 || ids[0] != "t1" || ids[1] != "t2" {
+			t.Fatalf("the quarantine holds %v, want t1 and t2", ids)
+		}
+		if e := q.Tasks["t1"]; e.Reason != schema.QuarantineSolvedAtStart || e.Evidence != want["t1"] || e.TaskSHA != TaskSHA(tasks[1]) {
+			t.Errorf("t1's entry %+v, want reason %s, its evidence and its config's hash", e, schema.QuarantineSolvedAtStart)
+		}
+	})
+}
+
+// TestJudgeProbe: which reason, if any, two tries of a task give, first
+// match winning: a failed setup, a failed grader, a reward out of range,
+// two grades that disagree, two first screens that differ, then an
+// untouched start state that already scores (partial credit too).
+func TestJudgeProbe(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	run := func(r float64) TaskProbeRun { return TaskProbeRun{Screen: "s", Reward: f(r), Again: f(r)} }
+	pair := func(a, b TaskProbeRun) [2]TaskProbeRun { return [2]TaskProbeRun{a, b} }
+	explained := run(1)
+	explained.Explain = "exact_match: result getter default_video_player returned 'vlc.desktop\\n'"
+	otherScreen := run(1)
+	otherScreen.Screen = "t"
+	again := run(1)
+	again.Again = f(0)
+	for _, tc := range []struct {
+		name             string
+		runs             [2]TaskProbeRun
+		reason, evidence string
+	}{
+		{"fit", pair(run(0), run(0)), "", ""},
+		{"no regrader, fit", pair(TaskProbeRun{Screen: "s", Reward: f(0)}, TaskProbeRun{Screen: "s", Reward: f(0)}), "", ""},
+		{"setup fails", pair(run(0), TaskProbeRun{ResetFailed: true, Error: "reset: boom"}), schema.QuarantineSetupFails, "try 2: reset: boom"},
+		{"grader fails", pair(TaskProbeRun{Error: "evaluate: boom"}, run(0)), schema.QuarantineGraderFails, "try 1: evaluate: boom"},
+		{"out of range", pair(run(2), run(2)), schema.QuarantineRewardOutOfRange, "try 1: the grader returned 2"},
+		{"grades disagree before solved", pair(again, run(1)), schema.QuarantineGraderDisagrees, "try 1: the start state graded 1, then 0"},
+		{"fresh states disagree", pair(run(1), run(0)), schema.QuarantineGraderDisagrees, "two fresh start states graded 1 and 0"},
+		{"screens differ before solved", pair(run(1), otherScreen), schema.QuarantineReplayDiverges, "two resets showed different first screens: the start state is not reproducible"},
+		{"solved at start", pair(run(1), run(1)), schema.QuarantineSolvedAtStart, "the untouched start state scores 1 without an action"},
+		{"partly solved at start", pair(run(0.5), run(0.5)), schema.QuarantineSolvedAtStart, "the untouched start state scores 0.5 without an action"},
+		{"barely solved at start", pair(run(0.01), run(0.01)), schema.QuarantineSolvedAtStart, "the untouched start state scores 0.01 without an action"},
+		{"solved at start, explained", pair(explained, explained), schema.QuarantineSolvedAtStart,
+			"the untouched start state scores 1 without an action: exact_match: result getter default_video_player returned 'vlc.desktop\\n'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reason, evidence := judgeProbe(tc.runs)
+			if reason != tc.reason || evidence != tc.evidence {
+				t.Errorf("judgeProbe = %q, %q; want %q, %q", reason, evidence, tc.reason, tc.evidence)
+			}
+		})
+	}
+}

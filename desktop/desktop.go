@@ -237,6 +237,18 @@ type Regrader interface {
 	EvaluateAgain(ctx context.Context, task Task) (float64, error)
 }
 
+// GradeExplainer is implemented by desktops that can say in words what
+// their last grade (Evaluate) rested on: the value each result getter
+// returned, or the rule that gave the reward. legato rl tasks check puts
+// it in the evidence of a task whose untouched start state already scores,
+// so its author sees which default of the image passes it. A desktop
+// without it is graded the same; the evidence then holds the reward only.
+type GradeExplainer interface {
+	// ExplainGrade returns the explanation of the last Evaluate, "" when
+	// it has none.
+	ExplainGrade() string
+}
+
 // EndStateKeeper is implemented by desktops that can keep an attempt's end
 // state, as it is before its grade, so that it can be graded again later
 // (after the task's evaluator or config changed, with newer grading code)
@@ -345,4 +357,10 @@ type MetricRun struct {
 	// disagree with equal inputs have a metric that disagrees with itself;
 	// with unequal ones, the state or a getter changed.
 	Result, Expected string
+	// ResultGetter is the type of the metric's result getter, and
+	// ResultValue what it returned, in brief: the text Result is the
+	// digest of (Python's repr of the value, a file it fetched as "file
+	// sha256:" and its content's digest), cut at 200 characters; "" when
+	// Result is.
+	ResultGetter, ResultValue string
 }

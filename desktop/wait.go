@@ -224,6 +224,15 @@ func (d *fixedWaitDesktop) AttemptReport() AttemptReport {
 	return AttemptReport{}
 }
 
+// ExplainGrade passes on what the desktop whose waits were replaced says
+// of its last grade.
+func (d *fixedWaitDesktop) ExplainGrade() string {
+	if e, ok := d.Desktop.(GradeExplainer); ok {
+		return e.ExplainGrade()
+	}
+	return ""
+}
+
 // The grading capabilities pass on to the desktop whose waits were
 // replaced; one it lacks is ErrUnsupported.
 

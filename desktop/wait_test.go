@@ -2,6 +2,7 @@ package desktop_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -155,8 +156,9 @@ func TestWithFixedWaitsKeepsReports(t *testing.T) {
 	}
 }
 
-// TestWithFixedWaitsKeepsGrading: the fixed-wait baseline grades twice and
-// keeps and regrades end states as the desktop whose waits it replaced.
+// TestWithFixedWaitsKeepsGrading: the fixed-wait baseline grades twice,
+// explains its grade and keeps and regrades end states as the desktop
+// whose waits it replaced.
 func TestWithFixedWaitsKeepsGrading(t *testing.T) {
 	cfg := fake.Config{Width: 64, Height: 48, EndStates: t.TempDir(), DefaultReward: fake.Reward{P: 1}}
 	d, err := desktop.WithFixedWaits(func(context.Context, int) (desktop.Desktop, error) { return fake.New(cfg), nil }, desktop.FixedWaits{})(t.Context(), 0)
@@ -169,9 +171,18 @@ func TestWithFixedWaitsKeepsGrading(t *testing.T) {
 	if err := d.Reset(ctx, task); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := d.Act(ctx, desktop.DoneAction); err != nil {
+		t.Fatal(err)
+	}
 	s, err := d.(desktop.EndStateKeeper).KeepEndState(ctx, "r1")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if r, err := d.Evaluate(ctx, task); err != nil || r != 1 {
+		t.Errorf("Evaluate: %v, %v; want 1", r, err)
+	}
+	if why := d.(desktop.GradeExplainer).ExplainGrade(); !strings.Contains(why, "drew a success") {
+		t.Errorf("ExplainGrade: %q, want the fake's reason for its 1", why)
 	}
 	again, err := d.(desktop.Regrader).EvaluateAgain(ctx, task)
 	if err != nil || again != 1 {

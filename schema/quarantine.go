@@ -36,6 +36,10 @@ const (
 	// QuarantineGraderFails: its grader failed on a start state (legato
 	// rl tasks check).
 	QuarantineGraderFails = "grader_fails"
+	// QuarantineSolvedAtStart: its untouched start state already scores
+	// above 0 (legato rl tasks check): a policy would be rewarded for
+	// doing nothing.
+	QuarantineSolvedAtStart = "solved_at_start"
 )
 
 // Quarantine is a quarantine file: the tasks not to train on, by id.

@@ -69,6 +69,8 @@ type fakeFlags struct {
 	success float64
 	speed   string
 	flaky   stringList
+	// solved are the tasks whose untouched start state scores 1.
+	solved stringList
 }
 
 func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
@@ -114,6 +116,7 @@ func newCollectFlags(stderr io.Writer) (*flag.FlagSet, *collectFlags) {
 	fs.Uint64Var(&f.fake.seed, "fake-seed", 1, "fake backend: seed of every random draw")
 	fs.Float64Var(&f.fake.success, "fake-success", 0.5, "fake backend: probability that an attempt of a feasible task scores 1")
 	fs.Var(&f.fake.flaky, "fake-flaky", "fake backend: a task `id` whose grader disagrees with itself (a second grade draws again); repeat it for several")
+	fs.Var(&f.fake.solved, "fake-solved-at-start", "fake backend: a task `id` whose untouched start state already scores 1, as when the image's defaults pass it (legato rl tasks check finds it); repeat it for several")
 	fs.StringVar(&f.fake.speed, "fake-speed", "demo", "fake backend latencies: none, demo (fractions of a second) or real (VM-like seconds)")
 	fs.BoolVar(&f.verbose, "v", false, "log every retry and desktop failure")
 	f.set = fs
@@ -134,8 +137,8 @@ from LEGATO_POLICY_KEY. A flag of the other backend (--golden-fork with
 // desktops without a model: what makes its desktops and screens the
 // batch's (the backend, the tasks, the harness, the waits).
 var desktopFlags = []string{"tasks", "desktops", "backend", "fake-seed", "fake-success", "fake-speed", "fake-flaky",
-	"harness", "system-prompt", "image-max", "eviction", "history", "no-ready-signal", "fixed-wait",
-	"fixed-wait-after-reset", "fixed-wait-before-eval", "quarantine", "v"}
+	"fake-solved-at-start", "harness", "system-prompt", "image-max", "eviction", "history", "no-ready-signal",
+	"fixed-wait", "fixed-wait-after-reset", "fixed-wait-before-eval", "quarantine", "v"}
 
 // newDesktopFlags returns the flag set of such a command: every osworld
 // backend flag and those of desktopFlags, as collect has them and bound
@@ -162,7 +165,7 @@ func newDesktopFlags(name string, stderr io.Writer) (*flag.FlagSet, *collectFlag
 
 // fakeOnlyFlags are the flags of the fake backend. --fake-speed also sets
 // the latency of the built-in model server.
-var fakeOnlyFlags = []string{"fake-seed", "fake-success", "fake-flaky", "fake-speed"}
+var fakeOnlyFlags = []string{"fake-seed", "fake-success", "fake-flaky", "fake-solved-at-start", "fake-speed"}
 
 // sharedOSWorldFlags are osworld flags that mean something with any
 // backend: --osworld resolves the tasks a tasks file names by reference.
@@ -395,6 +398,9 @@ func (f *collectFlags) setup(ctx context.Context, log *slog.Logger, stderr io.Wr
 		if err := knownTasks("--fake-flaky", f.fake.flaky, tasks); err != nil {
 			return cleanup, nil, err
 		}
+		if err := knownTasks("--fake-solved-at-start", f.fake.solved, tasks); err != nil {
+			return cleanup, nil, err
+		}
 	}
 
 	if f.noPolicy {
@@ -493,11 +499,15 @@ func startBuiltinServer(f *collectFlags, stderr io.Writer) (*policytest.Server, 
 
 func (ff fakeFlags) config() (fake.Config, error) {
 	cfg := fake.Config{Seed: ff.seed, DefaultReward: fake.Reward{P: ff.success}}
-	for _, id := range ff.flaky {
+	for _, id := range slices.Concat(ff.flaky, ff.solved) {
 		if cfg.Rewards == nil {
 			cfg.Rewards = map[string]fake.Reward{}
 		}
-		cfg.Rewards[id] = fake.Reward{P: ff.success, Flaky: true}
+		r := fake.Reward{P: ff.success, Flaky: slices.Contains(ff.flaky, id)}
+		if slices.Contains(ff.solved, id) {
+			r.AtStart = 1
+		}
+		cfg.Rewards[id] = r
 	}
 	ms := func(n int) fake.Latency { return fake.Latency{Fixed: time.Duration(n) * time.Millisecond} }
 	switch ff.speed {

@@ -91,6 +91,7 @@ func TestCollectFlagErrors(t *testing.T) {
 		{"grade twice above 1", []string{"--out", "x", "--grade-twice=2"}, `-grade-twice: "2": want a fraction from 0 to 1`},
 		{"grade twice not a number", []string{"--out", "x", "--grade-twice=most"}, `-grade-twice: "most": want a fraction`},
 		{"flaky task not in the batch", []string{"--out", "x", "--fake-flaky", "no-such-task"}, `--fake-flaky "no-such-task": no such task in the batch`},
+		{"solved task not in the batch", []string{"--out", "x", "--fake-solved-at-start", "no-such-task"}, `--fake-solved-at-start "no-such-task": no such task in the batch`},
 		{"quarantine setup fails 0", []string{"--out", "x", "--quarantine-setup-fails", "0"}, `invalid value "0" for flag -quarantine-setup-fails`},
 		{"contiguous with image max", []string{"--out", "x", "--history", "contiguous", "--image-max", "5"}, "--image-max does not go with --history contiguous"},
 	}
@@ -206,7 +207,7 @@ func TestCheckBackendFlags(t *testing.T) {
 		builtinServer bool
 		want          string // "" for accepted
 	}{
-		{"fake flags with fake", "fake", []string{"fake-seed", "fake-success", "fake-flaky", "fake-speed"}, true, ""},
+		{"fake flags with fake", "fake", []string{"fake-seed", "fake-success", "fake-flaky", "fake-solved-at-start", "fake-speed"}, true, ""},
 		{"osworld flags with osworld", "osworld", []string{"golden-fork", "fork-dir", "guest-url", "image", "grade-workers", "host"}, true, ""},
 		{"common flags with both", "fake", []string{"tasks", "desktops", "group", "keep-end-states", "quarantine"}, true, ""},
 		{"osworld checkout with fake: resolves the tasks", "fake", []string{"osworld"}, true, ""},
@@ -215,6 +216,7 @@ func TestCheckBackendFlags(t *testing.T) {
 		{"golden fork with fake", "fake", []string{"golden-fork"}, true, "--golden-fork is a flag of the osworld backend and --backend is fake"},
 		{"fake speed with osworld and no built-in server", "osworld", []string{"fake-speed"}, false, "--fake-speed is a flag of the fake backend"},
 		{"fake flaky with osworld", "osworld", []string{"fake-flaky"}, true, "--fake-flaky is a flag of the fake backend and --backend is osworld"},
+		{"fake solved at start with osworld", "osworld", []string{"fake-solved-at-start"}, true, "--fake-solved-at-start is a flag of the fake backend and --backend is osworld"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

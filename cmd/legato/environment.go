@@ -30,6 +30,9 @@ func fakeEnvironment(ff fakeFlags) *schema.Environment {
 	if len(ff.flaky) > 0 {
 		knobs["fake-flaky"] = strings.Join(slices.Compact(slices.Sorted(slices.Values(ff.flaky))), ",")
 	}
+	if len(ff.solved) > 0 {
+		knobs["fake-solved-at-start"] = strings.Join(slices.Compact(slices.Sorted(slices.Values(ff.solved))), ",")
+	}
 	return &schema.Environment{Backend: "fake", Knobs: knobs}
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 // TestCollectResumeOtherFakeKnobs continues a batch with another
-// --fake-success, --fake-seed or --fake-flaky: each is refused with exit 2,
+// --fake-success, --fake-seed, --fake-flaky or --fake-solved-at-start: each is refused with exit 2,
 // naming the knob and both values, and changes nothing; with the same
 // knobs the batch continues.
 func TestCollectResumeOtherFakeKnobs(t *testing.T) {
@@ -37,6 +37,7 @@ func TestCollectResumeOtherFakeKnobs(t *testing.T) {
 		{[]string{"--fake-success", "0.9"}, "--fake-success 0.5, not 0.9"},
 		{[]string{"--fake-seed", "2"}, "--fake-seed 1, not 2"},
 		{[]string{"--fake-flaky", "demo-write-note"}, "--fake-flaky unset, not demo-write-note"},
+		{[]string{"--fake-solved-at-start", "demo-dark-mode"}, "--fake-solved-at-start unset, not demo-dark-mode"},
 	} {
 		err := run(t.Context(), append(slices.Clone(args), tt.flags...), &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), "holds another batch: "+tt.want) {

@@ -30,8 +30,11 @@ reset and the task's setup, the first screen, the untouched start state
 graded twice. It prints, per task, whether it is fit to train on, and for
 the unfit what it would quarantine and why: a setup that fails, a grader
 that fails, returns a reward out of [0, 1] or two rewards for one state,
-two resets showing different first screens. With --quarantine FILE the
-unfit tasks go into that file (collect --quarantine FILE then skips them).
+two resets showing different first screens, an untouched start state that
+already scores above 0 (solved_at_start: a policy would be rewarded for
+doing nothing; the evidence says what the result getter returned). With
+--quarantine FILE the unfit tasks go into that file (collect --quarantine
+FILE then skips them).
 It exits 1 when a task is unfit.
 
 `)

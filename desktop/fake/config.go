@@ -186,13 +186,20 @@ func (ls Latencies) validate() error {
 // So Reward{} always gives 0, Reward{P: 1} always 1, Reward{P: 0.3} gives 1 on
 // about 30% of attempts, and Reward{P: 1, Value: 0.5} always 0.5.
 //
+// An attempt that took no action since its Reset scores AtStart instead,
+// 0 unless set: an untouched start state does not solve a task, unless the
+// image already does (AtStart 1, or 0.5 for partial credit), which legato
+// rl tasks check is there to find.
+//
 // Flaky makes the grader disagree with itself: EvaluateAgain draws anew
 // (from the same seed and attempt, so still reproducibly) where it would
-// otherwise repeat Evaluate's reward.
+// otherwise repeat Evaluate's reward; on an untouched start state it draws
+// as for an attempt.
 type Reward struct {
-	P     float64
-	Value float64
-	Flaky bool
+	P       float64
+	Value   float64
+	AtStart float64
+	Flaky   bool
 }
 
 func (r Reward) validate() error {
@@ -201,6 +208,9 @@ func (r Reward) validate() error {
 	}
 	if !(r.Value >= 0 && r.Value <= 1) {
 		return fmt.Errorf("Value %v must lie in [0, 1]", r.Value)
+	}
+	if !(r.AtStart >= 0 && r.AtStart <= 1) {
+		return fmt.Errorf("AtStart %v must lie in [0, 1]", r.AtStart)
 	}
 	return nil
 }

@@ -42,6 +42,7 @@ func TestConfigValidate(t *testing.T) {
 		{"AlphaWithoutScale", fake.Config{Latency: fake.Latencies{Create: fake.Latency{Alpha: 2}}}, "Latency.Create: a Pareto draw needs both"},
 		{"RewardP", fake.Config{Rewards: map[string]fake.Reward{"t": {P: 1.5}}}, `Rewards["t"]: P 1.5`},
 		{"RewardValue", fake.Config{DefaultReward: fake.Reward{P: 1, Value: 2}}, "DefaultReward: Value 2"},
+		{"RewardAtStart", fake.Config{Rewards: map[string]fake.Reward{"t": {AtStart: -1}}}, `Rewards["t"]: AtStart -1 must lie in [0, 1]`},
 		{"FaultPhase", fake.Config{Faults: []fake.Fault{{Phase: "boot", Kind: fake.FaultError, OnCall: 1}}}, `Faults[0]: unknown Phase "boot"`},
 		{"FaultKind", fake.Config{Faults: []fake.Fault{{Phase: fake.PhaseAct, OnCall: 1}}}, "Faults[0]: unknown Kind"},
 		{"FaultNever", fake.Config{Faults: []fake.Fault{{Phase: fake.PhaseAct, Kind: fake.FaultHang}}}, "never fires"},

@@ -47,7 +47,8 @@
 //
 // Evaluate follows OSWorld: an infeasible task (evaluator func
 // "infeasible") scores 1 iff the last action since Reset was FAIL; a feasible
-// task scores 0 after FAIL and otherwise what its Reward draws.
+// task scores 0 after FAIL, its Reward's AtStart (0 unless set) when no
+// action was taken since Reset, and otherwise what its Reward draws.
 package fake
 
 import (
@@ -82,10 +83,11 @@ var (
 )
 
 var (
-	_ desktop.Desktop     = (*Desktop)(nil)
-	_ desktop.ReadyWaiter = readyWaiter{}
-	_ desktop.Stepper     = stepper{}
-	_ desktop.Regrader    = (*Desktop)(nil)
+	_ desktop.Desktop        = (*Desktop)(nil)
+	_ desktop.ReadyWaiter    = readyWaiter{}
+	_ desktop.Stepper        = stepper{}
+	_ desktop.Regrader       = (*Desktop)(nil)
+	_ desktop.GradeExplainer = (*Desktop)(nil)
 )
 
 // Desktop is a fake desktop. Its methods keep the desktop.Desktop contract:
@@ -115,6 +117,8 @@ type Desktop struct {
 	attemptCalls [nPhases]int
 	resets       map[string]int // per task ID: successful Resets so far
 	cur          attempt
+	// lastGrade says which rule gave the last Evaluate's reward.
+	lastGrade string
 
 	// screens lends Observe a screen to render on; lastFrame and lastPNG
 	// are the desktop's last screenshot, returned again while the screen
@@ -458,39 +462,56 @@ func (d *Desktop) evaluate(ctx context.Context, task desktop.Task, again bool) (
 	if err := d.sleep(ctx, d.latency(d.cfg.Latency.Evaluate, "evaluate", c)); err != nil {
 		return 0, d.fail(PhaseEvaluate, err)
 	}
-	return d.grade(cur, c, again), nil
+	r, why := d.grade(cur, c, again)
+	if !again {
+		d.mu.Lock()
+		d.lastGrade = why
+		d.mu.Unlock()
+	}
+	return r, nil
 }
 
-// grade scores the attempt a, graded by the call c; again says it is a
-// second grade of the same end state.
-func (d *Desktop) grade(a attempt, c drawKey, again bool) float64 {
+// ExplainGrade says which rule gave the last Evaluate's reward
+// (desktop.GradeExplainer).
+func (d *Desktop) ExplainGrade() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lastGrade
+}
+
+// grade scores the attempt a, graded by the call c, and says which rule
+// gave the score; again says it is a second grade of the same end state.
+func (d *Desktop) grade(a attempt, c drawKey, again bool) (float64, string) {
 	lastFail := a.acted && a.last.Kind == desktop.Fail
 	if a.infeasible {
 		if lastFail {
-			return 1
+			return 1, "fake: an infeasible task whose last action was FAIL"
 		}
-		return 0
+		return 0, "fake: an infeasible task whose last action was not FAIL"
 	}
 	if lastFail {
-		return 0
+		return 0, "fake: the last action was FAIL"
 	}
 	if !a.target.Empty() {
 		if a.hitTarget() {
-			return 1
+			return 1, "fake: the first click hit the target"
 		}
-		return 0
+		return 0, "fake: the first click missed the target, or there was none"
 	}
 	r, ok := d.cfg.Rewards[a.task]
 	if !ok {
 		r = d.cfg.DefaultReward
 	}
+	if !a.acted && !(again && r.Flaky) {
+		return r.AtStart, fmt.Sprintf("fake: task %q is set to score %v untouched (Reward.AtStart)", a.task, r.AtStart)
+	}
 	if r.P == 0 || d.rewardDraw(a, c, again && r.Flaky).Float64() >= r.P {
-		return 0
+		return 0, fmt.Sprintf("fake: drew a failure (P %v)", r.P)
 	}
 	if r.Value == 0 {
-		return 1
+		return 1, fmt.Sprintf("fake: drew a success (P %v)", r.P)
 	}
-	return r.Value
+	return r.Value, fmt.Sprintf("fake: drew a success worth %v (P %v)", r.Value, r.P)
 }
 
 // hitTarget reports whether the attempt's first click was inside its

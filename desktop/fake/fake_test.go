@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,6 +148,12 @@ func TestEvaluateOSWorldSemantics(t *testing.T) {
 		{"FeasibleFail", always, feasible, []desktop.Action{codeAction, desktop.FailAction}, 0},
 		{"FeasibleMaxSteps", always, feasible, []desktop.Action{codeAction, desktop.WaitAction}, 1},
 		{"FeasibleZeroReward", fake.Config{Width: 64, Height: 64}, feasible, []desktop.Action{desktop.DoneAction}, 0},
+		// An untouched start state does not solve a task, unless the
+		// image already does: all or part of it.
+		{"FeasibleNoAction", always, feasible, nil, 0},
+		{"FeasibleSolvedAtStart", fake.Config{Width: 64, Height: 64, Rewards: map[string]fake.Reward{feasibleID: {AtStart: 1}}}, feasible, nil, 1},
+		{"FeasiblePartlySolvedAtStart", fake.Config{Width: 64, Height: 64, Rewards: map[string]fake.Reward{feasibleID: {P: 1, AtStart: 0.5}}}, feasible, nil, 0.5},
+		{"SolvedAtStartActedOn", fake.Config{Width: 64, Height: 64, Rewards: map[string]fake.Reward{feasibleID: {AtStart: 1}}}, feasible, []desktop.Action{desktop.DoneAction}, 0},
 		{"FeasibleValue", fake.Config{Width: 64, Height: 64, DefaultReward: fake.Reward{P: 1, Value: 0.25}}, feasible, []desktop.Action{desktop.DoneAction}, 0.25},
 		{
 			"PerTaskOverridesDefault",
@@ -159,6 +166,9 @@ func TestEvaluateOSWorldSemantics(t *testing.T) {
 			defer d.Close()
 			if got := attempt(t, d, tc.task, tc.actions...); got != tc.want {
 				t.Errorf("reward = %v, want %v", got, tc.want)
+			}
+			if why := d.ExplainGrade(); !strings.HasPrefix(why, "fake: ") || tc.actions == nil && tc.task.ID == feasibleID && !strings.Contains(why, "untouched (Reward.AtStart)") {
+				t.Errorf("ExplainGrade = %q, want the rule that gave %v", why, tc.want)
 			}
 		})
 	}

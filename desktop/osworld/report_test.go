@@ -23,7 +23,8 @@ const gradedTaskConfig = `{
 
 // TestDesktopsShareOneGraderPool: two desktops of a pool grade through the
 // pool's grader processes (none of their own), and each says how its
-// metrics ran until its next reset.
+// metrics ran, and what their result getters returned, until its next
+// reset.
 func TestDesktopsShareOneGraderPool(t *testing.T) {
 	if _, err := exec.LookPath(grade.DefaultPython); err != nil {
 		t.Skipf("no %s to run the fixture checkout's evaluators: %v", grade.DefaultPython, err)
@@ -40,7 +41,11 @@ func TestDesktopsShareOneGraderPool(t *testing.T) {
 	}
 	defer p.Close()
 	tk := task(t, "graded", "legato_test", gradedTaskConfig)
-	want := []desktop.MetricRun{{Metric: "exact_match", Via: grade.ViaNative}, {Metric: "always_one", Via: grade.ViaPython}}
+	want := []desktop.MetricRun{
+		{Metric: "exact_match", Via: grade.ViaNative, ResultGetter: "vm_command_line", ResultValue: `'graded\n'`},
+		{Metric: "always_one", Via: grade.ViaPython, ResultGetter: "rule", ResultValue: "None"},
+	}
+	const explained = `exact_match: result getter vm_command_line returned 'graded\n'; always_one: result getter rule returned None`
 	for slot := range 2 {
 		d, err := p.New(t.Context(), slot)
 		if err != nil {
@@ -58,6 +63,9 @@ func TestDesktopsShareOneGraderPool(t *testing.T) {
 			if len(m.Result) != 64 {
 				t.Errorf("desktop %d: %s's result digest %q, want one", slot, m.Metric, m.Result)
 			}
+		}
+		if got := d.(desktop.GradeExplainer).ExplainGrade(); got != explained {
+			t.Errorf("desktop %d: ExplainGrade = %q, want %q", slot, got, explained)
 		}
 		if err := d.Reset(t.Context(), tk); err != nil {
 			t.Fatal(err)

@@ -79,6 +79,8 @@ type bridgeAnswer struct {
 		Result   string `json:"result"`
 		Expected string `json:"expected"`
 	} `json:"inputs"`
+	// Shown is the start of the text the result's digest is of.
+	Shown string `json:"shown"`
 }
 
 // bridgeSpec is how to start a bridge process.

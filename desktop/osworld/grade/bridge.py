@@ -20,7 +20,8 @@ Requests:
 
 The first line is {"ready": true, "python": VERSION, "executable": PATH,
 "pid": PID}. Answers carry the request's id and either the outcome ("score",
-with "inputs": the digests of the metric's result and expected values;
+with "inputs": the digests of the metric's result and expected values, and
+"shown": the start of the text the result's digest is of;
 "metrics" and "getters", each name mapped to null when it imports, else the
 reason, with "missing" naming the module a name lacks; "pong") or "error"
 with a "kind":
@@ -357,13 +358,24 @@ def exception_answer(where, e):
     }
 
 
-def input_digest(value, cache_dir):
-    """The SHA-256 of repr(value), each str in it that names a regular file
-    in the grade's cache directory (a getter's download) replaced first by
-    "file sha256:" and the file's digest, so that it follows the content and
-    not where the cache is; grade.inputDigest is the same for native
-    metrics. None when the repr names a memory address, which no other
-    grade repeats."""
+# How much of a result's text an answer shows (grade.maxShown cuts it to
+# its own length and marks the cut).
+SHOWN = 240
+
+
+def digest(text):
+    """The hex SHA-256 of an input_text; None for None."""
+    if text is None:
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def input_text(value, cache_dir):
+    """repr(value), each str in it that names a regular file in the grade's
+    cache directory (a getter's download) replaced first by "file sha256:"
+    and the file's digest, so that it follows the content and not where the
+    cache is; grade.inputText is the same for native metrics. None when the
+    repr names a memory address, which no other grade repeats."""
     top = os.path.abspath(cache_dir) + os.sep
 
     def by_content(v):
@@ -392,7 +404,7 @@ def input_digest(value, cache_dir):
         return None
     if " at 0x" in text:
         return None
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return text
 
 
 def grade(evaluators, req):
@@ -426,7 +438,9 @@ def grade(evaluators, req):
             return exception_answer("expected getter", e)
     # Before the metric, which may open what the getters fetched.
     cache_dir = req["cache_dir"]
-    inputs = {"result": input_digest(result, cache_dir), "expected": input_digest(args[1], cache_dir) if len(args) > 1 else None}
+    result_text = input_text(result, cache_dir)
+    inputs = {"result": digest(result_text), "expected": digest(input_text(args[1], cache_dir)) if len(args) > 1 else None}
+    shown = None if result_text is None else result_text[:SHOWN]
 
     try:
         value = metric(*args, **(req.get("options") or {}))
@@ -441,7 +455,7 @@ def grade(evaluators, req):
         return {"error": "metric returned %r, not a number" % (value,), "kind": "bad_score"}
     if not math.isfinite(score):
         return {"error": "metric returned %r" % (value,), "kind": "bad_score"}
-    return {"score": score, "inputs": inputs}
+    return {"score": score, "inputs": inputs, "shown": shown}
 
 
 def main():

@@ -9,17 +9,40 @@ import (
 )
 
 // inputs are the digests of the values a metric was given (inputDigest):
-// empty for a getter it has not, or a value without a stable form.
-type inputs struct{ result, expected string }
+// empty for a getter it has not, or a value without a stable form; and the
+// result's text in brief (shown).
+type inputs struct{ result, expected, shown string }
 
-// inputDigest is the hex SHA-256 of repr(v), each string in v that names a
-// regular file in the grade's cache directory (a getter's download)
-// replaced first by "file sha256:" and the file's digest, so that it
-// follows the content and not where the cache is. bridge.py's input_digest
-// computes the same for the metrics that run in Python.
-func inputDigest(v any, cacheDir string) string {
-	sum := sha256.Sum256([]byte(pyRepr(byContent(v, cacheDir))))
+// inputDigest is the hex SHA-256 of inputText(v, cacheDir).
+func inputDigest(v any, cacheDir string) string { return textDigest(inputText(v, cacheDir)) }
+
+// inputText is repr(v), each string in v that names a regular file in the
+// grade's cache directory (a getter's download) replaced first by "file
+// sha256:" and the file's digest, so that it follows the content and not
+// where the cache is. bridge.py's input_text computes the same for the
+// metrics that run in Python.
+func inputText(v any, cacheDir string) string { return pyRepr(byContent(v, cacheDir)) }
+
+func textDigest(text string) string {
+	sum := sha256.Sum256([]byte(text))
 	return hex.EncodeToString(sum[:])
+}
+
+// maxShown bounds the text of a value shown in words
+// (desktop.MetricRun.ResultValue), in characters; bridge.py sends a little
+// more, so that a cut is seen here.
+const maxShown = 200
+
+// shown is text cut to maxShown characters, "…" marking a cut.
+func shown(text string) string {
+	n := 0
+	for i := range text {
+		if n == maxShown {
+			return text[:i] + "…"
+		}
+		n++
+	}
+	return text
 }
 
 // byContent is v with the files of cacheDir it names replaced by their

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"legato/rl/desktop"
@@ -43,7 +44,8 @@ func TestInputDigestFollowsContent(t *testing.T) {
 
 // TestInputDigestsAgree grades tasks natively and through the fixture
 // checkout's Python getters and metrics, against the same fake guest: both
-// give the same digests of the values the metric took, graders with caches
+// give the same digests of the values the metric took and show the same
+// text of the result, graders with caches
 // of their own give them again, and a file changed in the guest changes
 // its value's digest and only that one.
 func TestInputDigestsAgree(t *testing.T) {
@@ -77,6 +79,12 @@ func TestInputDigestsAgree(t *testing.T) {
 		}
 		return m
 	}
+	// What each shows of its result: the text its digest is of.
+	want := map[string]string{
+		"files":   "'file sha256:" + textDigest("x y\n") + "'",
+		"command": `'x y\n'`,
+		"nested":  `'<desktop-frame name="é"/>'`,
+	}
 	for _, task := range tasks {
 		native, python := grade(NativeOnly, task), grade(PreferBridge, task)
 		if native.Via != ViaNative || python.Via != ViaPython {
@@ -84,6 +92,9 @@ func TestInputDigestsAgree(t *testing.T) {
 		}
 		if native.Result != python.Result || native.Expected != python.Expected {
 			t.Errorf("%s: native digests %s %s, python %s %s", task.ID, native.Result, native.Expected, python.Result, python.Expected)
+		}
+		if native.ResultValue != want[task.ID] || python.ResultValue != want[task.ID] || native.ResultGetter != python.ResultGetter {
+			t.Errorf("%s: native shows %s %q, python %s %q; want %q", task.ID, native.ResultGetter, native.ResultValue, python.ResultGetter, python.ResultValue, want[task.ID])
 		}
 		if again := grade(NativeOnly, task); again != native {
 			t.Errorf("%s: graded again %+v, first %+v", task.ID, again, native)
@@ -94,6 +105,23 @@ func TestInputDigestsAgree(t *testing.T) {
 	for _, mode := range []Mode{NativeOnly, PreferBridge} {
 		if m := grade(mode, tasks[0]); m.Result == first.Result || m.Expected != first.Expected {
 			t.Errorf("%v after the result file changed: %+v, before %+v; want the result's digest alone changed", mode, m, first)
+		}
+	}
+}
+
+// TestShown: a result's text is shown whole up to 200 characters, and cut
+// there, by characters and not bytes, with the cut marked.
+func TestShown(t *testing.T) {
+	long := strings.Repeat("é", 250)
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"'vlc.desktop\\n'", "'vlc.desktop\\n'"},
+		{strings.Repeat("x", 200), strings.Repeat("x", 200)},
+		{strings.Repeat("x", 201), strings.Repeat("x", 200) + "…"},
+		{long, strings.Repeat("é", 200) + "…"},
+	} {
+		if got := shown(tc.in); got != tc.want {
+			t.Errorf("shown(%.20q…) = %.20q… (%d bytes), want %.20q… (%d bytes)", tc.in, got, len(got), tc.want, len(tc.want))
 		}
 	}
 }

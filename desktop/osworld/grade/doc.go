@@ -35,7 +35,8 @@
 // The simplest and most used getters (vm_file, vm_command_line, rule,
 // cloud_file, cache_file, accessibility_tree), those of the offline
 // application tasks (vlc_playing_info, vlc_config, gimp_config_file,
-// open_tabs_info) and their metrics (exact_match, check_include_exclude,
+// open_tabs_info, default_video_player: its 85 xdg-mime queries in one
+// guest request) and their metrics (exact_match, check_include_exclude,
 // match_in_list, is_in_list, literal_match, check_direct_json_object,
 // compare_text_file, diff_text_file, is_vlc_playing, the check_qt_* and
 // check_global_key_play_pause / check_one_instance_when_started_from_file

@@ -372,12 +372,12 @@ func (g *Grader) grade(ctx context.Context, task desktop.Task, lastAction deskto
 		if runners[i] == runBridge {
 			via = ViaPython
 		}
-		*runs = append(*runs, desktop.MetricRun{Metric: m.Func, Via: via})
+		*runs = append(*runs, desktop.MetricRun{Metric: m.Func, Via: via, ResultGetter: m.Result.Type})
 		var in inputs
 		s, err := g.runMetric(ctx, task.ID, i, m, runners[i], cacheDir, &in)
 		if err == nil {
 			r := &(*runs)[len(*runs)-1]
-			r.Result, r.Expected = in.result, in.expected
+			r.Result, r.Expected, r.ResultValue = in.result, in.expected, shown(in.shown)
 		}
 		var nr *noResultFile
 		if errors.As(err, &nr) {
@@ -595,7 +595,8 @@ func (g *Grader) nativeMetric(ctx context.Context, env *nativeEnv, m Metric, in 
 		values = append(values, v)
 	}
 	// Before the metric, which may open what the getters fetched.
-	in.result = inputDigest(values[0], env.cacheDir)
+	in.shown = inputText(values[0], env.cacheDir)
+	in.result = textDigest(in.shown)
 	if len(values) == 2 {
 		in.expected = inputDigest(values[1], env.cacheDir)
 	}
@@ -643,7 +644,7 @@ func (g *Grader) bridgeMetric(ctx context.Context, timeout time.Duration, m Metr
 		return 0, &Error{Op: "bridge", Err: err}
 	}
 	if ans.Score != nil {
-		*in = inputs{result: ans.Inputs.Result, expected: ans.Inputs.Expected}
+		*in = inputs{result: ans.Inputs.Result, expected: ans.Inputs.Expected, shown: ans.Shown}
 		return *ans.Score, nil
 	}
 	op := "metric"

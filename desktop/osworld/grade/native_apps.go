@@ -99,6 +99,68 @@ func getVLCConfig(ctx context.Context, env *nativeEnv, cfg *pyDict) (any, error)
 	return getHomeFile(ctx, env, cfg, ".config/vlc/vlcrc", false)
 }
 
+// videoTypes are the video MIME subtypes OSWorld's default_video_player
+// getter asks xdg-mime about, in its order and with its repeats: a type
+// listed twice counts twice.
+var videoTypes = []string{"3gp", "3gp", "3gpp", "3gpp", "3gpp2", "3gpp2", "avi", "avi", "divx", "divx",
+	"dv", "dv", "fli", "fli", "flv", "flv", "mp2t", "mp2t", "mp4", "mp4", "mp4v-es", "mp4v-es", "mpeg", "mpeg",
+	"mpeg-system", "mpeg-system", "msvideo", "msvideo", "ogg", "ogg", "quicktime", "quicktime", "vnd.divx",
+	"vnd.divx", "vnd.mpegurl", "vnd.mpegurl", "vnd.rn-realvideo", "vnd.rn-realvideo", "webm", "webm", "x-anim",
+	"x-anim", "x-avi", "x-avi", "x-flc", "x-flc", "x-fli", "x-fli", "x-flv", "x-flv", "x-m4v", "x-m4v",
+	"x-matroska", "x-matroska", "x-mpeg", "x-mpeg", "x-mpeg-system", "x-mpeg-system", "x-mpeg2", "x-mpeg2",
+	"x-ms-asf", "x-ms-asf", "x-ms-asf-plugin", "x-ms-asf-plugin", "x-ms-asx", "x-ms-asx", "x-ms-wm", "x-ms-wm",
+	"x-ms-wmv", "x-ms-wmv", "x-ms-wmx", "x-ms-wmx", "x-ms-wvx", "x-ms-wvx", "x-msvideo", "x-msvideo", "x-nsv",
+	"x-nsv", "x-ogm", "x-ogm", "x-ogm+ogg", "x-theora", "x-theora", "x-theora+ogg", "x-theora+ogg"}
+
+// getDefaultVideoPlayer is the desktop file most of the video types open
+// with (`xdg-mime query default video/TYPE`'s output as it is, newline
+// included), the first seen among equals, as Counter.most_common picks;
+// "unknown" when no query answers. A query the server refuses or that
+// prints nothing does not count. OSWorld asks once per type listed, one
+// request each; this asks each distinct type once (the same query
+// answers the same), all in one request (executeEach). Like the other
+// native getters it takes the guest for Linux unless Env.Platform says
+// otherwise, where OSWorld raises.
+func getDefaultVideoPlayer(ctx context.Context, env *nativeEnv, _ *pyDict) (any, error) {
+	if p := env.ports.Platform; p != "" && p != "Linux" {
+		return nil, raise("Exception", "('Unsupported operating system', %s)", pystr.Repr(p))
+	}
+	var commands [][]string
+	index := map[string]int{}
+	for _, t := range videoTypes {
+		if _, ok := index[t]; !ok {
+			index[t] = len(commands)
+			commands = append(commands, []string{"xdg-mime", "query", "default", "video/" + t})
+		}
+	}
+	res, err := executeEach(ctx, env.guest, commands)
+	if err != nil {
+		return nil, fmt.Errorf("query the default video player: %w", err)
+	}
+	counts := map[string]int{}
+	var seen []string
+	for _, t := range videoTypes {
+		r := res[index[t]]
+		if r.refused || r.Output == "" {
+			continue
+		}
+		if counts[r.Output] == 0 {
+			seen = append(seen, r.Output)
+		}
+		counts[r.Output]++
+	}
+	if len(seen) == 0 {
+		return "unknown", nil
+	}
+	best := seen[0]
+	for _, app := range seen[1:] {
+		if counts[app] > counts[best] {
+			best = app
+		}
+	}
+	return best, nil
+}
+
 // getGIMPConfigFile copies ~/.config/GIMP/2.10/<file_name> from the guest
 // into the task's cache directory; None when it is missing or empty.
 func getGIMPConfigFile(ctx context.Context, env *nativeEnv, cfg *pyDict) (any, error) {

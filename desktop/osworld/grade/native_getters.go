@@ -65,8 +65,8 @@ type nativeGetter func(ctx context.Context, env *nativeEnv, cfg *pyDict) (any, e
 
 // NativeGetters lists the getter types the grader implements in Go.
 func NativeGetters() []string {
-	return []string{"accessibility_tree", "cache_file", "cloud_file", "gimp_config_file", "open_tabs_info",
-		"rule", "vlc_config", "vlc_playing_info", "vm_command_line", "vm_file"}
+	return []string{"accessibility_tree", "cache_file", "cloud_file", "default_video_player", "gimp_config_file",
+		"open_tabs_info", "rule", "vlc_config", "vlc_playing_info", "vm_command_line", "vm_file"}
 }
 
 func nativeGetterFor(typ string) (nativeGetter, bool) {
@@ -89,6 +89,8 @@ func nativeGetterFor(typ string) (nativeGetter, bool) {
 		return getVLCConfig, true
 	case "gimp_config_file":
 		return getGIMPConfigFile, true
+	case "default_video_player":
+		return getDefaultVideoPlayer, true
 	case "open_tabs_info":
 		return getOpenTabsInfo, true
 	}
@@ -98,7 +100,7 @@ func nativeGetterFor(typ string) (nativeGetter, bool) {
 // getterNeedsGuest reports whether a native getter talks to the guest.
 func getterNeedsGuest(typ string) bool {
 	switch typ {
-	case "vm_file", "vm_command_line", "accessibility_tree", "vlc_config", "gimp_config_file":
+	case "vm_file", "vm_command_line", "accessibility_tree", "vlc_config", "gimp_config_file", "default_video_player":
 		return true
 	}
 	return false

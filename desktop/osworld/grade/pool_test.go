@@ -54,7 +54,9 @@ func TestPoolServesABatchOf64Desktops(t *testing.T) {
 					"expected": []any{rule(map[string]any{"expected": want}), rule(map[string]any{})},
 				})
 				r, err := g.Evaluate(context.Background(), desktop.Task{ID: "batch", Evaluator: ev}, desktop.DoneAction)
-				wantRuns := []desktop.MetricRun{{Metric: "exact_match", Via: ViaPython}, {Metric: "write_relative", Via: ViaPython}}
+				shown := "'" + want + "'"
+				wantRuns := []desktop.MetricRun{{Metric: "exact_match", Via: ViaPython, ResultGetter: "rule", ResultValue: shown},
+					{Metric: "write_relative", Via: ViaPython, ResultGetter: "rule", ResultValue: shown}}
 				switch {
 				case err != nil:
 					errs <- err

@@ -9,3 +9,4 @@ from .misc import (
     get_rule,
     get_signal_guest,
 )
+from .vlc import get_default_video_player
