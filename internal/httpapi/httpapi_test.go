@@ -177,6 +177,20 @@ func TestServeAuthEveryRoute(t *testing.T) {
 	}
 }
 
+// submitOne submits a group of one attempt of task t0 with the bearer
+// header auth and returns what the service answered with.
+func submitOne(t *testing.T, url, auth string) (g struct{ ID string }) {
+	t.Helper()
+	status, body := httpapitest.Call(t, "POST", url+"/v1/groups", auth, `{"task": {"task_id": "t0", "domain": "os"}, "group_size": 1}`)
+	if status != http.StatusCreated {
+		t.Fatalf("submit: %d %s", status, body)
+	}
+	if err := json.Unmarshal([]byte(body), &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 // TestServeBatchBlobs: POST /v1/blobs answers every screenshot of a group
 // in one call, the same bytes as one GET each; a bad or unknown hash, or
 // none, is refused.
@@ -186,15 +200,8 @@ func TestServeBatchBlobs(t *testing.T) {
 	h := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
 	defer h.Close()
 	const ok = "Bearer s3cret"
-	status, body := httpapitest.Call(t, "POST", h.URL+"/v1/groups", ok, `{"task": {"task_id": "t0", "domain": "os"}, "group_size": 1}`)
-	if status != http.StatusCreated {
-		t.Fatalf("submit: %d %s", status, body)
-	}
-	var g struct{ ID string }
-	if err := json.Unmarshal([]byte(body), &g); err != nil {
-		t.Fatal(err)
-	}
-	status, body = httpapitest.Call(t, "GET", h.URL+"/v1/groups/"+g.ID+"?wait=300", ok, "")
+	g := submitOne(t, h.URL, ok)
+	status, body := httpapitest.Call(t, "GET", h.URL+"/v1/groups/"+g.ID+"?wait=300", ok, "")
 	var res rl.GroupResult
 	if err := json.Unmarshal([]byte(body), &res); err != nil || status != http.StatusOK || !res.State.Ended() {
 		t.Fatalf("group: %d %v %s", status, err, body)
@@ -247,16 +254,9 @@ func TestGroupAdvantageStd(t *testing.T) {
 	h := httptest.NewServer(New(svc, Options{Token: "s3cret"}))
 	defer h.Close()
 	const ok = "Bearer s3cret"
-	status, body := httpapitest.Call(t, "POST", h.URL+"/v1/groups", ok, `{"task": {"task_id": "t0", "domain": "os"}, "group_size": 1}`)
-	if status != http.StatusCreated {
-		t.Fatalf("submit: %d %s", status, body)
-	}
-	var g struct{ ID string }
-	if err := json.Unmarshal([]byte(body), &g); err != nil {
-		t.Fatal(err)
-	}
+	g := submitOne(t, h.URL, ok)
 	for _, path := range []string{"/v1/groups/" + g.ID + "?wait=300&steps=none", "/v1/stream?after=0&limit=1&steps=none"} {
-		status, body = httpapitest.Call(t, "GET", h.URL+path, ok, "")
+		status, body := httpapitest.Call(t, "GET", h.URL+path, ok, "")
 		if status != http.StatusOK || !strings.Contains(body, `"advantage_std":"population"`) {
 			t.Errorf("GET %s: %d %.300s; want the group's advantage_std population", path, status, body)
 		}
