@@ -60,8 +60,11 @@ func newFakeGuest(t testing.TB) *fakeGuest {
 	return g
 }
 
-func (g *fakeGuest) port() int {
-	u, _ := url.Parse(g.srv.URL)
+func (g *fakeGuest) port() int { return serverPort(g.srv) }
+
+// serverPort is the loopback port a test server listens on.
+func serverPort(srv *httptest.Server) int {
+	u, _ := url.Parse(srv.URL)
 	p, _ := strconv.Atoi(u.Port())
 	return p
 }

@@ -9,12 +9,10 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -89,11 +87,7 @@ func newExecGuest(t testing.TB, python string, answers map[string]mimeAnswer) *e
 	return g
 }
 
-func (g *execGuest) port() int {
-	u, _ := url.Parse(g.srv.URL)
-	p, _ := strconv.Atoi(u.Port())
-	return p
-}
+func (g *execGuest) port() int { return serverPort(g.srv) }
 
 func (g *execGuest) execute(w http.ResponseWriter, r *http.Request) {
 	g.requests.Add(1)
