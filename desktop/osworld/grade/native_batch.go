@@ -14,8 +14,9 @@ import (
 // instead: one Python process in the guest runs the commands one after
 // another as the server's /execute runs one and answers with each one's
 // output, error and exit code, or the failure the server would have
-// answered. Only commands that read the guest are batched: a batch cut
-// short runs its rest again, one request each.
+// answered. Only commands that read the guest are batched: the rest of a
+// batch cut short by its time budget goes in the next request, and a guest
+// that runs no batch (no python3) takes the commands one request each.
 
 // batchScript runs the commands of a batch, given as JSON in argv[1]
 // ({"commands": [[arg, ...], ...], "budget": seconds}), as the guest
