@@ -21,6 +21,8 @@ import dataclasses
 import enum
 import json
 import os
+import sys
+import types
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -569,3 +571,25 @@ def conformance(name: str, out: GlueOutputs, desc: Dict[str, Any]) -> List[tuple
                                                           "LegatoAgentLoop.__init__")),
                 ("weight sync seam", seam)]
     raise ValueError(f"framework {name!r}: one of {FRAMEWORKS}")
+
+
+def stub_modules(modules: Dict[str, Dict[str, Any]]):
+    """Install stand-in modules (name -> attributes) in sys.modules, with
+    their parent packages; returns a function that removes them."""
+    added = []
+    for name, attrs in modules.items():
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            mod = ".".join(parts[:i])
+            if mod not in sys.modules:
+                sys.modules[mod] = types.ModuleType(mod)
+                added.append(mod)
+        for k, v in attrs.items():
+            setattr(sys.modules[name], k, v)
+        for i in range(1, len(parts)):
+            setattr(sys.modules[".".join(parts[:i])], parts[i], sys.modules[".".join(parts[:i + 1])])
+
+    def remove() -> None:
+        for mod in added:
+            sys.modules.pop(mod, None)
+    return remove

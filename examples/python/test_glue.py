@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 
 import skyrl_glue
 import slime_glue
+from glue_conform import stub_modules
 from legato_client import Client, Group
 from test_serve import TASK, ServiceCase
 
@@ -239,28 +240,6 @@ class TestSlimeGlue(GlueCase):
         conv = slime_glue.group_to_samples(done, FakeDataSource(2).get_samples(1)[0], layout="trajectory")
         self.assertEqual(len(conv), 2)
         self.assertTrue(all(s.remove_sample and sum(s.loss_mask) == 0 and s.reward == 0.0 for s in conv))
-
-
-def stub_modules(modules: Dict[str, Dict[str, Any]]):
-    """Install stand-in modules (name -> attributes) in sys.modules, with
-    their parent packages; returns a function that removes them."""
-    added = []
-    for name, attrs in modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            mod = ".".join(parts[:i])
-            if mod not in sys.modules:
-                sys.modules[mod] = types.ModuleType(mod)
-                added.append(mod)
-        for k, v in attrs.items():
-            setattr(sys.modules[name], k, v)
-        for i in range(1, len(parts)):
-            setattr(sys.modules[".".join(parts[:i])], parts[i], sys.modules[".".join(parts[:i + 1])])
-
-    def remove() -> None:
-        for mod in added:
-            sys.modules.pop(mod, None)
-    return remove
 
 
 class TestWithTrainerInstalled(GlueCase):

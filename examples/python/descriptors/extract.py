@@ -584,25 +584,6 @@ def exec_defs(path: str, names: List[str], glb: Dict[str, Any]) -> Dict[str, Any
     return ns
 
 
-def _install(modules: Dict[str, Dict[str, Any]]) -> Callable[[], None]:
-    import types as _t
-    added = []
-    for name, attrs in modules.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            n = ".".join(parts[:i])
-            if n not in sys.modules:
-                sys.modules[n] = _t.ModuleType(n)
-                added.append(n)
-        for k, v in attrs.items():
-            setattr(sys.modules[name], k, v)
-
-    def remove() -> None:
-        for n in added:
-            sys.modules.pop(n, None)
-    return remove
-
-
 class Report:
     def __init__(self) -> None:
         self.failed = False
@@ -662,7 +643,7 @@ def run_slime(rep: Report, root: str, client: Any, out: Any) -> None:
     Sample = ns["Sample"]
     bt = exec_defs(os.path.join(root, "slime/rollout/base_types.py"), ["RolloutFnTrainOutput", "RolloutFnEvalOutput"],
                    {"dataclass": dc.dataclass, "Any": typing.Any, "Sample": Sample})
-    remove = _install({"slime.utils.types": {"Sample": Sample},
+    remove = gc.stub_modules({"slime.utils.types": {"Sample": Sample},
                        "slime.rollout.base_types": {k: bt[k] for k in ("RolloutFnTrainOutput", "RolloutFnEvalOutput")}})
     import slime_glue
     try:
@@ -736,7 +717,7 @@ def run_skyrl(rep: Report, root: str, client: Any) -> None:
     v = exec_defs(os.path.join(root, "skyrl/train/utils/trainer_utils.py"),
                   ["validate_generator_output", "_validate_step_wise_fields"],
                   {"np": np, "logger": logging.getLogger("skyrl"), "GeneratorOutput": b["GeneratorOutput"]})
-    remove = _install({"skyrl.train.generators.base": {"GeneratorInterface": b["GeneratorInterface"],
+    remove = gc.stub_modules({"skyrl.train.generators.base": {"GeneratorInterface": b["GeneratorInterface"],
                                                         "TrajectoryID": b["TrajectoryID"]}})
     import skyrl_glue
     try:
