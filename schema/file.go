@@ -157,7 +157,9 @@ func WriteFileAtomicPatched(path string, write func(io.Writer) error, patch func
 	if err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
 	}
-	n, err := writeThrough(f, path, true, func(w io.Writer) error {
+	// The temp file is locked against the sweeps of other writers of path
+	// only while it is open: it is renamed before it is closed.
+	n, err := writeThrough(f, path, true, true, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<20)
 		if werr = write(bw); werr != nil {
 			return werr
@@ -192,11 +194,14 @@ func writeAtomic(path, prefix string, durable bool, write func(io.Writer) error)
 	if err != nil {
 		return 0, err
 	}
-	return writeThrough(f, path, durable, write)
+	return writeThrough(f, path, durable, false, write)
 }
 
-// writeThrough is writeAtomic with the temp file f already made.
-func writeThrough(f *os.File, path string, durable bool, write func(io.Writer) error) (n int64, err error) {
+// writeThrough is writeAtomic with the temp file f already made. With
+// renameOpen, f is renamed before it is closed: f is a locked output temp
+// file (createOutputTemp), and closing it would let another writer's sweep
+// remove it before the rename.
+func writeThrough(f *os.File, path string, durable, renameOpen bool, write func(io.Writer) error) (n int64, err error) {
 	dir := filepath.Dir(path)
 	defer func() {
 		if err != nil {
@@ -213,11 +218,19 @@ func writeThrough(f *os.File, path string, durable bool, write func(io.Writer) e
 			return 0, err
 		}
 	}
-	if err := f.Close(); err != nil {
-		return 0, err
+	if !renameOpen {
+		if err := f.Close(); err != nil {
+			return 0, err
+		}
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		return 0, err
+	}
+	if renameOpen {
+		// Synced above: a close that fails now loses nothing written.
+		if err := f.Close(); err != nil {
+			return 0, err
+		}
 	}
 	if durable {
 		if err := syncDir(dir); err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -122,5 +123,34 @@ func TestWriteFileAtomicFailure(t *testing.T) {
 	})
 	if err != nil || n != 5 {
 		t.Errorf("WriteFileAtomic = %d, %v; want 5 bytes", n, err)
+	}
+}
+
+// TestWriteFileAtomicSameOutputTogether has writers write one output at
+// once, as desktops keeping the same end state do: each write must land,
+// though each sweeps the temp files of the output that no live writer
+// holds. (A writer that let go of its temp file before renaming it lost it
+// to the other's sweep.)
+func TestWriteFileAtomicSameOutputTogether(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	const writers, writes = 4, 300
+	errs := make(chan error, writers*writes)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for range writes {
+				if _, err := WriteFileAtomic(path, writeBytes([]byte("same"))); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("a write of an output another writer also writes failed: %v", err)
+	}
+	if got := names(t, filepath.Dir(path)); len(got) != 1 {
+		t.Errorf("left %q, want only the output", got)
 	}
 }
