@@ -157,19 +157,25 @@ type hangProxy struct {
 	hung chan struct{}
 
 	mu sync.Mutex
-	// served is the time requests spent in the proxy (hung or forwarded)
-	// since the last takeServed.
-	served time.Duration
+	// calls are the requests the proxy received since the last takeCalls.
+	calls []proxyCall
 }
 
-// takeServed returns the time requests spent in the proxy since it was
-// last called: time in the guest (or hanging), not in the client.
-func (h *hangProxy) takeServed() time.Duration {
+// proxyCall is a request as the proxy saw it: its path, when it came and
+// when its answer (or the client's cancel) ended it.
+type proxyCall struct {
+	path    string
+	at, end time.Time
+}
+
+// takeCalls returns the requests the proxy ended since it was last called,
+// in the order they ended.
+func (h *hangProxy) takeCalls() []proxyCall {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	d := h.served
-	h.served = 0
-	return d
+	c := h.calls
+	h.calls = nil
+	return c
 }
 
 func newHangProxy(t *testing.T, target string, hang func(path string, body []byte) bool) *hangProxy {
@@ -184,10 +190,10 @@ func newHangProxy(t *testing.T, target string, hang func(path string, body []byt
 	rp.Transport = &http.Transport{DisableKeepAlives: true}
 	h := &hangProxy{hang: hang, hung: make(chan struct{}, 16)}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t0 := time.Now()
+		at := time.Now()
 		defer func() {
 			h.mu.Lock()
-			h.served += time.Since(t0)
+			h.calls = append(h.calls, proxyCall{path: r.URL.Path, at: at, end: time.Now()})
 			h.mu.Unlock()
 		}()
 		body, err := io.ReadAll(r.Body)
