@@ -266,6 +266,31 @@ func TestCleanStateTool(t *testing.T) {
 	if _, err := os.Stat(p("tmp/helper-left.txt")); !os.IsNotExist(err) {
 		t.Errorf("reset through the helper left tmp/helper-left.txt: %v", err)
 	}
+	// What the call's shell starts is the call's, though its own
+	// arguments do not name the nonce (one caught in exec shows none): the
+	// reset spares it. Here, a sleep of the desktop's display that outlives
+	// the call.
+	pidFile := p("call-child.pid")
+	nonce := newNonce()
+	req, _ := json.Marshal(map[string]string{"cmd": "reset", "arg": "", "nonce": nonce})
+	c = exec.Command("sh", "-c", `sleep 300 >/dev/null 2>&1 & echo $! >"$4"; `+helperCall, "legato", p("helper"), nonce, string(req), pidFile)
+	c.Env = []string{"PATH=" + os.Getenv("PATH"), "DISPLAY=" + display}
+	out, err := c.Output()
+	var child int
+	if b, rerr := os.ReadFile(pidFile); rerr == nil {
+		child, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if child > 0 {
+		t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
+	}
+	res = cleanResult{}
+	if err != nil || json.Unmarshal(out, &res) != nil {
+		t.Fatalf("reset through the helper from a shell that started a child: %v: %s", err, out)
+	}
+	if child == 0 || syscall.Kill(child, 0) != nil || len(res.Ended) != 0 {
+		t.Errorf("a reset whose caller's shell started pid %d ended %+v (child alive: %v); want the call's own child spared", child, res.Ended, child > 0 && syscall.Kill(child, 0) == nil)
+	}
+
 	var q quietProbe
 	call("quiet", "0.05", &q)
 	if q.Damage != nil || q.Why == "" || q.Load < 0 || q.Load > 1 {

@@ -185,28 +185,30 @@ def login_session(group):
 
 
 def own_processes(procs, nonce, ancestors=True):
-    """This call's processes: itself, its descendants, anything that carries the nonce (the
-    request's shells and sudo), and, with ancestors, every process it descends from (the
-    guest server, its supervisor: to be left alone, though a record keeps them)."""
+    """This call's processes: itself, anything that carries the nonce (the request's shells
+    and sudo), everything those start, and, with ancestors, every process it descends from
+    (the guest server, its supervisor: to be left alone, though a record keeps them). What a
+    request's shell starts is the call's whether or not its own arguments name the nonce: the
+    helper serves a request while the caller's shell starts its next command, and a process
+    caught in exec can show no arguments at all. (Seen twice on the test guest: a reset
+    through the helper failed with exit 137, "Killed": its caller shell's child was killed,
+    and this function was the only thing that could have spared it.)"""
     me = os.getpid()
-    own = {me}
+    token = nonce.encode()
+    children = {}
+    for pid, info in procs.items():
+        children.setdefault(info[1], []).append(pid)
+    stack = [me] + [pid for pid in procs if pid != me and any(token in a for a in cmdline(pid))]
+    own = set()
+    while stack:
+        pid = stack.pop()
+        if pid not in own:
+            own.add(pid)
+            stack.extend(children.get(pid, []))
     p = procs.get(me, (0, 0))[1]
     while ancestors and p in procs and p not in own:
         own.add(p)
         p = procs[p][1]
-    children = {}
-    for pid, info in procs.items():
-        children.setdefault(info[1], []).append(pid)
-    stack = [me]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            if c not in own:
-                own.add(c)
-                stack.append(c)
-    token = nonce.encode()
-    for pid in procs:
-        if pid not in own and any(token in a for a in cmdline(pid)):
-            own.add(pid)
     return own
 
 
