@@ -30,12 +30,14 @@ var (
 	cleanStateSrc string
 	//go:embed guestpy/quiet.py
 	quietSrc string
+	//go:embed guestpy/launched.py
+	launchedSrc string
 	//go:embed guestpy/helper.py
 	helperSrc string
 	//go:embed guestpy/main.py
 	mainSrc string
 
-	guestTool = strings.Join([]string{x11Src, cleanStateSrc, quietSrc, helperSrc, mainSrc}, "\n")
+	guestTool = strings.Join([]string{x11Src, cleanStateSrc, quietSrc, launchedSrc, helperSrc, mainSrc}, "\n")
 	// guestToolModule names the compiled copy after its text, so that a
 	// guest never runs another version's.
 	guestToolModule = func() string {

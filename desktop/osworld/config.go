@@ -63,6 +63,9 @@ const (
 	DefaultReadyMaxDamage = 64
 	DefaultAfterResetMax  = 30 * time.Second
 	DefaultBeforeEvalMax  = 10 * time.Second
+	// DefaultAfterLaunchMax is OSWorld's runner's sleep after a reset: the
+	// wait for a launched program's window never costs more than it.
+	DefaultAfterLaunchMax = setup.DefaultWindowWait
 )
 
 // DefaultRevertDomains are the OSWorld domains whose tasks always get a
@@ -424,6 +427,13 @@ type ReadyConfig struct {
 	// BeforeEvalMax bounds WaitBeforeEval (default 10s; OSWorld slept
 	// 20s).
 	BeforeEvalMax time.Duration
+	// AfterLaunchMax bounds the wait after a setup step that starts a
+	// program (launch, open, an execute that leaves one running in the
+	// background) for the program's window to map, before the settle
+	// after the setup and a golden state (default 60s, OSWorld's sleep
+	// after a reset). A program that maps none by then is warned about,
+	// and the setup goes on; see package setup.
+	AfterLaunchMax time.Duration
 }
 
 // GradeConfig says how desktops grade tasks; see package grade.
@@ -564,6 +574,9 @@ func (r ReadyConfig) withDefaults() ReadyConfig {
 	if r.BeforeEvalMax <= 0 {
 		r.BeforeEvalMax = DefaultBeforeEvalMax
 	}
+	if r.AfterLaunchMax <= 0 {
+		r.AfterLaunchMax = DefaultAfterLaunchMax
+	}
 	return r
 }
 
@@ -683,7 +696,7 @@ func (r ReadyConfig) validate() []error {
 		v    time.Duration
 	}{
 		{"Ready.Interval", r.Interval}, {"Ready.ExecutorInterval", r.ExecutorInterval}, {"Ready.AfterResetMax", r.AfterResetMax},
-		{"Ready.BeforeEvalMax", r.BeforeEvalMax},
+		{"Ready.BeforeEvalMax", r.BeforeEvalMax}, {"Ready.AfterLaunchMax", r.AfterLaunchMax},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: want ≥ 0 (0 means the default)", d.name, d.v))

@@ -80,6 +80,7 @@ func TestValidate(t *testing.T) {
 		{name: "bad load", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxLoad: 1.5}}, want: []string{"Ready.MaxLoad"}},
 		{name: "bad damage", cfg: Config{Guests: guests, Ready: ReadyConfig{MaxDamage: -1}}, want: []string{"Ready.MaxDamage"}},
 		{name: "negative wait", cfg: Config{Guests: guests, Ready: ReadyConfig{BeforeEvalMax: -time.Second}}, want: []string{"Ready.BeforeEvalMax"}},
+		{name: "negative launch wait", cfg: Config{Guests: guests, Ready: ReadyConfig{AfterLaunchMax: -time.Second}}, want: []string{"Ready.AfterLaunchMax"}},
 		{name: "osworld dir", cfg: Config{Guests: guests, Grade: GradeConfig{OSWorldDir: "/nonexistent"}}, want: []string{"OSWorld checkout"}},
 		{name: "negative grader workers", cfg: Config{Guests: guests, Grade: GradeConfig{Workers: -1}}, want: []string{"Grade.Workers -1"}},
 	}

@@ -71,12 +71,15 @@
 // Every attempt of a group should start from the same state, and a setup
 // that opens an application costs seconds per attempt. So the first time
 // a VM desktop runs a task (Config.Golden), it resets as above, runs the
-// setup, waits until the screen settled, drops the guest's page cache and
-// takes an internal snapshot of that state (RAM, devices, disk, in the
-// VM's overlay); the task's later attempts on that desktop load it in
-// place (HMP loadvm) instead, then get the host's clock and fresh entropy
-// for the guest kernel's random generator (the snapshot turned both
-// back), and skip the wait after the reset. A snapshot is keyed by the
+// setup (a step that starts a program ends once the program's window
+// has mapped, at most Ready.AfterLaunchMax: see package setup; the guest
+// tool watches the X server for it), waits until the screen settled,
+// drops the guest's page cache and takes an internal snapshot of that
+// state (RAM, devices, disk, in the VM's overlay); the task's later
+// attempts on that desktop load it in place (HMP loadvm) instead, then
+// get the host's clock and fresh entropy for the guest kernel's random
+// generator (the snapshot turned both back), and skip the wait after the
+// reset. A snapshot is keyed by the
 // task's setup, legato's guest tool, QEMU's version as the running
 // process reports it, the machine (the domain definition without names,
 // ports and files of its own) and the boot files: a state taken under

@@ -296,7 +296,9 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	// still, not in a pause of an animation (VLC's seek bar while it
 	// opens a file under a loaded host was caught in one: each load then
 	// showed another frame): the quiet interval is longer than an
-	// action's.
+	// action's. Nor in the quiet before a launched program's window
+	// shows: the setup's steps that start one waited for its window
+	// (setup.Controller.Windows).
 	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, waitFor{quiet: goldenQuiet})
 	if err != nil {
 		return nil, fmt.Errorf("wait for a settled screen: %w", err)

@@ -554,6 +554,8 @@ func (p *Pool) newDesktop(ctx context.Context, name string, addr GuestAddr, c *g
 		ScreenWidth:    w,
 		ScreenHeight:   h,
 		ClientPassword: p.cfg.ClientPassword,
+		Windows:        sh,
+		WindowWait:     p.cfg.Ready.AfterLaunchMax,
 		Logger:         log,
 	}
 	var fwd forwards

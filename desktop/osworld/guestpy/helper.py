@@ -171,6 +171,10 @@ def run_command(cfg, cmd, arg):
         return thaw(arg)
     if cmd == "dropcaches":
         return drop_caches()
+    if cmd == "windowmark":
+        return window_mark()
+    if cmd == "windowwait":
+        return window_wait(arg)
     if cmd == "ping":
         return {}
     raise ValueError("unknown command %r" % cmd)

@@ -27,9 +27,11 @@ def main(argv, src="", cache="", module=""):
       thaw JSON       after a snapshot restore: shift the clock, reseed the kernel's random
                       generator (as root)
       dropcaches -    drop the page cache before a snapshot (as root)
+      windowmark -    before a setup step starts a program: what the guest shows (launched.py)
+      windowwait JSON after it: wait until the program's window mapped (launched.py)
     """
-    if len(argv) != 2 or argv[0] not in ("record", "reset", "quiet", "shift", "thaw", "dropcaches"):
-        sys.stderr.write("usage: (record|reset CONFIG_JSON) | (quiet SECONDS) | (shift NS) | (thaw JSON) | (dropcaches -)\n")
+    if len(argv) != 2 or argv[0] not in ("record", "reset", "quiet", "shift", "thaw", "dropcaches", "windowmark", "windowwait"):
+        sys.stderr.write("usage: (record|reset CONFIG_JSON) | (quiet SECONDS) | (shift NS) | (thaw JSON) | (dropcaches -) | (windowmark -) | (windowwait JSON)\n")
         return 2
     cmd, arg = argv
     if cmd == "record":

@@ -16,6 +16,11 @@
 // Where OSWorld's controller only logs a failed request (launch,
 // activate_window, ...), Controller fails the step: a desktop that did not
 // set up as asked would grade the attempt on the wrong state.
+//
+// A step that starts a program (launch, open, an execute that leaves one
+// running in the background) ends once the program's window has mapped,
+// when Controller.Windows watches the guest (see programs.go): at most
+// Controller.WindowWait, then a warning and on, as OSWorld would.
 package setup
 
 import (
@@ -89,6 +94,13 @@ type Controller struct {
 	// Now is the clock browse history times count from; nil means
 	// time.Now.
 	Now func() time.Time
+	// Windows watches the guest's windows: a step that starts a program
+	// (launch, open, an execute that leaves one running in the
+	// background) ends once the program's window has mapped, at most
+	// WindowWait (default DefaultWindowWait) after the guest server
+	// answered. Nil: such steps end when the guest server answers.
+	Windows    WindowWaiter
+	WindowWait time.Duration
 	// Logger receives a line per step; nil discards them.
 	Logger *slog.Logger
 }
@@ -221,14 +233,68 @@ func (c *Controller) Run(ctx context.Context, task desktop.Task, steps []desktop
 		return c.mask(err)
 	}
 	log := c.logger().With("task", task.ID)
+	watch := c.Windows != nil
 	for i, run := range runners {
 		start := time.Now()
+		prog, starts := startedProgram(steps[i])
+		var mark WindowMark
+		if watch && starts {
+			var err error
+			if mark, err = c.Windows.MarkWindows(ctx); err != nil {
+				if ctx.Err() != nil {
+					return c.mask(&StepError{Task: task.ID, Index: i + 1, Type: steps[i].Type, Err: err})
+				}
+				log.Warn("cannot watch the guest's windows: setup steps that start a program end when the guest server answers",
+					"step", i+1, "type", steps[i].Type, "err", err)
+				watch = false
+			}
+		}
 		if err := run(ctx, c); err != nil {
 			return c.mask(&StepError{Task: task.ID, Index: i + 1, Type: steps[i].Type, Err: err})
+		}
+		if watch && starts {
+			if err := c.waitWindow(ctx, log.With("step", i+1, "type", steps[i].Type), prog, mark); err != nil {
+				return c.mask(&StepError{Task: task.ID, Index: i + 1, Type: steps[i].Type, Err: err})
+			}
 		}
 		log.Debug("setup step done", "step", i+1, "type", steps[i].Type, "seconds", time.Since(start).Seconds())
 	}
 	return nil
+}
+
+// waitWindow waits until the window of the program a step started has
+// mapped, at most WindowWait. A program that maps none by then is warned
+// about, not failed: OSWorld would go on too. Only the end of ctx is an
+// error.
+func (c *Controller) waitWindow(ctx context.Context, log *slog.Logger, prog program, mark WindowMark) error {
+	max := orDefault(c.WindowWait, DefaultWindowWait)
+	seen, err := c.Windows.WaitWindow(ctx, mark, prog.want, max)
+	switch {
+	case ctx.Err() != nil:
+		if err != nil {
+			return err
+		}
+		return ctx.Err()
+	case err != nil:
+		log.Warn("cannot watch for the window of the program the setup step started; going on without it",
+			"program", prog.name, "command", c.maskText(prog.command), "err", err)
+	case seen.Window == nil:
+		others := make([]string, len(seen.Others))
+		for i, w := range seen.Others {
+			others[i] = w.String()
+		}
+		log.Warn("the program the setup step started mapped no window in time; going on (the setup's settle alone decides when its screen is ready)",
+			"program", prog.name, "command", c.maskText(prog.command), "waited", max, "other_new_windows", others)
+	default:
+		log.Debug("the program the setup step started mapped its window", "program", prog.name,
+			"window", seen.Window.String(), "pid", seen.Window.PID, "seconds", seen.Waited.Seconds())
+	}
+	return nil
+}
+
+// maskText hides the client password in a text for a log.
+func (c *Controller) maskText(s string) string {
+	return strings.ReplaceAll(s, c.password(), "***")
 }
 
 func (c *Controller) logger() *slog.Logger {
