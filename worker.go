@@ -30,11 +30,15 @@ type worker struct {
 	desk     desktop.Desktop
 }
 
-// desktop returns the slot's desktop, creating one if it has none. It
-// returns nil and no error when no work is left or ctx is done, and nil
-// and why when no desktop could be created (the worker then gives up its
-// slot).
+// desktop returns the slot's desktop, creating one if it has none or if
+// the one it has asks to be replaced (desktop.Retirer). It returns nil and
+// no error when no work is left or ctx is done, and nil and why when no
+// desktop could be created (the worker then gives up its slot).
 func (w *worker) desktop(ctx context.Context) (desktop.Desktop, error) {
+	if r, ok := w.desk.(desktop.Retirer); ok && r.Retiring() {
+		w.log.Info("replacing the slot's desktop: its machine is leaving", "slot", w.slot)
+		w.discard()
+	}
 	var lastErr error
 	for failures := 0; w.desk == nil; {
 		// A replacement desktop may take minutes to boot: make none when

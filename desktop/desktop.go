@@ -227,6 +227,19 @@ func IsFailure(ctx context.Context, err error) bool {
 	return !errors.Is(err, ErrUnsupported)
 }
 
+// Retirer is implemented by desktops that can ask to be replaced while
+// they work: the machine they run on is leaving (osworld: its libvirt
+// host left the DNS name the hosts come from). A worker asks before each
+// attempt it takes; a desktop that says yes is closed, as one that failed
+// would be, and a new one made in its place, which goes to a machine that
+// stays. Nothing counts it as a failure, and the attempt it ran last is
+// recorded as it ended.
+type Retirer interface {
+	// Retiring reports whether the desktop wants to be replaced before
+	// its next attempt.
+	Retiring() bool
+}
+
 // Regrader is implemented by desktops that can grade the end state of the
 // attempt they just graded once more without changing it: the evaluator's
 // getters and metric run again, its postconfig does not (it ran, and it

@@ -233,6 +233,13 @@ func (d *fixedWaitDesktop) ExplainGrade() string {
 	return ""
 }
 
+// Retiring passes on whether the desktop whose waits were replaced asks
+// to be replaced.
+func (d *fixedWaitDesktop) Retiring() bool {
+	r, ok := d.Desktop.(Retirer)
+	return ok && r.Retiring()
+}
+
 // The grading capabilities pass on to the desktop whose waits were
 // replaced; one it lacks is ErrUnsupported.
 

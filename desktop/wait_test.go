@@ -156,6 +156,46 @@ func TestWithFixedWaitsKeepsReports(t *testing.T) {
 	}
 }
 
+// retiringDesktop asks to be replaced while retire is set.
+type retiringDesktop struct {
+	desktop.Desktop
+	retire *bool
+}
+
+func (d retiringDesktop) Retiring() bool { return *d.retire }
+
+// TestWithFixedWaitsKeepsRetiring: the fixed-wait baseline asks to be
+// replaced when, and only when, the desktop whose waits it replaced does.
+func TestWithFixedWaitsKeepsRetiring(t *testing.T) {
+	retire := false
+	d, err := desktop.WithFixedWaits(func(context.Context, int) (desktop.Desktop, error) {
+		return retiringDesktop{fake.New(fake.Config{Width: 64, Height: 48}), &retire}, nil
+	}, desktop.FixedWaits{})(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	r, ok := d.(desktop.Retirer)
+	if !ok {
+		t.Fatal("the fixed-wait desktop is no Retirer")
+	}
+	for _, retire = range []bool{false, true} {
+		if got := r.Retiring(); got != retire {
+			t.Errorf("Retiring = %v with the wrapped desktop's %v", got, retire)
+		}
+	}
+	plain, err := desktop.WithFixedWaits(func(context.Context, int) (desktop.Desktop, error) {
+		return fake.New(fake.Config{Width: 64, Height: 48}), nil
+	}, desktop.FixedWaits{})(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if plain.(desktop.Retirer).Retiring() {
+		t.Error("a desktop that cannot retire asks to, behind fixed waits")
+	}
+}
+
 // TestWithFixedWaitsKeepsGrading: the fixed-wait baseline grades twice,
 // explains its grade and keeps and regrades end states as the desktop
 // whose waits it replaced.

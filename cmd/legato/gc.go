@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"legato/rl/desktop/osworld"
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 	"legato/rl/schema"
 )
@@ -20,6 +21,8 @@ type gcCommand struct {
 	// vm holds only where the VMs live and what they are called: gc needs
 	// no image or guests to run tasks on.
 	vm vm.Config
+	// from is --hosts-from: the hosts are resolved once.
+	from *hostdns.Source
 	// endStates are run directories whose half-written kept end states
 	// gc removes.
 	endStates stringList
@@ -27,10 +30,10 @@ type gcCommand struct {
 
 func (c *gcCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("legato rl gc", stderr)
-	registerVMPlace(fs, &c.vm)
+	registerVMPlace(fs, &c.vm, &c.from)
 	fs.StringVar(&c.vm.ForkDir, "fork-dir", "", "where --golden-fork kept its templates and clones (default "+vm.DefaultForkDir+")")
 	fs.Var(&c.endStates, "end-states", "a run `DIR` of collect --keep-end-states: remove the end states a killed batch left half-written in DIR/end-states and say what the whole ones take (repeat for several runs)")
-	setUsage(fs, `Usage: legato rl gc [--host URI]... [--vm-prefix PREFIX] [--storage-pool POOL] [--fork-dir DIR] [--end-states DIR]...
+	setUsage(fs, `Usage: legato rl gc [--host URI... | --hosts-from dns:NAME] [--vm-prefix PREFIX] [--storage-pool POOL] [--fork-dir DIR] [--end-states DIR]...
 
 Removes the VMs (domains, overlay and console log volumes) whose names start
 with the prefix, which a crashed batch left behind, from every host, and
@@ -53,11 +56,14 @@ func (c *gcCommand) Run(ctx context.Context, args []string, stdout, stderr io.Wr
 	if err := noArgs(fs); err != nil {
 		return err
 	}
+	if err := checkVMPlace(c.vm, c.from); err != nil {
+		return err
+	}
 	c.vm.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for _, dir := range c.endStates {
 		if err := osworld.GCEndStates(filepath.Join(dir, schema.EndStatesDir), stdout); err != nil {
 			return fmt.Errorf("--end-states %s: %w", dir, err)
 		}
 	}
-	return osworld.GC(ctx, osworld.Config{VM: c.vm}, stdout)
+	return osworld.GC(ctx, osworld.Config{VM: c.vm, HostsFrom: c.from}, stdout)
 }

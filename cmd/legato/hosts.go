@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 )
 
@@ -18,7 +19,9 @@ import (
 // batch, with their capacity, whether they hold the image and whether they
 // answer; `sync` uploads the image files to the hosts that lack them.
 type hostsCommand struct {
-	vm     vm.Config
+	vm vm.Config
+	// from is --hosts-from: the hosts are resolved once.
+	from   *hostdns.Source
 	image  string
 	asJSON bool
 	prune  bool
@@ -26,16 +29,17 @@ type hostsCommand struct {
 
 func (c *hostsCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("legato rl hosts", stderr)
-	registerVMPlace(fs, &c.vm)
+	registerVMPlace(fs, &c.vm, &c.from)
 	fs.StringVar(&c.image, "image", "", "VM base image, as collect takes it: a qcow2 file, or a directory built by desktop/osworld/testdata/image/build.sh (with vmlinux, initrd.img)")
 	fs.StringVar(&c.vm.Kernel, "kernel", "", "kernel booted directly (set by --image DIR)")
 	fs.StringVar(&c.vm.Initrd, "initrd", "", "initrd for --kernel")
 	fs.BoolVar(&c.asJSON, "json", false, "write the list as JSON")
 	fs.BoolVar(&c.prune, "prune", false, "with sync: also delete the volumes of other images (an image rebuilt, an older one) that no domain and no overlay on the host uses")
-	setUsage(fs, `Usage: legato rl hosts [sync] --image IMAGE [--host URI[,desktops=N]]... [flags]
+	setUsage(fs, `Usage: legato rl hosts [sync] --image IMAGE [--host URI[,desktops=N]... | --hosts-from dns:NAME[,...]] [flags]
 
-Lists the libvirt hosts a batch would spread its desktops over: whether each
-answers, its cap and size, whether it holds the image files (a volume of the
+Lists the libvirt hosts a batch would spread its desktops over (with
+--hosts-from, those its DNS name resolves to now): whether each answers,
+its cap and size, whether it holds the image files (a volume of the
 storage pool per file, named after its content and checked by hash), and the
 VMs of the prefix on it. With sync, it first uploads the image files to every
 host that lacks them or holds them differently, through libvirt's volume
@@ -67,6 +71,9 @@ func (c *hostsCommand) Run(ctx context.Context, args []string, stdout, stderr io
 	if c.image == "" {
 		return usageErrorf("--image: give the image the VMs boot from, as collect takes it")
 	}
+	if err := checkVMPlace(c.vm, c.from); err != nil {
+		return err
+	}
 	if err := imageFlag(c.image, &c.vm); err != nil {
 		return usage(err)
 	}
@@ -83,6 +90,11 @@ func (c *hostsCommand) Run(ctx context.Context, args []string, stdout, stderr io
 		return err
 	}
 	cfg := c.vm
+	if c.from != nil {
+		if cfg.Hosts, err = hostdns.Lookup(ctx, *c.from); err != nil {
+			return err
+		}
+	}
 	if len(cfg.Hosts) == 0 {
 		cfg.Hosts = []vm.HostSpec{{URI: vm.DefaultURI}}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"legato/rl/desktop/osworld"
 	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 )
 
@@ -26,14 +27,28 @@ type osworldFlags struct {
 }
 
 // registerVMPlace binds where a run's VMs live and what they are called:
-// the flags gc shares with collect.
-func registerVMPlace(fs *flag.FlagSet, c *vm.Config) {
+// the flags gc and hosts share with collect. from receives --hosts-from.
+func registerVMPlace(fs *flag.FlagSet, c *vm.Config, from **hostdns.Source) {
 	fs.Func("host", "a libvirt host of the VMs, `URI[,desktops=N]`; repeat the flag for several (URI: qemu:///system, the default; qemu+ssh://USER@HOST/system; qemu+tls://HOST/system,ssh=USER@HOST). Desktops spread over the hosts by free slots", func(s string) error {
 		h, err := vm.ParseHostSpec(s)
 		if err != nil {
 			return err
 		}
 		c.Hosts = append(c.Hosts, h)
+		return nil
+	})
+	fs.Func("hosts-from", "instead of --host: the libvirt hosts are the records of a DNS name, `dns:NAME[:PORT][,OPTION]...`: each A/AAAA record of NAME "+
+		"a host qemu+ssh://USER@ADDR:PORT/system (PORT 22 by default), or each SRV record of a NAME starting with _ (_ssh._tcp.SERVICE) its target and port. "+
+		"Options: user=USER; desktops=N, each host's cap; every=DUR (default 30s): a batch resolves NAME again that often, a host that joins gets desktops, "+
+		"one that leaves gets no new one and its desktops move to other hosts after their attempt; keyfile=PATH and known_hosts=PATH, as a qemu+ssh URI takes them", func(s string) error {
+		if *from != nil {
+			return fmt.Errorf("given twice (%s, then %s): the hosts come from one DNS name", *from, s)
+		}
+		src, err := hostdns.ParseSource(s)
+		if err != nil {
+			return err
+		}
+		*from = &src
 		return nil
 	})
 	fs.StringVar(&c.NamePrefix, "vm-prefix", vm.DefaultNamePrefix, "name prefix of this run's VMs; a run removes every VM with its prefix left by a crashed one, so concurrent runs need different prefixes")
@@ -43,7 +58,7 @@ func registerVMPlace(fs *flag.FlagSet, c *vm.Config) {
 // Register defines the backend's flags on fs.
 func (f *osworldFlags) Register(fs *flag.FlagSet) {
 	c := &f.cfg
-	registerVMPlace(fs, &c.VM)
+	registerVMPlace(fs, &c.VM, &c.HostsFrom)
 	fs.StringVar(&f.image, "image", "", "VM base image: a qcow2 file (OSWorld's Ubuntu image), or a directory built by desktop/osworld/testdata/image/build.sh (base.qcow2 with vmlinux, initrd.img, cmdline)")
 	fs.StringVar(&c.VM.Kernel, "kernel", "", "boot this kernel directly instead of the image's bootloader (set by --image DIR)")
 	fs.StringVar(&c.VM.Initrd, "initrd", "", "initrd for --kernel")
@@ -129,6 +144,9 @@ func (f *osworldFlags) Config(logger *slog.Logger) (osworld.Config, error) {
 	if cfg.FastReset.RootDesktop && len(cfg.Guests) == 0 {
 		return osworld.Config{}, usageErrorf("--guest-root-desktop speaks of --guest-url guests; a VM started here is reset whoever its desktop user is")
 	}
+	if err := checkVMPlace(cfg.VM, cfg.HostsFrom); err != nil {
+		return osworld.Config{}, err
+	}
 	if f.image != "" {
 		if len(cfg.Guests) > 0 {
 			return osworld.Config{}, usageErrorf("--image and --guest-url: choose VMs started here or guests that already run")
@@ -141,6 +159,14 @@ func (f *osworldFlags) Config(logger *slog.Logger) (osworld.Config, error) {
 		return osworld.Config{}, usage(err)
 	}
 	return cfg, nil
+}
+
+// checkVMPlace refuses --host with --hosts-from: the hosts come one way.
+func checkVMPlace(c vm.Config, from *hostdns.Source) error {
+	if from != nil && len(c.Hosts) > 0 {
+		return usageErrorf("--host and --hosts-from %s: give the hosts one way (a host that is also in the DNS name would be taken twice)", from)
+	}
+	return nil
 }
 
 // Pool returns the desktop pool the flags describe.

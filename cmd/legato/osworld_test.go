@@ -15,6 +15,7 @@ import (
 
 	"legato/rl/desktop/osworld"
 	"legato/rl/desktop/osworld/grade"
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 )
 
@@ -92,6 +93,19 @@ func TestOSWorldFlags(t *testing.T) {
 			},
 		},
 		{
+			name: "hosts from DNS",
+			args: []string{"--image", img, "--hosts-from", "dns:legato-hosts.legato.svc.cluster.local,user=root,desktops=4,every=10s"},
+			want: osworld.Config{
+				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"),
+					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
+					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool},
+				HostsFrom:   &hostdns.Source{Name: "legato-hosts.legato.svc.cluster.local", User: "root", Desktops: 4, Every: 10 * time.Second},
+				BootTimeout: osworld.DefaultBootTimeout,
+				Golden:      osworld.GoldenConfig{Max: osworld.DefaultGoldenMax},
+				Grade:       osworld.GradeConfig{Python: grade.DefaultPython, Mode: grade.NativeOnly},
+			},
+		},
+		{
 			name: "what a fast reset restores and checks",
 			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
 				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor", "--golden-refuse", "t1", "--golden-refuse", "t2",
@@ -158,6 +172,10 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"bad host", []string{"--image", img, "--host", "qemu+ssh://h/system?no_verify=1"}, `invalid value "qemu+ssh://h/system?no_verify=1" for flag -host`},
 		{"host desktops", []string{"--image", img, "--host", "qemu:///system,desktops=0"}, "desktops=0"},
 		{"same host twice", []string{"--image", img, "--host", "qemu+ssh://h/system", "--host", "qemu+ssh://h/system"}, "give each its own name"},
+		{"bad hosts from", []string{"--image", img, "--hosts-from", "legato-hosts"}, `invalid value "legato-hosts" for flag -hosts-from: hosts from "legato-hosts": want dns:NAME[:PORT]`},
+		{"hosts from twice", []string{"--image", img, "--hosts-from", "dns:a", "--hosts-from", "dns:b"}, "given twice (dns:a, then dns:b)"},
+		{"host and hosts from", []string{"--image", img, "--host", "qemu:///system", "--hosts-from", "dns:a"}, "--host and --hosts-from dns:a: give the hosts one way"},
+		{"guests and hosts from", append(guest, "--hosts-from", "dns:a"), "HostsFrom (--hosts-from) names libvirt hosts, and Guests (--guest-url) guests that already run: choose one"},
 		{"restore relative", append(guest, "--fast-reset-restore", "tmp"), `FastReset.Restore (--fast-reset-restore): "tmp"`},
 		{"restore the home", append(guest, "--fast-reset-restore", "/home"), "overlaps Home"},
 		{"fork without golden", []string{"--image", img, "--golden-fork", "--no-golden"}, "Golden.Fork (--golden-fork) forks golden states, which Golden.Off (--no-golden) turns off"},
@@ -182,7 +200,7 @@ func TestOSWorldFlagErrors(t *testing.T) {
 	}
 }
 
-// TestGCFlags: gc lists and takes only its own five flags, not the many of
+// TestGCFlags: gc lists and takes only its own six flags, not the many of
 // the osworld backend.
 func TestGCFlags(t *testing.T) {
 	var stderr bytes.Buffer
@@ -196,7 +214,7 @@ func TestGCFlags(t *testing.T) {
 			listed = append(listed, strings.Fields(line)[0])
 		}
 	}
-	if diff := cmp.Diff([]string{"-end-states", "-fork-dir", "-host", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
+	if diff := cmp.Diff([]string{"-end-states", "-fork-dir", "-host", "-hosts-from", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
 		t.Errorf("gc -h flags (-want +got):\n%s", diff)
 	}
 	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})

@@ -17,6 +17,7 @@ import (
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/grade"
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/setup"
 	"legato/rl/desktop/osworld/vm"
 )
@@ -196,6 +197,13 @@ type Config struct {
 	// BootTimeout fields are the desktop's own (BootTimeout below); leave
 	// them zero.
 	VM vm.Config
+	// HostsFrom, when set, is where VM mode's hosts come from instead of
+	// VM.Hosts (which must be empty): the records of a DNS name, resolved
+	// again every HostsFrom.Every during the batch. A host that joins is
+	// prepared in the background, then takes desktops; one that leaves
+	// takes no new desktop, and its desktops ask to be replaced once their
+	// attempt is over (Desktop.Retiring).
+	HostsFrom *hostdns.Source
 	// Guests are OSWorld guests that already run (under Docker, on another
 	// host): desktop slot i uses Guests[i], so a batch has at most
 	// len(Guests) desktops. They have no snapshot: every reset is a fast
@@ -471,10 +479,13 @@ func (c Config) vmMode() bool { return len(c.Guests) == 0 }
 
 // Slots returns how many desktops the configuration can run at once: the
 // number of guests given by URL, or the sum of the hosts' caps, or 0 for no
-// limit (a host without a cap).
+// limit (a host without a cap, or hosts from DNS, which come and go).
 func (c Config) Slots() int {
 	if !c.vmMode() {
 		return len(c.Guests)
+	}
+	if c.HostsFrom != nil {
+		return 0
 	}
 	n := 0
 	for _, h := range c.VM.Hosts {
@@ -527,7 +538,7 @@ func (c Config) withDefaults() Config {
 	if c.HostRetryMax <= 0 {
 		c.HostRetryMax = DefaultHostRetryMax
 	}
-	if c.vmMode() && len(c.VM.Hosts) == 0 {
+	if c.vmMode() && len(c.VM.Hosts) == 0 && c.HostsFrom == nil {
 		c.VM.Hosts = []vm.HostSpec{{URI: vm.DefaultURI}}
 	}
 	if c.VM.ForkDir == "" {
@@ -600,6 +611,17 @@ func (c Config) Validate() error {
 		}
 		if err := c.VM.Validate(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if c.HostsFrom != nil {
+		switch {
+		case len(c.Guests) > 0:
+			add("HostsFrom (--hosts-from) names libvirt hosts, and Guests (--guest-url) guests that already run: choose one")
+		case len(c.VM.Hosts) > 0:
+			add("HostsFrom (--hosts-from) and VM.Hosts (--host): give the hosts one way")
+		}
+		if err := c.HostsFrom.Validate(); err != nil {
+			add("HostsFrom (--hosts-from): %w", err)
 		}
 	}
 	seen := map[string]bool{}

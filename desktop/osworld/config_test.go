@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 )
 
@@ -82,6 +83,10 @@ func TestValidate(t *testing.T) {
 		{name: "negative wait", cfg: Config{Guests: guests, Ready: ReadyConfig{BeforeEvalMax: -time.Second}}, want: []string{"Ready.BeforeEvalMax"}},
 		{name: "negative launch wait", cfg: Config{Guests: guests, Ready: ReadyConfig{AfterLaunchMax: -time.Second}}, want: []string{"Ready.AfterLaunchMax"}},
 		{name: "osworld dir", cfg: Config{Guests: guests, Grade: GradeConfig{OSWorldDir: "/nonexistent"}}, want: []string{"OSWorld checkout"}},
+		{name: "hosts from DNS and hosts", cfg: Config{VM: vm.Config{BaseImage: "/nonexistent/base.qcow2", Hosts: []vm.HostSpec{{URI: "qemu:///system"}}}, HostsFrom: &hostdns.Source{Name: "hosts.test"}},
+			want: []string{"HostsFrom (--hosts-from) and VM.Hosts (--host): give the hosts one way"}},
+		{name: "hosts from DNS and guests", cfg: Config{Guests: guests, HostsFrom: &hostdns.Source{Name: "hosts.test"}}, want: []string{"HostsFrom (--hosts-from) names libvirt hosts, and Guests (--guest-url)"}},
+		{name: "bad hosts from DNS", cfg: Config{Guests: guests, HostsFrom: &hostdns.Source{Name: "_ssh._tcp.hosts.test", Port: 22}}, want: []string{"HostsFrom (--hosts-from): _ssh._tcp.hosts.test is an SRV name"}},
 		{name: "negative grader workers", cfg: Config{Guests: guests, Grade: GradeConfig{Workers: -1}}, want: []string{"Grade.Workers -1"}},
 	}
 	for _, tt := range tests {

@@ -72,8 +72,10 @@ type Desktop struct {
 	// grader's forwards to a remote host's guest ports.
 	host string
 	fwd  forwards
-	// release tells the pool the desktop is gone.
+	// release tells the pool the desktop is gone; leaving asks it whether
+	// the desktop's host is leaving (nil: it never does).
 	release func()
+	leaving func() bool
 
 	closeCtx  context.Context
 	closeNow  context.CancelFunc
@@ -417,6 +419,14 @@ func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64
 	}
 	return r.Score, nil
 }
+
+// Retiring reports whether the desktop's host left the DNS name the
+// pool's hosts come from (Config.HostsFrom): its worker then replaces it
+// after its attempt, and the new desktop goes to a host that stays. It
+// implements desktop.Retirer.
+func (d *Desktop) Retiring() bool { return d.leaving != nil && d.leaving() }
+
+var _ desktop.Retirer = (*Desktop)(nil)
 
 // Close releases the desktop: it stops running calls, the grader's
 // process, and, for a VM, destroys it with its overlay. It is idempotent

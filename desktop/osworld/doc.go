@@ -19,7 +19,11 @@
 // host's SSH connection (OSWorld's Python getters through local forwards).
 // A host that stops answering fails its desktops at once and takes no new
 // ones; it is tried again with backoff, and when it answers, what the batch
-// left there is swept and it takes desktops again.
+// left there is swept and it takes desktops again. Hosts may come from DNS
+// (Config.HostsFrom, package hostdns), resolved again during the batch: a
+// host that joins is prepared in the background, then takes desktops; one
+// that leaves takes none, and its desktops ask their worker to replace
+// them once their attempt is over (desktop.Retirer).
 //
 // # The clean state and the fast reset
 //

@@ -10,18 +10,27 @@ import (
 	"path/filepath"
 	"strings"
 
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 )
 
 // GC removes the VMs of cfg.VM's name prefix that a crashed run left
-// behind on each of cfg.VM.Hosts (domains, overlay and console log
-// volumes), and writes one line per VM to w. It only needs cfg.VM's Hosts,
-// NamePrefix and StoragePool. Run it when no
-// run of that prefix is going on: it removes running VMs too.
+// behind on each of cfg.VM.Hosts (or the hosts cfg.HostsFrom resolves to
+// now: domains, overlay and console log volumes), and writes one line per
+// VM to w. It only needs cfg.VM's Hosts, NamePrefix and StoragePool, or
+// HostsFrom. Run it when no run of that prefix is going on: it removes
+// running VMs too.
 func GC(ctx context.Context, cfg Config, w io.Writer) error {
 	if len(cfg.Guests) > 0 {
 		_, err := fmt.Fprintln(w, "guests given by URL: nothing to remove")
 		return err
+	}
+	if cfg.HostsFrom != nil {
+		hosts, err := hostdns.Lookup(ctx, *cfg.HostsFrom)
+		if err != nil {
+			return err
+		}
+		cfg.VM.Hosts = hosts
 	}
 	if err := gcForks(cfg.VM, w); err != nil {
 		return err

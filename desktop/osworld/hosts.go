@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
 	"legato/rl/internal/backoff"
 )
@@ -53,6 +54,14 @@ type poolHost struct {
 	// unclean: desktops were lost on the host while it was down; the
 	// probe that brings it back sweeps them.
 	unclean bool
+	// joined: the host came from Config.HostsFrom during the batch and
+	// was never prepared yet (it starts down, for the probes to prepare).
+	joined bool
+	// leaving: the host left Config.HostsFrom's records: it gets no new
+	// desktop, its desktops ask to be replaced after their attempt, and
+	// once it has none it is dropped (dropLeftLocked). gone: it was.
+	leaving bool
+	gone    bool
 }
 
 func (ph *poolHost) name() string { return ph.h.Name() }
@@ -97,37 +106,50 @@ func pickHost(hosts []hostLoad) int {
 // initrd) with their hashes; none for guests given by URL.
 func (p *Pool) ImageFiles() []vm.ImageFile { return slices.Clone(p.images) }
 
-// openHosts opens cfg's hosts and prepares each (see prepareHost), all at
-// once. A host that cannot be prepared is marked down and tried again
-// later; only when none can be is it an error.
+// openHosts opens cfg's hosts (those Config.HostsFrom resolves to, when
+// set) and prepares each (see prepareHost), all at once. A host that
+// cannot be prepared is marked down and tried again later; only when none
+// can be is it an error.
 func (p *Pool) openHosts(ctx context.Context) error {
 	files, err := vm.ImageFiles(ctx, p.cfg.VM)
 	if err != nil {
 		return err
 	}
 	p.images = files
-	for _, spec := range p.cfg.VM.Hosts {
-		ph := &poolHost{cap: spec.Desktops, vms: map[string]bool{}}
-		h, err := vm.OpenHost(spec, p.cfg.VM, vm.HostOptions{Images: files, Lost: func(_ *vm.Host, err error) { p.hostDown(ph, err) }})
+	specs := p.cfg.VM.Hosts
+	var changed <-chan struct{}
+	if src := p.cfg.HostsFrom; src != nil {
+		if p.watch, err = hostdns.Watch(ctx, *src, p.log); err != nil {
+			return err
+		}
+		specs, changed = p.watch.Hosts()
+		p.log.Info("hosts from DNS", "name", src.Name, "hosts", len(specs))
+	}
+	for _, spec := range specs {
+		ph, err := p.openHost(spec)
 		if err != nil {
 			p.closeHosts()
 			return err
 		}
-		ph.h = h
+		p.mu.Lock()
 		p.hosts = append(p.hosts, ph)
+		p.mu.Unlock()
 	}
-	errs := make([]error, len(p.hosts))
+	p.mu.Lock()
+	hosts := p.hosts
+	p.mu.Unlock()
+	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
-	for i, ph := range p.hosts {
+	for i, ph := range hosts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = p.prepareHost(ctx, ph, "an earlier run")
+			errs[i] = p.prepare(ctx, ph, "an earlier run")
 		}()
 	}
 	wg.Wait()
 	up := 0
-	for i, ph := range p.hosts {
+	for i, ph := range hosts {
 		if errs[i] == nil {
 			up++
 			continue
@@ -145,7 +167,148 @@ func (p *Pool) openHosts(ctx context.Context) error {
 	p.stopProbes = make(chan struct{})
 	p.probes.Add(1)
 	go p.probeLoop()
+	if p.watch != nil {
+		p.probes.Add(1)
+		go p.followHosts(changed)
+	}
 	return nil
+}
+
+// openHost opens a host's transport (it does not connect yet).
+func (p *Pool) openHost(spec vm.HostSpec) (*poolHost, error) {
+	ph := &poolHost{cap: spec.Desktops, vms: map[string]bool{}}
+	h, err := vm.OpenHost(spec, p.cfg.VM, vm.HostOptions{Images: p.images, Lost: func(_ *vm.Host, err error) { p.hostDown(ph, err) }})
+	if err != nil {
+		return nil, err
+	}
+	ph.h = h
+	return ph, nil
+}
+
+// followHosts applies each set of hosts Config.HostsFrom resolves to
+// (hostsChanged), from the one after changed on, until the pool closes.
+func (p *Pool) followHosts(changed <-chan struct{}) {
+	defer p.probes.Done()
+	for {
+		select {
+		case <-p.stopProbes:
+			return
+		case <-changed:
+		}
+		var specs []vm.HostSpec
+		specs, changed = p.watch.Hosts()
+		p.hostsChanged(specs)
+	}
+}
+
+// errJoined is why a host that just joined takes no desktop yet.
+var errJoined = errors.New("joined: being prepared")
+
+// hostsChanged makes specs the pool's hosts. A host new to them joins: it
+// starts down, so that the probes prepare it in the background as they do
+// a host that comes back (it answers, holds the image files, keeps no VM
+// of the prefix), and then takes desktops. A host gone from them is
+// leaving: it takes no new desktop, the desktops on it finish their
+// attempt and then ask their worker to replace them (Desktop.Retiring),
+// which puts the replacement on another host; with none left, the probe
+// loop drops it (dropLeftLocked). A leaving host that is back in specs
+// takes desktops again. Hosts are told apart by their whole spec.
+func (p *Pool) hostsChanged(specs []vm.HostSpec) {
+	want := map[string]bool{}
+	for _, s := range specs {
+		want[s.String()] = true
+	}
+	have := map[string]bool{}
+	var left, back []string
+	p.mu.Lock()
+	for _, ph := range p.hosts {
+		key := ph.h.Spec().String()
+		have[key] = true
+		switch {
+		case !want[key] && !ph.leaving:
+			ph.leaving = true
+			left = append(left, ph.name())
+		case want[key] && ph.leaving:
+			ph.leaving = false
+			back = append(back, ph.name())
+		}
+	}
+	p.notifyLocked()
+	p.mu.Unlock()
+	var joined []*poolHost
+	for _, spec := range specs {
+		if have[spec.String()] {
+			continue
+		}
+		ph, err := p.openHost(spec)
+		if err != nil {
+			p.log.Warn("a host the DNS name gives cannot be used", "host", spec.Label(), "err", err)
+			continue
+		}
+		ph.down, ph.err, ph.joined, ph.retryAt = true, errJoined, true, time.Now()
+		joined = append(joined, ph)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		for _, ph := range joined {
+			ph.h.Close()
+		}
+		return
+	}
+	p.hosts = append(slices.Clip(p.hosts), joined...)
+	p.notifyLocked()
+	p.mu.Unlock()
+	for _, ph := range joined {
+		p.log.Info("a host joined: it takes desktops once prepared", "host", ph.name())
+	}
+	if len(left) > 0 {
+		p.log.Warn("hosts left the DNS name: they take no new desktop; theirs finish their attempt and move to other hosts", "hosts", left)
+	}
+	if len(back) > 0 {
+		p.log.Info("hosts that were leaving are back in the DNS name: they take desktops again", "hosts", back)
+	}
+}
+
+// leavingOf returns what a desktop on ph asks to know whether it should
+// be replaced (Desktop.Retiring).
+func (p *Pool) leavingOf(ph *poolHost) func() bool {
+	return func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return ph.leaving
+	}
+}
+
+// dropLeftLocked takes out of the pool the leaving hosts it can let go:
+// without desktops, without a probe under way, and without desktops lost
+// there while it was down (a probe that finds it again sweeps them first;
+// one that never does leaves it for closeHosts to report). It returns
+// them, for closeLeft outside p.mu.
+func (p *Pool) dropLeftLocked() []*poolHost {
+	var gone []*poolHost
+	var keep []*poolHost
+	for _, ph := range p.hosts {
+		if ph.leaving && ph.inUse == 0 && !ph.probing && !(ph.down && ph.unclean) {
+			ph.gone = true
+			gone = append(gone, ph)
+			continue
+		}
+		keep = append(keep, ph)
+	}
+	if len(gone) > 0 {
+		p.hosts = keep
+		p.notifyLocked()
+	}
+	return gone
+}
+
+// closeLeft closes the connections of hosts dropped from the pool.
+func (p *Pool) closeLeft(gone []*poolHost) {
+	for _, ph := range gone {
+		ph.h.Close()
+		p.log.Info("a host that left has no desktop any more: closed its connection", "host", ph.name())
+	}
 }
 
 // prepareHost readies a host for desktops: it must answer, hold the image
@@ -226,7 +389,7 @@ func (p *Pool) acquire(ctx context.Context) (*poolHost, error) {
 		}
 		loads := make([]hostLoad, len(p.hosts))
 		for i, ph := range p.hosts {
-			loads[i] = hostLoad{up: !ph.down, cap: ph.cap, inUse: ph.inUse}
+			loads[i] = hostLoad{up: !ph.down && !ph.leaving, cap: ph.cap, inUse: ph.inUse}
 		}
 		if i := pickHost(loads); i >= 0 {
 			ph := p.hosts[i]
@@ -259,6 +422,8 @@ func (p *Pool) noSlotLocked() string {
 	var parts []string
 	for _, ph := range p.hosts {
 		switch {
+		case ph.leaving:
+			parts = append(parts, fmt.Sprintf("%s leaving (gone from the DNS name; %d desktops finishing)", ph.name(), ph.inUse))
 		case ph.down:
 			parts = append(parts, fmt.Sprintf("%s down (%v; next try in %v)", ph.name(), ph.err, time.Until(ph.retryAt).Round(time.Second)))
 		default:
@@ -283,7 +448,7 @@ func (p *Pool) release(ph *poolHost, vmName string) {
 // waiting for a timeout.
 func (p *Pool) hostDown(ph *poolHost, err error) {
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || ph.gone {
 		p.mu.Unlock()
 		return
 	}
@@ -324,6 +489,7 @@ func (p *Pool) probeLoop() {
 		case <-tick.C:
 		}
 		p.mu.Lock()
+		gone := p.dropLeftLocked()
 		var due []*poolHost
 		for _, ph := range p.hosts {
 			if ph.down && !ph.probing && !time.Now().Before(ph.retryAt) {
@@ -332,6 +498,7 @@ func (p *Pool) probeLoop() {
 			}
 		}
 		p.mu.Unlock()
+		p.closeLeft(gone)
 		for _, ph := range due {
 			p.probes.Add(1)
 			go p.probe(ph)
@@ -339,29 +506,43 @@ func (p *Pool) probeLoop() {
 	}
 }
 
-// probe tries a host that is down: prepared again (it answers, holds the
-// image, and the VMs the batch lost there are swept), it takes desktops
-// again.
+// probe tries a host that is down, or that just joined: prepared (it
+// answers, holds the image, and the VMs the batch lost there, or an
+// earlier run left, are swept), it takes desktops.
 func (p *Pool) probe(ph *poolHost) {
 	defer p.probes.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := context.AfterFunc(p.stopCtx, cancel)
 	defer stop()
-	err := p.prepareHost(ctx, ph, "this batch while the host was down")
+	p.mu.Lock()
+	joined, firstTry := ph.joined, ph.joined && ph.downs == 0
+	p.mu.Unlock()
+	leftBy := "this batch while the host was down"
+	if joined {
+		leftBy = "an earlier run"
+	}
+	err := p.prepare(ctx, ph, leftBy)
 	p.mu.Lock()
 	ph.probing = false
 	if err != nil || p.closed {
 		p.mu.Unlock()
 		if err != nil && p.stopCtx.Err() == nil {
+			if firstTry {
+				p.log.Warn("a host that joined could not be prepared: it is tried again with backoff", "host", ph.name(), "err", err)
+			}
 			p.log.Debug("host still down", "host", ph.name(), "err", err)
 			p.hostDown(ph, err)
 		}
 		return
 	}
-	ph.down, ph.err, ph.downs, ph.backoff, ph.unclean = false, nil, 0, 0, false
+	ph.down, ph.err, ph.downs, ph.backoff, ph.unclean, ph.joined = false, nil, 0, 0, false, false
 	p.notifyLocked()
 	p.mu.Unlock()
+	if joined {
+		p.log.Info("a host that joined is prepared: it takes desktops", "host", ph.name())
+		return
+	}
 	p.log.Warn("host answers again: it takes desktops again", "host", ph.name())
 }
 
@@ -374,6 +555,9 @@ func (p *Pool) closeHosts() error {
 		p.stopNow()
 		p.probes.Wait()
 		p.stopProbes = nil
+	}
+	if p.watch != nil {
+		p.watch.Close()
 	}
 	var errs []error
 	p.mu.Lock()
@@ -401,6 +585,9 @@ type HostStatus struct {
 	// Down: the host does not answer; Err says why.
 	Down bool
 	Err  error
+	// Leaving: the host left Config.HostsFrom's records; its desktops
+	// finish their attempt.
+	Leaving bool
 }
 
 // Hosts reports the pool's hosts (VM mode; nil for guests given by URL).
@@ -409,7 +596,7 @@ func (p *Pool) Hosts() []HostStatus {
 	defer p.mu.Unlock()
 	var out []HostStatus
 	for _, ph := range p.hosts {
-		out = append(out, HostStatus{Name: ph.name(), Desktops: ph.cap, InUse: ph.inUse, Down: ph.down, Err: ph.err})
+		out = append(out, HostStatus{Name: ph.name(), Desktops: ph.cap, InUse: ph.inUse, Down: ph.down, Err: ph.err, Leaving: ph.leaving})
 	}
 	return out
 }

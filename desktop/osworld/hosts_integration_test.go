@@ -18,6 +18,8 @@ import (
 
 	rl "legato/rl"
 	"legato/rl/desktop"
+	"legato/rl/desktop/osworld/hostdns"
+	"legato/rl/desktop/osworld/hostdns/dnstest"
 	"legato/rl/desktop/osworld/vm"
 	"legato/rl/desktop/osworld/vm/hosttest"
 	"legato/rl/export/profile"
@@ -371,4 +373,158 @@ func hostConnections(t *testing.T, prefix string) []string {
 		}
 	}
 	return conns
+}
+
+// TestIntegrationHostsFromDNS runs a batch on 2 namespace hosts found
+// through a DNS name (a loopback DNS server naming their addresses, as a
+// headless Service would). Mid-attempt one host leaves the name: its
+// desktop finishes that attempt, then is replaced on the other host, and
+// the host gets no new desktop and is dropped. No record is an error (nor
+// a retry), every group completes, and nothing is left on either host.
+func TestIntegrationHostsFromDNS(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("crash child")
+	}
+	fleet, err := hosttest.Start(t.Context(), hosttest.Options{Hosts: 2, Name: "lgdns", Net: 203, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := fleet.Close(); err != nil {
+			t.Errorf("remove the namespace hosts: %v", err)
+		}
+	}()
+	dns := dnstest.Start(t)
+	const name = "legato-hosts.legato.it.test"
+	stays, leaves := fleet.Hosts[0], fleet.Hosts[1]
+	dns.SetA(name, stays.Addr, leaves.Addr)
+	cfg := itConfig(t, "legato-itdns-")
+	cfg.HostsFrom = &hostdns.Source{Name: name, User: "root", Desktops: 2, KeyFile: fleet.KeyFile, KnownHosts: fleet.KnownHosts,
+		Every: hostdns.MinEvery, Resolver: dns.Resolver()}
+	cfg.VM.Accel = vm.AccelTCG // the hosts are this machine: no usable KVM
+	ctx := t.Context()
+	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	// The first action on the leaving host takes it out of the name and
+	// waits until the pool has seen it go: the attempt then goes on.
+	var leaveOnce sync.Once
+	var left atomic.Bool
+	var leftErr atomic.Value
+	leave := func() {
+		t.Logf("removing %s from %s mid-attempt", leaves.Addr, name)
+		dns.SetA(name, stays.Addr)
+		deadline := time.Now().Add(time.Minute)
+		for !hostLeaving(p, leaves.Addr) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !hostLeaving(p, leaves.Addr) {
+			leftErr.Store(fmt.Sprintf("the pool never saw %s leave", leaves.Addr))
+		}
+		left.Store(true)
+	}
+	var afterLeave sync.Map // host → desktops made there after the leave
+	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
+		d, err := p.New(ctx, slot)
+		if err != nil {
+			return nil, err
+		}
+		vd := d.(*VMDesktop)
+		host := vd.VM().Host().Name()
+		if left.Load() {
+			n, _ := afterLeave.LoadOrStore(host, new(atomic.Int32))
+			n.(*atomic.Int32).Add(1)
+		}
+		if host == leaves.Addr {
+			return killingDesktop{vd, &leaveOnce, leave}, nil
+		}
+		return vd, nil
+	}
+
+	out := t.TempDir()
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: guestScript})
+	defer srv.Close()
+	sum, err := rl.Collect(ctx, tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-dns", StepTimeout: 30 * time.Second},
+		rl.CollectOptions{Out: out, NewDesktop: factory, Desktops: 2, Group: 2, MaxSteps: 4, EnvRetries: 2, Logger: cfg.Logger})
+	if err != nil {
+		t.Errorf("Collect: %v", err)
+	}
+	if msg := leftErr.Load(); msg != nil {
+		t.Error(msg)
+	}
+	if !left.Load() {
+		t.Fatalf("%s never left: no action ran on it", leaves.Addr)
+	}
+	if sum == nil || sum.State != schema.StateComplete || sum.GroupsClosed != len(tasks) {
+		t.Fatalf("summary %+v; want every group closed", sum)
+	}
+	byHost := map[string]map[schema.Status]int{}
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		host := ""
+		if r.Env != nil {
+			host = r.Env.Host
+		}
+		if byHost[host] == nil {
+			byHost[host] = map[schema.Status]int{}
+		}
+		byHost[host][r.Status]++
+		if r.Status != schema.StatusOK {
+			msg := ""
+			if r.Error != nil {
+				msg = r.Error.Kind + ": " + r.Error.Message
+			}
+			t.Errorf("record %s (%s a%d) on %q: %s %s; want ok", r.RolloutID, r.TaskID, r.Attempt, host, r.Status, msg)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("records by host: %v", byHost)
+	if byHost[leaves.Addr][schema.StatusOK] == 0 {
+		t.Errorf("no attempt finished on %s, the attempt it left during included", leaves.Addr)
+	}
+	if n, ok := afterLeave.Load(leaves.Addr); ok {
+		t.Errorf("%s got %d desktops after it left", leaves.Addr, n.(*atomic.Int32).Load())
+	}
+	if _, ok := afterLeave.Load(stays.Addr); !ok {
+		t.Errorf("the desktop of %s was not replaced on %s", leaves.Addr, stays.Addr)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for slices.ContainsFunc(p.Hosts(), func(h HostStatus) bool { return h.Name == leaves.Addr }) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if hs := p.Hosts(); len(hs) != 1 || hs[0].Name != stays.Addr {
+		t.Errorf("hosts at the end %+v; want %s only, %s dropped", hs, stays.Addr, leaves.Addr)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("close the pool: %v", err)
+	}
+	for _, h := range fleet.Hosts {
+		doms, err := h.Exec(ctx, "virsh", "-q", "-c", "qemu:///system", "list", "--all", "--name")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.TrimSpace(string(doms)); s != "" {
+			t.Errorf("domains left on %s: %s", h.Name, s)
+		}
+	}
+	if conns := hostConnections(t, "198.18.203."); len(conns) > 0 {
+		t.Errorf("connections to the hosts left open:\n%s", strings.Join(conns, "\n"))
+	}
+}
+
+func hostLeaving(p *Pool, name string) bool {
+	for _, h := range p.Hosts() {
+		if h.Name == name {
+			return h.Leaving
+		}
+	}
+	return false
 }

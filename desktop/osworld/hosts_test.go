@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,6 +17,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"legato/rl/desktop/osworld/hostdns"
+	"legato/rl/desktop/osworld/hostdns/dnstest"
 	"legato/rl/desktop/osworld/vm"
 )
 
@@ -158,6 +162,7 @@ func TestSlots(t *testing.T) {
 		{"one local host", Config{}, 0},
 		{"capped hosts", Config{VM: vm.Config{Hosts: []vm.HostSpec{{URI: "qemu:///system", Desktops: 2}, {URI: "qemu+ssh://h/system", Desktops: 3}}}}, 5},
 		{"an uncapped host", Config{VM: vm.Config{Hosts: []vm.HostSpec{{URI: "qemu:///system", Desktops: 2}, {URI: "qemu+ssh://h/system"}}}}, 0},
+		{"capped hosts from DNS", Config{HostsFrom: &hostdns.Source{Name: "hosts.test", Desktops: 2}}.withDefaults(), 0},
 	} {
 		if got := tt.cfg.Slots(); got != tt.want {
 			t.Errorf("%s: Slots = %d, want %d", tt.name, got, tt.want)
@@ -214,5 +219,142 @@ func TestForward(t *testing.T) {
 	}
 	if _, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
 		t.Error("a closed forward still accepts")
+	}
+}
+
+// waitHosts waits until the pool's hosts are as ok wants them, waking on
+// each change of a host's state or load, and returns them.
+func waitHosts(t *testing.T, p *Pool, what string, ok func(map[string]HostStatus) bool) map[string]HostStatus {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		p.mu.Lock()
+		changed := p.changed
+		p.mu.Unlock()
+		hs := map[string]HostStatus{}
+		for _, h := range p.Hosts() {
+			hs[h.Name] = h
+		}
+		if ok(hs) {
+			return hs
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("%s: not within a minute; hosts %+v", what, hs)
+		}
+	}
+}
+
+// Hosts from DNS follow the name's records during the batch: a host that
+// joins is prepared in the background, then takes desktops; one that
+// leaves takes no new desktop while the desktop on it keeps its slot
+// (its attempt goes on) and asks to be replaced; a leaving host that is
+// back takes desktops again; once a leaving host has no desktop it is
+// dropped, and if it joins again it is prepared again. The hosts' SSH is
+// never dialed: preparing them is the test's.
+func TestHostsFromDNS(t *testing.T) {
+	dns := dnstest.Start(t)
+	const name = "hosts.legato.test"
+	const h1, h2 = "192.0.2.1", "192.0.2.2" // TEST-NET-1: never reached
+	dns.SetA(name, h1)
+	img := filepath.Join(t.TempDir(), "base.qcow2")
+	if err := os.WriteFile(img, []byte("image"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := testHostPool(t)
+	p.cfg.VM.Hosts, p.cfg.VM.BaseImage, p.cfg.VM.HashCache = nil, img, "-"
+	p.cfg.HostsFrom = &hostdns.Source{Name: name, User: "root", Desktops: 2, Every: hostdns.MinEvery, Resolver: dns.Resolver()}
+	p.cfg.HostWait = 100 * time.Millisecond
+	prepared := make(chan string, 8)
+	p.prepare = func(_ context.Context, ph *poolHost, leftBy string) error {
+		prepared <- ph.name() + " (" + leftBy + ")"
+		return nil
+	}
+	if err := p.openHosts(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		p.mu.Lock()
+		p.closed = true
+		p.notifyLocked()
+		p.mu.Unlock()
+		if err := p.closeHosts(); err != nil {
+			t.Error(err)
+		}
+	}()
+	nextPrepared := func(want string) {
+		t.Helper()
+		select {
+		case got := <-prepared:
+			if got != want {
+				t.Errorf("prepared %s, want %s", got, want)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s was not prepared within a minute", want)
+		}
+	}
+	nextPrepared(h1 + " (an earlier run)")
+	ctx := t.Context()
+	onH1, err := p.acquire(ctx)
+	if err != nil || onH1.name() != h1 {
+		t.Fatalf("first desktop: %v, %v; want %s", onH1, err, h1)
+	}
+	if uri := onH1.h.Spec().URI; uri != "qemu+ssh://root@"+h1+":22/system" {
+		t.Errorf("host from DNS: URI %s", uri)
+	}
+	retiring := (&Desktop{leaving: p.leavingOf(onH1)}).Retiring
+
+	// h2 joins: prepared, then it takes desktops.
+	dns.SetA(name, h1, h2)
+	nextPrepared(h2 + " (an earlier run)")
+	waitHosts(t, p, h2+" up", func(hs map[string]HostStatus) bool { return len(hs) == 2 && !hs[h2].Down })
+	if ph, err := p.acquire(ctx); err != nil || ph.name() != h2 {
+		t.Fatalf("a desktop after %s joined: %v, %v; want %s (most free slots)", h2, ph, err, h2)
+	}
+
+	// h1 leaves: it keeps its desktop, which asks to be replaced, and
+	// takes no new one though it has a free slot (and would win the tie).
+	dns.SetA(name, h2)
+	hs := waitHosts(t, p, h1+" leaving", func(hs map[string]HostStatus) bool { return hs[h1].Leaving })
+	if hs[h1].InUse != 1 || hs[h1].Down || !retiring() {
+		t.Errorf("%s leaving: %+v, its desktop retiring %v; want its desktop kept, the host not down, and the desktop asking to be replaced", h1, hs[h1], retiring())
+	}
+	if ph, err := p.acquire(ctx); err != nil || ph.name() != h2 {
+		t.Fatalf("a desktop with %s leaving: %v, %v; want %s", h1, ph, err, h2)
+	}
+	if ph, err := p.acquire(ctx); err == nil || !strings.Contains(err.Error(), h1+" leaving (gone from the DNS name; 1 desktops finishing)") {
+		t.Errorf("a desktop with %s leaving and %s full: %v, %v; want none, naming %s leaving", h1, h2, ph, err, h1)
+	}
+
+	// h1 is back before its desktop ended: it takes desktops again.
+	dns.SetA(name, h1, h2)
+	waitHosts(t, p, h1+" back", func(hs map[string]HostStatus) bool { return !hs[h1].Leaving })
+	if retiring() {
+		t.Errorf("the desktop on %s, back in DNS, still asks to be replaced", h1)
+	}
+	again, err := p.acquire(ctx)
+	if err != nil || again != onH1 {
+		t.Fatalf("a desktop after %s came back: %v, %v; want it", h1, again, err)
+	}
+	p.release(again, "")
+
+	// h1 leaves again; once its desktop is closed, it is dropped, its
+	// connection closed; joining again, it is prepared again.
+	dns.SetA(name, h2)
+	waitHosts(t, p, h1+" leaving again", func(hs map[string]HostStatus) bool { return hs[h1].Leaving })
+	p.release(onH1, "")
+	waitHosts(t, p, h1+" dropped", func(hs map[string]HostStatus) bool { _, ok := hs[h1]; return !ok })
+	p.mu.Lock()
+	gone := onH1.gone
+	p.mu.Unlock()
+	if !gone {
+		t.Errorf("%s dropped but not marked gone", h1)
+	}
+	dns.SetA(name, h1, h2)
+	nextPrepared(h1 + " (an earlier run)")
+	waitHosts(t, p, h1+" up again", func(hs map[string]HostStatus) bool { h, ok := hs[h1]; return ok && !h.Down })
+	if ph, err := p.acquire(ctx); err != nil || ph.name() != h1 || ph == onH1 {
+		t.Errorf("a desktop after %s joined again: %v, %v; want it, as a new host", h1, ph, err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"legato/rl/desktop/osworld/cdp"
 	"legato/rl/desktop/osworld/grade"
 	"legato/rl/desktop/osworld/guest"
+	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/setup"
 	"legato/rl/desktop/osworld/vm"
 )
@@ -37,11 +38,15 @@ type Pool struct {
 	// machine forks from; nil without Golden.Fork.
 	forks *forkTemplates
 
-	// hosts are the libvirt hosts of VM mode. stopProbes, stopCtx and
-	// probes run the probes of hosts that are down.
-	hosts []*poolHost
 	// images are VM mode's image files, hashed once at the start.
-	images     []vm.ImageFile
+	images []vm.ImageFile
+	// watch resolves Config.HostsFrom (nil without it).
+	watch *hostdns.Watcher
+	// prepare is prepareHost; tests replace it.
+	prepare func(ctx context.Context, ph *poolHost, leftBy string) error
+	// stopProbes, stopCtx and probes run the probes of VM mode's hosts
+	// that are down (or just joined), and the goroutine that follows
+	// watch.
 	stopProbes chan struct{}
 	stopCtx    context.Context
 	stopNow    context.CancelFunc
@@ -49,14 +54,18 @@ type Pool struct {
 
 	mu     sync.Mutex
 	closed bool
-	open   map[*Desktop]int // open desktop → slot
+	// hosts are the libvirt hosts of VM mode; with Config.HostsFrom, the
+	// list changes during the batch (a new slice each time).
+	hosts []*poolHost
+	open  map[*Desktop]int // open desktop → slot
 	// changed is closed (and replaced) whenever a host's state or load
 	// changes, waking desktops that wait for a slot.
 	changed chan struct{}
 }
 
 // NewPool checks cfg and prepares the shared parts. In VM mode it
-// connects to each of cfg.VM.Hosts, uploads the image files to the hosts
+// connects to each of cfg.VM.Hosts (or of those cfg.HostsFrom resolves
+// to, which it follows until Close), uploads the image files to the hosts
 // that lack them (unless NoImageUpload), and removes what a crashed run
 // left behind: every domain and volume of VMs with cfg.VM.NamePrefix (so
 // runs sharing a host at the same time need different prefixes). A host
@@ -71,6 +80,7 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	cfg = cfg.withDefaults()
 	p := &Pool{cfg: cfg, log: cfg.Logger, open: map[*Desktop]int{}, changed: make(chan struct{})}
+	p.prepare = p.prepareHost
 	if cfg.Golden.Fork && !cfg.Golden.Off {
 		p.forks = newForkTemplates(cfg.Golden.Max, cfg.Logger)
 		if os.Geteuid() != 0 {
@@ -248,6 +258,9 @@ func (p *Pool) New(ctx context.Context, slot int) (desktop.Desktop, error) {
 		if ph != nil {
 			p.release(ph, d.name)
 		}
+	}
+	if ph != nil {
+		d.leaving = p.leavingOf(ph)
 	}
 	if d.vm != nil {
 		return &VMDesktop{d}, nil
