@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"legato/rl/desktop/osworld/hostdns"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -138,9 +140,15 @@ func TestREADMEAgrees(t *testing.T) {
 	has("podman build -f deploy/kubernetes/Containerfile ... deploy/kubernetes", func(c []string) bool {
 		return c[0] == "podman" && c[1] == "build" && flagValue(c, "-f") == "deploy/kubernetes/Containerfile" && c[len(c)-1] == "deploy/kubernetes"
 	})
-	hostsFrom := "dns:" + svc.Name + "." + svc.Namespace + ".svc.cluster.local"
-	has("legato rl collect --hosts-from "+hostsFrom, func(c []string) bool {
-		return slices.Equal(c[:min(3, len(c))], []string{"legato", "rl", "collect"}) && flagValue(c, "--hosts-from") == hostsFrom
+	// legato's --hosts-from, as legato parses it: the Service's name, and
+	// the user the entrypoint installs the fleet's key for.
+	name := svc.Name + "." + svc.Namespace + ".svc.cluster.local"
+	has("legato rl collect --hosts-from dns:"+name+",user=root", func(c []string) bool {
+		if !slices.Equal(c[:min(3, len(c))], []string{"legato", "rl", "collect"}) {
+			return false
+		}
+		src, err := hostdns.ParseSource(flagValue(c, "--hosts-from"))
+		return err == nil && src.Name == name && src.User == "root"
 	})
 
 	for _, s := range []string{kvmUsable, kvmNone, "host cap: N desktops", "host key: ssh-ed25519",
