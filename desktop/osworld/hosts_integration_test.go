@@ -40,6 +40,28 @@ func (k killingDesktop) Act(ctx context.Context, a desktop.Action) (desktop.ActR
 	return k.VMDesktop.Act(ctx, a)
 }
 
+// startHosts makes the namespace hosts of opts for a test; once the test
+// and its deferred closes are done, it removes them and checks that no
+// namespace of theirs is left.
+func startHosts(t *testing.T, opts hosttest.Options) *hosttest.Fleet {
+	t.Helper()
+	opts.Logf = t.Logf
+	fleet, err := hosttest.Start(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fleet.Close(); err != nil {
+			t.Errorf("remove the namespace hosts: %v", err)
+		}
+		out, _ := exec.Command("ip", "netns", "list").Output()
+		if strings.Contains(string(out), opts.Name) {
+			t.Errorf("namespaces left: %s", out)
+		}
+	})
+	return fleet
+}
+
 // TestIntegrationHostsAndReplicas runs a batch across 3 namespace hosts
 // (one desktop each, reached over SSH only) and 2 scripted model replicas.
 // Mid-batch one host is killed (its daemons and VMs, as a crash) while an
@@ -51,19 +73,7 @@ func TestIntegrationHostsAndReplicas(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
-	fleet, err := hosttest.Start(t.Context(), hosttest.Options{Hosts: 3, Name: "lgosw", Net: 202, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := fleet.Close(); err != nil {
-			t.Errorf("remove the namespace hosts: %v", err)
-		}
-		out, _ := exec.Command("ip", "netns", "list").Output()
-		if strings.Contains(string(out), "lgosw") {
-			t.Errorf("namespaces left: %s", out)
-		}
-	}()
+	fleet := startHosts(t, hosttest.Options{Hosts: 3, Name: "lgosw", Net: 202})
 	cfg := itConfig(t, "legato-ithosts-")
 	// A copy of the image files of its own: the batch, and the check at
 	// the end that every host holds them, must see one image even if the
@@ -385,15 +395,7 @@ func TestIntegrationHostsFromDNS(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
-	fleet, err := hosttest.Start(t.Context(), hosttest.Options{Hosts: 2, Name: "lgdns", Net: 203, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := fleet.Close(); err != nil {
-			t.Errorf("remove the namespace hosts: %v", err)
-		}
-	}()
+	fleet := startHosts(t, hosttest.Options{Hosts: 2, Name: "lgdns", Net: 203})
 	dns := dnstest.Start(t)
 	const name = "legato-hosts.legato.it.test"
 	stays, leaves := fleet.Hosts[0], fleet.Hosts[1]
