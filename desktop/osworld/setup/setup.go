@@ -286,7 +286,7 @@ func (c *Controller) waitWindow(ctx context.Context, log *slog.Logger, prog prog
 		log.Warn("the program the setup step started mapped no window in time; going on (the setup's settle alone decides when its screen is ready)",
 			"program", prog.name, "command", c.maskText(prog.command), "waited", max, "other_new_windows", others)
 	default:
-		log.Debug("the program the setup step started mapped its window", "program", prog.name,
+		log.Info("the program the setup step started mapped its window", "program", prog.name,
 			"window", seen.Window.String(), "pid", seen.Window.PID, "seconds", seen.Waited.Seconds())
 	}
 	return nil
