@@ -263,7 +263,75 @@ func TestIntegrationApps(t *testing.T) {
 	// of a minute of CI's budget.
 	d, tasks := appsDesktop(t, cfg)
 	t.Run("golden-groups", func(t *testing.T) { appsGoldenGroups(t, cfg, d, tasks) })
+	t.Run("gnome-settings", func(t *testing.T) { appsGnomeSettings(t, d) })
 	t.Run("fast-reset", func(t *testing.T) { appsFastReset(t, d, tasks) })
+}
+
+// appsGnomeSolutions are the tasks of testdata/apps-tasks/tasks.json that
+// read GNOME settings through gsettings (as OSWorld's os tasks do), with a
+// guest command that solves each: the image has the schemas, no GNOME.
+var appsGnomeSolutions = map[string]string{
+	"apps-os-auto-lock":  "gsettings set org.gnome.desktop.screensaver lock-enabled true",
+	"apps-os-no-banners": "gsettings set org.gnome.desktop.notifications show-banners false",
+}
+
+// appsGnomeSettings: a task that reads a GNOME setting grades 0 untouched
+// (the image's default is OSWorld's, not one that solves it), 1 once the
+// setting is written, and 0 again after the next reset (the user's dconf
+// database is put back).
+func appsGnomeSettings(t *testing.T, d *VMDesktop) {
+	ctx := t.Context()
+	all, err := rl.LoadTasks(filepath.Join("testdata", "apps-tasks", "tasks.json"), rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	// grade resets first when reset is set, as the desktop plans it (a
+	// task of domain os goes back to the clean snapshot).
+	grade := func(t *testing.T, task desktop.Task, reset bool) float64 {
+		t.Helper()
+		if reset {
+			if err := d.Reset(ctx, task); err != nil {
+				t.Fatalf("reset: %v", err)
+			}
+		}
+		if err := d.WaitBeforeEval(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err := d.Evaluate(ctx, task)
+		if err != nil {
+			t.Fatalf("evaluate: %v", err)
+		}
+		return r
+	}
+	for _, task := range all {
+		solve, ok := appsGnomeSolutions[task.ID]
+		if !ok {
+			continue
+		}
+		found++
+		t.Run(task.ID, func(t *testing.T) {
+			if got := grade(t, task, true); got != 0 {
+				t.Errorf("untouched: grade %v, want 0", got)
+			}
+			res, err := d.sh.run(ctx, solve)
+			if err != nil || res.ReturnCode != 0 {
+				t.Fatalf("%s: %+v, %v", solve, res, err)
+			}
+			if got := grade(t, task, false); got != 1 {
+				t.Errorf("after %s: grade %v, want 1", solve, got)
+			}
+			if got := grade(t, task, true); got != 0 {
+				t.Errorf("after a reset (%s): grade %v, want 0", d.LastReset().Kind, got)
+			}
+			if rep := d.LastReset(); rep.Kind == ResetNone {
+				t.Errorf("the reset after the attempt: %s (%s); want one that undoes it", rep.Kind, rep.Why)
+			}
+		})
+	}
+	if found != len(appsGnomeSolutions) {
+		t.Errorf("tasks.json has %d of the %d GNOME settings tasks", found, len(appsGnomeSolutions))
+	}
 }
 
 // appsGoldenGroups runs a batch of the tasks on d (lent to it: the batch

@@ -60,6 +60,9 @@ for c in 'sudo -n true && echo sudo: ok' 'echo DISPLAY=$DISPLAY' 'google-chrome 
          'libreoffice --version' 'gimp --version' 'vlc --version 2>/dev/null | head -1' \
          'thunderbird --version' 'socat -V | head -2 | tail -1' 'gsettings --version' \
          'dconf help >/dev/null && echo dconf: ok' \
+         'gsettings get org.gnome.shell favorite-apps' \
+         'test "$(gsettings get org.gnome.desktop.screensaver lock-enabled)" = false && echo lock-enabled: false' \
+         'gsettings set org.gnome.desktop.interface text-scaling-factor 1.25 && test "$(gsettings get org.gnome.desktop.interface text-scaling-factor)" = 1.25 && gsettings reset org.gnome.desktop.interface text-scaling-factor && echo gsettings writes: ok' \
          'ls /usr/lib/x86_64-linux-gnu/vlc/lua/intf/http.luac >/dev/null && echo vlc http interface: ok'; do
   if ! run "$c"; then
     echo "check.sh: failed in the guest: $c" >&2

@@ -21,9 +21,13 @@ BASE=$BASE,python-is-python3,procps,iproute2,rsync,ca-certificates,less,zstd
 # `file` and its program through the desktop files' MIME cache. librsvg2-common:
 # GTK's SVG loader, without which GIMP's icons are missing. libreoffice-gtk3: LibreOffice
 # draws with GTK, as on OSWorld's Ubuntu, and takes GTK's settings (no caret blink).
-# curl: OSWorld's own task configs call it in the guest.
+# curl: OSWorld's own task configs call it in the guest. The GNOME schemas
+# (without GNOME itself): OSWorld's os tasks read and write org.gnome.desktop.*,
+# org.gnome.shell (favorite-apps) and org.gnome.settings-daemon.* keys through
+# gsettings, which without a schema prints an error a metric then chokes on.
 APPS="xvfb xauth xfonts-base fonts-dejavu-core fonts-liberation openbox xdotool wmctrl x11-utils
   x11-apps x11-xserver-utils xdg-utils file desktop-file-utils dbus-x11 socat curl dconf-cli dconf-service libglib2.0-bin
+  dconf-gsettings-backend gsettings-desktop-schemas gnome-shell-common gnome-settings-daemon-common
   librsvg2-common adwaita-icon-theme chromium libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 gimp vlc vlc-plugin-base
   thunderbird"
 
@@ -63,6 +67,17 @@ apt_get update >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; exit 1; }
 # shellcheck disable=SC2086 # APPS is a word list
 apt_get install -y --no-install-recommends $APPS >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; exit 1; }
 
+echo "== gsettings defaults $(date +%T)"
+# Defaults where the schemas' own would leave an OSWorld task solved before
+# the agent acts: its "turn on auto-lock" task (a4d98375, exact_match on
+# org.gnome.desktop.screensaver lock-enabled = true) must start with the lock
+# off. A schema override changes the default only: what a task or the agent
+# sets is the user's dconf database, which resets put back.
+cat >"$ROOT/usr/share/glib-2.0/schemas/90_legato-osworld.gschema.override" <<'OVERRIDE'
+[org.gnome.desktop.screensaver]
+lock-enabled=false
+OVERRIDE
+chroot "$ROOT" glib-compile-schemas /usr/share/glib-2.0/schemas >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; exit 1; }
 echo "== initramfs $(date +%T)"
 printf 'MODULES=list\nCOMPRESS=zstd\n' >"$ROOT/etc/initramfs-tools/conf.d/legato"
 printf '%s\n' virtio_pci virtio_blk virtio_net virtio_console ext4 >"$ROOT/etc/initramfs-tools/modules"
