@@ -40,12 +40,16 @@
 // match_in_list, is_in_list, literal_match, check_direct_json_object,
 // compare_text_file, diff_text_file, is_vlc_playing, the check_qt_* and
 // check_global_key_play_pause / check_one_instance_when_started_from_file
-// VLC settings, check_config_status, is_expected_tabs) are also
-// implemented in Go with CPython 3.11's semantics, down to where the Python
-// code raises: str methods as package pystr gives them (the final sigma of
-// str.lower, Unicode 14's tables), json.loads as decodePy does (NaN and
-// Infinity, lone surrogates, the 4300-digit limit on ints). They run when no
-// checkout is given, when its module does not import, or by choice (Mode).
+// VLC settings, check_config_status, is_expected_tabs) and the GNOME
+// settings metrics of the os tasks (check_gnome_favorite_apps,
+// check_text_enlarged) are also implemented in Go with CPython 3.11's
+// semantics, down to where the Python code raises: str methods as package
+// pystr gives them (the final sigma of str.lower, Unicode 14's tables),
+// json.loads as decodePy does (NaN and Infinity, lone surrogates, the
+// 4300-digit limit on ints), float() of a str as parseFloatText does
+// (Unicode digits and space, underscores, "inf" and "nan"), eval() of
+// gsettings' output as pyEvalStrings does. They run when no checkout is
+// given, when its module does not import, or by choice (Mode).
 // Evaluate says which way each metric ran. A task needing a metric or
 // getter that is neither native nor importable is refused before the batch
 // by Catalog.Check, naming the task and the metric; Check reports, before
@@ -93,8 +97,18 @@
 // (the "__EVALUATION_FAILED__" marker, "ignore_list_order", a string
 // matching one of a list); an older checkout through Python may score
 // differently. Files are read as UTF-8, as Python does under a UTF-8
-// locale. The rule_relativeTime getter, and every getter and metric not
-// listed above, run through Python only.
+// locale. check_gnome_favorite_apps's eval() reads only a str, or a list
+// or tuple of str literals (any quotes, prefixes u and r, Python's escapes,
+// adjacent literals joined, comments, line continuations, a trailing
+// comma), and raises CPython's SyntaxError or IndentationError on text that
+// is certainly not Python ("@as []", "No such schema ...", nothing). Other
+// Python fails the grade natively with an error saying so, where CPython
+// would score it or raise something else: operators (['a'] + ['b']), names
+// (true), numbers, None, nested or non-str elements, bytes and f-strings,
+// \N{name} escapes, non-ASCII outside strings, comprehensions, and an
+// indented line after such Python (IndentationError or SyntaxError,
+// depending on what precedes it). The rule_relativeTime getter, and every
+// getter and metric not listed above, run through Python only.
 //
 // # Re-grading
 //

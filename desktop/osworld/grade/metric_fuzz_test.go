@@ -3,6 +3,7 @@ package grade
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -178,5 +179,34 @@ func FuzzDiffTextFile(f *testing.F) {
 	f.Fuzz(func(t *testing.T, result, expected []byte) {
 		r, e := string(result), string(expected)
 		o.compare(t, metricCase{metric: "diff_text_file", resultFile: &r, expectedFile: &e})
+	})
+}
+
+// FuzzCheckGnomeFavoriteApps fuzzes the text eval() reads; a text the
+// native eval refuses (Python it does not evaluate) is skipped.
+func FuzzCheckGnomeFavoriteApps(f *testing.F) {
+	o := newMetricOracle(f, "check_gnome_favorite_apps")
+	for _, s := range evalInputs {
+		f.Add(s, `["a"]`)
+	}
+	f.Add("['a', \"b\",\n]", `["b","a"]`)
+	f.Fuzz(func(t *testing.T, text, expected string) {
+		text = fuzzText(text)
+		var refused *errEvalUnsupported
+		if _, err := pyEvalStrings(text); errors.As(err, &refused) {
+			t.Skip("refused natively:", err)
+		}
+		o.compare(t, metricCase{metric: "check_gnome_favorite_apps", result: jsonString(text),
+			expected: `{"expected":` + jsonValue(expected) + `}`})
+	})
+}
+
+func FuzzCheckTextEnlarged(f *testing.F) {
+	o := newMetricOracle(f, "check_text_enlarged")
+	for _, s := range []string{"1.25\n", "\u3000\u0661_\u0665\u00a0", "-iNf", "1e1_0", "0x1p3", "\x1c1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		o.compare(t, metricCase{metric: "check_text_enlarged", result: jsonValue(text)})
 	})
 }

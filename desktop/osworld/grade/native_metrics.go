@@ -31,11 +31,13 @@ func NativeMetrics() []string {
 		"check_config_status",
 		"check_direct_json_object",
 		"check_global_key_play_pause",
+		"check_gnome_favorite_apps",
 		"check_include_exclude",
 		"check_one_instance_when_started_from_file",
 		"check_qt_bgcone",
 		"check_qt_max_volume",
 		"check_qt_minimal_view",
+		"check_text_enlarged",
 		"compare_text_file",
 		"diff_text_file",
 		"exact_match",
@@ -81,6 +83,10 @@ func nativeMetricFor(name string) (nativeMetric, bool) {
 		return nativeMetric{params: []string{"actual_config_path", "rule"}, run: checkConfigStatus}, true
 	case "is_expected_tabs":
 		return nativeMetric{params: []string{"open_tabs", "rule"}, run: isExpectedTabs}, true
+	case "check_gnome_favorite_apps":
+		return nativeMetric{params: []string{"apps_str", "rule"}, run: checkGnomeFavoriteApps}, true
+	case "check_text_enlarged":
+		return nativeMetric{params: []string{"scaling_factor_str"}, run: checkTextEnlarged}, true
 	}
 	return nativeMetric{}, false
 }

@@ -249,6 +249,56 @@ var metricCases = []metricCase{
 	{name: "tabs: other rule type", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://a.com"}]`, expected: `{"type":"title","titles":["A"]}`, want: 0},
 	{name: "tabs: no urls", metric: "is_expected_tabs", result: `[{"title":"A","url":"https://a.com"}]`, expected: `{"type":"url"}`, wantRaise: "KeyError"},
 	{name: "tabs: tab without url", metric: "is_expected_tabs", result: `[{"title":"A"}]`, expected: `{"type":"url","urls":["https://a.com"]}`, wantRaise: "KeyError"},
+
+	// check_gnome_favorite_apps(apps_str, rule): gsettings get org.gnome.shell favorite-apps, read with eval()
+	{name: "gnome apps: same set", metric: "check_gnome_favorite_apps", result: `"['thunderbird.desktop', 'org.gnome.Nautilus.desktop']\n"`, expected: `{"expected":["org.gnome.Nautilus.desktop","thunderbird.desktop"]}`, want: 1},
+	{name: "gnome apps: one missing", metric: "check_gnome_favorite_apps", result: `"['thunderbird.desktop']\n"`, expected: `{"expected":["thunderbird.desktop","vim.desktop"]}`, want: 0},
+	{name: "gnome apps: another app", metric: "check_gnome_favorite_apps", result: `"['thunderbird.desktop', 'gedit.desktop']\n"`, expected: `{"expected":["thunderbird.desktop","vim.desktop"]}`, want: 0},
+	{name: "gnome apps: a duplicate counts in len", metric: "check_gnome_favorite_apps", result: `"['a.desktop', 'a.desktop']"`, expected: `{"expected":["a.desktop","b.desktop"]}`, want: 0},
+	{name: "gnome apps: duplicates on both sides", metric: "check_gnome_favorite_apps", result: `"['a.desktop', 'b.desktop', 'a.desktop']"`, expected: `{"expected":["b.desktop","a.desktop","b.desktop"]}`, want: 1},
+	{name: "gnome apps: double quotes, escapes, trailing comma", metric: "check_gnome_favorite_apps", result: `"[\"it's.desktop\", '\\x61\\u00e9\\q' r'\\n', \n'c'\n,]"`, expected: `{"expected":["it's.desktop","aé\\q\\n","c"]}`, want: 1},
+	{name: "gnome apps: tuple", metric: "check_gnome_favorite_apps", result: `"('a.desktop', 'b.desktop')"`, expected: `{"expected":["b.desktop","a.desktop"]}`, want: 1},
+	{name: "gnome apps: bare tuple", metric: "check_gnome_favorite_apps", result: `"'a.desktop', 'b.desktop',"`, expected: `{"expected":["b.desktop","a.desktop"]}`, want: 1},
+	{name: "gnome apps: empty list", metric: "check_gnome_favorite_apps", result: `"[]"`, expected: `{"expected":[]}`, want: 1},
+	{name: "gnome apps: empty as gsettings prints it", metric: "check_gnome_favorite_apps", result: `"@as []\n"`, expected: `{"expected":[]}`, wantRaise: "SyntaxError"},
+	{name: "gnome apps: no schema", metric: "check_gnome_favorite_apps", result: `"No such schema 'org.gnome.shell'\n"`, expected: `{"expected":[]}`, wantRaise: "SyntaxError"},
+	{name: "gnome apps: no output", metric: "check_gnome_favorite_apps", result: `""`, expected: `{"expected":[]}`, wantRaise: "SyntaxError"},
+	{name: "gnome apps: unterminated", metric: "check_gnome_favorite_apps", result: `"['a.desktop', 'b"`, expected: `{"expected":[]}`, wantRaise: "SyntaxError"},
+	{name: "gnome apps: indented second line", metric: "check_gnome_favorite_apps", result: `"['a']\n  "`, expected: `{"expected":["a"]}`, wantRaise: "IndentationError"},
+	{name: "gnome apps: None", metric: "check_gnome_favorite_apps", result: `null`, expected: `{"expected":[]}`, wantRaise: "TypeError"},
+	{name: "gnome apps: a str is its characters", metric: "check_gnome_favorite_apps", result: `"'abca'"`, expected: `{"expected":"cbaa"}`, want: 1},
+	{name: "gnome apps: a str against a list", metric: "check_gnome_favorite_apps", result: `"'ab'"`, expected: `{"expected":["b","a"]}`, want: 1},
+	{name: "gnome apps: dict keys", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `{"expected":{"a":1}}`, want: 1},
+	{name: "gnome apps: no expected", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `{}`, wantRaise: "KeyError"},
+	{name: "gnome apps: expected an int", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `{"expected":1}`, wantRaise: "TypeError"},
+	{name: "gnome apps: expected None", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `{"expected":null}`, wantRaise: "TypeError"},
+	{name: "gnome apps: unhashable expected", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `{"expected":[["a"]]}`, wantRaise: "TypeError"},
+	{name: "gnome apps: unhashable after a number", metric: "check_gnome_favorite_apps", result: `"['a', 'b']"`, expected: `{"expected":[1,{}]}`, wantRaise: "TypeError"},
+	{name: "gnome apps: lengths differ before set", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `{"expected":[["a"],["b"]]}`, want: 0},
+	{name: "gnome apps: a number never equals a str", metric: "check_gnome_favorite_apps", result: `"['1']"`, expected: `{"expected":[1]}`, want: 0},
+	{name: "gnome apps: rule a list", metric: "check_gnome_favorite_apps", result: `"['a']"`, expected: `["a"]`, wantRaise: "TypeError"},
+
+	// check_text_enlarged(scaling_factor_str): gsettings get org.gnome.desktop.interface text-scaling-factor
+	{name: "text scale: enlarged", metric: "check_text_enlarged", result: `"1.25\n"`, want: 1},
+	{name: "text scale: default", metric: "check_text_enlarged", result: `"1.0\n"`, want: 0},
+	{name: "text scale: smaller", metric: "check_text_enlarged", result: `"0.8\n"`, want: 0},
+	{name: "text scale: just above", metric: "check_text_enlarged", result: `"1.0000000000000002"`, want: 1},
+	{name: "text scale: rounds to 1", metric: "check_text_enlarged", result: `"1.00000000000000001"`, want: 0},
+	{name: "text scale: underscores, Unicode space and digits", metric: "check_text_enlarged", result: `"\u3000\u0661_\u0665\u00a0\n"`, want: 1},
+	{name: "text scale: infinity", metric: "check_text_enlarged", result: `" -Infinity\t"`, want: 0},
+	{name: "text scale: inf", metric: "check_text_enlarged", result: `"INF"`, want: 1},
+	{name: "text scale: nan", metric: "check_text_enlarged", result: `"nan"`, want: 0},
+	{name: "text scale: empty", metric: "check_text_enlarged", result: `""`, wantRaise: "ValueError"},
+	{name: "text scale: separator not stripped", metric: "check_text_enlarged", result: `"\u001c1.5"`, wantRaise: "ValueError"},
+	{name: "text scale: hex", metric: "check_text_enlarged", result: `"0x1p1"`, wantRaise: "ValueError"},
+	{name: "text scale: bad underscore", metric: "check_text_enlarged", result: `"1_.5"`, wantRaise: "ValueError"},
+	{name: "text scale: gsettings error", metric: "check_text_enlarged", result: `"No such key 'text-scaling-factor'\n"`, wantRaise: "ValueError"},
+	{name: "text scale: None", metric: "check_text_enlarged", result: `null`, wantRaise: "TypeError"},
+	{name: "text scale: a number", metric: "check_text_enlarged", result: `2`, want: 1},
+	{name: "text scale: True", metric: "check_text_enlarged", result: `true`, want: 0},
+	{name: "text scale: huge int", metric: "check_text_enlarged", result: `1` + strings.Repeat("0", 400), wantRaise: "OverflowError"},
+	{name: "text scale: a list", metric: "check_text_enlarged", result: `["1.5"]`, wantRaise: "TypeError"},
+	{name: "text scale: no expected taken", metric: "check_text_enlarged", result: `"1.5"`, expected: `{"expected":1}`, wantRaise: "TypeError"},
 }
 
 // vlcStatusXML is a status.xml as VLC 3's HTTP interface writes it.
@@ -285,5 +335,27 @@ func TestNativeMetrics(t *testing.T) {
 				t.Errorf("%s = %v, want %v", c.metric, got, c.want)
 			}
 		})
+	}
+}
+
+// TestGnomeFavoriteAppsRefusesWhatItCannotEvaluate: Python the native eval
+// does not read fails the grade, naming the text and what to do, rather
+// than scoring what CPython might score otherwise.
+func TestGnomeFavoriteAppsRefusesWhatItCannotEvaluate(t *testing.T) {
+	m, _ := nativeMetricFor("check_gnome_favorite_apps")
+	rule := newPyDict()
+	rule.set("expected", []any{"a", "b"})
+	for _, text := range []string{"['a'] + ['b']", "true\n", "[['a'], 'b']"} {
+		got, err := m.call("check_gnome_favorite_apps", text, rule, true, newPyDict())
+		var refused *errEvalUnsupported
+		if !errors.As(err, &refused) {
+			t.Errorf("eval(%q) scored %v, %v; want it refused", text, got, err)
+			continue
+		}
+		for _, want := range []string{"eval(" + pyRepr(text) + ")", "--osworld", "--grader bridge"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("refusal %q does not say %q", err, want)
+			}
+		}
 	}
 }

@@ -8,8 +8,8 @@
 // PYTHON defaults to /usr/bin/python3; the tables must come from a CPython
 // 3.11 (Unicode 14.0.0), the interpreter the package follows. Only the
 // interpreter's observable behaviour is read (str.lower, str.isspace,
-// str.splitlines, str.isprintable on each code point: testdata/props.py),
-// never its source.
+// str.splitlines, str.isprintable, str.isdecimal and int() on each code
+// point: testdata/props.py), never its source.
 package main
 
 import (
@@ -34,6 +34,8 @@ type facts struct {
 	Space     []rune
 	Lines     []rune
 	Printable []rune
+	// Decimal maps each decimal digit (str.isdecimal) to its value.
+	Decimal map[string]int
 }
 
 func main() {
@@ -93,6 +95,7 @@ func main() {
 	table(&b, "whiteSpace", "what str.isspace accepts", f.Space)
 	table(&b, "lineBoundary", "where str.splitlines splits (and \\r\\n)", f.Lines)
 	table(&b, "printable", "what str.isprintable accepts: repr leaves these as they are", f.Printable)
+	table(&b, "decimal", "the decimal digits (str.isdecimal), each range whole runs of ten\n// from 0 to 9, so that a digit's value is its distance from the range's\n// start modulo 10", decimalDigits(f.Decimal))
 
 	src, err := format.Source(b.Bytes())
 	if err != nil {
@@ -179,4 +182,27 @@ func table(b *bytes.Buffer, name, doc string, cs []rune) {
 		b.WriteString("\t},\n")
 	}
 	fmt.Fprintf(b, "\tLatinOffset: %d,\n}\n\n", latin)
+}
+
+// decimalDigits returns the decimal digits, after checking that every run
+// of them counts 0 to 9 from its start, which Digit relies on (Unicode
+// encodes decimal digits so).
+func decimalDigits(m map[string]int) []rune {
+	cs := make([]rune, 0, len(m))
+	for k := range m {
+		var c rune
+		fmt.Sscan(k, &c)
+		cs = append(cs, c)
+	}
+	slices.Sort(cs)
+	start := rune(-1)
+	for i, c := range cs {
+		if i == 0 || cs[i-1]+1 != c {
+			start = c
+		}
+		if v := m[fmt.Sprint(c)]; rune(v) != (c-start)%10 {
+			log.Fatalf("decimal digit %U is %d, %d from its run's start %U: runs must count 0 to 9", c, v, c-start, start)
+		}
+	}
+	return cs
 }

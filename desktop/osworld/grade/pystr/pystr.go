@@ -1,9 +1,10 @@
 // Package pystr gives Go strings the semantics of the CPython 3.11 str
 // operations OSWorld's metrics use: lower, isspace and strip, splitlines,
-// isprintable and repr, and str() of a float. Go's strings and unicode
-// packages differ from them: strings.ToLower maps a final capital sigma to
-// σ where Python gives ς, Go's tables are a newer Unicode edition than
-// Python 3.11's 14.0.0, unicode.IsSpace misses four ASCII separators.
+// isprintable and repr, the value of a decimal digit, and str() of a
+// float. Go's strings and unicode packages differ from them:
+// strings.ToLower maps a final capital sigma to σ where Python gives ς,
+// Go's tables are a newer Unicode edition than Python 3.11's 14.0.0,
+// unicode.IsSpace misses four ASCII separators.
 //
 // The character properties (tables.go) are read from CPython 3.11 itself by
 // gen_tables.go; the rules that look at more than one character (the final
@@ -194,6 +195,22 @@ func Strip(s string) string {
 		s = s[:len(s)-n]
 	}
 	return s
+}
+
+// Digit is the value of a decimal digit (str.isdecimal(): ASCII digits
+// and the other characters of category Nd), as int() and float() read it.
+func Digit(r rune) (int, bool) {
+	for _, rg := range decimal.R16 {
+		if r >= rune(rg.Lo) && r <= rune(rg.Hi) {
+			return int(r-rune(rg.Lo)) % 10, true
+		}
+	}
+	for _, rg := range decimal.R32 {
+		if r >= rune(rg.Lo) && r <= rune(rg.Hi) {
+			return int(r-rune(rg.Lo)) % 10, true
+		}
+	}
+	return 0, false
 }
 
 // SplitLines is str.splitlines(): lines end at \n, \r, \r\n, \v, \f,

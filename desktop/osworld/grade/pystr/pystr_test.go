@@ -85,6 +85,7 @@ func TestTablesMatchCPython(t *testing.T) {
 	var f struct {
 		Lower                                     map[string][]rune
 		Cased, Ignorable, Space, Lines, Printable []rune
+		Decimal                                   map[string]int
 	}
 	if err := json.Unmarshal(out, &f); err != nil {
 		t.Fatal(err)
@@ -115,6 +116,11 @@ func TestTablesMatchCPython(t *testing.T) {
 		check("isspace", c, IsSpace(c), isSpace(c))
 		check("line boundary", c, len(SplitLines("a"+s+"b")) == 2, isLine(c))
 		check("isprintable", c, IsPrintable(c), isPrintable(c))
+		value, isDecimal := f.Decimal[strconv.Itoa(int(c))]
+		if got, ok := Digit(c); (got != value || ok != isDecimal) && bad < 20 {
+			bad++
+			t.Errorf("Digit(%U) = %d, %v; python gives %d, %v", c, got, ok, value, isDecimal)
+		}
 	}
 }
 

@@ -11,7 +11,7 @@ import sys
 import unicodedata
 
 SIGMA, FINAL = "\u03a3", "\u03c2"
-lower, cased, ignorable, space, lines, printable = {}, [], [], [], [], []
+lower, cased, ignorable, space, lines, printable, decimal = {}, [], [], [], [], [], {}
 for c in range(0x110000):
     x = chr(c)
     low = x.lower()
@@ -27,6 +27,8 @@ for c in range(0x110000):
         lines.append(c)
     if x.isprintable():
         printable.append(c)
+    if x.isdecimal():
+        decimal[c] = int(x)
 json.dump({"python": sys.version.split()[0], "unicode": unicodedata.unidata_version,
            "lower": lower, "cased": cased, "ignorable": ignorable, "space": space,
-           "lines": lines, "printable": printable}, sys.stdout)
+           "lines": lines, "printable": printable, "decimal": decimal}, sys.stdout)

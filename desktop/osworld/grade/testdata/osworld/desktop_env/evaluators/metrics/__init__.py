@@ -1,6 +1,7 @@
 # Test fixture laid out like OSWorld's desktop_env/evaluators/metrics: the
 # package imports every metric from its module, as OSWorld's does, including
 # one whose module cannot be imported here.
+from .basic_os import check_gnome_favorite_apps, check_text_enlarged
 from .broken import needs_missing_dependency
 from .faults import (
     crash_once,
