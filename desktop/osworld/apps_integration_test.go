@@ -271,8 +271,10 @@ func TestIntegrationApps(t *testing.T) {
 // read GNOME settings through gsettings (as OSWorld's os tasks do), with a
 // guest command that solves each: the image has the schemas, no GNOME.
 var appsGnomeSolutions = map[string]string{
-	"apps-os-auto-lock":  "gsettings set org.gnome.desktop.screensaver lock-enabled true",
-	"apps-os-no-banners": "gsettings set org.gnome.desktop.notifications show-banners false",
+	"apps-os-auto-lock":   "gsettings set org.gnome.desktop.screensaver lock-enabled true",
+	"apps-os-no-banners":  "gsettings set org.gnome.desktop.notifications show-banners false",
+	"apps-os-favorites":   `gsettings set org.gnome.shell favorite-apps "['vlc.desktop', 'thunderbird.desktop']"`,
+	"apps-os-text-larger": "gsettings set org.gnome.desktop.interface text-scaling-factor 1.25",
 }
 
 // appsGnomeSettings: a task that reads a GNOME setting grades 0 untouched
