@@ -289,3 +289,65 @@ func TestEntrypointParses(t *testing.T) {
 		t.Errorf("shellcheck: %v\n%s", err, out)
 	}
 }
+
+// TestEntrypointPoolAutostarted runs the entrypoint's ensure_pool against
+// a fake virsh whose pool is defined and not yet running when asked, and
+// that libvirtd starts itself (autostart) before the entrypoint's
+// pool-start: as when a container is started again, with its libvirt
+// definitions kept. pool-start then fails with "already active", and the
+// pool runs: the entrypoint goes on. A pool that does not start is an
+// error naming it.
+func TestEntrypointPoolAutostarted(t *testing.T) {
+	for _, tc := range []struct {
+		name, start string // what the fake virsh's pool-start does
+		code        int
+		want        string
+	}{
+		{"autostarted meanwhile", "running", 0, "legato-host: storage pool legato at "},
+		{"does not start", "inactive", 1, "legato-host: start the storage pool legato: error: no room"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			state := filepath.Join(dir, "state")
+			// pool-info answers from the state file; pool-start sets it
+			// and fails as libvirt does.
+			virsh := `#!/bin/sh
+for a; do cmd=$a; case $a in pool-*) break ;; esac; done
+case $cmd in
+  pool-info) echo "State:          $(cat ` + state + `)" ;;
+  pool-start)
+    echo ` + tc.start + ` >` + state + `
+    if [ ` + tc.start + ` = running ]; then
+      echo "error: Requested operation is not valid: storage pool 'legato' is already active" >&2
+    else
+      echo "error: no room" >&2
+    fi
+    exit 1 ;;
+  *) echo "unexpected virsh $*" >&2; exit 3 ;;
+esac
+`
+			if err := os.WriteFile(filepath.Join(dir, "virsh"), []byte(virsh), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(state, []byte("inactive\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.CommandContext(t.Context(), "bash", "-c", "source ./host-entrypoint.sh && ensure_pool")
+			// LEGATO_FLEET_KEYS names no file: an entrypoint that starts
+			// when sourced stops at once, changing nothing here.
+			cmd.Env = childenv.Minimal("PATH="+dir+":"+os.Getenv("PATH"), "LEGATO_HOST_DIR="+t.TempDir(),
+				"LEGATO_FLEET_KEYS="+filepath.Join(dir, "none"), "LEGATO_NPROC=8")
+			out, err := cmd.CombinedOutput()
+			code := 0
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				code = exit.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tc.code || !strings.Contains(string(out), tc.want) {
+				t.Errorf("exit %d, output %q; want exit %d and %q", code, out, tc.code, tc.want)
+			}
+		})
+	}
+}

@@ -166,6 +166,10 @@ install_keys() {
   say "host key: $(cat "$host_key.pub")"
 }
 
+pool_running() {
+  virsh -q -c "$uri" pool-info "$pool" 2>/dev/null | grep -q '^State: *running'
+}
+
 # ensure_pool defines legato's storage pool on the node's dir. libvirt's
 # own definitions live in the container and go with it; legato would
 # otherwise create the pool at its default dir, inside the container.
@@ -175,8 +179,12 @@ ensure_pool() {
     virsh -q -c "$uri" pool-build "$pool" >/dev/null
     virsh -q -c "$uri" pool-autostart "$pool" >/dev/null
   fi
-  if ! virsh -q -c "$uri" pool-info "$pool" | grep -q '^State: *running'; then
-    virsh -q -c "$uri" pool-start "$pool" >/dev/null
+  # A container started again (its libvirt definitions kept) has libvirtd
+  # start the autostart pool itself, maybe only after it answers: then
+  # pool-start fails with "already active", and the pool runs.
+  local err
+  if ! pool_running && ! err=$(virsh -q -c "$uri" pool-start "$pool" 2>&1 >/dev/null) && ! pool_running; then
+    die "start the storage pool $pool: $err"
   fi
   say "storage pool $pool at $host_dir/pool"
 }
@@ -260,4 +268,7 @@ main() {
   exit 1
 }
 
-main "$@"
+# Sourced (the tests), it defines its functions only.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
+fi

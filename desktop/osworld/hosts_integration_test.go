@@ -387,20 +387,30 @@ func hostConnections(t *testing.T, prefix string) []string {
 
 // TestIntegrationHostsFromDNS runs a batch on 2 namespace hosts found
 // through a DNS name (a loopback DNS server naming their addresses, as a
-// headless Service would). Mid-attempt one host leaves the name: its
-// desktop finishes that attempt, then is replaced on the other host, and
-// the host gets no new desktop and is dropped. No record is an error (nor
-// a retry), every group completes, and nothing is left on either host.
+// headless Service would): dnsBatch.
 func TestIntegrationHostsFromDNS(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
 	fleet := startHosts(t, hosttest.Options{Hosts: 2, Name: "lgdns", Net: 203})
-	dns := dnstest.Start(t)
-	const name = "legato-hosts.legato.it.test"
+	dnsBatch(t, fleet, dnstest.Start(t), "legato-itdns-")
+}
+
+// itHostsName is the DNS name the tests' hosts are found through.
+const itHostsName = "legato-hosts.legato.it.test"
+
+// dnsBatch runs a batch on the fleet's 2 hosts, found through itHostsName
+// on dns. Mid-attempt the second host leaves the name: its desktop
+// finishes that attempt, then is replaced on the first host, and the host
+// gets no new desktop and is dropped. No record is an error (nor a retry),
+// every group completes, and nothing is left on either host. It returns
+// the batch's configuration (its pool closed).
+func dnsBatch(t *testing.T, fleet *hosttest.Fleet, dns *dnstest.Server, prefix string) Config {
+	t.Helper()
+	const name = itHostsName
 	stays, leaves := fleet.Hosts[0], fleet.Hosts[1]
 	dns.SetA(name, stays.Addr, leaves.Addr)
-	cfg := itConfig(t, "legato-itdns-")
+	cfg := itConfig(t, prefix)
 	cfg.HostsFrom = &hostdns.Source{Name: name, User: "root", Desktops: 2, KeyFile: fleet.KeyFile, KnownHosts: fleet.KnownHosts,
 		Every: hostdns.MinEvery, Resolver: dns.Resolver()}
 	cfg.VM.Accel = vm.AccelTCG // the hosts are this machine: no usable KVM
@@ -517,9 +527,11 @@ func TestIntegrationHostsFromDNS(t *testing.T) {
 			t.Errorf("domains left on %s: %s", h.Name, s)
 		}
 	}
-	if conns := hostConnections(t, "198.18.203."); len(conns) > 0 {
+	netPrefix := stays.Addr[:strings.LastIndexByte(stays.Addr, '.')+1]
+	if conns := hostConnections(t, netPrefix); len(conns) > 0 {
 		t.Errorf("connections to the hosts left open:\n%s", strings.Join(conns, "\n"))
 	}
+	return cfg
 }
 
 func hostLeaving(p *Pool, name string) bool {

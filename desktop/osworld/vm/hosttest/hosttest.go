@@ -11,6 +11,12 @@
 // It needs root, iproute2, util-linux (nsenter, unshare), openssh-server
 // and the libvirt daemons (.ci/libvirt-up.sh installs them; .ci/run adds
 // openssh-server).
+//
+// With Options.Image, each host is instead a podman container of legato's
+// host image (deploy/kubernetes, built by its build-local.sh) in the
+// host's network namespace, as a pod of the DaemonSet runs in its own: the
+// image's entrypoint starts the daemons and stops them on SIGTERM. That
+// needs iproute2, podman and runc, and the image.
 package hosttest
 
 import (
@@ -53,6 +59,13 @@ type Options struct {
 	// (port 16514), with certificates of a CA the fleet makes; clients
 	// use Fleet.PKIDir (Host.TLSURI).
 	TLS bool
+	// Image, when set, makes each host a container of this image (legato's
+	// host image, deploy/kubernetes) instead of daemons from this machine's
+	// filesystem; see container.go. Not with TLS.
+	Image string
+	// ImageEnv is the containers' environment besides NODE_NAME: the
+	// entrypoint's variables (LEGATO_DESKTOP_CPUS=2, ...).
+	ImageEnv []string
 	// Logf receives progress lines (default: none).
 	Logf func(format string, args ...any)
 }
@@ -81,8 +94,10 @@ type Host struct {
 	fleet *Fleet
 	veth  string
 	// holder keeps the mount namespace alive; the daemons run in its
-	// namespaces.
+	// namespaces. A container host has none.
 	holder *exec.Cmd
+	// container is a container host's podman name (Options.Image).
+	container string
 }
 
 // Start makes a fleet. On error, everything made so far is removed again.
@@ -109,11 +124,20 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 		return nil, fmt.Errorf("hosttest: name %q: at most 8 characters", opts.Name)
 	case opts.Net < 0 || opts.Net > 255:
 		return nil, fmt.Errorf("hosttest: net %d: want 0-255", opts.Net)
+	case opts.Image != "" && opts.TLS:
+		return nil, errors.New("hosttest: TLS and Image: a container host listens for SSH only")
 	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("hosttest: needs root (network namespaces, daemons)")
 	}
-	for _, prog := range []string{"ip", "nsenter", "unshare", "/usr/sbin/sshd", "libvirtd", "virtlogd", "virsh"} {
+	progs := []string{"ip", "nsenter", "unshare", "/usr/sbin/sshd", "libvirtd", "virtlogd", "virsh"}
+	if opts.Image != "" {
+		if err := checkImage(opts.Image); err != nil {
+			return nil, err
+		}
+		progs = []string{"ip"}
+	}
+	for _, prog := range progs {
 		if _, err := exec.LookPath(prog); err != nil {
 			return nil, fmt.Errorf("hosttest: %s not found (apt-get install iproute2 util-linux openssh-server libvirt-daemon-system libvirt-clients): %w", prog, err)
 		}
@@ -242,6 +266,10 @@ func (f *Fleet) makeHost(ctx context.Context, i int) (*Host, string, error) {
 			return h, "", fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, out)
 		}
 	}
+	if f.opts.Image != "" {
+		line, err := f.makeContainerHost(h)
+		return h, line, err
+	}
 	line, err := f.sshdConfig(h)
 	if err != nil {
 		return h, "", err
@@ -358,8 +386,12 @@ func (h *Host) URI() string {
 // Exec runs a program in the host's namespaces (e.g. virsh -c
 // qemu:///system list) and returns its output.
 func (h *Host) Exec(ctx context.Context, args ...string) ([]byte, error) {
-	argv := append([]string{"-t", strconv.Itoa(h.holder.Process.Pid), "-m", "-n", "--"}, args...)
-	out, err := exec.CommandContext(ctx, "nsenter", argv...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "podman", append([]string{"exec", h.container}, args...)...)
+	if h.container == "" {
+		argv := append([]string{"-t", strconv.Itoa(h.holder.Process.Pid), "-m", "-n", "--"}, args...)
+		cmd = exec.CommandContext(ctx, "nsenter", argv...)
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("%s on %s: %w: %s", strings.Join(args, " "), h.Name, err, out)
 	}
@@ -367,8 +399,12 @@ func (h *Host) Exec(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // StartDaemons starts the host's virtlogd, libvirtd and sshd, and waits
-// until libvirtd answers and sshd accepts connections.
+// until libvirtd answers and sshd accepts connections. A container host's
+// container starts (again), and its entrypoint starts them.
 func (h *Host) StartDaemons(ctx context.Context) error {
+	if h.container != "" {
+		return h.startContainer(ctx)
+	}
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // sshd's privilege separation
 		return err
 	}
@@ -455,9 +491,30 @@ func (h *Host) Kill() error {
 	return fmt.Errorf("hosttest: %s: processes survive SIGKILL", h.Name)
 }
 
+// Stop stops the host politely, as a drained node: a container host's
+// entrypoint gets SIGTERM (it destroys the VMs, then stops its daemons),
+// a namespace host's daemons get SIGTERM. StartDaemons starts it again.
+func (h *Host) Stop(ctx context.Context) error {
+	if h.container != "" {
+		return h.stopContainer(ctx)
+	}
+	h.stopDaemons()
+	return nil
+}
+
 // stopDaemons stops the daemons politely (libvirtd first), then kills
 // whatever is left.
 func (h *Host) stopDaemons() {
+	if h.container != "" {
+		// None when the fleet failed before it ran.
+		if exec.Command("podman", "container", "exists", h.container).Run() == nil {
+			if err := h.stopContainer(context.Background()); err != nil {
+				h.fleet.opts.Logf("%v", err)
+			}
+		}
+		h.Kill()
+		return
+	}
 	for _, pidfile := range []string{filepath.Join(h.Dir, "ssh", "sshd.pid"), filepath.Join(h.Dir, "run", "libvirtd.pid"), filepath.Join(h.Dir, "run", "virtlogd.pid")} {
 		b, err := os.ReadFile(pidfile)
 		if err != nil {
@@ -498,6 +555,11 @@ func (h *Host) close() error {
 		h.holder.Wait()
 	}
 	var errs []error
+	if h.container != "" {
+		if err := h.removeContainer(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if pids, _ := nsProcesses("/run/netns/" + h.Name); len(pids) > 0 {
 		errs = append(errs, fmt.Errorf("hosttest: %s: processes %v still run", h.Name, pids))
 	}
@@ -514,6 +576,7 @@ func (h *Host) close() error {
 // binary that was killed): processes in its namespaces, the namespaces,
 // the interfaces and the directories.
 func removeStale(opts Options, dir string) {
+	removeStaleContainers(opts)
 	out, _ := exec.Command("ip", "netns", "list").Output()
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
