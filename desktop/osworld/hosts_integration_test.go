@@ -392,6 +392,11 @@ func TestIntegrationHostsFromDNS(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
+	if _, err := exec.LookPath("podman"); err == nil {
+		// CI's budget: the same batch on the same hosttest fleet, with
+		// the hosts' daemons from the image rather than this machine.
+		t.Skip("TestIntegrationContainerHostsFromDNS runs dnsBatch on container hosts; this runs it on namespace hosts where podman is missing")
+	}
 	fleet := startHosts(t, hosttest.Options{Hosts: 2, Name: "lgdns", Net: 203})
 	dnsBatch(t, fleet, dnstest.Start(t), "legato-itdns-")
 }
