@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"legato/rl/desktop"
 	"legato/rl/policy"
 	"legato/rl/schema"
 )
@@ -188,7 +189,8 @@ func (b *batch) work(ctx context.Context, slot int) {
 			}
 			return
 		}
-		a, err := b.sched.next(ctx, b.writeUnstarted)
+		place, _ := d.(desktop.Placer)
+		a, err := b.sched.next(ctx, b.writeUnstarted, place)
 		if err != nil {
 			b.fail(err)
 			return

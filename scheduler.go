@@ -316,7 +316,10 @@ type writeFunc func(*attempt, verdict, ending) (*Record, int64, error)
 // way, with write; its error stops the batch and is returned. The lock is
 // let go while a skip is written: with oversampling every group has some,
 // and a record's write waits for a sync other workers must not wait on.
-func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error) {
+// With place (the worker's desktop, when it is a desktop.Placer; else
+// nil) it takes, of the first queued attempts, one its desktop starts
+// fastest (pickAttempt).
+func (s *scheduler) next(ctx context.Context, write writeFunc, place desktop.Placer) (*attempt, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
@@ -324,8 +327,9 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 			return nil, nil
 		}
 		if len(s.queue) > 0 {
-			a := s.queue[0]
-			s.queue = s.queue[1:]
+			i := s.pickLocked(place)
+			a := s.queue[i]
+			s.queue = slices.Delete(s.queue, i, i+1)
 			// A group whose last needed attempts are committing closes
 			// once they are: its queued attempts are skipped, not started.
 			if a.g.full() {
@@ -358,6 +362,41 @@ func (s *scheduler) next(ctx context.Context, write writeFunc) (*attempt, error)
 		}
 		s.wake.Wait()
 	}
+}
+
+// affinityWindow bounds how far past the queue's front a worker looks for
+// an attempt its desktop starts fastest: the groups keep their order but
+// for a few attempts.
+const affinityWindow = 8
+
+// pickLocked returns the index in the queue of the attempt the worker
+// whose desktop is place takes: the front one without a Placer.
+func (s *scheduler) pickLocked(place desktop.Placer) int {
+	if place == nil {
+		return 0
+	}
+	aff := make([]desktop.Affinity, min(len(s.queue), affinityWindow))
+	for i := range aff {
+		aff[i] = place.Affinity(s.queue[i].g.task.ID)
+	}
+	return pickAttempt(aff)
+}
+
+// pickAttempt decides which of the first queued attempts a desktop takes,
+// given its affinity to each (front first): the first it starts fastest
+// (its task's start state is ready where the desktop runs); else the
+// first that no other desktop starts faster; else the front one, so that
+// no desktop idles while attempts wait.
+func pickAttempt(aff []desktop.Affinity) int {
+	if i := slices.Index(aff, desktop.HereFaster); i >= 0 {
+		return i
+	}
+	for i, a := range aff {
+		if a != desktop.ElsewhereFaster {
+			return i
+		}
+	}
+	return 0
 }
 
 // setCancel registers how to stop a stepping attempt; it returns the

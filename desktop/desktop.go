@@ -240,6 +240,32 @@ type Retirer interface {
 	Retiring() bool
 }
 
+// Affinity says how fast a desktop can start an attempt at a task, as far
+// as where the task's start state lies goes.
+type Affinity int
+
+const (
+	// AnyDesktop: the desktop knows no reason to take the task or leave it.
+	AnyDesktop Affinity = iota
+	// HereFaster: the task's start state is ready where the desktop runs
+	// (osworld: its golden state's fork template is on the desktop's
+	// host): its attempt starts fastest here.
+	HereFaster
+	// ElsewhereFaster: the task's start state is ready only where other
+	// desktops run; here the attempt sets the task up or loads it.
+	ElsewhereFaster
+)
+
+// Placer is implemented by desktops that know where a task's attempts start
+// fastest. A worker whose desktop is one takes, of the attempts queued
+// next, one its desktop starts fastest (PickAttempt) instead of the first.
+type Placer interface {
+	// Affinity says whether the desktop starts attempts at the task
+	// faster than others. It is called under the scheduler's lock: it must
+	// be quick and must not block.
+	Affinity(taskID string) Affinity
+}
+
 // Regrader is implemented by desktops that can grade the end state of the
 // attempt they just graded once more without changing it: the evaluator's
 // getters and metric run again, its postconfig does not (it ran, and it

@@ -240,6 +240,15 @@ func (d *fixedWaitDesktop) Retiring() bool {
 	return ok && r.Retiring()
 }
 
+// Affinity passes on where the desktop whose waits were replaced starts
+// a task's attempts fastest.
+func (d *fixedWaitDesktop) Affinity(taskID string) Affinity {
+	if p, ok := d.Desktop.(Placer); ok {
+		return p.Affinity(taskID)
+	}
+	return AnyDesktop
+}
+
 // The grading capabilities pass on to the desktop whose waits were
 // replaced; one it lacks is ErrUnsupported.
 

@@ -196,6 +196,48 @@ func TestWithFixedWaitsKeepsRetiring(t *testing.T) {
 	}
 }
 
+// placingDesktop starts attempts at task "near" fastest.
+type placingDesktop struct{ desktop.Desktop }
+
+func (placingDesktop) Affinity(taskID string) desktop.Affinity {
+	if taskID == "near" {
+		return desktop.HereFaster
+	}
+	return desktop.ElsewhereFaster
+}
+
+// TestWithFixedWaitsKeepsAffinity: the fixed-wait baseline says where a
+// task's attempts start fastest as the desktop whose waits it replaced
+// does, and knows nothing of a desktop that says nothing.
+func TestWithFixedWaitsKeepsAffinity(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		inner      func() desktop.Desktop
+		near, away desktop.Affinity
+	}{
+		{"placer", func() desktop.Desktop { return placingDesktop{fake.New(fake.Config{Width: 64, Height: 48})} }, desktop.HereFaster, desktop.ElsewhereFaster},
+		{"plain", func() desktop.Desktop { return fake.New(fake.Config{Width: 64, Height: 48}) }, desktop.AnyDesktop, desktop.AnyDesktop},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := desktop.WithFixedWaits(func(context.Context, int) (desktop.Desktop, error) { return tc.inner(), nil }, desktop.FixedWaits{})(t.Context(), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			p, ok := d.(desktop.Placer)
+			if !ok {
+				t.Fatal("the fixed-wait desktop is no Placer")
+			}
+			if got := p.Affinity("near"); got != tc.near {
+				t.Errorf("Affinity(near) = %v, want %v", got, tc.near)
+			}
+			if got := p.Affinity("away"); got != tc.away {
+				t.Errorf("Affinity(away) = %v, want %v", got, tc.away)
+			}
+		})
+	}
+}
+
 // TestWithFixedWaitsKeepsGrading: the fixed-wait baseline grades twice,
 // explains its grade and keeps and regrades end states as the desktop
 // whose waits it replaced.

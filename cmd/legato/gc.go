@@ -31,16 +31,18 @@ type gcCommand struct {
 func (c *gcCommand) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("legato rl gc", stderr)
 	registerVMPlace(fs, &c.vm, &c.from)
-	fs.StringVar(&c.vm.ForkDir, "fork-dir", "", "where --golden-fork kept its templates and clones (default "+vm.DefaultForkDir+")")
+	fs.StringVar(&c.vm.ForkDir, "fork-dir", "", "where --golden-fork kept its templates and clones (default "+vm.DefaultForkDir+"), here and on the remote hosts")
+	fs.StringVar(&c.vm.HostAgent, "host-agent", "", "the legato `program` on remote hosts that removes the fork templates a killed host agent left there (default legato on the SSH user's PATH)")
 	fs.Var(&c.endStates, "end-states", "a run `DIR` of collect --keep-end-states: remove the end states a killed batch left half-written in DIR/end-states and say what the whole ones take (repeat for several runs)")
-	setUsage(fs, `Usage: legato rl gc [--host URI... | --hosts-from dns:NAME] [--vm-prefix PREFIX] [--storage-pool POOL] [--fork-dir DIR] [--end-states DIR]...
+	setUsage(fs, `Usage: legato rl gc [--host URI... | --hosts-from dns:NAME] [--vm-prefix PREFIX] [--storage-pool POOL] [--fork-dir DIR] [--host-agent PROGRAM] [--end-states DIR]...
 
 Removes the VMs (domains, overlay and console log volumes) whose names start
 with the prefix, which a crashed batch left behind, from every host, and
 lists what it removed. It removes running VMs too: run it when no batch of
 that prefix is going on. On this machine it also removes the fork templates
-of the prefix that no running process holds, and kills their clones, and
-the end states a killed batch left half-written in the runs --end-states
+of the prefix that no running process holds, and kills their clones (on a
+remote host, its host agent does, where legato is installed), and the end
+states a killed batch left half-written in the runs --end-states
 names (whole ones stay: collect drops the oldest past --end-states-max).
 
 `)

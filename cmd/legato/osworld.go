@@ -89,7 +89,8 @@ func (f *osworldFlags) Register(fs *flag.FlagSet) {
 		c.Golden.Refuse = append(c.Golden.Refuse, s)
 		return nil
 	})
-	fs.BoolVar(&c.Golden.Fork, "golden-fork", false, "start a task's later attempts in clones of its golden state (a QEMU mapping the state's memory copy-on-write, in a fraction of a second) instead of loading the state into the desktop's VM; VMs on this machine only, the others load in place")
+	fs.BoolVar(&c.Golden.Fork, "golden-fork", false, "start a task's later attempts in clones of its golden state (a QEMU mapping the state's memory copy-on-write, in a fraction of a second) instead of loading the state into the desktop's VM; on this machine, and on remote hosts through their host agent (see --host-agent); hosts without one load in place")
+	fs.StringVar(&c.VM.HostAgent, "host-agent", "", "the legato `program` on remote hosts that --golden-fork starts over SSH to fork there (legato rl host-agent; default legato on the SSH user's PATH)")
 	fs.StringVar(&c.VM.ForkDir, "fork-dir", "", "where --golden-fork keeps the states' memory, device state and disk layers, and the clones' files (default "+vm.DefaultForkDir+"; tmpfs or hugetlbfs)")
 	intVar(fs, &c.Golden.Max, "golden-max", osworld.DefaultGoldenMax, 1, 1000, "golden task states a desktop keeps (each holds the guest's memory in its overlay); the least recently used goes first")
 	fs.Func("fast-reset-restore", "a guest `dir`ectory a fast reset brings back to its clean contents, besides /home/user and "+

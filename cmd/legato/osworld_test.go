@@ -214,7 +214,7 @@ func TestGCFlags(t *testing.T) {
 			listed = append(listed, strings.Fields(line)[0])
 		}
 	}
-	if diff := cmp.Diff([]string{"-end-states", "-fork-dir", "-host", "-hosts-from", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
+	if diff := cmp.Diff([]string{"-end-states", "-fork-dir", "-host", "-host-agent", "-hosts-from", "-storage-pool", "-vm-prefix"}, listed); diff != "" {
 		t.Errorf("gc -h flags (-want +got):\n%s", diff)
 	}
 	err = new(gcCommand).Run(t.Context(), []string{"--image", "x.qcow2"}, &bytes.Buffer{}, &bytes.Buffer{})

@@ -38,6 +38,7 @@ func commands() []command {
 		{"profile", "show where a batch spent its time (phases, latency, timelines)", new(profileCommand).Run},
 		{"view", "browse a run's attempts step by step (screenshots with the actions drawn on them) on a local web page, or write it as files", new(viewCommand).Run},
 		{"hosts", "list the libvirt hosts (answers? cap, image held?); hosts sync uploads the image to them", new(hostsCommand).Run},
+		{"host-agent", "run on a libvirt host for a fleet on another machine (started over SSH): fork golden states there", new(hostAgentCommand).Run},
 		{"gc", "remove the VMs and their volumes a crashed batch left behind on each host", new(gcCommand).Run},
 		{"bench", "measure export speed beside copying the same bytes, and how long finished attempts wait for their commit", new(benchCommand).Run},
 		{"serve-policy", "serve a scripted OpenAI-compatible model on loopback (no GPU)", new(servePolicyCommand).Run},

@@ -180,9 +180,11 @@ type GoldenConfig struct {
 	// state instead of loading the state in place: a QEMU process that
 	// maps the state's guest RAM copy-on-write from a file and loads its
 	// device state (see vm.Template), while the desktop's VM waits paused.
-	// The pool's desktops share one template per task. Only VMs on this
-	// machine fork, and only as root; the others, and a fork that fails,
-	// load in place. The VMs then run on shared-memory guest RAM
+	// The pool's desktops on one host share one template per task. VMs on
+	// this machine fork when legato runs as root; VMs on a remote host
+	// through its host agent (vm.Config.HostAgent, package hostagent),
+	// and a task's later attempts go to desktops on the host that holds
+	// its template. The others, and a fork that fails, load in place. The VMs then run on shared-memory guest RAM
 	// (vm.Config.Fork), and each desktop keeps its VM, paused, for other
 	// tasks: a clone and the pool's templates (RAM on tmpfs) come on top.
 	Fork bool

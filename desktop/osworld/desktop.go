@@ -427,6 +427,7 @@ func (d *Desktop) EvaluateAgain(ctx context.Context, task desktop.Task) (float64
 func (d *Desktop) Retiring() bool { return d.leaving != nil && d.leaving() }
 
 var _ desktop.Retirer = (*Desktop)(nil)
+var _ desktop.Placer = (*Desktop)(nil)
 
 // Close releases the desktop: it stops running calls, the grader's
 // process, and, for a VM, destroys it with its overlay. It is idempotent

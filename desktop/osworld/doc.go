@@ -102,10 +102,11 @@
 // # Forking golden states
 //
 // With Golden.Fork, the attempt that takes a golden state also captures it
-// as a vm.Template (guest RAM copied from the VM's shared memory, device
+// (on a remote host, through its host agent: package hostagent) as a
+// vm.Template (guest RAM copied from the VM's shared memory, device
 // state, disk layer, while the guest is paused: 0.8-1.1 s on the test
 // guest, more with more RAM), which the pool keeps for all its desktops on
-// this machine (Golden.Max of them, the least recently used that no
+// that host (Golden.Max of them, the least recently used that no
 // attempt runs in going first). Every later attempt of the task, on any
 // of those desktops, starts in a clone: the desktop's VM parks (paused,
 // its forwarded ports freed and reserved), a QEMU started ahead loads the

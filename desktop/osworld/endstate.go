@@ -60,9 +60,13 @@ func (d *Desktop) KeepEndState(ctx context.Context, name string) (desktop.EndSta
 	f.mu.Unlock()
 	dir := filepath.Join(d.cfg.EndStates, ref)
 	var st vm.KeptStats
-	if c != nil {
-		st, err = c.Keep(ctx, dir)
-	} else {
+	switch lc, local := c.(*vm.Clone); {
+	case local:
+		st, err = lc.Keep(ctx, dir)
+	case c != nil:
+		// canKeep refuses a VM on another host, whose clones are too.
+		err = fmt.Errorf("%w: clone %s runs on another host", desktop.ErrUnsupported, c.Name())
+	default:
 		st, err = d.vm.Keep(ctx, dir)
 	}
 	if err != nil {

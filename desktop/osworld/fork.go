@@ -11,21 +11,26 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/desktop/osworld/vm/hostagent"
 	"legato/rl/internal/backoff"
 )
 
 // maxSpareClones bounds the clones of one template started ahead.
 const maxSpareClones = 4
 
-// forkTemplates are the fork templates of a pool's desktops on this
-// machine, by golden key: one desktop takes a task's template, and every
-// desktop of the pool forks its attempts of the task from it, so a group
-// spread over desktops starts from one state and sets the task up once.
+// forkTemplates are the fork templates of a pool's desktops, by host and
+// golden key (templateKey): one desktop takes a task's template, and every
+// desktop of the pool on that host forks its attempts of the task from it,
+// so a group spread over desktops starts from one state and sets the task
+// up once.
 // The pool keeps Golden.Max of them, dropping the least recently used one
 // that no desktop's current attempt runs in.
 type forkTemplates struct {
 	max int
 	log *slog.Logger
+	// spread says the pool's desktops run on more than one host: where a
+	// task's template is then says where its attempts start fastest.
+	spread bool
 
 	mu     sync.Mutex
 	byKey  map[string]*forkTemplate
@@ -33,10 +38,61 @@ type forkTemplates struct {
 	closed bool
 }
 
+// forkSource is a template the pool forks from: one on this machine
+// (vm.Template), or one a host agent took on a remote host
+// (hostagent.RemoteTemplate). fork.go does not care which.
+type forkSource interface {
+	Name() string
+	Timings() vm.TemplateTimings
+	Fork(ctx context.Context) (forkClone, error)
+	Prestart(ctx context.Context, n int) error
+	CheckRAM(ctx context.Context) error
+	Close() error
+}
+
+// forkClone is a clone of a forkSource (vm.Clone, hostagent.RemoteClone).
+type forkClone interface {
+	Name() string
+	PID() int // on its host
+	Forward(ctx context.Context, p vm.Ports) error
+	Restore() time.Duration
+	Started() (time.Duration, bool)
+	Close() error
+}
+
+// localTemplate is a template on this machine.
+type localTemplate struct{ *vm.Template }
+
+func (t localTemplate) Fork(ctx context.Context) (forkClone, error) {
+	c, err := t.Template.Fork(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// remoteTemplate is a template a host agent took on its host.
+type remoteTemplate struct{ *hostagent.RemoteTemplate }
+
+func (t remoteTemplate) Fork(ctx context.Context) (forkClone, error) {
+	c, err := t.RemoteTemplate.Fork(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// templateKey is the registry's key of a golden state's template: the
+// golden key on one host. Templates are per host (a clone maps its
+// template's RAM file, which stays on the host it was taken on), so
+// desktops on another host never fork it.
+func templateKey(host, key string) string { return host + "\x00" + key }
+
 // forkTemplate is one task's template, with what a fork reports.
 type forkTemplate struct {
-	t     *vm.Template
-	key   string
+	t     forkSource
+	key   string // templateKey
+	host  string // the host it is on (Desktop.host)
 	task  string
 	by    string // the desktop that took it
 	built time.Time
@@ -64,6 +120,44 @@ func (s *forkTemplates) has(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.byKey[key] != nil
+}
+
+// affinity says where the attempts of a task start fastest for a desktop
+// on host: in a clone of the task's template, which only desktops on the
+// template's host fork.
+func (s *forkTemplates) affinity(task, host string) desktop.Affinity {
+	if s == nil || !s.spread {
+		return desktop.AnyDesktop
+	}
+	s.mu.Lock()
+	var holders []string
+	for _, ft := range s.byKey {
+		if ft.task == task {
+			holders = append(holders, ft.host)
+		}
+	}
+	s.mu.Unlock()
+	return affinityOf(holders, host)
+}
+
+// affinityOf is a desktop's affinity to a task whose templates are on the
+// holders' hosts, for a desktop on host.
+func affinityOf(holders []string, host string) desktop.Affinity {
+	switch {
+	case slices.Contains(holders, host):
+		return desktop.HereFaster
+	case len(holders) > 0:
+		return desktop.ElsewhereFaster
+	}
+	return desktop.AnyDesktop
+}
+
+// Affinity says whether the desktop starts attempts at the task faster
+// than desktops on other hosts: its host holds the task's fork template
+// (HereFaster), or only other hosts do (ElsewhereFaster). With the pool on
+// one host, or without forks, no desktop does (AnyDesktop).
+func (d *Desktop) Affinity(taskID string) desktop.Affinity {
+	return d.golden.forks.affinity(taskID, d.host)
 }
 
 // add keeps ft unless a template of its key is there already (two
@@ -219,7 +313,7 @@ type forkState struct {
 	mu sync.Mutex
 	// clone holds the current attempt, a fork of using; nil when the VM
 	// does.
-	clone *vm.Clone
+	clone forkClone
 	using *forkTemplate
 	// kept is the template of a kept end state being graded
 	// (GradeEndState), which Close ends with its clone.
@@ -272,6 +366,13 @@ func (d *Desktop) endClone(ctx context.Context, keepParked bool) error {
 		return fmt.Errorf("take the VM's ports back from its clones: %w", err)
 	}
 	f.parked, f.unparked = false, true
+	if a := d.golden.agent; a != nil {
+		// The VM holds them again; an agent that went has no
+		// reservation left to release.
+		if err := a.Reserve(ctx, d.vm.Ports(), false); err != nil && !errors.Is(err, hostagent.ErrGone) {
+			d.log.Warn("releasing the VM's ports on its host", "err", err)
+		}
+	}
 	return nil
 }
 
@@ -304,7 +405,7 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 	if err := d.endClone(ctx, true); err != nil {
 		return forkResult{}, err
 	}
-	ft, n := d.golden.forks.acquire(key)
+	ft, n := d.golden.forks.acquire(templateKey(d.host, key))
 	if ft == nil {
 		return forkResult{}, errors.New("the task's fork template went (another desktop's fork of it failed, or it was the least recently used)")
 	}
@@ -318,7 +419,7 @@ func (d *Desktop) forkGolden(ctx context.Context, key string) (forkResult, error
 	if err := d.park(ctx); err != nil {
 		return r, err
 	}
-	var c *vm.Clone
+	var c forkClone
 	var t1, t2, t3 time.Time
 	err := d.restore(ctx, ResetGoldenFork, func(ctx context.Context) error {
 		t1 = time.Now()
@@ -360,12 +461,19 @@ func (d *Desktop) park(ctx context.Context) error {
 	// the next endClone's Unpark, which can run on a VM in any state of
 	// it.
 	f.parked = true
+	if a := d.golden.agent; a != nil {
+		// Before the VM frees them: no clone the agent starts takes
+		// them meanwhile (on this machine, Park reserves them itself).
+		if err := a.Reserve(ctx, d.vm.Ports(), true); err != nil {
+			return fmt.Errorf("reserve the VM's ports on its host: %w", err)
+		}
+	}
 	return d.vm.Park(ctx)
 }
 
 // serveClone makes c the desktop's clone, which Close ends, forwards the
 // desktop's ports to it and waits until its guest answers on them.
-func (d *Desktop) serveClone(ctx context.Context, c *vm.Clone) error {
+func (d *Desktop) serveClone(ctx context.Context, c forkClone) error {
 	f := &d.golden.fork
 	if !f.hold(func() { f.clone = c }) {
 		c.Close()
@@ -449,19 +557,39 @@ func (d *Desktop) spare(ft *forkTemplate) {
 // state's in-place load.
 func (d *Desktop) takeTemplate(ctx context.Context, g *goldenState) {
 	t0 := time.Now()
-	t, err := d.vm.Template(ctx)
+	t, err := d.template(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn("could not take the task's fork template; its attempts load the golden state in place", "task", g.task, "err", err)
 		}
 		return
 	}
-	ft := &forkTemplate{t: t, key: g.key, task: g.task, by: d.name, built: g.built, setup: g.setup, execDir: g.execDir}
+	ft := &forkTemplate{t: t, key: templateKey(d.host, g.key), host: d.host, task: g.task, by: d.name, built: g.built, setup: g.setup, execDir: g.execDir}
 	d.golden.forks.add(ft)
 	tt := t.Timings()
 	d.log.Info("took the task's fork template", "task", g.task, "template", t.Name(), "took", time.Since(t0),
 		"paused", tt.Paused, "ram_mib", tt.RAMBytes>>20, "state_kib", tt.StateBytes>>10)
 	d.spare(ft)
+}
+
+// template captures the desktop's VM as a template: here, or through the
+// host agent on the VM's host, where its RAM file stays.
+func (d *Desktop) template(ctx context.Context) (forkSource, error) {
+	if d.golden.agent == nil {
+		t, err := d.vm.Template(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return localTemplate{t}, nil
+	}
+	t, err := d.golden.agent.Template(ctx, d.vm.DomainRef())
+	if errors.Is(err, vm.ErrSavevmUnsafe) {
+		d.vm.RefuseSavevm(err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return remoteTemplate{t}, nil
 }
 
 // closeFork ends the fork path for Close: the clone, its hold on the

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
 )
 
@@ -21,7 +22,9 @@ func (s *forkTemplates) keys() []string {
 	return ks
 }
 
-func newFT(key string) *forkTemplate { return &forkTemplate{t: &vm.Template{}, key: key, task: key} }
+func newFT(key string) *forkTemplate {
+	return &forkTemplate{t: localTemplate{&vm.Template{}}, key: key, task: key}
+}
 
 // closed reports whether a registry closed ft's template.
 func closed(t *testing.T, ft *forkTemplate) bool {
@@ -114,5 +117,83 @@ func TestForkTemplates(t *testing.T) {
 	var nilSet *forkTemplates
 	if ft, _ := nilSet.acquire("a"); nilSet.has("a") || ft != nil || nilSet.close() != nil {
 		t.Error("a nil registry (no Golden.Fork) must have nothing")
+	}
+}
+
+// Templates are per host: a golden key's template on one host is not one
+// on another, and where a task's templates are says which desktops start
+// its attempts fastest, once the pool spans hosts.
+func TestForkTemplatesPerHost(t *testing.T) {
+	s := newForkTemplates(4, slog.New(slog.DiscardHandler))
+	ft := newFT(templateKey("h1", "k"))
+	ft.host, ft.task = "h1", "task-1"
+	s.add(ft)
+	if !s.has(templateKey("h1", "k")) || s.has(templateKey("h2", "k")) {
+		t.Error("a template taken on h1 must be h1's only")
+	}
+	if got, _ := s.acquire(templateKey("h2", "k")); got != nil {
+		t.Error("a desktop on h2 acquired h1's template")
+	}
+	for _, tc := range []struct {
+		spread     bool
+		host, task string
+		want       desktop.Affinity
+	}{
+		{false, "h1", "task-1", desktop.AnyDesktop},
+		{true, "h1", "task-1", desktop.HereFaster},
+		{true, "h2", "task-1", desktop.ElsewhereFaster},
+		{true, "h2", "task-2", desktop.AnyDesktop},
+	} {
+		s.spread = tc.spread
+		if got := s.affinity(tc.task, tc.host); got != tc.want {
+			t.Errorf("spread %v: affinity of a desktop on %s to %s = %v, want %v", tc.spread, tc.host, tc.task, got, tc.want)
+		}
+	}
+	var none *forkTemplates
+	if got := none.affinity("task-1", "h1"); got != desktop.AnyDesktop {
+		t.Errorf("a desktop that does not fork: %v", got)
+	}
+}
+
+func TestAffinityOf(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		holders []string
+		host    string
+		want    desktop.Affinity
+	}{
+		{"no template", nil, "h1", desktop.AnyDesktop},
+		{"on this host", []string{"h1"}, "h1", desktop.HereFaster},
+		{"here and elsewhere", []string{"h2", "h1"}, "h1", desktop.HereFaster},
+		{"only elsewhere", []string{"h2", "h3"}, "h1", desktop.ElsewhereFaster},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := affinityOf(tc.holders, tc.host); got != tc.want {
+				t.Errorf("affinityOf(%q, %q) = %v, want %v", tc.holders, tc.host, got, tc.want)
+			}
+		})
+	}
+}
+
+// A VM starts forkable for the pool's templates here, or on a remote host
+// whose agent answers; for kept end states only here.
+func TestForkVM(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		fork, keep, remote, agent bool
+		want                      bool
+	}{
+		{"no fork, no keep", false, false, false, false, false},
+		{"fork here", true, false, false, false, true},
+		{"keep here", false, true, false, false, true},
+		{"fork on a remote host with an agent", true, false, true, true, true},
+		{"fork on a remote host without one", true, false, true, false, false},
+		{"keep on a remote host", false, true, true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := forkVM(tc.fork, tc.keep, tc.remote, tc.agent); got != tc.want {
+				t.Errorf("forkVM = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/desktop/osworld/vm/hostagent"
 )
 
 // GC removes the VMs of cfg.VM's name prefix that a crashed run left
@@ -33,6 +34,9 @@ func GC(ctx context.Context, cfg Config, w io.Writer) error {
 		cfg.VM.Hosts = hosts
 	}
 	if err := gcForks(cfg.VM, w); err != nil {
+		return err
+	}
+	if err := gcRemoteForks(ctx, cfg.VM, w); err != nil {
 		return err
 	}
 	left, err := vm.List(ctx, cfg.VM)
@@ -88,6 +92,44 @@ func gcForks(cfg vm.Config, w io.Writer) error {
 	}
 	if err != nil {
 		return fmt.Errorf("remove leftover fork templates: %w", err)
+	}
+	return nil
+}
+
+// gcRemoteForks has the host agent of each remote host remove the fork
+// templates (and kill the clones) a killed agent left there. A host
+// without an agent has none of them: it says so and is skipped.
+func gcRemoteForks(ctx context.Context, cfg vm.Config, w io.Writer) error {
+	var errs []error
+	for _, spec := range cfg.Hosts {
+		h, err := vm.OpenHost(spec, cfg, vm.HostOptions{})
+		if err != nil {
+			return err
+		}
+		if h.Remote() {
+			errs = append(errs, gcHostForks(ctx, h, cfg, w))
+		}
+		h.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// gcHostForks sweeps one remote host's fork directory through its agent.
+func gcHostForks(ctx context.Context, h *vm.Host, cfg vm.Config, w io.Writer) error {
+	agent, _, err := hostagent.Dial(ctx, h, hostagent.Command(cfg.HostAgent, cfg.ForkDir, cfg.NamePrefix), cfg.Logger)
+	if err != nil {
+		_, werr := fmt.Fprintf(w, "no host agent on %s, fork templates there not swept (--golden-fork forks there only with one): %v\n", h.Name(), err)
+		return werr
+	}
+	swept, err := agent.Sweep(ctx)
+	err = errors.Join(err, agent.Close(agentCloseTimeout))
+	for _, dir := range swept {
+		if _, werr := fmt.Fprintf(w, "removed fork template %s on %s\n", dir, h.Name()); werr != nil {
+			return werr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove leftover fork templates on %s: %w", h.Name(), err)
 	}
 	return nil
 }

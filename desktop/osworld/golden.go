@@ -16,6 +16,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/desktop/osworld/vm/hostagent"
 )
 
 // goldenPrefix starts the name of every golden snapshot.
@@ -59,6 +60,9 @@ type goldenPath struct {
 	// forks are the pool's fork templates; nil when this desktop does not
 	// fork (the pool decides that once, when it makes the desktop).
 	forks *forkTemplates
+	// agent takes the desktop's templates and forks its clones on its
+	// remote host; nil on this machine (package vm does it here).
+	agent *hostagent.Client
 }
 
 func (g *goldenSet) get(task string) *goldenState {
@@ -328,7 +332,7 @@ func (d *Desktop) buildGolden(ctx context.Context, task desktop.Task, key string
 	}
 	took := time.Since(t0)
 	g := &goldenState{task: task.ID, name: name, key: key, built: time.Now(), setup: setup, execDir: d.exec.running()}
-	if d.golden.forks != nil && !d.golden.forks.has(key) {
+	if d.golden.forks != nil && !d.golden.forks.has(templateKey(d.host, key)) {
 		// The same settled screen, captured for clones right after
 		// the snapshot.
 		d.takeTemplate(ctx, g)

@@ -12,6 +12,7 @@ import (
 
 	"legato/rl/desktop/osworld/hostdns"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/desktop/osworld/vm/hostagent"
 	"legato/rl/internal/backoff"
 )
 
@@ -62,6 +63,11 @@ type poolHost struct {
 	// once it has none it is dropped (dropLeftLocked). gone: it was.
 	leaving bool
 	gone    bool
+	// agent forks golden states on a remote host (package hostagent),
+	// nil without one; agentAsked: the host was asked for one, and one
+	// without an agent is not asked again (it said so once).
+	agent      *hostagent.Client
+	agentAsked bool
 }
 
 func (ph *poolHost) name() string { return ph.h.Name() }
@@ -306,6 +312,7 @@ func (p *Pool) dropLeftLocked() []*poolHost {
 // closeLeft closes the connections of hosts dropped from the pool.
 func (p *Pool) closeLeft(gone []*poolHost) {
 	for _, ph := range gone {
+		p.closeAgent(ph)
 		ph.h.Close()
 		p.log.Info("a host that left has no desktop any more: closed its connection", "host", ph.name())
 	}
@@ -349,6 +356,9 @@ func (p *Pool) prepareHost(ctx context.Context, ph *poolHost, leftBy string) err
 	if len(removed) > 0 {
 		p.log.Warn("removed VMs left behind by "+leftBy, "host", h.Name(), "vms", removed)
 	}
+	if h.Remote() && p.forks != nil {
+		p.startAgent(ctx, ph)
+	}
 	if !h.Remote() {
 		// Fork templates live on this machine (ours are locked), also
 		// those of a run with --golden-fork before this one without.
@@ -373,6 +383,75 @@ func (p *Pool) prepareHost(ctx context.Context, ph *poolHost, leftBy string) err
 		}
 	}
 	return err
+}
+
+// agentCloseTimeout bounds the wait for a host agent to end what its
+// session made (it kills QEMUs and removes their files) after the session
+// closed.
+const agentCloseTimeout = time.Minute
+
+// startAgent starts the host agent on a remote host, which forks its
+// desktops' golden states there, unless one runs; it first removes what a
+// killed agent left. A host without one says so once and keeps loading
+// golden states in place.
+func (p *Pool) startAgent(ctx context.Context, ph *poolHost) {
+	p.mu.Lock()
+	a, asked := ph.agent, ph.agentAsked
+	ph.agentAsked = true
+	p.mu.Unlock()
+	switch {
+	case a != nil && a.Err() == nil:
+		return
+	case a == nil && asked:
+		return
+	case a != nil:
+		// Its session ended with the host's connection.
+		a.Close(0)
+	}
+	argv := hostagent.Command(p.cfg.VM.HostAgent, p.cfg.VM.ForkDir, p.cfg.VM.NamePrefix)
+	c, hello, err := hostagent.Dial(ctx, ph.h, argv, p.log)
+	if err == nil {
+		var swept []string
+		swept, err = c.Sweep(ctx)
+		for _, dir := range swept {
+			p.log.Warn("removed a fork template a killed host agent left", "host", ph.name(), "dir", dir)
+		}
+		if err != nil {
+			c.Close(agentCloseTimeout)
+		}
+	}
+	if err != nil {
+		p.mu.Lock()
+		ph.agent = nil
+		p.mu.Unlock()
+		p.log.Warn("no host agent on the host: its desktops load golden states in place (install legato on it as "+hostagent.DefaultCommand+" on the SSH user's PATH, or name it with VM.HostAgent, --host-agent)",
+			"host", ph.name(), "err", err)
+		return
+	}
+	p.mu.Lock()
+	ph.agent = c
+	p.mu.Unlock()
+	p.log.Info("host agent started: golden states fork on the host", "host", ph.name(), "pid", hello.PID, "fork_dir", hello.ForkDir)
+}
+
+// agentOf returns the host's agent; nil without one.
+func (p *Pool) agentOf(ph *poolHost) *hostagent.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return ph.agent
+}
+
+// closeAgent ends the host's agent session: the agent ends what is left.
+func (p *Pool) closeAgent(ph *poolHost) {
+	p.mu.Lock()
+	a := ph.agent
+	ph.agent = nil
+	p.mu.Unlock()
+	if a != nil {
+		if err := a.Close(agentCloseTimeout); err != nil {
+			p.log.Warn("closing the host agent", "host", ph.name(), "err", err)
+		}
+	}
 }
 
 // acquire reserves a slot on the host a new desktop goes to (pickHost),
@@ -570,6 +649,7 @@ func (p *Pool) closeHosts() error {
 	hosts := p.hosts
 	p.mu.Unlock()
 	for _, ph := range hosts {
+		p.closeAgent(ph)
 		if ph.h != nil {
 			ph.h.Close()
 		}

@@ -83,6 +83,7 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	p.prepare = p.prepareHost
 	if cfg.Golden.Fork && !cfg.Golden.Off {
 		p.forks = newForkTemplates(cfg.Golden.Max, cfg.Logger)
+		p.forks.spread = cfg.HostsFrom != nil || len(cfg.VM.Hosts) > 1
 		if os.Geteuid() != 0 {
 			p.log.Warn("golden states fork only when legato runs as root (it reads guest RAM out of libvirt's QEMU): they load in place instead")
 		}
@@ -370,9 +371,11 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	}
 	prep := &vmPrep{pool: p, startCtx: sctx, abort: cancel, dial: dial}
 	vcfg := p.cfg.VM
-	// Only a VM on this machine can give fork templates, or keep end
-	// states (both read QEMU's command line, and a clone runs on it).
-	vcfg.Fork = (p.cfg.Golden.Fork && !p.cfg.Golden.Off || p.cfg.EndStates != "") && !ph.h.Remote()
+	// A VM on this machine can give fork templates and keep end states
+	// (both read QEMU's command line, and a clone runs on it); one on a
+	// remote host gives templates through the host's agent.
+	agent := p.agentOf(ph)
+	vcfg.Fork = forkVM(p.forks != nil, p.cfg.EndStates != "", ph.h.Remote(), agent != nil)
 	vcfg.Ready = prep.ready
 	vcfg.BootTimeout = p.cfg.BootTimeout
 	v, err := vm.StartOn(sctx, ph.h, vcfg, slot)
@@ -401,6 +404,10 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 			d.history.fresh = true
 			d.host = ph.name()
 			d.probe = prep
+			if agent != nil && vcfg.Fork {
+				// Decided once: this desktop forks through the agent.
+				d.golden.forks, d.golden.agent = p.forks, agent
+			}
 			return d, nil
 		}
 	}
@@ -408,6 +415,17 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 		err = errors.Join(err, cerr)
 	}
 	return nil, &desktop.Error{Op: "start vm", Desktop: v.Name(), Err: err}
+}
+
+// forkVM says whether a VM starts forkable (vm.Config.Fork): for the
+// pool's fork templates (fork) on this machine or on a remote host with a
+// host agent, or to keep end states (keep), which only a VM on this
+// machine can.
+func forkVM(fork, keep, remote, agent bool) bool {
+	if remote {
+		return fork && agent
+	}
+	return fork || keep
 }
 
 // vmPrep is the readiness probe of a booting VM. The first time the guest

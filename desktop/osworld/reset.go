@@ -60,7 +60,7 @@ func (d *Desktop) goldenFacts(ctx context.Context, task desktop.Task) goldenFact
 		}
 		return goldenFacts{keyErr: err.Error()}
 	}
-	g := goldenFacts{key: key, id: id, template: d.golden.forks.has(key)}
+	g := goldenFacts{key: key, id: id, template: d.golden.forks.has(templateKey(d.host, key))}
 	if s := d.golden.get(task.ID); s != nil {
 		g.have = s.key
 	}

@@ -128,9 +128,13 @@ type Config struct {
 	// paused. Only VMs on this machine can be forked.
 	Fork bool
 	// ForkDir is where templates and their clones keep their files
-	// (default /dev/shm/legato-fork). It should be tmpfs or hugetlbfs:
-	// clones map the template's guest RAM from there.
+	// (default /dev/shm/legato-fork), on every host. It should be tmpfs
+	// or hugetlbfs: clones map the template's guest RAM from there.
 	ForkDir string
+	// HostAgent is the legato program on remote hosts that forks their
+	// VMs there (`legato rl host-agent`, started over SSH; package
+	// hostagent). Empty: legato, found on the PATH of the SSH user.
+	HostAgent string
 	// Logger receives the lifecycle events (default: discard).
 	Logger *slog.Logger
 }

@@ -98,3 +98,9 @@ func ListenLoopback() (net.Listener, error) {
 		skipped = append(skipped, l) // held until a free one is found
 	}
 }
+
+// ReservePorts keeps (on) or releases the ports of a VM parked on this
+// machine by another process: a host agent's fleet parks its VMs through
+// libvirt and says so, and no clone the agent starts meanwhile takes
+// their ports.
+func ReservePorts(p Ports, on bool) { reservePorts(p, on) }

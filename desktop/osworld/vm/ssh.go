@@ -409,7 +409,9 @@ func (l *sshLink) dialUnix(ctx context.Context, path string) (net.Conn, error) {
 
 // freePorts returns n distinct ports that were free on the host's
 // 127.0.0.1 a moment ago: sshd binds each (a remote forward on port 0)
-// and releases them for QEMU, as freePorts does locally.
+// and releases them for QEMU, as freePorts does locally. A parked VM's
+// port (reservePorts; its clone runs on the host through a host agent) is
+// skipped as there.
 func (l *sshLink) freePorts(ctx context.Context, n int) ([]int, error) {
 	c, err := l.get(ctx)
 	if err != nil {
@@ -422,13 +424,16 @@ func (l *sshLink) freePorts(ctx context.Context, n int) ([]int, error) {
 		}
 	}()
 	ports := make([]int, 0, n)
-	for range n {
+	for len(ports) < n {
 		ln, err := c.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("ssh %s: pick a free port on the host's 127.0.0.1 (does sshd allow remote forwarding?): %w", l.target.addr(), err)
 		}
+		// Held until the end either way, so sshd moves on.
 		ls = append(ls, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		if p := ln.Addr().(*net.TCPAddr).Port; !reserved(p) {
+			ports = append(ports, p)
+		}
 	}
 	return ports, nil
 }

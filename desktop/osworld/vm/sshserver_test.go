@@ -19,13 +19,16 @@ import (
 // sshServer is an in-process SSH server that does what legato asks of a
 // host's sshd: public-key login, direct-tcpip (the host's loopback),
 // direct-streamlocal (libvirtd's socket), remote forwards on port 0 (free
-// ports) and keep-alive requests. Clients reach it through a proxy that a
+// ports), keep-alive requests, and exec sessions (with exec set). Clients reach it through a proxy that a
 // test can freeze, as a host that stops answering does.
 type sshServer struct {
 	hostKey ssh.Signer
 	cfg     *ssh.ServerConfig
-	ln      net.Listener
-	proxy   *freezeProxy
+	// exec, if set (setExec), runs a session's command: it reads the
+	// session's stdin and writes its stdout, and returns the exit status.
+	exec  func(command string, stdin io.Reader, stdout io.Writer) int
+	ln    net.Listener
+	proxy *freezeProxy
 
 	mu     sync.Mutex
 	conns  []net.Conn
@@ -174,6 +177,24 @@ func (s *sshServer) serve(c net.Conn) {
 	for nc := range chans {
 		var target, network string
 		switch nc.ChannelType() {
+		case "session":
+			s.mu.Lock()
+			exec := s.exec
+			s.mu.Unlock()
+			if exec == nil {
+				nc.Reject(ssh.UnknownChannelType, "no sessions here")
+				continue
+			}
+			ch, creqs, err := nc.Accept()
+			if err != nil {
+				continue
+			}
+			forwards.Add(1)
+			go func() {
+				defer forwards.Done()
+				session(ch, creqs, exec)
+			}()
+			continue
 		case "direct-tcpip":
 			var m struct {
 				Host       string
@@ -217,6 +238,34 @@ func (s *sshServer) serve(c net.Conn) {
 		go func() { defer forwards.Done(); io.Copy(ch, out); ch.CloseWrite(); ch.Close() }()
 	}
 	conn.Close()
+}
+
+// setExec makes the server run sessions' commands with exec.
+func (s *sshServer) setExec(exec func(command string, stdin io.Reader, stdout io.Writer) int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exec = exec
+}
+
+// session serves one session channel: its exec request runs exec.
+func session(ch ssh.Channel, reqs <-chan *ssh.Request, exec func(string, io.Reader, io.Writer) int) {
+	defer ch.Close()
+	for r := range reqs {
+		if r.Type != "exec" {
+			r.Reply(false, nil)
+			continue
+		}
+		var m struct{ Command string }
+		if err := ssh.Unmarshal(r.Payload, &m); err != nil {
+			r.Reply(false, nil)
+			continue
+		}
+		r.Reply(true, nil)
+		go ssh.DiscardRequests(reqs)
+		status := exec(m.Command, ch, ch)
+		ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(status)}))
+		return
+	}
 }
 
 func (s *sshServer) close() {

@@ -42,7 +42,9 @@ import (
 // user libvirt runs QEMU as, die with this process (parent-death signal),
 // and live in a directory under Config.ForkDir locked by this process, so
 // a later SweepForks finds what a killed run left. A template and its
-// clones are on this machine only: a remote host's VMs are not forkable.
+// clones are on the machine of the process that takes them: a remote
+// host's VMs fork there, through the host agent the fleet starts on the
+// host over SSH (package hostagent, which calls TemplateOf there).
 
 // DefaultForkDir is where templates and clones live: tmpfs, because guest
 // RAM mapped from a file on disk would be written back to it.
