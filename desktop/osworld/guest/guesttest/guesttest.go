@@ -291,10 +291,14 @@ func tail(path string) string {
 
 // WaitWindow blocks until a window whose title matches the regular
 // expression name exists and is mapped, and returns its id (decimal, as
-// xdotool prints it). xdotool's --sync waits for the X event.
+// xdotool prints it), at most 20 s. xdotool's search walks the window tree
+// and dies of a BadWindow error when a window goes away under it (CI saw
+// it right after another test's window closed), so a search that fails is
+// tried again, not taken for the answer; --sync would not retry it.
 func (g *Guest) WaitWindow(t testing.TB, name string) string {
 	t.Helper()
-	res := g.run(t, guest.Argv("timeout", "20", "xdotool", "search", "--sync", "--onlyvisible", "--name", name))
+	res := g.run(t, guest.Argv("timeout", "20", "sh", "-c",
+		`until xdotool search --onlyvisible --name "$1" 2>/dev/null; do sleep 0.1; done`, "sh", name))
 	return strings.Fields(res.Output)[0]
 }
 
