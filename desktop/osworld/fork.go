@@ -39,37 +39,13 @@ type forkTemplates struct {
 }
 
 // forkSource is a template the pool forks from: one on this machine
-// (vm.Template), or one a host agent took on a remote host
-// (hostagent.RemoteTemplate). fork.go does not care which.
-type forkSource interface {
-	Name() string
-	Timings() vm.TemplateTimings
-	Fork(ctx context.Context) (forkClone, error)
-	Prestart(ctx context.Context, n int) error
-	CheckRAM(ctx context.Context) error
-	Close() error
-}
+// (hostagent.LocalTemplate), or one a host agent took on a remote host
+// (remoteTemplate). fork.go does not care which; the agent serves its
+// templates through the same interface.
+type forkSource = hostagent.Template
 
 // forkClone is a clone of a forkSource (vm.Clone, hostagent.RemoteClone).
-type forkClone interface {
-	Name() string
-	PID() int // on its host
-	Forward(ctx context.Context, p vm.Ports) error
-	Restore() time.Duration
-	Started() (time.Duration, bool)
-	Close() error
-}
-
-// localTemplate is a template on this machine.
-type localTemplate struct{ *vm.Template }
-
-func (t localTemplate) Fork(ctx context.Context) (forkClone, error) {
-	c, err := t.Template.Fork(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
+type forkClone = hostagent.Clone
 
 // remoteTemplate is a template a host agent took on its host.
 type remoteTemplate struct{ *hostagent.RemoteTemplate }
@@ -580,7 +556,7 @@ func (d *Desktop) template(ctx context.Context) (forkSource, error) {
 		if err != nil {
 			return nil, err
 		}
-		return localTemplate{t}, nil
+		return hostagent.LocalTemplate(t), nil
 	}
 	t, err := d.golden.agent.Template(ctx, d.vm.DomainRef())
 	if errors.Is(err, vm.ErrSavevmUnsafe) {

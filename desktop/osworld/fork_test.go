@@ -8,6 +8,7 @@ import (
 
 	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
+	"legato/rl/desktop/osworld/vm/hostagent"
 )
 
 // keys lists the registry's templates.
@@ -23,7 +24,7 @@ func (s *forkTemplates) keys() []string {
 }
 
 func newFT(key string) *forkTemplate {
-	return &forkTemplate{t: localTemplate{&vm.Template{}}, key: key, task: key}
+	return &forkTemplate{t: hostagent.LocalTemplate(&vm.Template{}), key: key, task: key}
 }
 
 // closed reports whether a registry closed ft's template.

@@ -18,7 +18,7 @@ func (l local) Template(ctx context.Context, d vm.DomainRef) (Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return localTemplate{t}, nil
+	return LocalTemplate(t), nil
 }
 
 func (l local) Reserve(p vm.Ports, on bool) { vm.ReservePorts(p, on) }
@@ -45,6 +45,10 @@ func (l local) prefix() string {
 	}
 	return l.cfg.NamePrefix
 }
+
+// LocalTemplate is a template on this machine as a Template: the agent's
+// own, and the fleet's for the VMs it runs here.
+func LocalTemplate(t *vm.Template) Template { return localTemplate{t} }
 
 type localTemplate struct{ *vm.Template }
 
