@@ -367,6 +367,12 @@ type settleAnswer struct {
 	// its quiet interval, nothing drawn since: its capture and encoding
 	// are part of Waited.
 	Early bool `json:"early"`
+	// LoadTerms is what Load was computed from, for the debug log: the
+	// seconds it spans, and the guest's busy ticks, the executor's own
+	// and all ticks in them (/proc/stat counts ticks, os.times the
+	// scheduler's precise time; under a loaded host the two disagree,
+	// and Load has been seen negative).
+	LoadTerms []float64 `json:"load_terms"`
 }
 
 // firstSettleOverhead is the guess of a settle request's round trip

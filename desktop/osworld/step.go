@@ -234,7 +234,7 @@ func (d *Desktop) readyFrom(ctx context.Context, a settleAnswer, waitStart, answ
 		} else if a.ShotError == "" {
 			d.waits.settle = ewma(d.waits.settle, max(0, overhead))
 		}
-		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "damage", a.Damage, "repeated", a.Repeated,
+		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "load_terms", a.LoadTerms, "damage", a.Damage, "repeated", a.Repeated,
 			"held_load", a.HeldLoad, "held_damage", a.HeldDamage, "overhead", overhead, "capture", a.CaptureS, "encode", a.EncodeS, "early", a.Early, "png", len(a.PNG))
 	}
 	if !shot {

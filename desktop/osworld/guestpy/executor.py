@@ -235,7 +235,7 @@ class Executor:
         self.pyautogui = None
         self.act_end = None  # when the last action ended, until a settle request used it
         self.quiet_since = None  # where the quiet began that the last settle found
-        self.cpu = collections.deque()  # (time, busy, total) samples
+        self.cpu = collections.deque()  # (time, busy, own, total) samples, in clock ticks
         self.shooter = Shooter(*server_screen(os.getppid()))
         self.early = None  # (time, shot) taken while a settle waited
         self.shot_cost = 0.3  # seconds the last screenshot took, capture and encoding
@@ -253,13 +253,13 @@ class Executor:
         self.watcher.started.wait(10)
 
     def sample(self):
-        """Samples the CPUs' busy time besides this process's own: the screenshot it takes
-        while a settle waits is not the guest's work."""
+        """Samples the CPUs' busy and total time and this process's own: a settle's load is
+        the busy time besides the executor's own (the screenshot it takes while a settle waits
+        is not the guest's work)."""
         busy, total = cpu()
         t = os.times()
-        busy -= (t.user + t.system) * CLK_TCK
         now = time.monotonic()
-        self.cpu.append((now, busy, total))
+        self.cpu.append((now, busy, (t.user + t.system) * CLK_TCK, total))
         while len(self.cpu) > 1 and self.cpu[0][0] < now - 30:
             self.cpu.popleft()
         return now
@@ -440,12 +440,13 @@ class Executor:
                 if base is None:
                     base = self.cpu[-1]
                 cur = self.cpu[-1]
-                load = (cur[1] - base[1]) / (cur[2] - base[2]) if cur[2] > base[2] else 0.0
+                terms = [c - b for b, c in zip(base, cur)]  # seconds, busy, own, total
+                load = (terms[1] - terms[2]) / terms[3] if terms[3] > 0 else 0.0
                 area, repeated = self.watcher.damage(since, now)
                 if load <= max_load and area <= max_damage:
                     self.quiet_since = since
                     return {"settled": True, "waited": now - start, "quiet_from": since - start,
-                            "load": load, "damage": area, "repeated": repeated,
+                            "load": load, "load_terms": terms, "damage": area, "repeated": repeated,
                             "held_load": held_load, "held_damage": held_damage}
                 held_load += load > max_load
                 held_damage += area > max_damage
