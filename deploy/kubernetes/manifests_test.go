@@ -337,14 +337,15 @@ func TestManifestsAgree(t *testing.T) {
 	}
 
 	// Volumes: the node's dir where the entrypoint keeps the pool, host
-	// key and cap, and the Secret's key where the entrypoint reads it. No
+	// key and cap, the Secret's key where the entrypoint reads it, and a
+	// tmpfs for the fork templates (a container's /dev/shm is 64 MiB). No
 	// hostPath under /dev: one for /dev/kvm would fail (CharDevice) or
 	// alter (untyped) a node without KVM.
 	mounts := map[string]corev1.VolumeMount{}
 	for _, m := range c.VolumeMounts {
 		mounts[m.Name] = m
 	}
-	var hostDir, keys bool
+	var hostDir, keys, forks bool
 	for _, v := range spec.Volumes {
 		m, mounted := mounts[v.Name]
 		switch {
@@ -369,12 +370,19 @@ func TestManifestsAgree(t *testing.T) {
 			if got, want := filepath.Join(m.MountPath, s.Items[0].Path), defaults["LEGATO_FLEET_KEYS"]; got != want {
 				t.Errorf("the fleet's key is mounted at %s, the entrypoint reads %s", got, want)
 			}
+		case v.EmptyDir != nil:
+			forks = true
+			if v.EmptyDir.Medium != corev1.StorageMediumMemory || v.EmptyDir.SizeLimit != nil || !mounted ||
+				!strings.HasPrefix(vm.DefaultForkDir, m.MountPath+"/") {
+				t.Errorf("volume %s: emptyDir %+v mounted at %q, want a memory-backed one with no size limit of its own, mounted at a parent of the fork dir %s",
+					v.Name, v.EmptyDir, m.MountPath, vm.DefaultForkDir)
+			}
 		default:
-			t.Errorf("volume %s: neither the node's dir nor the fleet's key", v.Name)
+			t.Errorf("volume %s: neither the node's dir, the fleet's key nor the fork templates' tmpfs", v.Name)
 		}
 	}
-	if !hostDir || !keys {
-		t.Errorf("volumes: the node's dir %v, the fleet's key %v: want both", hostDir, keys)
+	if !hostDir || !keys || !forks {
+		t.Errorf("volumes: the node's dir %v, the fleet's key %v, the fork templates' tmpfs %v: want all three", hostDir, keys, forks)
 	}
 
 	// The desktop size and pool: legato's defaults, in the DaemonSet and

@@ -3,6 +3,7 @@
 package osworld
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,25 +17,32 @@ import (
 )
 
 // TestIntegrationGoldenForkRemote: a pool with --golden-fork on a remote
-// (namespace) host starts the host agent there over SSH (the legato
-// binary this test builds); a group's first attempt takes the golden
-// state and its template on the host, the later ones start in clones
-// forked there (golden-fork), and closing the pool leaves no clone and no
-// template on the host.
+// host starts the host agent there over SSH; a group's first attempt
+// takes the golden state and its template on the host, the later ones
+// start in clones forked there (golden-fork), and closing the pool leaves
+// no clone and no template on the host. Where podman runs, the host is a
+// container of legato's Kubernetes host image, as a pod (its own legato
+// is the agent, its /dev/shm the DaemonSet's tmpfs); otherwise a
+// namespace host, and the agent the legato binary this test builds.
 func TestIntegrationGoldenForkRemote(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
-	bin := filepath.Join(t.TempDir(), "legato")
-	if out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "legato/rl/cmd/legato").CombinedOutput(); err != nil {
-		t.Fatalf("build legato: %v: %s", err, out)
-	}
-	fleet := startHosts(t, hosttest.Options{Hosts: 1, Name: "lgrfk", Net: 205})
 	cfg := itConfig(t, "legato-itosw-rfork-")
 	cfg.Golden = GoldenConfig{Max: 1, Fork: true}
 	cfg.VM.ForkDir = "/dev/shm/legato-itosw-rfork"
-	cfg.VM.HostAgent = bin
 	cfg.VM.Accel = vm.AccelTCG // the host is this machine: no usable KVM
+	opts := hosttest.Options{Hosts: 1, Name: "lgrfk", Net: 205}
+	if _, err := exec.LookPath("podman"); err == nil {
+		opts.Image = hostImage(t)
+	} else {
+		bin := filepath.Join(t.TempDir(), "legato")
+		if out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "legato/rl/cmd/legato").CombinedOutput(); err != nil {
+			t.Fatalf("build legato: %v: %s", err, out)
+		}
+		cfg.VM.HostAgent = bin
+	}
+	fleet := startHosts(t, opts)
 	h := fleet.Hosts[0]
 	cfg.VM.Hosts = []vm.HostSpec{{URI: h.URI(), Desktops: 1, Name: h.Name}}
 	t.Cleanup(func() { os.Remove(cfg.VM.ForkDir) })
@@ -57,17 +65,15 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 	if d.golden.agent == nil {
 		t.Fatal("the desktop on the remote host does not fork through its host agent")
 	}
+	// templates lists the fork dir on the host (a container's /dev/shm
+	// is its own).
 	templates := func() []string {
 		t.Helper()
-		ents, err := os.ReadDir(cfg.VM.ForkDir)
-		if err != nil && !os.IsNotExist(err) {
+		out, err := h.Exec(context.Background(), "sh", "-c", `[ ! -e "$1" ] || ls -A "$1"`, "sh", cfg.VM.ForkDir)
+		if err != nil {
 			t.Fatal(err)
 		}
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		return names
+		return strings.Fields(string(out))
 	}
 	goldenGroup(t, ctx, d, termEchoTask(t), 3, ResetGoldenFork, func() {
 		if got := templates(); len(got) != 1 {

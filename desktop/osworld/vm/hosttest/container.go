@@ -96,6 +96,9 @@ func (h *Host) runArgs() []string {
 		"--privileged",
 		"--volume", filepath.Join(h.Dir, "node")+":/var/lib/legato",
 		"--volume", filepath.Join(h.Dir, "keys")+":/etc/legato/ssh:ro",
+		// The DaemonSet's fork-shm volume (a memory-backed emptyDir):
+		// fork templates need more than a container's 64 MiB /dev/shm.
+		"--mount", "type=tmpfs,destination=/dev/shm",
 		"--env", "NODE_NAME="+h.Name)
 	for _, e := range h.fleet.opts.ImageEnv {
 		args = append(args, "--env", e)
