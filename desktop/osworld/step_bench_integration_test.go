@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,7 +25,8 @@ var (
 	itStepBench = flag.Bool("osworld.stepbench", false, "run the step benchmark: one group of 15-step attempts, each way of stepping side by side (tens of minutes under software emulation)")
 	itStepGroup = flag.Int("osworld.stepbench.group", 6, "attempts per way in the step benchmark")
 	itStepWays  = flag.String("osworld.stepbench.ways", "", "comma-separated names of the ways the step benchmark runs (default all)")
-	itStepApps  = flag.Bool("osworld.stepbench.apps", false, "run the step benchmark on the real-apps guest (LibreOffice Writer) instead of the test guest (a terminal)")
+	itStepApps  = flag.String("osworld.stepbench.apps", "", "run the step benchmark on the real-apps guest instead of the test guest (a terminal), once per program named (comma-separated: "+strings.Join(slices.Sorted(maps.Keys(appsStepBenches)), ", ")+"; or all)")
+	itStepOSW   = flag.Int("osworld.stepbench.osworld-group", 0, "attempts of the OSWorld-style way, whose time is mostly fixed sleeps (0: -osworld.stepbench.group)")
 )
 
 // stepBenchPlan types "echo hello legato > ~/out.txt" into the task's
@@ -54,6 +56,42 @@ var appsStepBenchPlan = func() []string {
 	return append(plan, string(b))
 }()
 
+// appsStepBench is the step benchmark on one program of the real-apps
+// guest: a task of tasks.json and its 15-step attempt.
+type appsStepBench struct {
+	task string
+	plan []string
+}
+
+// appsStepBenches are the programs the step benchmark runs on the
+// real-apps guest. Writer types its text a character a step; the others
+// hover the pointer over the program's window (a step that changes nothing
+// but what the program draws on a hover: a tooltip, a highlighted button)
+// and then solve the task as the apps test does (appsPlan); each attempt
+// ends at step 15, graded 1 when done right.
+var appsStepBenches = map[string]appsStepBench{
+	"writer":   {"apps-writer-type", appsStepBenchPlan},
+	"calc":     {"apps-calc-type", hoverThen("In cell A1 of the open spreadsheet")},
+	"chromium": {"apps-chrome-close-tab", hoverThen("Close the tab that is open now")},
+	"gimp":     {"apps-gimp-open", hoverThen("GIMP is open")},
+	"vlc":      {"apps-vlc-play", hoverThen("VLC has tone.wav open and paused")},
+}
+
+// hoverThen is 14 actions: pointer moves across the screen's middle, then
+// the solution appsPlan gives the instruction.
+func hoverThen(instruction string) []string {
+	solve := appsPlan(instruction)
+	if len(solve) == 0 {
+		panic("appsPlan has no solution for " + instruction)
+	}
+	var plan []string
+	for i := range 14 - len(solve) {
+		b, _ := json.Marshal(map[string]any{"action": "mouse_move", "coordinate": []int{200 + 50*i, 300 + 25*(i%4)}})
+		plan = append(plan, string(b))
+	}
+	return append(plan, solve...)
+}
+
 // noStep hides a desktop's Step and has its screenshots taken by the guest
 // server (as before the executor took them): an action, the wait and the
 // screenshot are three round trips.
@@ -78,9 +116,8 @@ func (r revertEach) Reset(ctx context.Context, task desktop.Task) error {
 
 // TestIntegrationStepBench runs the same group of 15-step attempts of one
 // task, a scripted model answering in 1 s, four ways on the test guest (a
-// terminal; with -osworld.stepbench.apps the real-apps guest's Writer), one
-// after the other, and prints per attempt and per step the model's time
-// and the rest side by side:
+// terminal), one after the other, and prints per attempt and per step the
+// model's time and the rest side by side:
 //
 //	go test -tags integration -run TestIntegrationStepBench ./desktop/osworld/ -osworld.stepbench -timeout 0 -v
 //
@@ -90,10 +127,73 @@ func (r revertEach) Reset(ctx context.Context, task desktop.Task) error {
 // fast reset + setup); OSWorld-style (libvirt revert + setup, `python -c`,
 // fixed waits of 3 s after an action, 60 s after the reset, 20 s before
 // grading).
+//
+// With -osworld.stepbench.apps it runs on the real-apps guest instead,
+// once per program named (appsStepBenches), and ends with a table of the
+// time per attempt that is not the model's, each way against legato's.
 func TestIntegrationStepBench(t *testing.T) {
 	if !*itStepBench {
 		t.Skip("the step benchmark runs with -osworld.stepbench")
 	}
+	if *itStepApps == "" {
+		stepBench(t, itConfig, filepath.Join("testdata", "tasks", "guest_tasks.json"), "legato-term-echo", stepBenchPlan)
+		return
+	}
+	programs := strings.Split(*itStepApps, ",")
+	if *itStepApps == "all" {
+		programs = slices.Sorted(maps.Keys(appsStepBenches))
+	}
+	var names []string
+	var rows [][]stepBenchResult
+	for _, name := range programs {
+		b, ok := appsStepBenches[name]
+		if !ok {
+			t.Fatalf("-osworld.stepbench.apps: no program %q; want some of %v, or all", name, slices.Sorted(maps.Keys(appsStepBenches)))
+		}
+		t.Run(name, func(t *testing.T) {
+			names = append(names, name)
+			rows = append(rows, stepBench(t, appsConfig, filepath.Join("testdata", "apps-tasks", "tasks.json"), b.task, b.plan))
+		})
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nreal-apps guest, time per attempt that is not the model's (seconds: the median attempt's, the group's mean, per step), and each way's against legato's\n")
+	fmt.Fprintf(&out, "%-10s %-26s %9s %9s %9s %9s %9s\n", "program", "way", "median", "mean", "per step", "× median", "× mean")
+	for i, rs := range rows {
+		var base stepBenchResult // legato's; none when its way did not run
+		for _, r := range rs {
+			if r.name == "legato" {
+				base = r
+			}
+		}
+		ratio := func(v, of float64) string {
+			if of <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f", v/of)
+		}
+		for _, r := range rs {
+			fmt.Fprintf(&out, "%-10s %-26s %9.1f %9.1f %9.2f %9s %9s\n", names[i], r.name, r.nonModel, r.meanNonModel, r.perStep,
+				ratio(r.nonModel, base.nonModel), ratio(r.meanNonModel, base.meanNonModel))
+		}
+	}
+	t.Log(out.String())
+}
+
+// stepBenchResult is one way's attempts in the step benchmark, and the
+// medians per attempt and per step of the time that is not the model's.
+type stepBenchResult struct {
+	name string
+	recs []schema.Record
+	// nonModel is the median attempt's, meanNonModel the group's mean
+	// (with golden states, the first attempt's setup and golden state
+	// shared by the group).
+	nonModel, meanNonModel, perStep float64
+}
+
+// stepBench runs the benchmark's ways on one task (see
+// TestIntegrationStepBench), logs its tables and returns what each way
+// took.
+func stepBench(t *testing.T, config func(*testing.T, string) Config, file, taskID string, plan []string) []stepBenchResult {
 	type way struct {
 		name  string
 		cfg   func(*Config)
@@ -109,19 +209,11 @@ func TestIntegrationStepBench(t *testing.T) {
 			wrap:  func(d *VMDesktop) desktop.Desktop { return revertEach{d} },
 			fixed: &desktop.FixedWaits{AfterAction: 3 * time.Second, AfterReset: 60 * time.Second, BeforeEval: 20 * time.Second}},
 	}
-	config, file, taskID, plan := itConfig, filepath.Join("testdata", "tasks", "guest_tasks.json"), "legato-term-echo", stepBenchPlan
-	if *itStepApps {
-		config, file, taskID, plan = appsConfig, filepath.Join("testdata", "apps-tasks", "tasks.json"), "apps-writer-type", appsStepBenchPlan
-	}
 	srv := policytest.NewServer(policytest.Options{Latency: policytest.Latency{Base: time.Second},
 		Script: func(req policytest.Request) string { return planCall(req.Step, plan) }})
 	defer srv.Close()
 
-	type result struct {
-		name string
-		recs []schema.Record
-	}
-	var results []result
+	var results []stepBenchResult
 	if *itStepWays != "" {
 		ways = slices.DeleteFunc(ways, func(w way) bool { return !slices.Contains(strings.Split(*itStepWays, ","), w.name) })
 	}
@@ -137,13 +229,17 @@ func TestIntegrationStepBench(t *testing.T) {
 			}
 			return w.wrap(d.(*VMDesktop)), nil
 		}
+		group := *itStepGroup
 		if w.fixed != nil {
 			factory = desktop.WithFixedWaits(factory, *w.fixed)
+			if *itStepOSW > 0 {
+				group = *itStepOSW
+			}
 		}
 		out := t.TempDir()
 		start := time.Now()
 		_, err := rl.Collect(t.Context(), tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "bench"}, rl.CollectOptions{
-			Out: out, NewDesktop: factory, Desktops: 1, Group: *itStepGroup, MaxSteps: 15, EnvRetries: -1, Logger: cfg.Logger,
+			Out: out, NewDesktop: factory, Desktops: 1, Group: group, MaxSteps: 15, EnvRetries: -1, Logger: cfg.Logger,
 		})
 		if err != nil {
 			t.Fatalf("%s: Collect: %v", w.name, err)
@@ -151,7 +247,7 @@ func TestIntegrationStepBench(t *testing.T) {
 		if err := p.Close(); err != nil {
 			t.Errorf("%s: close the pool: %v", w.name, err)
 		}
-		r := result{name: w.name}
+		r := stepBenchResult{name: w.name}
 		if _, err := schema.ReadRunRecords(out, func(rec schema.Record) error {
 			r.recs = append(r.recs, rec)
 			return nil
@@ -170,6 +266,9 @@ func TestIntegrationStepBench(t *testing.T) {
 	// Golden states give every attempt the same first screen, and the
 	// executor's screenshots of it are the same bytes.
 	for _, r := range results[:min(2, len(results))] {
+		if r.name == "OSWorld-style" || r.name == "no executor, no golden" {
+			continue
+		}
 		var first []string
 		for _, rec := range r.recs {
 			if len(rec.Steps) > 0 {
@@ -182,9 +281,9 @@ func TestIntegrationStepBench(t *testing.T) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nper attempt, medians of %d attempts of 15 steps (model: 1 s a call), seconds\n", *itStepGroup)
+	fmt.Fprintf(&b, "\nper attempt, medians of a way's attempts of 15 steps (model: 1 s a call), seconds\n")
 	fmt.Fprintf(&b, "%-24s %8s %8s %9s %8s %8s %8s %8s\n", "way", "total", "model", "not model", "reset", "w.reset", "w.eval", "eval")
-	for _, r := range results {
+	for i, r := range results {
 		col := func(f func(schema.Record) float64) float64 {
 			var v []float64
 			for _, rec := range r.recs {
@@ -193,9 +292,13 @@ func TestIntegrationStepBench(t *testing.T) {
 			return median(v)
 		}
 		model := func(rec schema.Record) float64 { return rec.Timing.QueueS + rec.Timing.ModelS }
+		results[i].nonModel = col(func(rec schema.Record) float64 { return rec.Timing.TotalS - model(rec) })
+		for _, rec := range r.recs {
+			results[i].meanNonModel += (rec.Timing.TotalS - model(rec)) / float64(len(r.recs))
+		}
 		fmt.Fprintf(&b, "%-24s %8.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.1f\n", r.name,
 			col(func(rec schema.Record) float64 { return rec.Timing.TotalS }), col(model),
-			col(func(rec schema.Record) float64 { return rec.Timing.TotalS - model(rec) }),
+			results[i].nonModel,
 			col(func(rec schema.Record) float64 { return rec.Timing.ResetS }),
 			col(func(rec schema.Record) float64 { return rec.Timing.WaitAfterResetS }),
 			col(func(rec schema.Record) float64 { return rec.Timing.WaitBeforeEvalS }),
@@ -203,7 +306,7 @@ func TestIntegrationStepBench(t *testing.T) {
 	}
 	fmt.Fprintf(&b, "\nper step (means over the actions), seconds\n")
 	fmt.Fprintf(&b, "%-24s %9s %7s %7s %7s %8s %7s %9s\n", "way", "not model", "act", "wait", "obs", "capture", "encode", "transfer")
-	for _, r := range results {
+	for i, r := range results {
 		var steps, acts, split int
 		var nonModel, act, wait, obs, capture, encode, transfer float64
 		for _, rec := range r.recs {
@@ -224,10 +327,12 @@ func TestIntegrationStepBench(t *testing.T) {
 			}
 		}
 		n, m := float64(max(acts, 1)), float64(max(split, 1))
-		fmt.Fprintf(&b, "%-24s %9.2f %7.2f %7.2f %7.2f %8.3f %7.3f %9.3f\n", r.name, nonModel/float64(max(steps, 1)),
+		results[i].perStep = nonModel / float64(max(steps, 1))
+		fmt.Fprintf(&b, "%-24s %9.2f %7.2f %7.2f %7.2f %8.3f %7.3f %9.3f\n", r.name, results[i].perStep,
 			act/n, wait/n, obs/n, capture/m, encode/m, transfer/m)
 	}
 	t.Log(b.String())
+	return results
 }
 
 // TestIntegrationShotEncoders measures the executor's screenshot at each
