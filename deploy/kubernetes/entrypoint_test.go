@@ -208,6 +208,19 @@ func TestEntrypointCheck(t *testing.T) {
 				"warning: not one desktop fits; give the pod more CPUs or memory, or set LEGATO_DESKTOP_CPUS and LEGATO_DESKTOP_MEM_MIB to legato's --vcpus and --memory"},
 		},
 		{
+			name: "a container's own /dev/shm: fork templates do not fit",
+			host: fakeHost{kvm: "device", cpuinfo: intelVMX, memKiB: 64 * gib},
+			env:  []string{"LEGATO_NPROC=8", "LEGATO_DESKTOP_CPUS=2", "LEGATO_DESKTOP_MEM_MIB=2048", "LEGATO_SHM_MIB=64"},
+			lines: []string{kvmUsable, capLine(4, 8, 65536, 2, 2048),
+				"warning: /dev/shm holds 64 MiB, less than one desktop's 2048 MiB: legato's --golden-fork templates do not fit there, and attempts load golden states in place; mount a memory-backed emptyDir at /dev/shm (daemonset.yaml's fork-shm)"},
+		},
+		{
+			name:  "a memory-backed /dev/shm as large as a desktop",
+			host:  fakeHost{kvm: "device", cpuinfo: intelVMX, memKiB: 64 * gib},
+			env:   []string{"LEGATO_NPROC=8", "LEGATO_DESKTOP_CPUS=2", "LEGATO_DESKTOP_MEM_MIB=2048", "LEGATO_SHM_MIB=2048"},
+			lines: []string{kvmUsable, capLine(4, 8, 65536, 2, 2048)},
+		},
+		{
 			name:  "a size with a leading zero is decimal",
 			host:  fakeHost{kvm: "device", cpuinfo: intelVMX, memKiB: 64 * gib},
 			env:   []string{"LEGATO_NPROC=010", "LEGATO_DESKTOP_CPUS=02", "LEGATO_DESKTOP_MEM_MIB=08192"},
@@ -256,6 +269,7 @@ func TestEntrypointRefuses(t *testing.T) {
 		{"memory with a unit", good, []string{"LEGATO_DESKTOP_MEM_MIB=4GiB"}, nil, 2, "LEGATO_DESKTOP_MEM_MIB=4GiB: want a whole number from 256 to 1048576"},
 		{"memory below legato's --memory", good, []string{"LEGATO_DESKTOP_MEM_MIB=255"}, nil, 2, "LEGATO_DESKTOP_MEM_MIB=255: want a whole number from 256 to 1048576"},
 		{"a negative count", good, []string{"LEGATO_DESKTOP_CPUS=-4"}, nil, 2, "LEGATO_DESKTOP_CPUS=-4: want a whole number"},
+		{"a /dev/shm size with a unit", good, []string{"LEGATO_SHM_MIB=64M"}, nil, 2, "LEGATO_SHM_MIB=64M: want a whole number"},
 		{"a number too long for the shell", good, []string{"LEGATO_DESKTOP_CPUS=99999999999999999999"}, nil, 2, "LEGATO_DESKTOP_CPUS=99999999999999999999: want"},
 		{"an unknown argument", good, nil, []string{"--bogus"}, 2, "usage: host-entrypoint.sh [--check]"},
 		{"no MemAvailable", fakeHost{kvm: "device", cpuinfo: intelVMX}, nil, []string{"--check"}, 1, "no MemAvailable in"},

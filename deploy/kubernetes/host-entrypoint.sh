@@ -14,8 +14,10 @@
 #        LEGATO_HOST_DIR         the node's hostPath dir (default /var/lib/legato)
 #        LEGATO_FLEET_KEYS       the Secret's authorized_keys (default
 #                                /etc/legato/ssh/authorized_keys)
-#        LEGATO_HOST_ROOT, LEGATO_NPROC  for tests: a directory read as / for
-#                                dev/kvm, sys and proc, and the CPU count
+#        LEGATO_HOST_ROOT, LEGATO_NPROC, LEGATO_SHM_MIB  for tests: a
+#                                directory read as / for dev/kvm, dev/shm,
+#                                sys and proc, the CPU count and the size of
+#                                /dev/shm
 #
 # On SIGTERM it destroys every VM of its libvirtd (legato sweeps their
 # overlays from the pool when the host is back), then stops sshd, libvirtd
@@ -101,6 +103,18 @@ host_cap() {
   echo $(( by_cpu < by_mem ? by_cpu : by_mem ))
 }
 
+# shm_mib prints the size of /dev/shm in MiB, where legato's --golden-fork
+# keeps each fork template's guest RAM (vm.DefaultForkDir), or nothing when
+# it cannot tell.
+shm_mib() {
+  if [ -n "${LEGATO_SHM_MIB:-}" ]; then
+    whole LEGATO_SHM_MIB "$LEGATO_SHM_MIB" 0 1073741824
+    echo $(( 10#$LEGATO_SHM_MIB ))
+    return
+  fi
+  df -Pk "$root/dev/shm" 2>/dev/null | awk 'NR == 2 { print int($2 / 1024) }' || true
+}
+
 # report prints the KVM verdict and the host cap, and sets accel, cap, cpus
 # and mib for the caller.
 report() {
@@ -118,6 +132,14 @@ report() {
   say "host cap: $cap desktops ($cpus cpus, $mib MiB; $desktop_cpus cpus, $desktop_mem MiB each)"
   if [ "$cap" = 0 ]; then
     say "warning: not one desktop fits; give the pod more CPUs or memory, or set LEGATO_DESKTOP_CPUS and LEGATO_DESKTOP_MEM_MIB to legato's --vcpus and --memory"
+  fi
+  # A container's own /dev/shm is 64 MiB: a fork template would fail there
+  # ("no space left on device") and every attempt load its golden state in
+  # place, slower, with nothing but a warning in legato's log.
+  local shm
+  shm=$(shm_mib)
+  if [ -n "$shm" ] && (( shm < desktop_mem )); then
+    say "warning: /dev/shm holds $shm MiB, less than one desktop's $desktop_mem MiB: legato's --golden-fork templates do not fit there, and attempts load golden states in place; mount a memory-backed emptyDir at /dev/shm (daemonset.yaml's fork-shm)"
   fi
 }
 
