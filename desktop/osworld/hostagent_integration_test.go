@@ -4,35 +4,46 @@ package osworld
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
+	rl "legato/rl"
+	"legato/rl/desktop"
 	"legato/rl/desktop/osworld/vm"
 	"legato/rl/desktop/osworld/vm/hosttest"
+	"legato/rl/policy/policytest"
+	"legato/rl/schema"
 )
 
-// TestIntegrationGoldenForkRemote: a pool with --golden-fork on a remote
-// host starts the host agent there over SSH; a group's first attempt
+// TestIntegrationGoldenForkRemote: a pool with --golden-fork on remote
+// hosts starts the host agent on each over SSH; a group's first attempt
 // takes the golden state and its template on the host, the later ones
-// start in clones forked there (golden-fork), and closing the pool leaves
-// no clone and no template on the host. Where podman runs, the host is a
-// container of legato's Kubernetes host image, as a pod (its own legato
-// is the agent, its /dev/shm the DaemonSet's tmpfs); otherwise a
-// namespace host, and the agent the legato binary this test builds.
+// start in clones forked there (golden-fork). Then a batch on both hosts:
+// the task whose template the first host holds starts there, every forked
+// attempt runs on a host that holds its task's template, and each task
+// forks. Closing the pool leaves no clone and no template on either host.
+// Where podman runs, the hosts are containers of legato's Kubernetes host
+// image, as pods (their own legato is the agent, their /dev/shm the
+// DaemonSet's tmpfs); otherwise namespace hosts, and the agent the legato
+// binary this test builds.
 func TestIntegrationGoldenForkRemote(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		t.Skip("crash child")
 	}
 	cfg := itConfig(t, "legato-itosw-rfork-")
-	cfg.Golden = GoldenConfig{Max: 1, Fork: true}
+	cfg.Golden = GoldenConfig{Max: 2, Fork: true}
 	cfg.VM.ForkDir = "/dev/shm/legato-itosw-rfork"
-	cfg.VM.Accel = vm.AccelTCG // the host is this machine: no usable KVM
-	opts := hosttest.Options{Hosts: 1, Name: "lgrfk", Net: 205}
+	cfg.VM.Accel = vm.AccelTCG // the hosts are this machine: no usable KVM
+	opts := hosttest.Options{Hosts: 2, Name: "lgrfk", Net: 205}
 	if _, err := exec.LookPath("podman"); err == nil {
 		opts.Image = hostImage(t)
 	} else {
@@ -43,8 +54,8 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 		cfg.VM.HostAgent = bin
 	}
 	fleet := startHosts(t, opts)
-	h := fleet.Hosts[0]
-	cfg.VM.Hosts = []vm.HostSpec{{URI: h.URI(), Desktops: 1, Name: h.Name}}
+	h, h1 := fleet.Hosts[0], fleet.Hosts[1]
+	cfg.VM.Hosts = []vm.HostSpec{{URI: h.URI(), Desktops: 1, Name: h.Name}, {URI: h1.URI(), Desktops: 1, Name: h1.Name}}
 	t.Cleanup(func() { os.Remove(cfg.VM.ForkDir) })
 	ctx := t.Context()
 	pool, err := NewPool(ctx, cfg)
@@ -62,12 +73,15 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := d0.(*VMDesktop).Desktop
+	if got := d0.(*VMDesktop).VM().Host().Name(); got != h.Name {
+		t.Fatalf("slot 0's desktop is on %s, want %s", got, h.Name)
+	}
 	if d.golden.agent == nil {
 		t.Fatal("the desktop on the remote host does not fork through its host agent")
 	}
-	// templates lists the fork dir on the host (a container's /dev/shm
-	// is its own).
-	templates := func() []string {
+	// templates lists the fork dir on a host (a container's /dev/shm is
+	// its own).
+	templates := func(h *hosttest.Host) []string {
 		t.Helper()
 		out, err := h.Exec(context.Background(), "sh", "-c", `[ ! -e "$1" ] || ls -A "$1"`, "sh", cfg.VM.ForkDir)
 		if err != nil {
@@ -76,7 +90,7 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 		return strings.Fields(string(out))
 	}
 	goldenGroup(t, ctx, d, termEchoTask(t), 3, ResetGoldenFork, func() {
-		if got := templates(); len(got) != 1 {
+		if got := templates(h); len(got) != 1 {
 			t.Errorf("fork templates on the host after the golden state was taken: %q; want one", got)
 		}
 	})
@@ -85,13 +99,16 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 		t.Fatal("after forked attempts the desktop has no clone")
 	}
 	t.Logf("the last attempt ran in clone %s on %s", clone.Name(), h.Name)
+
+	forkAffinityBatch(t, pool, d0.(*VMDesktop), h.Name)
+
 	closed = true
 	if err := pool.Close(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		left := templates()
+		left := append(templates(h), templates(h1)...)
 		out, _ := exec.Command("pgrep", "-f", "guest="+cfg.VM.NamePrefix+"fork-").Output()
 		if len(left) == 0 && strings.TrimSpace(string(out)) == "" {
 			break
@@ -102,3 +119,97 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// forkAffinityBatch runs a batch of two tasks, groups of 3, on the pool's
+// two desktops, both up before it starts: d0, on host0, which holds
+// legato-term-echo's template, and one on host1, which holds none. Each
+// host's first attempt follows the affinity: host0 forks term-echo, host1
+// takes legato-notes-type (no host holds its template; host0 holds
+// term-echo's). Later placement depends on timing, so from there it
+// checks what must hold: term-echo never takes a golden state on host0
+// again; every forked attempt runs on a host that took its task's
+// template; and each task forks at least once.
+func forkAffinityBatch(t *testing.T, pool *Pool, d0 *VMDesktop, host0 string) {
+	t.Helper()
+	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks = slices.DeleteFunc(tasks, func(tk desktop.Task) bool { return tk.ID != "legato-term-echo" && tk.ID != "legato-notes-type" })
+	dd, err := pool.New(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1 := dd.(*VMDesktop)
+	defer d1.Close()
+	host1 := d1.VM().Host().Name()
+	if host1 == host0 {
+		t.Fatalf("slot 1's desktop is on %s too", host0)
+	}
+	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
+		return openDesktop{[]*VMDesktop{d0, d1}[slot]}, nil
+	}
+	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: appsNoop})
+	defer srv.Close()
+	out := t.TempDir()
+	sum, err := rl.Collect(t.Context(), tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-affinity"},
+		rl.CollectOptions{Out: out, NewDesktop: factory, Desktops: 2, Group: 3, MaxSteps: 2, EnvRetries: -1, Logger: pool.Config().Logger})
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	if sum.State != schema.StateComplete || sum.GroupsClosed != len(tasks) {
+		t.Fatalf("summary %+v; want every group closed", sum)
+	}
+	var recs []schema.Record
+	if _, err := schema.ReadRunRecords(out, func(r schema.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(recs, func(a, b schema.Record) int { return a.StartedAt.Compare(b.StartedAt.Time) })
+	// Where each task's template was taken: term-echo's on host0 before
+	// the batch, the rest by the batch's golden-build attempts.
+	held := map[string][]string{"legato-term-echo": {host0}}
+	forked := map[string]int{}
+	first := map[string]string{} // host → its first attempt's task and reset
+	var table []string
+	for _, r := range recs {
+		if r.Status != schema.StatusOK || r.Env == nil {
+			t.Fatalf("attempt %s/%d: status %s, env %+v; want ok with an env report", r.TaskID, r.Attempt, r.Status, r.Env)
+		}
+		host, kind := r.Env.Host, ResetKind(r.Env.Reset)
+		table = append(table, fmt.Sprintf("%s/%d on %s: %s", r.TaskID, r.Attempt, host, kind))
+		switch kind {
+		case ResetGoldenBuild:
+			if r.TaskID == "legato-term-echo" && host == host0 {
+				t.Errorf("%s/%d took term-echo's golden state again on %s, which holds its template", r.TaskID, r.Attempt, host)
+			}
+			held[r.TaskID] = append(held[r.TaskID], host)
+		case ResetGoldenFork:
+			forked[r.TaskID]++
+			if !slices.Contains(held[r.TaskID], host) {
+				t.Errorf("%s/%d forked on %s; its template was taken on %v only", r.TaskID, r.Attempt, host, held[r.TaskID])
+			}
+		}
+		if _, ok := first[host]; !ok {
+			first[host] = r.TaskID + " " + string(kind)
+		}
+	}
+	want := map[string]string{host0: "legato-term-echo " + string(ResetGoldenFork), host1: "legato-notes-type " + string(ResetGoldenBuild)}
+	if diff := cmp.Diff(want, first); diff != "" {
+		t.Errorf("each host's first attempt (-want +got):\n%s", diff)
+	}
+	for _, tk := range tasks {
+		if forked[tk.ID] == 0 {
+			t.Errorf("no attempt of %s forked", tk.ID)
+		}
+	}
+	t.Logf("where the batch's attempts ran:\n%s", strings.Join(table, "\n"))
+}
+
+// openDesktop hands a batch a desktop the test goes on with: the batch's
+// Close leaves it open.
+type openDesktop struct{ *VMDesktop }
+
+func (openDesktop) Close() error { return nil }
