@@ -68,12 +68,16 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 			pool.Close()
 		}
 	})
-	d0, err := pool.New(ctx, 0)
+	// The group below and the batch after it run on the same booted
+	// desktops.
+	kept := keepDesktops(t, pool)
+	kd, err := kept.New(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := d0.(*VMDesktop).Desktop
-	if got := d0.(*VMDesktop).VM().Host().Name(); got != h.Name {
+	d0 := kd.(keptDesktop).VMDesktop
+	d := d0.Desktop
+	if got := d0.VM().Host().Name(); got != h.Name {
 		t.Fatalf("slot 0's desktop is on %s, want %s", got, h.Name)
 	}
 	if d.golden.agent == nil {
@@ -100,7 +104,8 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 	}
 	t.Logf("the last attempt ran in clone %s on %s", clone.Name(), h.Name)
 
-	forkAffinityBatch(t, pool, d0.(*VMDesktop), h.Name)
+	kd.Close() // back to kept, for the batch
+	forkAffinityBatch(t, kept, h.Name)
 
 	closed = true
 	if err := pool.Close(); err != nil {
@@ -121,39 +126,37 @@ func TestIntegrationGoldenForkRemote(t *testing.T) {
 }
 
 // forkAffinityBatch runs a batch of two tasks, groups of 3, on the pool's
-// two desktops, both up before it starts: d0, on host0, which holds
-// legato-term-echo's template, and one on host1, which holds none. Each
+// two desktops, both up before it starts: kept's slot 0, on host0, which
+// holds legato-term-echo's template, and one on host1, which holds none. Each
 // host's first attempt follows the affinity: host0 forks term-echo, host1
 // takes legato-notes-type (no host holds its template; host0 holds
 // term-echo's). Later placement depends on timing, so from there it
 // checks what must hold: term-echo never takes a golden state on host0
 // again; every forked attempt runs on a host that took its task's
 // template; and each task forks at least once.
-func forkAffinityBatch(t *testing.T, pool *Pool, d0 *VMDesktop, host0 string) {
+func forkAffinityBatch(t *testing.T, kept *keptDesktops, host0 string) {
 	t.Helper()
 	tasks, err := rl.LoadTasks(filepath.Join("testdata", "tasks", "guest_tasks.json"), rl.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tasks = slices.DeleteFunc(tasks, func(tk desktop.Task) bool { return tk.ID != "legato-term-echo" && tk.ID != "legato-notes-type" })
-	dd, err := pool.New(t.Context(), 1)
+	// Slot 1's desktop boots now, not while the batch runs (slot 0's
+	// would have run it all by then).
+	d1, err := kept.New(t.Context(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d1 := dd.(*VMDesktop)
-	defer d1.Close()
-	host1 := d1.VM().Host().Name()
+	host1 := d1.(keptDesktop).VM().Host().Name()
+	d1.Close()
 	if host1 == host0 {
 		t.Fatalf("slot 1's desktop is on %s too", host0)
-	}
-	factory := func(ctx context.Context, slot int) (desktop.Desktop, error) {
-		return openDesktop{[]*VMDesktop{d0, d1}[slot]}, nil
 	}
 	srv := policytest.NewServer(policytest.Options{NoLatency: true, Script: appsNoop})
 	defer srv.Close()
 	out := t.TempDir()
 	sum, err := rl.Collect(t.Context(), tasks, rl.PolicyConfig{BaseURL: srv.URL(), Model: "scripted", Version: "it-affinity"},
-		rl.CollectOptions{Out: out, NewDesktop: factory, Desktops: 2, Group: 3, MaxSteps: 2, EnvRetries: -1, Logger: pool.Config().Logger})
+		rl.CollectOptions{Out: out, NewDesktop: kept.New, Desktops: 2, Group: 3, MaxSteps: 2, EnvRetries: -1, Logger: kept.p.Config().Logger})
 	if err != nil {
 		t.Fatalf("Collect: %v", err)
 	}
@@ -207,9 +210,3 @@ func forkAffinityBatch(t *testing.T, pool *Pool, d0 *VMDesktop, host0 string) {
 	}
 	t.Logf("where the batch's attempts ran:\n%s", strings.Join(table, "\n"))
 }
-
-// openDesktop hands a batch a desktop the test goes on with: the batch's
-// Close leaves it open.
-type openDesktop struct{ *VMDesktop }
-
-func (openDesktop) Close() error { return nil }

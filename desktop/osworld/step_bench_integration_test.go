@@ -182,8 +182,9 @@ func TestIntegrationStepBench(t *testing.T) {
 // stepBenchResult is one way's attempts in the step benchmark, and the
 // medians per attempt and per step of the time that is not the model's.
 type stepBenchResult struct {
-	name string
-	recs []schema.Record
+	name   string
+	golden bool // its attempts start from the task's golden state
+	recs   []schema.Record
 	// nonModel is the median attempt's, meanNonModel the group's mean
 	// (with golden states, the first attempt's setup and golden state
 	// shared by the group).
@@ -199,10 +200,12 @@ func stepBench(t *testing.T, config func(*testing.T, string) Config, file, taskI
 		cfg   func(*Config)
 		wrap  func(*VMDesktop) desktop.Desktop
 		fixed *desktop.FixedWaits
+		// golden: every attempt starts from the task's golden state.
+		golden bool
 	}
 	ways := []way{
-		{name: "legato", cfg: func(c *Config) { c.Golden = GoldenConfig{Max: 1} }},
-		{name: "three trips", cfg: func(c *Config) { c.Golden = GoldenConfig{Max: 1} },
+		{name: "legato", golden: true, cfg: func(c *Config) { c.Golden = GoldenConfig{Max: 1} }},
+		{name: "three trips", golden: true, cfg: func(c *Config) { c.Golden = GoldenConfig{Max: 1} },
 			wrap: func(d *VMDesktop) desktop.Desktop { d.shots = shotsDiffer; return noStep{d, d.Desktop} }},
 		{name: "no executor, no golden", cfg: func(c *Config) { c.NoExecutor = true }},
 		{name: "OSWorld-style", cfg: func(c *Config) { c.NoExecutor = true },
@@ -247,7 +250,7 @@ func stepBench(t *testing.T, config func(*testing.T, string) Config, file, taskI
 		if err := p.Close(); err != nil {
 			t.Errorf("%s: close the pool: %v", w.name, err)
 		}
-		r := stepBenchResult{name: w.name}
+		r := stepBenchResult{name: w.name, golden: w.golden}
 		if _, err := schema.ReadRunRecords(out, func(rec schema.Record) error {
 			r.recs = append(r.recs, rec)
 			return nil
@@ -265,8 +268,8 @@ func stepBench(t *testing.T, config func(*testing.T, string) Config, file, taskI
 
 	// Golden states give every attempt the same first screen, and the
 	// executor's screenshots of it are the same bytes.
-	for _, r := range results[:min(2, len(results))] {
-		if r.name == "OSWorld-style" || r.name == "no executor, no golden" {
+	for _, r := range results {
+		if !r.golden {
 			continue
 		}
 		var first []string
