@@ -109,10 +109,11 @@ func TestOSWorldFlags(t *testing.T) {
 			name: "what a fast reset restores and checks",
 			args: []string{"--image", img, "--fast-reset-restore", "/srv/data", "--fast-reset-restore", "/var/games",
 				"--fast-reset-check", "/var/lib/flatpak", "--ready-compare-screenshots", "--no-executor", "--golden-refuse", "t1", "--golden-refuse", "t2",
-				"--golden-fork", "--fork-dir", "/dev/hugepages/legato"},
+				"--golden-fork", "--fork-dir", "/dev/hugepages/legato", "--boot-cache", "/var/cache/legato/boot"},
 			want: osworld.Config{
 				VM: vm.Config{NamePrefix: vm.DefaultNamePrefix, BaseImage: filepath.Join(img, "base.qcow2"), ForkDir: "/dev/hugepages/legato",
-					Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
+					BootCache: "/var/cache/legato/boot",
+					Kernel:    filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initrd.img"), Cmdline: "root=/dev/vda quiet",
 					VCPUs: vm.DefaultVCPUs, MemoryMiB: vm.DefaultMemoryMiB, Accel: vm.AccelAuto, StoragePool: vm.DefaultStoragePool},
 				BootTimeout: osworld.DefaultBootTimeout,
 				FastReset: osworld.FastResetConfig{
@@ -183,6 +184,8 @@ func TestOSWorldFlagErrors(t *testing.T) {
 		{"dedicated without guests", []string{"--image", img, "--guest-dedicated"}, "--guest-dedicated speaks of --guest-url guests"},
 		{"root desktop without guests", []string{"--image", img, "--guest-root-desktop"}, "--guest-root-desktop speaks of --guest-url guests"},
 		{"fork dir relative", []string{"--image", img, "--golden-fork", "--fork-dir", "shm"}, `fork dir "shm": want an absolute path`},
+		{"boot cache relative", []string{"--image", img, "--boot-cache", "boot"}, `boot cache "boot": want an absolute path`},
+		{"boot cache a file", []string{"--image", img, "--boot-cache", filepath.Join(img, "vmlinux")}, "not a directory"},
 		{"golden max zero", append(guest, "--golden-max", "0"), `invalid value "0" for flag -golden-max: want an integer from 1 to 1000`},
 		{"check not clean", append(guest, "--fast-reset-check", "/etc/"), `FastReset.Check (--fast-reset-check): "/etc/"`},
 	}

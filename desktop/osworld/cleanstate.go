@@ -298,6 +298,28 @@ func (c Config) cleanConfig() (cleanConfig, error) {
 	}, nil
 }
 
+// bootCacheKey is what a VM's clean state depends on besides the machine
+// and the image (vm.Config.BootCacheKey): what the readiness probe puts in
+// the guest before the snapshot, the clean-state record (by legato's
+// guest tool, with this configuration) and its home baseline.
+func (c Config) bootCacheKey() (string, error) {
+	cc, err := c.cleanConfig()
+	if err != nil {
+		return "", err
+	}
+	cc.Nonce = "" // one call's
+	b, err := json.Marshal(struct {
+		Version int         `json:"v"`
+		Clean   cleanConfig `json:"clean"`
+		Tool    string      `json:"tool"`
+	}{1, cc, guestToolModule})
+	if err != nil {
+		return "", fmt.Errorf("boot cache key: %w", err)
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:16]), nil
+}
+
 // forwardedTaskPorts are the guest ports a VM forwards for tasks; none for
 // a guest given by URL (its ports are not the desktop's alone).
 func (c Config) forwardedTaskPorts() []int {

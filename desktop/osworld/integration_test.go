@@ -85,6 +85,34 @@ func lastLine(s string) string {
 	return s[strings.LastIndex(s, "\n")+1:]
 }
 
+// itBootCacheEnv hands the boot cache to the crash children.
+const itBootCacheEnv = "LEGATO_OSWORLD_IT_BOOT_CACHE"
+
+var itBootCacheOnce = sync.OnceValues(func() (string, error) {
+	if dir := os.Getenv(itBootCacheEnv); dir != "" {
+		return dir, nil // a crash child's: its parent removes it
+	}
+	dir, err := os.MkdirTemp("", "legato-it-bootcache-")
+	if err != nil {
+		return "", err
+	}
+	atExit = append(atExit, func() { os.RemoveAll(dir) })
+	return dir, os.Setenv(itBootCacheEnv, dir)
+})
+
+// itBootCache is the boot cache (vm.Config.BootCache) of every test VM of
+// the run, crash children's too: the first VM of a machine and clean-state
+// configuration boots, the later ones start from its clean state. The
+// tests of the boot itself are in package vm.
+func itBootCache(t *testing.T) string {
+	t.Helper()
+	dir, err := itBootCacheOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // itConfig is a desktop configuration for the test guest: two or three
 // small VMs fit a 2-core CI machine.
 func itConfig(t *testing.T, prefix string) Config {
@@ -103,6 +131,7 @@ func itConfig(t *testing.T, prefix string) Config {
 			Cmdline:    strings.TrimSpace(string(cmdline)),
 			VCPUs:      2,
 			MemoryMiB:  1536,
+			BootCache:  itBootCache(t),
 		},
 		BootTimeout: 4 * time.Minute,
 		CacheDir:    t.TempDir(),

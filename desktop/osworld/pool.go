@@ -378,6 +378,13 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	vcfg.Fork = forkVM(p.forks != nil, p.cfg.EndStates != "", ph.h.Remote(), agent != nil)
 	vcfg.Ready = prep.ready
 	vcfg.BootTimeout = p.cfg.BootTimeout
+	if vcfg.BootCache != "" {
+		key, err := p.cfg.bootCacheKey()
+		if err != nil {
+			return nil, &desktop.Error{Op: "start vm", Desktop: "slot " + strconv.Itoa(slot) + " on " + ph.name(), Err: err}
+		}
+		vcfg.BootCacheKey = key
+	}
 	v, err := vm.StartOn(sctx, ph.h, vcfg, slot)
 	prep.done.Store(true)
 	prep.forgetOffset()
@@ -394,9 +401,23 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	if err == nil {
 		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 		var d *Desktop
-		// The clock was set before the snapshot, but the snapshot took
-		// time.
-		err = sh.setClock(ctx)
+		if v.Timings().Restored {
+			// Started from the boot cache: the guest's clock and random
+			// generator are where another VM's were at its snapshot,
+			// as after a revert; the probe did not ask the guest's user.
+			err = sh.detectRoot(ctx)
+			var off time.Duration
+			if err == nil {
+				off, err = sh.clockOffset(ctx)
+			}
+			if err == nil {
+				err = sh.thaw(ctx, off, newSeed())
+			}
+		} else {
+			// The clock was set before the snapshot, but the snapshot
+			// took time.
+			err = sh.setClock(ctx)
+		}
 		if err == nil {
 			d, err = p.newDesktop(ctx, v.Name(), addr, c, sh, v, dial)
 		}
@@ -490,7 +511,9 @@ func (v *vmPrep) ready(ctx context.Context, ports vm.Ports) error {
 		}
 		v.client = c
 	}
-	if v.prepared || v.done.Load() {
+	if v.prepared || v.done.Load() || vm.Restoring(ctx) {
+		// A revert, or a start from the boot cache: the clean state
+		// was prepared before its snapshot.
 		off, rtt, err := clockOffset(ctx, v.client)
 		if err != nil {
 			return err

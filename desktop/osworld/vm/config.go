@@ -131,6 +131,16 @@ type Config struct {
 	// (default /dev/shm/legato-fork), on every host. It should be tmpfs
 	// or hugetlbfs: clones map the template's guest RAM from there.
 	ForkDir string
+	// BootCache is a directory where the clean state of a VM's boot is
+	// kept, so that later VMs of the same machine and base image start
+	// from it in a few seconds instead of booting (see bootcache.go).
+	// Empty: every VM boots. Only VMs on this machine use it; entries
+	// stay between runs until their image is gone or they fail to load.
+	BootCache string
+	// BootCacheKey is what the guest's clean state depends on beyond the
+	// machine and the image: the configuration of what Ready puts in the
+	// guest before the clean snapshot. It is part of the entry's key.
+	BootCacheKey string
 	// HostAgent is the legato program on remote hosts that forks their
 	// VMs there (`legato rl host-agent`, started over SSH; package
 	// hostagent). Empty: legato, found on the PATH of the SSH user.
@@ -251,6 +261,13 @@ func (c Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.ForkDir) {
 		bad("fork dir %q: want an absolute path", c.ForkDir)
+	}
+	if c.BootCache != "" {
+		if !filepath.IsAbs(c.BootCache) {
+			bad("boot cache %q: want an absolute path", c.BootCache)
+		} else if info, err := os.Stat(c.BootCache); err == nil && !info.IsDir() {
+			bad("boot cache %q: not a directory; give a directory (made if missing)", c.BootCache)
+		}
 	}
 	if c.CallTimeout < 0 || c.BootTimeout < 0 || c.ReadyTry < 0 {
 		bad("timeouts must not be negative")

@@ -47,6 +47,9 @@ func TestValidate(t *testing.T) {
 		{"bad pool name", with(func(c *Config) { c.StoragePool = "a b" }), "storage pool"},
 		{"relative pool dir", with(func(c *Config) { c.PoolDir = "images" }), "pool dir"},
 		{"negative timeout", with(func(c *Config) { c.BootTimeout = -1 }), "negative"},
+		{"relative boot cache", with(func(c *Config) { c.BootCache = "boot" }), "boot cache \"boot\": want an absolute path"},
+		{"boot cache is a file", with(func(c *Config) { c.BootCache = base }), "not a directory"},
+		{"boot cache made when missing", with(func(c *Config) { c.BootCache = filepath.Join(dir, "boot") }), ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -230,6 +230,38 @@ func assertGone(t *testing.T, cfg Config, ports []int) {
 	}
 }
 
+// plantBootEntry writes a boot cache entry that does not load (an overlay
+// with no clean snapshot) under the key of cfg's VMs, and returns its
+// overlay's path.
+func plantBootEntry(t *testing.T, cfg Config) string {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	h, err := OpenHost(cfg.Hosts[0], cfg, HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	accel, _ := resolveAccel(cfg.Accel, DetectAccel)
+	v := &VM{cfg: cfg, host: h, conn: h.connect(), accel: accel}
+	defer v.conn.close()
+	if v.images, err = h.imagePaths(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	m, err := v.bootManifest(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(cfg.BootCache, m.key())
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ov := filepath.Join(dir, bootCacheOverlay)
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", v.images[RoleBase], ov).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	return ov
+}
+
 // sweepFirst removes what an earlier run of the prefix left, and uploads
 // the test guest's files to the host's storage pool if it lacks them.
 func sweepFirst(t *testing.T, cfg Config) {
@@ -278,6 +310,12 @@ func TestIntegrationTwoVMsRevertAndClose(t *testing.T) {
 	cfg := testConfig(t, "legato-it-")
 	sweepFirst(t, cfg)
 	ctx := t.Context()
+	// The two VMs start together with a boot cache: one boots and fills
+	// it, the other waits and starts from it. An entry already there
+	// under their key that does not load (no clean snapshot in it) is
+	// removed first, and the VM that tried it boots.
+	cfg.BootCache = t.TempDir()
+	bad := plantBootEntry(t, cfg)
 	// A probe that can be made to hang, to close a VM in the middle of a
 	// revert.
 	var hang atomic.Bool
@@ -323,9 +361,33 @@ func TestIntegrationTwoVMsRevertAndClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range vms {
+	restored := -1
+	for i, v := range vms {
 		tm := v.Timings()
-		t.Logf("%s: accel %s, ports %+v, define %v, boot %v, snapshot %v", v.Name(), v.Accel(), v.Ports(), tm.Define, tm.Boot, tm.Snapshot)
+		t.Logf("%s: accel %s, ports %+v, define %v, boot %v, snapshot %v, from the boot cache %v", v.Name(), v.Accel(), v.Ports(), tm.Define, tm.Boot, tm.Snapshot, tm.Restored)
+		if tm.Restored {
+			if restored >= 0 {
+				t.Errorf("both VMs started from the boot cache; want one to boot and fill it")
+			}
+			restored = i
+		}
+	}
+	if restored < 0 {
+		t.Fatalf("no VM started from the boot cache")
+	}
+	if st, err := os.Stat(bad); err != nil || st.Size() <= 1<<20 {
+		t.Errorf("boot cache entry %s: %v, %v; want the booted VM's overlay with its clean state (more than 1 MiB) in place of the planted one", bad, st, err)
+	}
+	// The restored VM has its own disk: a file it writes is not the
+	// other's.
+	booted := vms[1-restored]
+	gr, gb := newGuest(t, vms[restored]), newGuest(t, booted)
+	gr.dirty(ctx)
+	if st := gb.state(ctx); st.DirtyFile || st.DirtyProc {
+		t.Errorf("%s dirtied by its copy %s: %+v", booted.Name(), vms[restored].Name(), st)
+	}
+	if err := vms[restored].Revert(ctx); err != nil {
+		t.Fatalf("%s: revert: %v", vms[restored].Name(), err)
 	}
 
 	// Nothing listens beyond loopback: every QEMU socket, and our ports.

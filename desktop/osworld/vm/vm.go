@@ -41,6 +41,10 @@ type Timings struct {
 	Boot time.Duration
 	// Snapshot is the creation of the clean snapshot.
 	Snapshot time.Duration
+	// Restored says the VM started from the boot cache
+	// (Config.BootCache): Boot is then all of the start, and there was
+	// neither a boot nor a snapshot.
+	Restored bool
 	// LastReset is the last Revert/RevertLibvirt/RevertLoadvm/ColdBoot,
 	// until the guest answered again.
 	LastReset time.Duration
@@ -88,6 +92,9 @@ type VM struct {
 	// this QEMU any more (a template left x-ignore-shared on); nil when
 	// they may. A new QEMU (libvirt's revert, a cold boot) clears it.
 	noSavevm error
+	// fill is the boot cache entry the VM fills after its boot, while it
+	// starts.
+	fill *bootFill
 	// console is the end of the serial console read so far: reading
 	// QEMU's ring buffer empties it.
 	console []byte
@@ -201,10 +208,27 @@ func (v *VM) start(ctx context.Context) error {
 		return v.fail("find the image files", err)
 	}
 	v.images = images
+	if v.usesBootCache() {
+		defer v.endFill()
+		restored, err := v.startFromBootCache(ctx)
+		if err != nil {
+			return err
+		}
+		if restored {
+			d := time.Since(t0)
+			v.mu.Lock()
+			v.timings = Timings{Boot: d, Restored: true}
+			v.mu.Unlock()
+			v.log.Info("vm ready", "guest", v.ports.GuestURL(), "devtools_port", v.ports.DevTools,
+				"vlc_port", v.ports.VLC, "from_boot_cache", d)
+			return nil
+		}
+		t0 = time.Now() // the boot's own time, not the failed load's
+	}
 	if err := v.createOverlay(ctx); err != nil {
 		return err
 	}
-	if err := v.defineAndBoot(ctx); err != nil {
+	if err := v.defineAndBoot(ctx, false); err != nil {
 		return err
 	}
 	t1 := time.Now()
@@ -212,7 +236,11 @@ func (v *VM) start(ctx context.Context) error {
 		return err
 	}
 	t2 := time.Now()
-	if err := v.snapshot(ctx); err != nil {
+	snapshot := v.snapshot
+	if v.fill != nil {
+		snapshot = v.snapshotAndFill
+	}
+	if err := snapshot(ctx); err != nil {
 		return err
 	}
 	t3 := time.Now()
@@ -298,9 +326,10 @@ func (v *VM) createOverlay(ctx context.Context) error {
 	return v.fail("create overlay", err)
 }
 
-// defineAndBoot defines the domain and starts it, picking new ports when
-// one was taken between picking and QEMU binding it.
-func (v *VM) defineAndBoot(ctx context.Context) error {
+// defineAndBoot defines the domain and starts it (paused: before the
+// guest's first instruction), picking new ports when one was taken between
+// picking and QEMU binding it.
+func (v *VM) defineAndBoot(ctx context.Context, paused bool) error {
 	var lastErr error
 	for attempt := 1; attempt <= startAttempts; attempt++ {
 		ps, err := v.host.freePorts(ctx, 3)
@@ -321,7 +350,14 @@ func (v *VM) defineAndBoot(ctx context.Context) error {
 		if err != nil {
 			return v.fail("define domain", err)
 		}
-		err = v.conn.do(ctx, "start domain", func(lv *libvirt.Libvirt) error { return lv.DomainCreate(dom) })
+		var flags libvirt.DomainCreateFlags
+		if paused {
+			flags = libvirt.DomainStartPaused
+		}
+		err = v.conn.do(ctx, "start domain", func(lv *libvirt.Libvirt) error {
+			_, err := lv.DomainCreateWithFlags(dom, uint32(flags))
+			return err
+		})
 		if err == nil {
 			return nil
 		}
