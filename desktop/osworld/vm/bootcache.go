@@ -12,8 +12,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -156,10 +156,8 @@ func (v *VM) startFromBootCache(ctx context.Context) (bool, error) {
 	dir := filepath.Join(v.cfg.BootCache, m.key())
 	for {
 		if _, err := os.Stat(filepath.Join(dir, bootCacheOverlay)); err == nil {
-			t0 := time.Now()
 			err := v.restoreBoot(ctx, dir)
 			if err == nil {
-				v.log.Info("started from the boot cache", "entry", dir, "took", time.Since(t0))
 				return true, nil
 			}
 			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
@@ -224,9 +222,12 @@ func (v *VM) restoreBoot(ctx context.Context, dir string) error {
 		return v.fail("boot cache: resume", err)
 	}
 	t3 := time.Now()
-	err = v.waitReady(context.WithValue(ctx, restoringKey{}, true))
-	v.log.Info("boot cache: restore", "overlay", t1.Sub(t0), "define_start", t2.Sub(t1), "loadvm", t3.Sub(t2), "ready", time.Since(t3))
-	return err
+	if err := v.waitReady(context.WithValue(ctx, restoringKey{}, true)); err != nil {
+		return err
+	}
+	v.log.Info("started from the boot cache", "entry", dir, "took", time.Since(t0), "overlay", t1.Sub(t0),
+		"define_start", t2.Sub(t1), "loadvm", t3.Sub(t2), "ready", time.Since(t3))
+	return nil
 }
 
 // redefineClean writes libvirt's record of the clean snapshot, which the
@@ -332,6 +333,13 @@ func fillBootEntry(dir string, m bootManifest, overlay string) (int64, error) {
 // bootTmpInfix marks an entry being written.
 const bootTmpInfix = ".tmp-"
 
+// An entry's name, and the name of one being written: pruning touches
+// nothing else in the directory, which the user chose.
+var (
+	bootEntryRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	bootTmpRE   = regexp.MustCompile(`^[0-9a-f]{32}` + regexp.QuoteMeta(bootTmpInfix) + `[0-9a-f]{8}$`)
+)
+
 // pruneBootCache removes the entries of root whose base image volume is
 // gone (a changed image is a new volume: they would never load again), and
 // entries being written that a killed run left over an hour ago.
@@ -342,10 +350,10 @@ func pruneBootCache(root string) {
 	}
 	for _, de := range des {
 		p := filepath.Join(root, de.Name())
-		if !de.IsDir() {
+		if !de.IsDir() || !bootEntryRE.MatchString(de.Name()) && !bootTmpRE.MatchString(de.Name()) {
 			continue
 		}
-		if strings.Contains(de.Name(), bootTmpInfix) {
+		if bootTmpRE.MatchString(de.Name()) {
 			if info, err := de.Info(); err == nil && time.Since(info.ModTime()) > time.Hour {
 				os.RemoveAll(p)
 			}

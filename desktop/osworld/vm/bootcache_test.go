@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -86,16 +87,23 @@ func TestPruneBootCache(t *testing.T) {
 		}
 		return p
 	}
-	kept := entry("kept", image)
-	gone := entry("gone", filepath.Join(root, "no-such-image.qcow2"))
-	fresh := entry("x"+bootTmpInfix+"fresh", image)
-	stale := entry("x"+bootTmpInfix+"stale", image)
+	key := func(c string) string { return strings.Repeat(c, 32) }
+	missing := filepath.Join(root, "no-such-image.qcow2")
+	kept := entry(key("a"), image)
+	gone := entry(key("b"), missing)
+	fresh := entry(key("c")+bootTmpInfix+"0badcafe", image)
+	stale := entry(key("d")+bootTmpInfix+"0badcafe", image)
+	// Not the cache's: the user's own, whatever they hold.
+	users := entry("photos", missing)
+	usersTmp := entry("build"+bootTmpInfix+"0badcafe", image)
 	old := time.Now().Add(-2 * time.Hour)
-	if err := os.Chtimes(stale, old, old); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{stale, usersTmp} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pruneBootCache(root)
-	for p, want := range map[string]bool{kept: true, gone: false, fresh: true, stale: false} {
+	for p, want := range map[string]bool{kept: true, gone: false, fresh: true, stale: false, users: true, usersTmp: true} {
 		_, err := os.Stat(p)
 		if have := err == nil; have != want {
 			t.Errorf("%s: there %v, want %v", filepath.Base(p), have, want)
