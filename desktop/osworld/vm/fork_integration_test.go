@@ -110,6 +110,7 @@ func TestIntegrationFork(t *testing.T) {
 	cfg := testConfig(t, "legato-itfork-")
 	cfg.Fork = true
 	cfg.ForkDir = "/dev/shm/legato-itfork"
+	cfg.BootCache = itBootCache(t)
 	t.Cleanup(func() { os.Remove(cfg.ForkDir) })
 	// What the clones must not inherit.
 	t.Setenv("LEGATO_POLICY_KEY", "sk-legato-itfork")
@@ -316,6 +317,7 @@ func TestIntegrationForkCrashThenSweep(t *testing.T) {
 	cfg := testConfig(t, "legato-itforkcrash-")
 	cfg.Fork = true
 	cfg.ForkDir = "/dev/shm/legato-itforkcrash"
+	cfg.BootCache = itBootCache(t)
 	if os.Getenv(crashChildEnv) == "" {
 		t.Cleanup(func() { os.Remove(cfg.ForkDir) })
 	}

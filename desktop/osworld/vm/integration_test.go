@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -49,6 +50,33 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// itBootCacheEnv hands the boot cache to the crash children.
+const itBootCacheEnv = "LEGATO_VM_IT_BOOT_CACHE"
+
+var itBootCacheOnce = sync.OnceValues(func() (string, error) {
+	if dir := os.Getenv(itBootCacheEnv); dir != "" {
+		return dir, nil // a crash child's: its parent removes it
+	}
+	dir, err := os.MkdirTemp("", "legato-vm-it-bootcache-")
+	if err != nil {
+		return "", err
+	}
+	atExit = append(atExit, func() { os.RemoveAll(dir) })
+	return dir, os.Setenv(itBootCacheEnv, dir)
+})
+
+// itBootCache is a boot cache (Config.BootCache) the tests whose VMs are
+// not about booting share, crash children too: the first VM of a machine
+// boots and fills it, the later ones start from it.
+func itBootCache(t *testing.T) string {
+	t.Helper()
+	dir, err := itBootCacheOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // testConfig is a VM configuration for the test guest, small enough for
@@ -314,7 +342,7 @@ func TestIntegrationTwoVMsRevertAndClose(t *testing.T) {
 	// it, the other waits and starts from it. An entry already there
 	// under their key that does not load (no clean snapshot in it) is
 	// removed first, and the VM that tried it boots.
-	cfg.BootCache = t.TempDir()
+	cfg.BootCache = itBootCache(t)
 	bad := plantBootEntry(t, cfg)
 	// A probe that can be made to hang, to close a VM in the middle of a
 	// revert.
@@ -483,6 +511,7 @@ func TestIntegrationCancelDuringBootLeavesNothing(t *testing.T) {
 // Sweep finds and removes it.
 func TestIntegrationCrashThenSweep(t *testing.T) {
 	cfg := testConfig(t, "legato-itcrash-")
+	cfg.BootCache = itBootCache(t)
 	if os.Getenv(crashChildEnv) != "" {
 		// The child: start a VM, say so, wait to be killed.
 		v, err := Start(context.Background(), cfg, 7)

@@ -22,6 +22,7 @@ func TestIntegrationKeep(t *testing.T) {
 	cfg := testConfig(t, "legato-itkeep-")
 	cfg.Fork = true
 	cfg.ForkDir = "/dev/shm/legato-itkeep"
+	cfg.BootCache = itBootCache(t)
 	t.Cleanup(func() { os.Remove(cfg.ForkDir) })
 	sweepFirst(t, cfg)
 	ctx := t.Context()

@@ -1,9 +1,21 @@
 package vm
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// atExit are what the package's tests leave for the end of the run (the
+// boot cache the integration tests share).
+var atExit []func()
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		for _, f := range atExit {
+			f()
+		}
+		os.Exit(code)
+	}))
+}
