@@ -39,9 +39,10 @@ import (
 // guest (see Identity): the machine's definition without name, ports and
 // overlay, the base image's volume (named after its content's hash) and
 // the QEMU version. A changed image or machine is another entry; an entry
-// that does not load is removed and the VM boots. Entries are made and
-// used only for VMs on this machine (the overlay is copied as a local
-// file); a remote host's VMs boot.
+// that does not load is removed and the VM boots. The entries are files of
+// this machine: a VM here copies its overlay in and out as a file, one on
+// a remote host through libvirt's volume download and upload. Hosts whose
+// pools hold the image at the same path (same PoolDir) share entries.
 
 // Files of a boot cache entry.
 const (
@@ -59,9 +60,13 @@ type bootManifest struct {
 	QEMU uint64 `json:"qemu_version"`
 	// Caller is Config.BootCacheKey: what the caller's readiness probe
 	// put in the guest before the snapshot depends on.
-	Caller string    `json:"caller,omitempty"`
-	Taken  time.Time `json:"taken"`
-	Bytes  int64     `json:"bytes"`
+	Caller string `json:"caller,omitempty"`
+	// Host names the host whose VM filled the entry; Local says it is
+	// this machine, where Image can be looked for.
+	Host  string    `json:"host"`
+	Local bool      `json:"local"`
+	Taken time.Time `json:"taken"`
+	Bytes int64     `json:"bytes"`
 }
 
 // key is the entry's directory name.
@@ -109,7 +114,7 @@ type bootFill struct {
 }
 
 // usesBootCache says whether v starts through the boot cache.
-func (v *VM) usesBootCache() bool { return v.cfg.BootCache != "" && !v.host.Remote() }
+func (v *VM) usesBootCache() bool { return v.cfg.BootCache != "" }
 
 // bootManifest is what v's entry would say, but its time and size.
 func (v *VM) bootManifest(ctx context.Context) (bootManifest, error) {
@@ -126,7 +131,8 @@ func (v *VM) bootManifest(ctx context.Context) (bootManifest, error) {
 	if err != nil {
 		return bootManifest{}, err
 	}
-	return bootManifest{Machine: m, Image: v.images[RoleBase], QEMU: ver, Caller: v.cfg.BootCacheKey}, nil
+	return bootManifest{Machine: m, Image: v.images[RoleBase], QEMU: ver, Caller: v.cfg.BootCacheKey,
+		Host: v.host.Name(), Local: !v.host.Remote()}, nil
 }
 
 type restoringKey struct{}
@@ -200,9 +206,12 @@ func (v *VM) restoreBoot(ctx context.Context, dir string) error {
 	if err := v.createOverlay(ctx); err != nil {
 		return err
 	}
-	if err := copyFileOver(filepath.Join(dir, bootCacheOverlay), v.overlay); err != nil {
+	if err := v.overlayIn(ctx, filepath.Join(dir, bootCacheOverlay)); err != nil {
 		return v.fail("boot cache: copy the entry's overlay", err)
 	}
+	// Used: pruning keeps what is used.
+	now := time.Now()
+	os.Chtimes(filepath.Join(dir, bootCacheManifest), now, now)
 	t1 := time.Now()
 	if err := v.defineAndBoot(ctx, true); err != nil {
 		return err
@@ -278,7 +287,7 @@ func (v *VM) snapshotAndFill(ctx context.Context) (err error) {
 		return err
 	}
 	t0 := time.Now()
-	n, ferr := fillBootEntry(v.fill.dir, v.fill.m, v.overlay)
+	n, ferr := fillBootEntry(v.fill.dir, v.fill.m, func(dst string) error { return v.overlayOut(ctx, dst) })
 	if ferr != nil {
 		v.log.Warn("boot cache: not filled; later VMs boot", "entry", v.fill.dir, "err", ferr)
 		return nil
@@ -287,10 +296,60 @@ func (v *VM) snapshotAndFill(ctx context.Context) (err error) {
 	return nil
 }
 
-// fillBootEntry writes the entry dir from overlay: into a directory of its
-// own first, renamed into place whole, so that no reader sees half an
-// entry. It also prunes entries whose base image is gone.
-func fillBootEntry(dir string, m bootManifest, overlay string) (int64, error) {
+// overlayOut copies v's overlay to the local file dst.
+func (v *VM) overlayOut(ctx context.Context, dst string) error {
+	if !v.host.Remote() {
+		return copyFileOver(v.overlay, dst)
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = v.overlayVolume(ctx, func(s *storage, vol libvirt.StorageVol) error { return s.read(ctx, vol, f) })
+	return errors.Join(err, f.Close())
+}
+
+// overlayIn copies the local file src over v's overlay.
+func (v *VM) overlayIn(ctx context.Context, src string) error {
+	if !v.host.Remote() {
+		return copyFileOver(src, v.overlay)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	return v.overlayVolume(ctx, func(s *storage, vol libvirt.StorageVol) error {
+		return s.write(ctx, vol, f, uint64(st.Size()))
+	})
+}
+
+// overlayVolume runs f on v's overlay volume.
+func (v *VM) overlayVolume(ctx context.Context, f func(*storage, libvirt.StorageVol) error) error {
+	s := v.host.storage(v.conn)
+	p, err := s.pool(ctx)
+	if err != nil {
+		return err
+	}
+	vol, ok, err := s.volume(ctx, p, overlayVolume(v.name))
+	if err == nil && !ok {
+		err = fmt.Errorf("no overlay volume %s", overlayVolume(v.name))
+	}
+	if err != nil {
+		return err
+	}
+	return f(s, vol)
+}
+
+// fillBootEntry writes the entry dir with copyOut, which writes the
+// overlay to the file it is given: into a directory of its own first,
+// renamed into place whole, so that no reader sees half an entry. It also
+// prunes the cache (pruneBootCache).
+func fillBootEntry(dir string, m bootManifest, copyOut func(dst string) error) (int64, error) {
 	root := filepath.Dir(dir)
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return 0, err
@@ -305,7 +364,7 @@ func fillBootEntry(dir string, m bootManifest, overlay string) (int64, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(tmp) // nothing left after the rename
-	if err := copyFileOver(overlay, filepath.Join(tmp, bootCacheOverlay)); err != nil {
+	if err := copyOut(filepath.Join(tmp, bootCacheOverlay)); err != nil {
 		return 0, err
 	}
 	st, err := os.Stat(filepath.Join(tmp, bootCacheOverlay))
@@ -340,9 +399,14 @@ var (
 	bootTmpRE   = regexp.MustCompile(`^[0-9a-f]{32}` + regexp.QuoteMeta(bootTmpInfix) + `[0-9a-f]{8}$`)
 )
 
-// pruneBootCache removes the entries of root whose base image volume is
-// gone (a changed image is a new volume: they would never load again), and
-// entries being written that a killed run left over an hour ago.
+// bootUnusedMax is how long an entry stays unused before pruning removes
+// it: an entry of a remote host's image cannot be checked from here.
+const bootUnusedMax = 30 * 24 * time.Hour
+
+// pruneBootCache removes the entries of root whose base image volume on
+// this machine is gone (a changed image is a new volume: they would never
+// load again), entries no VM started from in bootUnusedMax, and entries
+// being written that a killed run left over an hour ago.
 func pruneBootCache(root string) {
 	des, err := os.ReadDir(root)
 	if err != nil {
@@ -359,7 +423,8 @@ func pruneBootCache(root string) {
 			}
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(p, bootCacheManifest))
+		manifest := filepath.Join(p, bootCacheManifest)
+		b, err := os.ReadFile(manifest)
 		if err != nil {
 			continue
 		}
@@ -367,7 +432,11 @@ func pruneBootCache(root string) {
 		if json.Unmarshal(b, &m) != nil || m.Image == "" {
 			continue
 		}
-		if _, err := os.Stat(m.Image); errors.Is(err, fs.ErrNotExist) {
+		if info, err := os.Stat(manifest); err == nil && time.Since(info.ModTime()) > bootUnusedMax {
+			os.RemoveAll(p)
+			continue
+		}
+		if _, err := os.Stat(m.Image); m.Local && errors.Is(err, fs.ErrNotExist) {
 			os.RemoveAll(p)
 		}
 	}

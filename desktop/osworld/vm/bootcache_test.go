@@ -39,7 +39,7 @@ func TestFillBootEntry(t *testing.T) {
 	}
 	m := bootManifest{Machine: "m", Image: overlay, QEMU: 7002000}
 	dir := filepath.Join(root, m.key())
-	n, err := fillBootEntry(dir, m, overlay)
+	n, err := fillBootEntry(dir, m, func(dst string) error { return copyFileOver(overlay, dst) })
 	if err != nil || n != int64(len(data)) {
 		t.Fatalf("fill: %d bytes, %v; want %d", n, err, len(data))
 	}
@@ -59,7 +59,7 @@ func TestFillBootEntry(t *testing.T) {
 	if err := os.WriteFile(overlay, []byte("another"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fillBootEntry(dir, m, overlay); err != nil {
+	if _, err := fillBootEntry(dir, m, func(dst string) error { return copyFileOver(overlay, dst) }); err != nil {
 		t.Fatalf("second fill: %v", err)
 	}
 	if got, _ := os.ReadFile(filepath.Join(dir, bootCacheOverlay)); !bytes.Equal(got, data) {
@@ -76,12 +76,12 @@ func TestPruneBootCache(t *testing.T) {
 	if err := os.WriteFile(image, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	entry := func(name, image string) string {
+	entry := func(name, image string, local bool) string {
 		p := filepath.Join(root, name)
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		b, _ := json.Marshal(bootManifest{Machine: "m", Image: image})
+		b, _ := json.Marshal(bootManifest{Machine: "m", Image: image, Local: local})
 		if err := os.WriteFile(filepath.Join(p, bootCacheManifest), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -89,21 +89,28 @@ func TestPruneBootCache(t *testing.T) {
 	}
 	key := func(c string) string { return strings.Repeat(c, 32) }
 	missing := filepath.Join(root, "no-such-image.qcow2")
-	kept := entry(key("a"), image)
-	gone := entry(key("b"), missing)
-	fresh := entry(key("c")+bootTmpInfix+"0badcafe", image)
-	stale := entry(key("d")+bootTmpInfix+"0badcafe", image)
+	kept := entry(key("a"), image, true)
+	gone := entry(key("b"), missing, true)
+	// A remote host's image cannot be looked for here.
+	remote := entry(key("e"), missing, false)
+	unused := entry(key("f"), image, true)
+	fresh := entry(key("c")+bootTmpInfix+"0badcafe", image, true)
+	stale := entry(key("d")+bootTmpInfix+"0badcafe", image, true)
 	// Not the cache's: the user's own, whatever they hold.
-	users := entry("photos", missing)
-	usersTmp := entry("build"+bootTmpInfix+"0badcafe", image)
+	users := entry("photos", missing, true)
+	usersTmp := entry("build"+bootTmpInfix+"0badcafe", image, true)
 	old := time.Now().Add(-2 * time.Hour)
 	for _, p := range []string{stale, usersTmp} {
 		if err := os.Chtimes(p, old, old); err != nil {
 			t.Fatal(err)
 		}
 	}
+	long := time.Now().Add(-bootUnusedMax - time.Hour)
+	if err := os.Chtimes(filepath.Join(unused, bootCacheManifest), long, long); err != nil {
+		t.Fatal(err)
+	}
 	pruneBootCache(root)
-	for p, want := range map[string]bool{kept: true, gone: false, fresh: true, stale: false, users: true, usersTmp: true} {
+	for p, want := range map[string]bool{kept: true, gone: false, remote: true, unused: false, fresh: true, stale: false, users: true, usersTmp: true} {
 		_, err := os.Stat(p)
 		if have := err == nil; have != want {
 			t.Errorf("%s: there %v, want %v", filepath.Base(p), have, want)

@@ -231,6 +231,14 @@ func (s *storage) write(ctx context.Context, v libvirt.StorageVol, r io.Reader, 
 	})
 }
 
+// read writes a volume's content to w through libvirt's volume download.
+// Only ctx bounds it, as write.
+func (s *storage) read(ctx context.Context, v libvirt.StorageVol, w io.Writer) error {
+	return s.c.doLong(ctx, "download volume", func(lv *libvirt.Libvirt) error {
+		return lv.StorageVolDownload(v, w, 0, 0, 0)
+	})
+}
+
 // names lists the pool's volumes.
 func (s *storage) names(ctx context.Context, p libvirt.StoragePool) ([]string, error) {
 	var vols []libvirt.StorageVol
