@@ -595,13 +595,11 @@ func idleMove(i int) string {
 // appsFastReset: on each program, an attempt that solves the task (a
 // setting saved, a draft written, a tab restored, a file playing) leaves
 // nothing behind under the fast reset: the grade right after it equals the
-// grade of the task's untouched start, its golden state (set up after
-// loading the clean snapshot). On the idle program, the settle signal ends
-// before its bound.
+// grade of the task's untouched start, set up after loading the clean
+// snapshot. On the idle program, the settle signal ends before its bound.
 func appsFastReset(t *testing.T, d *VMDesktop, tasks []desktop.Task) {
 	// The resets under test are to the clean state, not to golden states
-	// (the desktop's configuration is read at each reset): only the
-	// untouched start loads one.
+	// (the desktop's configuration is read at each reset).
 	d.cfg.Golden.Off = true
 	ctx := t.Context()
 	if os.Getenv("LEGATO_APPS_TASKS") == "" {
@@ -611,17 +609,13 @@ func appsFastReset(t *testing.T, d *VMDesktop, tasks []desktop.Task) {
 		tasks = slices.DeleteFunc(slices.Clone(tasks), func(tk desktop.Task) bool { return tk.ID == appsFastResetNotInCI })
 	}
 
-	// reset resets to the task's set-up state by kind (golden: the
-	// task's golden state, or, where the desktop holds none, the clean
-	// snapshot and the setup, from which it takes one) and returns its
+	// reset resets to the task's set-up state by kind and returns its
 	// first screen and how long the reset took to a settled screen (setup
 	// included).
 	reset := func(t *testing.T, task desktop.Task, kind ResetKind) ([]byte, time.Duration) {
 		t.Helper()
 		start := time.Now()
 		preferReset(d, kind)
-		d.cfg.Golden.Off = kind != ResetGolden
-		defer func() { d.cfg.Golden.Off = true }()
 		if err := d.Reset(ctx, task); err != nil {
 			if res, derr := d.sh.run(ctx, `pgrep -a -u user; ss -tanp; ls -la /tmp`); derr == nil {
 				t.Logf("guest after the failed reset:\n%s", res.Output)
@@ -629,7 +623,7 @@ func appsFastReset(t *testing.T, d *VMDesktop, tasks []desktop.Task) {
 			t.Fatalf("reset (%s): %v", kind, err)
 		}
 		rep := d.LastReset()
-		if (rep.Kind != kind && !(kind == ResetGolden && rep.Kind == ResetGoldenBuild)) || len(rep.Left) > 0 {
+		if rep.Kind != kind || len(rep.Left) > 0 {
 			t.Errorf("reset %s (%s), left %q; want %s with nothing left", rep.Kind, rep.Why, rep.Left, kind)
 		}
 		if err := d.WaitAfterReset(ctx); err != nil {
@@ -656,11 +650,9 @@ func appsFastReset(t *testing.T, d *VMDesktop, tasks []desktop.Task) {
 	var table []string
 	for _, task := range tasks {
 		t.Run(task.ID, func(t *testing.T) {
-			// The untouched start: what the fast reset must bring back.
-			// It is the task's golden state, which the golden groups
-			// took after the setup on the clean snapshot (a program's
-			// start under TCG is most of a minute, the load seconds).
-			startShot, startTook := reset(t, task, ResetGolden)
+			// The untouched start, from the clean snapshot: what the
+			// fast reset must bring back.
+			startShot, startTook := reset(t, task, ResetLoadvm)
 			atStart := grade(t, task)
 			if atStart == 1 {
 				t.Fatal("the untouched start scores 1, as the solution does: a solved attempt left behind would not show")
@@ -694,7 +686,7 @@ func appsFastReset(t *testing.T, d *VMDesktop, tasks []desktop.Task) {
 			if !bytes.Equal(fastShot, startShot) {
 				same = "first screens differ in " + diffBox(fastShot, startShot)
 			}
-			table = append(table, fmt.Sprintf("%-26s golden state %v: grade %v; settled %2d/10 (waits %v); solved 1; fast reset + setup %v: grade %v; %s",
+			table = append(table, fmt.Sprintf("%-26s loadvm + setup %v: grade %v; settled %2d/10 (waits %v); solved 1; fast reset + setup %v: grade %v; %s",
 				task.ID, startTook.Round(100*time.Millisecond), atStart, settled, waits, fastTook.Round(100*time.Millisecond), afterFast, same))
 		})
 	}
