@@ -401,18 +401,11 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 	if err == nil {
 		sh := &guestShell{client: c, password: p.cfg.ClientPassword, asRoot: prep.asRoot, toolCache: p.cfg.toolCacheDir(), helper: p.cfg.helperDir()}
 		var d *Desktop
-		if v.Timings().Restored {
-			// Started from the boot cache: the guest's clock and random
-			// generator are where another VM's were at its snapshot,
-			// as after a revert; the probe did not ask the guest's user.
+		restored := v.Timings().Restored
+		if restored {
+			// Started from the boot cache: the probe did not prepare
+			// the guest, so it did not ask the guest's user either.
 			err = sh.detectRoot(ctx)
-			var off time.Duration
-			if err == nil {
-				off, err = sh.clockOffset(ctx)
-			}
-			if err == nil {
-				err = sh.thaw(ctx, off, newSeed())
-			}
 		} else {
 			// The clock was set before the snapshot, but the snapshot
 			// took time.
@@ -429,7 +422,21 @@ func (p *Pool) startVM(ctx context.Context, slot int, ph *poolHost) (*Desktop, e
 				// Decided once: this desktop forks through the agent.
 				d.golden.forks, d.golden.agent = p.forks, agent
 			}
-			return d, nil
+			if !restored {
+				return d, nil
+			}
+			// The guest's clock and random generator are where another
+			// VM's were at its snapshot: thawed as after a snapshot load
+			// (the load itself is done).
+			err = d.restore(ctx, ResetNone, func(context.Context) error { return nil }, newSeed())
+			if err == nil {
+				return d, nil
+			}
+			// Close ends the VM with the desktop's own files.
+			if cerr := d.Close(); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			return nil, &desktop.Error{Op: "start vm", Desktop: v.Name(), Err: err}
 		}
 	}
 	if cerr := v.Close(); cerr != nil {

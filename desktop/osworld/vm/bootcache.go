@@ -113,9 +113,6 @@ type bootFill struct {
 	flight *bootFlight
 }
 
-// usesBootCache says whether v starts through the boot cache.
-func (v *VM) usesBootCache() bool { return v.cfg.BootCache != "" }
-
 // bootManifest is what v's entry would say, but its time and size.
 func (v *VM) bootManifest(ctx context.Context) (bootManifest, error) {
 	m, err := machineHash(v.spec())

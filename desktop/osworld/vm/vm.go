@@ -208,7 +208,7 @@ func (v *VM) start(ctx context.Context) error {
 		return v.fail("find the image files", err)
 	}
 	v.images = images
-	if v.usesBootCache() {
+	if v.cfg.BootCache != "" {
 		defer v.endFill()
 		restored, err := v.startFromBootCache(ctx)
 		if err != nil {
