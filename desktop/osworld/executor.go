@@ -354,6 +354,11 @@ type settleAnswer struct {
 	// the CPUs busy and the screen changing.
 	HeldLoad   int `json:"held_load"`
 	HeldDamage int `json:"held_damage"`
+	// HeldLate counts the looks that found the screen quiet but waited
+	// on for a late redraw: one came after the last settles, that long
+	// (Late, seconds) after the screen went quiet.
+	HeldLate int     `json:"held_late"`
+	Late     float64 `json:"late"`
 	// The screenshot asked for (Shot): a PNG in base64, its size, and
 	// the seconds its capture and its encoding took in the guest; or
 	// why it could not be taken.

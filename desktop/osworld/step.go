@@ -235,7 +235,7 @@ func (d *Desktop) readyFrom(ctx context.Context, a settleAnswer, waitStart, answ
 			d.waits.settle = ewma(d.waits.settle, max(0, overhead))
 		}
 		d.log.Debug("settle", "settled", a.Settled, "waited", a.Waited, "load", a.Load, "load_terms", a.LoadTerms, "damage", a.Damage, "repeated", a.Repeated,
-			"held_load", a.HeldLoad, "held_damage", a.HeldDamage, "overhead", overhead, "capture", a.CaptureS, "encode", a.EncodeS, "early", a.Early, "png", len(a.PNG))
+			"held_load", a.HeldLoad, "held_damage", a.HeldDamage, "held_late", a.HeldLate, "late", a.Late, "overhead", overhead, "capture", a.CaptureS, "encode", a.EncodeS, "early", a.Early, "png", len(a.PNG))
 	}
 	if !shot {
 		return r, nil

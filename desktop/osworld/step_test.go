@@ -399,3 +399,131 @@ PAUSE not a number ['AssertionError PAUSE']
 		t.Errorf("the pauses slept (-want +got):\n%s", diff)
 	}
 }
+
+// TestStepWaitsForALateRedraw: a program that draws a key at once and
+// redraws a line of its window 0.45 s later (as LibreOffice's status bar
+// counts a keystroke), longer than the quiet interval after the key. The
+// first step's screenshot may miss that redraw; the executor sees it come
+// after its answer, and the steps after it wait for it: each screenshot is
+// the screen as it then stays.
+func TestStepWaitsForALateRedraw(t *testing.T) {
+	g := startHostGuest(t)
+	d := g.desktop(t, g.config(t, g.URL))
+	ctx := t.Context()
+	// The late redraw grows a bar, a new region each time: a region
+	// redrawn with two contents is taken for a blinking cursor.
+	const late = `stty -echo -icanon; bar=
+while c=$(dd bs=1 count=1 2>/dev/null); do
+  printf %s "$c"; sleep 0.45; bar="$bar#"; printf '\033[s\033[8;1H%s\033[u' "$bar"
+done`
+	term := task(t, "late", "legato_test", fmt.Sprintf(`{
+	  "instruction": "Type.",
+	  "config": [{"type": "launch", "parameters": {"command": [%q, "-T", "legato-term", "-geometry", "60x10+40+40", "-e", "sh", "-c", %q]}}],
+	  "evaluator": {"func": "infeasible"}}`, g.AppPath, late))
+	if err := d.Reset(ctx, term); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitWindow(t, "legato-term")
+	if _, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.click(120, 90)`}, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d.executorInterval(waitFor{shot: true}) >= 450*time.Millisecond {
+		t.Fatalf("the quiet interval %v is not shorter than the program's late redraw", d.executorInterval(waitFor{shot: true}))
+	}
+	for i, key := range "abcdef" {
+		code := fmt.Sprintf("pyautogui.write(%q)", string(key))
+		res, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: code}, 20*time.Second)
+		if err != nil || res.Act.ExitCode != 0 || !res.Ready.Settled {
+			t.Fatalf("%s: %+v, settled %v, %v", code, res.Act, res.Ready.Settled, err)
+		}
+		why, err := diffPixels(res.Ready.Observation.Screenshot, stillScreen(t, d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The first key's screenshot is what it learns from.
+		if i > 0 && why != "" {
+			t.Errorf("%s: the step's screenshot (after %v) is not the screen it settled into: %s", code, res.Ready.After, why)
+		}
+	}
+}
+
+// lateRedrawTest drives Executor.learn and Executor.late_wait over made-up
+// damage (the executor's text in argv[1]; time in seconds from 0).
+const lateRedrawTest = `
+import sys
+ns = {"__name__": "legato_executor"}
+exec(compile(sys.argv[1], "<executor>", "exec"), ns)
+
+def executor(lates=(), events=()):
+    ex = ns["Executor"].__new__(ns["Executor"])
+    ex.lates = ns["collections"].deque(lates, maxlen=ns["LATE_KEEP"])
+    ex.answered = None
+    ex.watcher = ns["Watcher"]()
+    ex.watcher.events.extend(events)
+    return ex
+
+def wait(name, lates, events, now):
+    late, seen = executor(lates, events).late_wait(0.0, now, 0.3, 64)
+    print(name, late, round(seen, 2))
+
+# An echo at 0.05 (1000 pixels); the late redraw learned: 0.45 s after the quiet began.
+echo = (0.05, 1000, False)
+wait("nothing learned", [], [echo], 0.4)
+wait("learned none came", [0.0, 0.0], [echo], 0.4)
+wait("learned, not yet", [0.45], [echo], 0.4)
+wait("learned, quiet past it", [0.45], [echo], 0.05 + 0.56)
+wait("learned, it came", [0.45], [echo, (0.5, 5000, False)], 0.8)
+wait("learned, a repeat came", [0.45], [echo, (0.5, 5000, True)], 0.55)
+wait("learned, small damage, quiet past it", [0.45], [echo, (0.3, 40, False)], 0.7)
+wait("learned, shorter than the interval", [0.15], [echo], 0.4)
+wait("learned, past the horizon", [5.0], [echo], 0.05 + 1.09)
+
+def learn(name, lates, events, answered, arrival):
+    ex = executor(lates, events)
+    ex.answered = answered
+    ex.learn(arrival)
+    print(name, [round(v, 2) for v in ex.lates], round(ex.late_delay(), 2))
+
+# A settle answered at 0.35, its quiet from 0.05.
+learn("late redraw", [], [echo, (0.5, 5000, False)], (0.35, 0.05, 64, 0.0), 2.0)
+learn("small or repeated damage", [], [echo, (0.5, 40, False), (0.6, 5000, True)], (0.35, 0.05, 64, 0.0), 2.0)
+learn("past the horizon", [], [echo, (1.2, 5000, False)], (0.35, 0.05, 64, 0.0), 2.0)
+learn("after the next request", [], [echo, (0.9, 5000, False)], (0.35, 0.05, 64, 0.0), 0.8)
+learn("next request too soon to say", [0.45], [echo], (0.35, 0.05, 64, 0.0), 0.8)
+learn("waited for it and it came", [0.45], [echo], (0.85, 0.5, 64, 0.45), 0.9)
+learn("forgotten after LATE_KEEP settles", [0.45, 0.0, 0.0, 0.0], [echo], (0.35, 0.05, 64, 0.0), 2.0)
+learn("no settle to learn from", [0.45], [echo, (0.5, 5000, False)], None, 2.0)
+`
+
+// TestLateRedrawDecisions: when a settle after an action waits on for a
+// program's late redraw, and what the executor learns between settles.
+func TestLateRedrawDecisions(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	out, err := exec.Command("python3", "-I", "-S", "-c", lateRedrawTest, executorSrc).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3: %v\n%s", err, out)
+	}
+	want := `nothing learned False 0.0
+learned none came False 0.0
+learned, not yet True 0.0
+learned, quiet past it False 0.0
+learned, it came False 0.45
+learned, a repeat came True 0.0
+learned, small damage, quiet past it False 0.0
+learned, shorter than the interval False 0.0
+learned, past the horizon True 0.0
+late redraw [0.45] 0.45
+small or repeated damage [0.0] 0.0
+past the horizon [0.0] 0.0
+after the next request [] 0.0
+next request too soon to say [0.45] 0.45
+waited for it and it came [0.45, 0.45] 0.45
+forgotten after LATE_KEEP settles [0.0, 0.0, 0.0, 0.0] 0.0
+no settle to learn from [0.45] 0.45
+`
+	if diff := cmp.Diff(want, string(out)); diff != "" {
+		t.Errorf("late redraw decisions (-want +got):\n%s", diff)
+	}
+}

@@ -58,6 +58,17 @@ ACT_LIMIT = 120  # seconds, as OSWorld's /execute
 EARLY_QUIET = 0.1  # seconds without damage before a settle takes its screenshot early
 EARLY_MAX = 3  # early screenshots a settle request takes at most
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of /proc/stat and of os.times() * CLK_TCK
+# A program may redraw once more a while after it went quiet (LibreOffice's status bar counts
+# a keystroke ~0.35 s after drawing it, a toolkit shows a tooltip ~0.5 s after the pointer
+# rests): longer than the quiet interval, so a settle would end before it (see
+# Executor.learn). LATE_HORIZON is how long after the quiet began such a redraw still counts
+# as the action's; LATE_KEEP the settles a late redraw is remembered over; LATE_MARGIN what
+# the quiet is held past the latest one; FOLLOW_SHARE the share of a late redraw's delay a
+# quiet gap within a settle must last to be taken for it.
+LATE_HORIZON = 1.0
+LATE_KEEP = 4
+LATE_MARGIN = 0.1
+FOLLOW_SHARE = 0.6
 
 
 class ActionTimeout(BaseException):
@@ -164,6 +175,17 @@ class Watcher(threading.Thread):
         last = self.last_damage()
         return last is not None and last >= t
 
+    def since(self, t):
+        """The damage that arrived after t, oldest first: (time, area, repeat)."""
+        with self.lock:
+            out = []
+            for e in reversed(self.events):
+                if e[0] <= t:
+                    break
+                out.append(e)
+        out.reverse()
+        return out
+
     def damage(self, since, until):
         """The area damaged in [since, until] besides repeats, and that of the repeats."""
         area = repeated = 0
@@ -240,6 +262,12 @@ class Executor:
         self.early = None  # (time, shot) taken while a settle waited
         self.shot_cost = 0.3  # seconds the last screenshot took, capture and encoding
         self.early_tries = 0
+        # Late redraws (see learn): the delays of those seen after the last settles, 0 for
+        # a settle after which none came; and the settle still to learn from.
+        self.lates = collections.deque(maxlen=LATE_KEEP)
+        # (answer time, when its quiet began, max_damage, the delay of the late redraw it
+        # waited for and saw, or 0)
+        self.answered = None
 
     def start(self):
         g = {"__name__": "__main__", "__builtins__": builtins}
@@ -344,6 +372,71 @@ class Executor:
                 os.environ.clear()
                 os.environ.update(env)
 
+    # ---- late redraws -------------------------------------------------------------------
+
+    def learn(self, arrival):
+        """Looks at what the screen did between the last settle after an action and this
+        request's arrival (the model's turn: nothing of ours runs then): more than max_damage
+        pixels redrawn within LATE_HORIZON of the quiet it found is a late redraw, which that
+        settle's screenshot missed. The settles that follow wait for one (late_delay)."""
+        if self.answered is None or self.watcher is None:
+            return
+        answered, quiet, max_damage, seen = self.answered
+        self.answered = None
+        area = 0
+        for t, a, repeat in self.watcher.since(answered):
+            if t > arrival or t > quiet + LATE_HORIZON:
+                break
+            if not repeat:
+                area += a
+                if area > max_damage:
+                    self.lates.append(t - quiet)
+                    return
+        if seen > 0:
+            self.lates.append(seen)  # the settle waited for it, and it came
+        elif arrival >= quiet + LATE_HORIZON:
+            self.lates.append(0.0)  # watched long enough to say none came
+
+    def late_delay(self):
+        """How long after going quiet the screen was redrawn once more, at the latest, in the
+        last settles; 0 when none was."""
+        return max(self.lates, default=0.0)
+
+    def late_wait(self, lo, now, interval, max_damage):
+        """Whether a settle after an action must wait on for a late redraw, and the quiet gap
+        after which the one it waited for came (0 when none did). It waits when one was seen
+        after the last settles, longer than the quiet interval after the quiet began, and this
+        settle has seen none yet (a quiet gap of FOLLOW_SHARE of its delay, then damage: the
+        program's echo, then its late redraw) and has been quiet for less than it plus
+        LATE_MARGIN."""
+        late = self.late_delay()
+        hold = min(late, LATE_HORIZON) + LATE_MARGIN
+        if late <= 0 or hold <= interval:
+            return False, 0.0
+        prev = lo
+        for t, a, repeat in self.watcher.since(lo):
+            if t > now:
+                break
+            if repeat:
+                continue
+            if t - prev >= FOLLOW_SHARE * late:
+                return False, t - prev  # it came
+            prev = t
+        start = now - hold
+        if start < lo - 1e-6:
+            return True, 0.0
+        return self.watcher.damage(start, now)[0] > max_damage, 0.0
+
+    def quiet_began(self, lo, now):
+        """When the screen last changed (repeats aside) up to now, not before lo."""
+        last = lo
+        for t, a, repeat in self.watcher.since(lo):
+            if t > now:
+                break
+            if not repeat:
+                last = t
+        return last
+
     # ---- settle -------------------------------------------------------------------------
 
     def settle(self, req):
@@ -416,11 +509,13 @@ class Executor:
         # The quiet the last settle found, if no action ran since.
         quiet = self.quiet_since if window == "settled" and self.act_end is None else None
         self.quiet_since = None
+        after_action = self.act_end is not None and quiet is None
         act_end = start if self.act_end is None else min(self.act_end, start)
         self.act_end = None
         lo_damage = start if window == "request" else act_end
         lo_load = act_end if window == "act" else start
-        held_load = held_damage = 0  # looks that found the CPUs busy, the screen changing
+        held_load = held_damage = held_late = 0  # looks that found the CPUs busy, the screen
+        # changing, and a late redraw still to come
         while True:
             now = self.sample()
             since = now - interval
@@ -443,13 +538,20 @@ class Executor:
                 terms = [c - b for b, c in zip(base, cur)]  # seconds, busy, own, total
                 load = (terms[1] - terms[2]) / terms[3] if terms[3] > 0 else 0.0
                 area, repeated = self.watcher.damage(since, now)
-                if load <= max_load and area <= max_damage:
+                late, seen = False, 0.0
+                if load <= max_load and area <= max_damage and after_action:
+                    late, seen = self.late_wait(lo_damage, now, interval, max_damage)
+                if load <= max_load and area <= max_damage and not late:
                     self.quiet_since = since
+                    if after_action:
+                        self.answered = (now, self.quiet_began(lo_damage, now), max_damage, seen)
                     return {"settled": True, "waited": now - start, "quiet_from": since - start,
                             "load": load, "load_terms": terms, "damage": area, "repeated": repeated,
-                            "held_load": held_load, "held_damage": held_damage}
+                            "held_load": held_load, "held_damage": held_damage,
+                            "held_late": held_late, "late": self.late_delay()}
                 held_load += load > max_load
                 held_damage += area > max_damage
+                held_late += late
                 quiet = None  # something happened since: wait as usual
             if now < end:
                 self.shoot_early(level, now, end)
@@ -457,7 +559,8 @@ class Executor:
             if now >= end:
                 area, repeated = self.watcher.damage(now - interval, now)
                 return {"settled": False, "waited": now - start, "damage": area, "repeated": repeated,
-                        "held_load": held_load, "held_damage": held_damage}
+                        "held_load": held_load, "held_damage": held_damage, "held_late": held_late,
+                        "late": self.late_delay()}
             time.sleep(min(TICK, max(0.0, end - now)))
 
     # ---- serving ------------------------------------------------------------------------
@@ -478,6 +581,7 @@ class Executor:
                 self.answer(line)
 
     def answer(self, line):
+        self.learn(time.monotonic())
         try:
             req = json.loads(line)
             nonce = str(req.get("nonce", ""))
