@@ -147,8 +147,10 @@
 // With the executor running, it watches the screen from its start and
 // answers one request once an interval after the last action was still; a
 // region redrawn with at most two contents (a blinking cursor, a clock
-// repainted unchanged) does not count. Without it, probes watch one
-// interval per call.
+// repainted unchanged) does not count. A program that redrew after a
+// step's quiet had been found (a status bar's count, a tooltip) makes the
+// next steps wait until that late redraw comes, or the quiet outlasts it.
+// Without it, probes watch one interval per call.
 // Where the guest cannot watch its screen, consecutive screenshots must be
 // identical instead, with the guest idle in between. A wait plans its last
 // screenshot to end by its bound. WaitReady returns the screenshot it ended
