@@ -379,23 +379,31 @@ def bad_pause():
 case("PAUSE not a number", bad_pause)
 `
 
-// TestDeferredPause: the pause pyautogui sleeps after a call is slept
-// before whatever the action does next, and not after its last call.
-func TestDeferredPause(t *testing.T) {
+// runWithExecutor runs a Python test program with the executor's text as
+// its argv[1] (skipped without python3) and returns what it printed.
+func runWithExecutor(t *testing.T, program string) string {
+	t.Helper()
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
-	out, err := exec.Command("python3", "-I", "-S", "-c", deferredPauseTest, executorSrc).CombinedOutput()
+	out, err := exec.Command("python3", "-I", "-S", "-c", program, executorSrc).CombinedOutput()
 	if err != nil {
 		t.Fatalf("python3: %v\n%s", err, out)
 	}
+	return string(out)
+}
+
+// TestDeferredPause: the pause pyautogui sleeps after a call is slept
+// before whatever the action does next, and not after its last call.
+func TestDeferredPause(t *testing.T) {
+	out := runWithExecutor(t, deferredPauseTest)
 	want := `last call []
 two calls [0.1]
 call then other work [0.06]
 no pause asked []
 PAUSE not a number ['AssertionError PAUSE']
 `
-	if diff := cmp.Diff(want, string(out)); diff != "" {
+	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("the pauses slept (-want +got):\n%s", diff)
 	}
 }
@@ -427,8 +435,8 @@ done`
 	if _, err := d.Step(ctx, desktop.Action{Kind: desktop.Code, Code: `pyautogui.click(120, 90)`}, 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if d.executorInterval(waitFor{shot: true}) >= 450*time.Millisecond {
-		t.Fatalf("the quiet interval %v is not shorter than the program's late redraw", d.executorInterval(waitFor{shot: true}))
+	if iv := d.executorInterval(waitFor{shot: true}); iv >= 450*time.Millisecond {
+		t.Fatalf("the quiet interval %v is not shorter than the program's late redraw", iv)
 	}
 	for i, key := range "abcdef" {
 		code := fmt.Sprintf("pyautogui.write(%q)", string(key))
@@ -498,13 +506,7 @@ learn("no settle to learn from", [0.45], [echo, (0.5, 5000, False)], None, 2.0)
 // TestLateRedrawDecisions: when a settle after an action waits on for a
 // program's late redraw, and what the executor learns between settles.
 func TestLateRedrawDecisions(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
-	}
-	out, err := exec.Command("python3", "-I", "-S", "-c", lateRedrawTest, executorSrc).CombinedOutput()
-	if err != nil {
-		t.Fatalf("python3: %v\n%s", err, out)
-	}
+	out := runWithExecutor(t, lateRedrawTest)
 	want := `nothing learned False 0.0
 learned none came False 0.0
 learned, not yet True 0.0
@@ -523,7 +525,7 @@ waited for it and it came [0.45, 0.45] 0.45
 forgotten after LATE_KEEP settles [0.0, 0.0, 0.0, 0.0] 0.0
 no settle to learn from [0.45] 0.45
 `
-	if diff := cmp.Diff(want, string(out)); diff != "" {
+	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("late redraw decisions (-want +got):\n%s", diff)
 	}
 }
