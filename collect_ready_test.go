@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"math"
 	"slices"
 	"strings"
@@ -188,3 +189,58 @@ func TestCollectReady(t *testing.T) {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// unsettledStartDesktop is a fake desktop whose attempts at task start
+// before the screen settled, as its report says.
+type unsettledStartDesktop struct {
+	desktop.Desktop
+	task, cur string
+}
+
+func (u *unsettledStartDesktop) Reset(ctx context.Context, task desktop.Task) error {
+	u.cur = task.ID
+	return u.Desktop.Reset(ctx, task)
+}
+
+func (u *unsettledStartDesktop) AttemptReport() desktop.AttemptReport {
+	return desktop.AttemptReport{UnsettledStart: u.cur == u.task}
+}
+
+// TestCollectUnsettledStart: an attempt whose desktop says its start did
+// not settle is recorded so (env.unsettled_start), counted in the summary
+// and warned of; the others say nothing of it.
+func TestCollectUnsettledStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newBatchEnv(t, testTasks(2), policytest.Options{Script: clicksThenDone(1)}, fake.Config{})
+		e.opts.Desktops = 1
+		newDesktop := e.opts.NewDesktop
+		e.opts.NewDesktop = func(ctx context.Context, slot int) (desktop.Desktop, error) {
+			d, err := newDesktop(ctx, slot)
+			if err != nil {
+				return nil, err
+			}
+			return &unsettledStartDesktop{Desktop: d, task: "t1"}, nil
+		}
+		sum, err := e.collect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := checkBatch(t, e, sum, true)
+		want := 0
+		for _, r := range recs {
+			if got := r.Env != nil && r.Env.UnsettledStart; got != (r.TaskID == "t1") {
+				t.Errorf("task %s: env %+v; want unsettled_start only on t1", r.TaskID, r.Env)
+			}
+			if r.TaskID == "t1" {
+				want++
+			}
+		}
+		if want == 0 {
+			t.Fatal("no attempt at t1 was recorded")
+		}
+		warned := slices.ContainsFunc(sum.Warnings, func(w string) bool { return strings.Contains(w, "started before the screen settled") })
+		if sum.UnsettledStarts != want || !warned {
+			t.Errorf("summary: %d unsettled starts, warnings %q; want %d, and a warning", sum.UnsettledStarts, sum.Warnings, want)
+		}
+	})
+}

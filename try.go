@@ -101,11 +101,11 @@ func (b *batch) runTry(batchCtx context.Context, d desktop.Desktop, a *attempt, 
 }
 
 func envReport(r desktop.AttemptReport) *schema.EnvReport {
-	if r.Reset == "" && r.ResetWhy == "" && r.Golden == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" && len(r.Ended) == 0 && len(r.Spared) == 0 {
+	if r.Reset == "" && r.ResetWhy == "" && r.Golden == "" && len(r.Grading) == 0 && r.Host == "" && r.VM == "" && len(r.Ended) == 0 && len(r.Spared) == 0 && !r.UnsettledStart {
 		return nil
 	}
 	env := &schema.EnvReport{Reset: r.Reset, ResetWhy: r.ResetWhy, Golden: r.Golden, Host: r.Host, VM: r.VM,
-		Ended: processes(r.Ended), Spared: processes(r.Spared)}
+		Ended: processes(r.Ended), Spared: processes(r.Spared), UnsettledStart: r.UnsettledStart}
 	for _, m := range r.Grading {
 		env.Grading = append(env.Grading, schema.MetricRun{Metric: m.Metric, Via: m.Via, ResultSHA256: m.Result, ExpectedSHA256: m.Expected})
 	}

@@ -375,6 +375,11 @@ type AttemptReport struct {
 	// they are not the desktop's (another user's, the system's, another
 	// session's).
 	Ended, Spared []Process
+	// UnsettledStart says the wait after the reset reached its bound
+	// before the screen settled: the attempt's first screenshot shows a
+	// screen still changing (a program that never stops animating, or one
+	// still starting).
+	UnsettledStart bool
 }
 
 // Process names a process in the desktop's guest.

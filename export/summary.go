@@ -65,6 +65,9 @@ type SummaryBuilder struct {
 	// unsettled counts the post-action waits that ran out before the
 	// screen settled.
 	unsettled int
+	// unsettledStarts counts the attempts whose wait after the reset ran
+	// out before the screen settled.
+	unsettledStarts int
 	// gradedTwice counts records with a second grade; disagreements, per
 	// task, those whose second grade gave another reward.
 	gradedTwice   int
@@ -227,6 +230,9 @@ func (b *SummaryBuilder) Add(rec *schema.Record) {
 		}
 	}
 	if env := rec.Env; env != nil {
+		if env.UnsettledStart {
+			b.unsettledStarts++
+		}
 		if env.Reset != "" {
 			if b.resets == nil {
 				b.resets = make(map[string]int)
@@ -395,6 +401,7 @@ func (b *SummaryBuilder) Summary() *schema.Summary {
 	}
 	s.StepsNonFiniteLogprobs, s.StepsLogprobsMismatch = b.nonFinite, b.mismatch
 	s.UnsettledWaits = b.unsettled
+	s.UnsettledStarts = b.unsettledStarts
 	s.GradedTwice = b.gradedTwice
 	s.GraderDisagreements = maps.Clone(b.disagreements)
 	s.TokenIDSources = maps.Clone(b.sources)
@@ -440,6 +447,9 @@ func (b *SummaryBuilder) warnings() []string {
 	}
 	if b.unsettled > 0 {
 		w = append(w, fmt.Sprintf("%d post-action waits reached their bound before the screen settled: the screenshots after them may show the screen mid-change (those actions say unsettled in rollouts.jsonl)", b.unsettled))
+	}
+	if b.unsettledStarts > 0 {
+		w = append(w, fmt.Sprintf("%d attempts started before the screen settled: the wait after the reset reached its bound, and their first screenshot may show the screen mid-change (a program that never stops animating, or one still starting; env.unsettled_start in rollouts.jsonl)", b.unsettledStarts))
 	}
 	if len(b.disagreements) > 0 {
 		n := 0

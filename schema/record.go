@@ -119,6 +119,10 @@ type EnvReport struct {
 	// to a machine.
 	Ended  []Process `json:"ended,omitempty"`
 	Spared []Process `json:"spared,omitempty"`
+	// UnsettledStart is set when the wait after the reset reached its
+	// bound before the screen settled: the first step's screenshot may
+	// show the screen mid-change.
+	UnsettledStart bool `json:"unsettled_start,omitempty"`
 }
 
 // Process is a process in a desktop's guest.

@@ -124,6 +124,10 @@ type Summary struct {
 	// UnsettledWaits counts the post-action waits that reached their bound
 	// before the screen settled (ActionRecord.Unsettled).
 	UnsettledWaits int `json:"unsettled_waits"`
+	// UnsettledStarts counts the attempts whose wait after the reset
+	// reached its bound before the screen settled
+	// (EnvReport.UnsettledStart).
+	UnsettledStarts int `json:"unsettled_starts"`
 
 	// TornLines counts unreadable lines skipped in rollouts.jsonl.
 	TornLines int `json:"torn_lines"`

@@ -105,10 +105,13 @@ type Desktop struct {
 	// by URL.
 	probe *vmPrep
 
-	mu          sync.Mutex // guards lastReset, lastGrading and execDir
+	mu          sync.Mutex // guards lastReset, lastGrading, unsettledStart and execDir
 	lastReset   ResetReport
 	lastGrading []desktop.MetricRun // how the last Evaluate's metrics ran
 	execDir     string              // the last executor's directory, for Close
+	// unsettledStart says the wait after the last reset reached its
+	// bound before the screen settled.
+	unsettledStart bool
 }
 
 // VMDesktop is a Desktop on a VM this process started. It adds VM.
@@ -190,6 +193,7 @@ func (d *Desktop) reset(ctx context.Context, task desktop.Task, plan func(resetF
 	d.pending = nil
 	d.mu.Lock()
 	d.lastGrading = nil
+	d.unsettledStart = false
 	d.mu.Unlock()
 	if err := d.checkTask(task); err != nil {
 		return d.fail("reset", err)
@@ -283,6 +287,16 @@ func (d *Desktop) WaitAfterReset(ctx context.Context) error {
 	r, err := d.readySignal(ctx, d.cfg.Ready.AfterResetMax, waitFor{shot: true})
 	if err != nil {
 		return d.fail("wait after reset", err)
+	}
+	// The attempt goes on from the screen as it is; the record says so
+	// (AttemptReport), as a post-action wait's does.
+	d.mu.Lock()
+	d.unsettledStart = !r.Settled
+	task := d.lastReset.TaskID
+	d.mu.Unlock()
+	if !r.Settled {
+		d.log.Warn("the screen did not settle after the reset: the attempt starts from a screen still changing (a program that keeps animating, or one still starting)",
+			"task", task, "bound", d.cfg.Ready.AfterResetMax)
 	}
 	// The first observation: the screen the wait ended on, with no second
 	// screenshot of it.

@@ -28,6 +28,8 @@ func (d *Desktop) AttemptReport() desktop.AttemptReport {
 		Host:     d.host,
 		Ended:    slices.Clone(d.lastReset.Ended),
 		Spared:   slices.Clone(d.lastReset.Spared),
+		// A report read before the wait after the reset says nothing of it.
+		UnsettledStart: d.unsettledStart,
 	}
 	if d.vm != nil {
 		r.VM = d.name

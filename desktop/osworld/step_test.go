@@ -278,6 +278,53 @@ func TestStepUnsettled(t *testing.T) {
 	t.Errorf("a clock ticking every 20 ms settled in five steps of five, after %v; want unsettled", settled)
 }
 
+// TestUnsettledStart: an attempt whose screen does not settle within the
+// wait after its reset says so in its report (the record's
+// env.unsettled_start); the next reset forgets it, and a still screen
+// does not say it.
+func TestUnsettledStart(t *testing.T) {
+	g := startHostGuest(t)
+	cfg := g.config(t, g.URL)
+	cfg.Ready.AfterResetMax = 3 * time.Second
+	d := g.desktop(t, cfg)
+	ctx := t.Context()
+	// As in TestStepUnsettled: on a loaded machine the clock may stall
+	// for a quiet interval, and the wait then rightly ends settled.
+	unsettled := false
+	for range 5 {
+		if err := d.Reset(ctx, clockTask(t, g, "0.02")); err != nil {
+			t.Fatal(err)
+		}
+		if d.AttemptReport().UnsettledStart {
+			t.Fatal("the report says the start is unsettled before the wait after the reset")
+		}
+		if err := d.WaitAfterReset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if unsettled = d.AttemptReport().UnsettledStart; unsettled {
+			break
+		}
+	}
+	if !unsettled {
+		t.Error("a clock ticking every 20 ms: five starts said settled; want one unsettled")
+	}
+	// The same program printing nothing: a still screen, given all the
+	// time a loaded machine needs to start it.
+	d.cfg.Ready.AfterResetMax = time.Minute
+	if err := d.Reset(ctx, clockTask(t, g, "1000")); err != nil {
+		t.Fatal(err)
+	}
+	if d.AttemptReport().UnsettledStart {
+		t.Error("the report still says unsettled after the next reset")
+	}
+	if err := d.WaitAfterReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d.AttemptReport().UnsettledStart {
+		t.Error("a still screen: the report says the start is unsettled")
+	}
+}
+
 // TestArrowLikeServer: the executor draws the pointer of legato's guest
 // server; shot.py's arrow must be the server's, or the two screenshots
 // never agree.

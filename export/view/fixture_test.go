@@ -111,7 +111,8 @@ func writeFixture(t *testing.T) string {
 		rec := schema.Record{RolloutID: id, TaskID: task, Domain: "writer", GroupID: group, Attempt: n,
 			Policy: schema.Policy{Model: "qwen3-vl", Version: "v1"}, Status: schema.StatusOK, Reward: &reward,
 			StartedAt: schema.Time{Time: start}, EndedAt: schema.Time{Time: start.Add(time.Minute)},
-			Env:    &schema.EnvReport{Reset: "snapshot", ResetWhy: "the golden state was ready", Grading: []schema.MetricRun{{Metric: "compare_docx", Via: "native"}}},
+			Env: &schema.EnvReport{Reset: "snapshot", ResetWhy: "the golden state was ready", Grading: []schema.MetricRun{{Metric: "compare_docx", Via: "native"}},
+				UnsettledStart: id == "r-save-0"},
 			Timing: schema.Timing{ResetS: 2, ModelS: 3, ActS: 1, TotalS: 8}}
 		for k, s := range specs {
 			history = append(history, schema.Message{Role: "user", Content: []schema.Part{schema.ImagePart(screenshot(t, k))}})

@@ -126,6 +126,14 @@ func TestHandlerRoutes(t *testing.T) {
 			t.Errorf("GET %s: %s %q; want %d saying %q", c.path, resp.Status, body, c.status, c.says)
 		}
 	}
+	// An attempt that started before the screen settled says so; the
+	// others do not.
+	for id, want := range map[string]bool{"r-save-0": true, "r-save-1": false} {
+		_, body := get(t, http.DefaultClient, srv.URL+"/attempt?id="+id, auth...)
+		if got := strings.Contains(body, "started before the screen settled"); got != want {
+			t.Errorf("attempt %s says it started before the screen settled: %v, want %v", id, got, want)
+		}
+	}
 	// Filters narrow the attempts listed.
 	for q, ids := range map[string][]string{
 		"":                 {"r-save-0", "r-save-1", "r-other-0"},
