@@ -51,6 +51,10 @@ type TaskProbeRun struct {
 	Error   string `json:"error,omitempty"`
 	// ResetFailed says Error came from the reset.
 	ResetFailed bool `json:"reset_failed,omitempty"`
+	// UnsettledStart says the wait after the reset reached its bound
+	// before the screen settled (desktop.AttemptReport): Screen is of a
+	// screen still changing.
+	UnsettledStart bool `json:"unsettled_start,omitempty"`
 }
 
 // ProbeTasks tries every task twice before a batch, each time on a fresh
@@ -132,6 +136,9 @@ func probeRun(ctx context.Context, d desktop.Desktop, task Task, run *TaskProbeR
 	if err := d.WaitAfterReset(ctx); err != nil {
 		return fail("wait after reset", err)
 	}
+	if r, ok := d.(desktop.Reporter); ok {
+		run.UnsettledStart = r.AttemptReport().UnsettledStart
+	}
 	obs, err := d.Observe(ctx)
 	if err != nil {
 		return fail("observe", err)
@@ -183,7 +190,13 @@ func judgeProbe(runs [2]TaskProbeRun) (reason, evidence string) {
 		return schema.QuarantineGraderDisagrees, fmt.Sprintf("two fresh start states graded %v and %v", *runs[0].Reward, *runs[1].Reward)
 	}
 	if runs[0].Screen != runs[1].Screen {
-		return schema.QuarantineReplayDiverges, "two resets showed different first screens: the start state is not reproducible"
+		evidence = "two resets showed different first screens: the start state is not reproducible"
+		for i, r := range runs {
+			if r.UnsettledStart {
+				evidence += fmt.Sprintf("; try %d's screen had not settled when the wait after the reset reached its bound (a program that keeps animating, or one still starting)", i+1)
+			}
+		}
+		return schema.QuarantineReplayDiverges, evidence
 	}
 	// Partial credit too: any reward for doing nothing is one a policy
 	// learns to collect.

@@ -122,6 +122,8 @@ func TestJudgeProbe(t *testing.T) {
 	explained.Explain = "exact_match: result getter default_video_player returned 'vlc.desktop\\n'"
 	otherScreen := run(1)
 	otherScreen.Screen = "t"
+	stillChanging := run(1)
+	stillChanging.Screen, stillChanging.UnsettledStart = "u", true
 	again := run(1)
 	again.Again = f(0)
 	for _, tc := range []struct {
@@ -137,6 +139,8 @@ func TestJudgeProbe(t *testing.T) {
 		{"grades disagree before solved", pair(again, run(1)), schema.QuarantineGraderDisagrees, "try 1: the start state graded 1, then 0"},
 		{"fresh states disagree", pair(run(1), run(0)), schema.QuarantineGraderDisagrees, "two fresh start states graded 1 and 0"},
 		{"screens differ before solved", pair(run(1), otherScreen), schema.QuarantineReplayDiverges, "two resets showed different first screens: the start state is not reproducible"},
+		{"screens differ, one unsettled", pair(run(1), stillChanging), schema.QuarantineReplayDiverges,
+			"two resets showed different first screens: the start state is not reproducible; try 2's screen had not settled when the wait after the reset reached its bound (a program that keeps animating, or one still starting)"},
 		{"solved at start", pair(run(1), run(1)), schema.QuarantineSolvedAtStart, "the untouched start state scores 1 without an action"},
 		{"partly solved at start", pair(run(0.5), run(0.5)), schema.QuarantineSolvedAtStart, "the untouched start state scores 0.5 without an action"},
 		{"barely solved at start", pair(run(0.01), run(0.01)), schema.QuarantineSolvedAtStart, "the untouched start state scores 0.01 without an action"},
