@@ -71,69 +71,8 @@ func appsConfig(t *testing.T, prefix string) Config {
 		Ready:    ReadyConfig{AfterLaunchMax: 5 * time.Minute},
 		CacheDir: t.TempDir(),
 		Grade:    GradeConfig{Mode: grade.NativeOnly},
-		Logger:   slog.New(&capturing{Handler: slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: appsLogLevel()}), into: appsCapture}),
+		Logger:   slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: appsLogLevel()})),
 	}
-}
-
-// appsCapture is where the apps desktops' logs go at debug level too, while
-// a test captures them (idleDiagnosis).
-var appsCapture = &capture{}
-
-// capture holds a buffer that a capturing handler writes every record to,
-// whatever its level, while the buffer is set.
-type capture struct {
-	mu  sync.Mutex
-	buf *bytes.Buffer
-}
-
-// during runs f with the records logged meanwhile captured, and returns
-// them.
-func (c *capture) during(f func()) string {
-	var b bytes.Buffer
-	c.mu.Lock()
-	c.buf = &b
-	c.mu.Unlock()
-	f()
-	c.mu.Lock()
-	c.buf = nil
-	c.mu.Unlock()
-	return b.String()
-}
-
-// capturing is a slog.Handler that hands records to its Handler and,
-// while into captures, writes them there as text too.
-type capturing struct {
-	slog.Handler
-	into  *capture
-	attrs []slog.Attr
-}
-
-func (h *capturing) Enabled(ctx context.Context, l slog.Level) bool {
-	h.into.mu.Lock()
-	on := h.into.buf != nil
-	h.into.mu.Unlock()
-	return on || h.Handler.Enabled(ctx, l)
-}
-
-func (h *capturing) Handle(ctx context.Context, r slog.Record) error {
-	h.into.mu.Lock()
-	if h.into.buf != nil {
-		slog.NewTextHandler(h.into.buf, &slog.HandlerOptions{Level: slog.LevelDebug}).WithAttrs(h.attrs).Handle(ctx, r)
-	}
-	h.into.mu.Unlock()
-	if !h.Handler.Enabled(ctx, r.Level) {
-		return nil
-	}
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h *capturing) WithAttrs(as []slog.Attr) slog.Handler {
-	return &capturing{Handler: h.Handler.WithAttrs(as), into: h.into, attrs: append(slices.Clone(h.attrs), as...)}
-}
-
-func (h *capturing) WithGroup(name string) slog.Handler {
-	// The desktops log no groups; one would be dropped from the capture.
-	return &capturing{Handler: h.Handler.WithGroup(name), into: h.into, attrs: h.attrs}
 }
 
 // appsLogLevel is the real-apps tests' log level: Info, or Debug with
@@ -548,18 +487,29 @@ func screenDiff(a, b []byte) (box image.Rectangle, n, all int, err error) {
 	return box, n, r.Dx() * r.Dy(), nil
 }
 
-// idleDiagnosis says why an idle program's screen did not settle: one more
-// idle action's settle answers as the desktop logs them at debug level
-// (what held it: load or damage), the guest's busiest processes, X's screen
-// saver, the windows, and the colours of the first screen and of the screen
-// now. CI keeps only the log, so this is all a failure there leaves.
+// idleDiagnosis says why an idle program's screen did not settle: what a
+// settle in the executor saw over 3 s (load, damage, and the looks each
+// held it), the guest's busiest processes, X's screen saver, the windows,
+// VLC's state, and the colours of the first screen and of the screen now.
+// CI keeps only the log, so this is all a failure there leaves.
 func idleDiagnosis(t *testing.T, d *VMDesktop, first []byte) string {
 	t.Helper()
-	var r desktop.Ready
-	logged := appsCapture.during(func() { r = appsAct(t, d, idleMove(0)) })
+	ctx := t.Context()
 	var b strings.Builder
-	fmt.Fprintf(&b, "one more idle action: settled %v after %v; the desktop's log:\n%s", r.Settled, r.After.Round(10*time.Millisecond), logged)
-	res, err := d.sh.run(t.Context(), `cat /proc/loadavg; ps -eo pid,pcpu,etimes,stat,comm --sort=-pcpu | head -8
+	cfg := d.cfg.Ready
+	var a settleAnswer
+	delivered, err := d.callExecutor(ctx, executorRequest{Op: "settle", Max: 3, Interval: cfg.ExecutorInterval.Seconds(),
+		MaxLoad: cfg.MaxLoad, MaxDamage: cfg.MaxDamage}, &a)
+	switch {
+	case err != nil || !delivered:
+		fmt.Fprintf(&b, "a settle in the executor: not delivered (%v; executor %+v)\n", err, d.exec)
+	case a.Error != "":
+		fmt.Fprintf(&b, "a settle in the executor: %s\n", a.Error)
+	default:
+		fmt.Fprintf(&b, "a 3 s settle in the executor: settled %v after %.2f s; load %.2f (max %.2f), damage %d (max %d), repeated %d; held by load %d, by damage %d looks\n",
+			a.Settled, a.Waited, a.Load, cfg.MaxLoad, a.Damage, cfg.MaxDamage, a.Repeated, a.HeldLoad, a.HeldDamage)
+	}
+	res, err := d.sh.run(ctx, `cat /proc/loadavg; ps -eo pid,pcpu,etimes,stat,comm --sort=-pcpu | head -8
 xset q | sed -n '/Screen Saver/,/cycle/p'; wmctrl -lG
 curl -s -u :password http://localhost:8080/requests/status.xml | grep -o '<state>[a-z]*</state>'`)
 	if err != nil {
@@ -567,7 +517,11 @@ curl -s -u :password http://localhost:8080/requests/status.xml | grep -o '<state
 	} else {
 		fmt.Fprintf(&b, "guest:\n%s%s", res.Output, res.Error)
 	}
-	fmt.Fprintf(&b, "first screen: %s\nscreen now: %s", screenColours(first), screenColours(r.Observation.Screenshot))
+	now, err := d.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "first screen: %s\nscreen now: %s", screenColours(first), screenColours(now.Screenshot))
 	return b.String()
 }
 
