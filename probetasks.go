@@ -1,11 +1,15 @@
 package rl
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"image"
+	"image/draw"
+	"image/png"
 	"log/slog"
 	"sync"
 	"time"
@@ -41,7 +45,8 @@ type TaskProbe struct {
 // screen, and its start state graded twice.
 type TaskProbeRun struct {
 	ResetS float64 `json:"reset_s"`
-	// Screen is the SHA-256 of the first screenshot after the reset.
+	// Screen is the SHA-256 of the first screenshot's pixels after the
+	// reset (screenHash).
 	Screen string   `json:"screen,omitempty"`
 	Reward *float64 `json:"reward"`
 	Again  *float64 `json:"again"`
@@ -143,8 +148,7 @@ func probeRun(ctx context.Context, d desktop.Desktop, task Task, run *TaskProbeR
 	if err != nil {
 		return fail("observe", err)
 	}
-	sum := sha256.Sum256(obs.Screenshot)
-	run.Screen = hex.EncodeToString(sum[:])
+	run.Screen = screenHash(obs.Screenshot)
 	if err := d.WaitBeforeEval(ctx); err != nil {
 		return fail("wait before eval", err)
 	}
@@ -166,6 +170,33 @@ func probeRun(ctx context.Context, d desktop.Desktop, task Task, run *TaskProbeR
 	}
 	run.Again = &again
 	return false
+}
+
+// screenHash is the SHA-256 of a PNG screenshot's size and its pixels as
+// 8-bit non-premultiplied RGBA, not of its bytes: one screen comes as
+// different PNGs from different sources (osworld's executor writes RGB, its
+// guest server's /screenshot RGBA: a try that settled and one that did not),
+// and two tries must differ only where their pixels do. Bytes that are no
+// PNG are hashed as they are, prefixed "bytes:".
+func screenHash(shot []byte) string {
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil {
+		sum := sha256.Sum256(shot)
+		return "bytes:" + hex.EncodeToString(sum[:])
+	}
+	b := img.Bounds()
+	pix, ok := img.(*image.NRGBA)
+	if !ok {
+		pix = image.NewNRGBA(b)
+		draw.Draw(pix, b, img, b.Min, draw.Src)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%dx%d\n", b.Dx(), b.Dy())
+	for y := 0; y < b.Dy(); y++ {
+		row := pix.Pix[y*pix.Stride:]
+		h.Write(row[:4*b.Dx()])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // judgeProbe says whether a task's two tries make it unfit, and why.

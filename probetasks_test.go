@@ -1,8 +1,13 @@
 package rl
 
 import (
+	"bytes"
 	"fmt"
+	"image"
+	"image/color"
+	"image/png"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 
@@ -153,5 +158,51 @@ func TestJudgeProbe(t *testing.T) {
 				t.Errorf("judgeProbe = %q, %q; want %q, %q", reason, evidence, tc.reason, tc.evidence)
 			}
 		})
+	}
+}
+
+// TestScreenHash: one screen encoded three ways (8-bit RGB, a palette,
+// 16-bit RGB: as different servers write it) hashes alike; one pixel
+// changed, or another size, hashes apart; bytes that are no PNG still hash.
+func TestScreenHash(t *testing.T) {
+	const w, h = 40, 30
+	colours := []color.RGBA{{0, 0, 0, 255}, {200, 30, 60, 255}, {250, 250, 250, 255}}
+	at := func(x, y int) color.RGBA { return colours[(x/7+y/5)%len(colours)] }
+	encode := func(img image.Image) []byte {
+		var b bytes.Buffer
+		if err := png.Encode(&b, img); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	rgba := image.NewRGBA(image.Rect(0, 0, w, h))
+	pal := image.NewPaletted(image.Rect(0, 0, w, h), color.Palette{colours[0], colours[1], colours[2]})
+	deep := image.NewRGBA64(image.Rect(0, 0, w, h))
+	for y := 0; y < h; y++ {
+		for x := 0; x < w; x++ {
+			rgba.Set(x, y, at(x, y))
+			pal.Set(x, y, at(x, y))
+			deep.Set(x, y, at(x, y))
+		}
+	}
+	ways := map[string][]byte{"rgb": encode(rgba), "palette": encode(pal), "rgb16": encode(deep)}
+	want := screenHash(ways["rgb"])
+	for name, b := range ways {
+		if bytes.Equal(b, ways["rgb"]) && name != "rgb" {
+			t.Fatalf("%s: the same bytes as rgb; the test needs another encoding", name)
+		}
+		if got := screenHash(b); got != want {
+			t.Errorf("%s: hash %s, want %s (the same pixels)", name, got, want)
+		}
+	}
+	rgba.Set(3, 4, color.RGBA{0, 0, 1, 255})
+	if screenHash(encode(rgba)) == want {
+		t.Error("one pixel changed: the same hash")
+	}
+	if screenHash(encode(rgba.SubImage(image.Rect(0, 0, w, h-1)))) == screenHash(encode(rgba)) {
+		t.Error("a row fewer: the same hash")
+	}
+	if got := screenHash([]byte("not a png")); !strings.HasPrefix(got, "bytes:") || got == screenHash([]byte("not a png either")) {
+		t.Errorf("bytes that are no PNG: %q", got)
 	}
 }
