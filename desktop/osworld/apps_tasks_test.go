@@ -58,7 +58,7 @@ func TestAppsTasks(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"vm_file", "vm_command_line", "open_tabs_info", "vlc_config", "vlc_playing_info",
-		"gimp_config_file", "accessibility_tree", "cache_file", "rule"} {
+		"gimp_config_file", "accessibility_tree", "cache_file", "default_video_player", "rule"} {
 		if !getters[want] {
 			t.Errorf("no task has a %s getter", want)
 		}

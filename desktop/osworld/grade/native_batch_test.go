@@ -378,3 +378,60 @@ func BenchmarkDefaultVideoPlayer(b *testing.B) {
 		})
 	}
 }
+
+// TestBatchScript runs the guest's batch script itself: results in the
+// commands' order whichever ends first, each command's output, error and
+// exit code, a command that cannot start marked failed, "~/" expanded;
+// and once its budget is spent it starts nothing but the first command.
+func TestBatchScript(t *testing.T) {
+	python := needPython(t)
+	home := t.TempDir()
+	run := func(budget float64, commands [][]string) []map[string]any {
+		t.Helper()
+		req, err := json.Marshal(map[string]any{"commands": commands, "budget": budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(t.Context(), python, "-c", batchScript, string(req))
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + home, "LC_ALL=C.UTF-8"}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("batch script: %v (%s)", err, out)
+		}
+		var ans struct{ Results []map[string]any }
+		if err := json.Unmarshal(out, &ans); err != nil {
+			t.Fatalf("batch script printed %q: %v", out, err)
+		}
+		return ans.Results
+	}
+	commands := [][]string{
+		{"sh", "-c", "sleep 0.3; echo first"}, // ends last when run side by side
+		{"sh", "-c", "echo second >&2; exit 3"},
+		{filepath.Join(home, "no-such-program")},
+		{"echo", "~/x"},
+	}
+	got := run(60, commands)
+	want := []map[string]any{
+		{"output": "first\n", "error": "", "returncode": float64(0)},
+		{"output": "", "error": "second\n", "returncode": float64(3)},
+		nil, // failed: checked below
+		{"output": home + "/x\n", "error": "", "returncode": float64(0)},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d results, want %d: %v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		if w == nil {
+			if msg, ok := got[i]["failed"].(string); !ok || !strings.Contains(msg, "no-such-program") {
+				t.Errorf("result %d: %v; want failed, naming the program", i, got[i])
+			}
+			continue
+		}
+		if !maps.Equal(got[i], w) {
+			t.Errorf("result %d: %v, want %v", i, got[i], w)
+		}
+	}
+	if got := run(-1, commands); len(got) != 1 || got[0]["output"] != "first\n" {
+		t.Errorf("budget spent: %v; want only the first command's result", got)
+	}
+}

@@ -23,7 +23,9 @@
 # Caches make re-runs cheap: nothing is done when the outputs exist and
 # OUT_DIR/stamp holds the hash of every input; the root filesystem (the slow
 # part, rootfs.sh: ~1 GB of packages) is kept in OUT_DIR/rootfs and redone
-# only when rootfs.sh changes; .debs stay in the cache dir.
+# only when rootfs.sh changes; OSWorld's defaults (defaults.sh) go onto a
+# copy of it, OUT_DIR/rootfs-osworld, redone when either changes; .debs
+# stay in the cache dir.
 # Env: MIRROR (Debian mirror), REBUILD=1 (ignore the caches).
 set -euo pipefail
 umask 022
@@ -35,14 +37,17 @@ while [ $# -gt 0 ]; do
   case $1 in
     --cache-dir) CACHE=$2; shift 2 ;;
     --cache-dir=*) CACHE=${1#*=}; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     -*) echo "build.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) OUT=$1; shift ;;
   esac
 done
 OUT=${OUT:-/var/tmp/legato-apps-guest}
 CACHE=${CACHE:-$OUT/debcache}
-ROOT=$OUT/rootfs
+# Stage 1's tree (rootfs.sh) stays as it built it; stage 2 (defaults.sh)
+# works on a copy, which the rest of the build then finishes.
+BASE_ROOT=$OUT/rootfs
+ROOT=$OUT/rootfs-osworld
 
 [ "$(id -u)" = 0 ] || { echo "build.sh: must run as root (debootstrap, chroot)" >&2; exit 1; }
 for c in debootstrap qemu-img qemu-system-x86_64 mkfs.ext4 sfdisk sha256sum flock; do
@@ -59,19 +64,31 @@ hash_inputs() {
     xargs -0 sha256sum | sed "s|$HERE/||; s|$GUEST_SRC/|guest/|" | sha256sum | cut -d' ' -f1
 }
 STAMP_ROOT=$(printf '%s\n' "${MIRROR:-}" "$(hash_inputs "$HERE/rootfs.sh")" | sha256sum | cut -d' ' -f1)
-STAMP_ALL=$(printf '%s\n' "$STAMP_ROOT" "$(hash_inputs "$HERE" "$GUEST_SRC")" | sha256sum | cut -d' ' -f1)
+STAMP_DEFAULTS=$(printf '%s\n' "$STAMP_ROOT" "$(hash_inputs "$HERE/defaults.sh")" | sha256sum | cut -d' ' -f1)
+STAMP_ALL=$(printf '%s\n' "$STAMP_DEFAULTS" "$(hash_inputs "$HERE" "$GUEST_SRC")" | sha256sum | cut -d' ' -f1)
 if [ "${REBUILD:-0}" != 1 ] && [ -s "$OUT/base.qcow2" ] && [ "$(cat "$OUT/stamp" 2>/dev/null)" = "$STAMP_ALL" ]; then
   echo "build.sh: $OUT is up to date"
   exit 0
 fi
 
 t0=$(date +%s)
-if [ "${REBUILD:-0}" = 1 ] || [ "$(cat "$ROOT.stamp" 2>/dev/null)" != "$STAMP_ROOT" ]; then
-  rm -f "$ROOT.stamp" "$OUT/stamp"
-  bash "$HERE/rootfs.sh" "$ROOT" "$CACHE" "$OUT/rootfs.log"
-  echo "$STAMP_ROOT" >"$ROOT.stamp"
+if [ "${REBUILD:-0}" = 1 ] || [ "$(cat "$BASE_ROOT.stamp" 2>/dev/null)" != "$STAMP_ROOT" ]; then
+  rm -f "$BASE_ROOT.stamp" "$ROOT.stamp" "$OUT/stamp"
+  bash "$HERE/rootfs.sh" "$BASE_ROOT" "$CACHE" "$OUT/rootfs.log"
+  echo "$STAMP_ROOT" >"$BASE_ROOT.stamp"
 else
   echo "== root filesystem up to date"
+fi
+tr=$(date +%s)
+if [ "$(cat "$ROOT.stamp" 2>/dev/null)" != "$STAMP_DEFAULTS" ]; then
+  rm -f "$ROOT.stamp" "$OUT/stamp"
+  echo "== OSWorld's defaults on a copy of the root filesystem $(date +%T)"
+  rm -rf "$ROOT"
+  cp -a --reflink=auto "$BASE_ROOT" "$ROOT"
+  bash "$HERE/defaults.sh" "$ROOT" "$CACHE" "$OUT/defaults.log"
+  echo "$STAMP_DEFAULTS" >"$ROOT.stamp"
+else
+  echo "== OSWorld's defaults up to date"
 fi
 t1=$(date +%s)
 
@@ -164,7 +181,8 @@ t4=$(date +%s)
   echo "rootfs_du_mb=$used_mb"
   echo "ext4_size_mb=$fs_mb"
   echo "qcow2_bytes=$(stat -c %s "$OUT/base.qcow2")"
-  echo "rootfs_s=$((t1 - t0))"
+  echo "rootfs_s=$((tr - t0))"
+  echo "defaults_s=$((t1 - tr))"
   echo "disk_s=$((t2 - t1))"
   echo "grub_s=$((t3 - t2))"
   echo "qcow2_s=$((t4 - t3))"
