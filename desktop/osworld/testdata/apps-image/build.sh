@@ -104,7 +104,7 @@ echo legato-apps >"$ROOT/etc/hostname"
 printf '127.0.0.1 localhost legato-apps\n::1 localhost\n' >"$ROOT/etc/hosts"
 : >"$ROOT/etc/resolv.conf"   # no DNS inside the guest, on purpose
 printf 'LABEL=legato-apps / ext4 rw,noatime,errors=remount-ro 0 1\n' >"$ROOT/etc/fstab"
-install -m 0755 "$F/legato-session" "$F/google-chrome" "$ROOT/usr/local/bin/"
+install -m 0755 "$F/legato-session" "$F/google-chrome" "$F/pkill" "$ROOT/usr/local/bin/"
 install -m 0644 "$F/legato-session.service" "$ROOT/etc/systemd/system/"
 install -m 0644 "$F/legato.tmpfiles" "$ROOT/etc/tmpfiles.d/legato.conf"
 install -m 0644 "$F/10-qemu.network" "$ROOT/etc/systemd/network/"
