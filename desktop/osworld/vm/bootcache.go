@@ -224,7 +224,7 @@ func (v *VM) restoreBoot(ctx context.Context, dir string) error {
 	if err := loadvm(ctx, v.conn, dom, SnapshotName); err != nil {
 		return v.fail("boot cache: load the clean snapshot", err)
 	}
-	if err := v.conn.do(ctx, "resume", func(lv *libvirt.Libvirt) error { return lv.DomainResume(dom) }); err != nil {
+	if err := v.conn.resume(ctx, dom); err != nil {
 		return v.fail("boot cache: resume", err)
 	}
 	t3 := time.Now()
@@ -276,7 +276,7 @@ func (v *VM) snapshotAndFill(ctx context.Context) (err error) {
 		// Resume even when the caller gave up: a VM left paused is lost.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.cfg.CallTimeout)
 		defer cancel()
-		if rerr := v.conn.do(rctx, "resume", func(lv *libvirt.Libvirt) error { return lv.DomainResume(dom) }); rerr != nil {
+		if rerr := v.conn.resume(rctx, dom); rerr != nil {
 			err = errors.Join(err, v.fail("boot cache: resume", rerr))
 		}
 	}()

@@ -89,6 +89,12 @@ func (c *conn) do(ctx context.Context, op string, fn func(lv *libvirt.Libvirt) e
 	return c.run(ctx, op, c.timeout, fn)
 }
 
+// resume lets a paused domain's guest run again (after a loadvm, which
+// leaves it paused when it fails, or a suspend).
+func (c *conn) resume(ctx context.Context, dom libvirt.Domain) error {
+	return c.do(ctx, "resume", func(lv *libvirt.Libvirt) error { return lv.DomainResume(dom) })
+}
+
 // doLong runs one libvirt call that takes as long as it takes (a volume
 // upload), bounded by ctx only.
 func (c *conn) doLong(ctx context.Context, op string, fn func(lv *libvirt.Libvirt) error) error {

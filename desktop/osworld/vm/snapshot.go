@@ -187,7 +187,7 @@ func (v *VM) LoadSnapshot(ctx context.Context, name string) error {
 			// also when the caller gave up (a paused guest is no state).
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			rerr := v.conn.do(rctx, "resume", func(lv *libvirt.Libvirt) error { return lv.DomainResume(dom) })
+			rerr := v.conn.resume(rctx, dom)
 			if rerr != nil && !isNotRunning(rerr) {
 				err = errors.Join(err, rerr)
 			}
