@@ -123,6 +123,13 @@ tb=$ROOT/home/user/.thunderbird
 mkdir -p "$tb/legato.default"
 install -m 0644 "$F/thunderbird/profiles.ini" "$F/thunderbird/installs.ini" "$tb/"
 install -m 0644 "$F/thunderbird/user.js" "$tb/legato.default/"
+# A Chrome profile, as OSWorld's image has one: task setups edit its
+# Preferences before Chrome starts (3299584d: `cd ~/.config/google-chrome/
+# Default && jq ...`, which fails where the directory is missing). The
+# empty one OSWorld's own setups write where none is (93eabf48, 9656a811).
+mkdir -p "$ROOT/home/user/.config/google-chrome/Default"
+[ -s "$ROOT/home/user/.config/google-chrome/Default/Preferences" ] ||
+  echo '{}' >"$ROOT/home/user/.config/google-chrome/Default/Preferences"
 chroot "$ROOT" chown -R user:user /home/user/.config /home/user/.thunderbird
 # Chromium's first-run page and keyring prompt would greet every attempt.
 printf 'export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --no-first-run --password-store=basic"\n' \

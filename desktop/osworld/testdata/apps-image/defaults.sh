@@ -16,6 +16,10 @@
 #     desktop file declares; xdg-mime answers from it (and only for a
 #     desktop file that exists, hence the package), and what the agent sets
 #     goes to ~/.config/mimeapps.list, which comes first and resets put back.
+#   - jq, which two of OSWorld's Chrome task setups install with apt before
+#     they edit Preferences with it (3299584d, 9656a811): the guest has no
+#     network, so without it their setups left Chrome's settings as they
+#     were, and 3299584d (its start page) scored 1 untouched.
 set -euo pipefail
 ROOT=$1 CACHE=$2 LOG=$3
 
@@ -59,6 +63,9 @@ types=$(sed -n 's/^MimeType=//p' "$totem" | tr ';' '\n' | grep '^video/' || true
   for t in $types; do echo "$t=org.gnome.Totem.desktop"; done
 } >"$ROOT/etc/xdg/mimeapps.list"
 echo "defaults.sh: Totem is the default for $(echo "$types" | wc -l) video types" >>"$LOG"
+
+echo "== what task setups install from the network: jq $(date +%T)"
+apt_get install -y --no-install-recommends jq >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; exit 1; }
 
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* \
        "$ROOT"/usr/share/info/* "$ROOT"/var/log/*.log
