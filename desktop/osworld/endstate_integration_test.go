@@ -29,6 +29,7 @@ func TestIntegrationEndStates(t *testing.T) {
 	cfg := itConfig(t, "legato-itosw-endst-")
 	cfg.Golden = GoldenConfig{Max: 2, Fork: true}
 	cfg.VM.ForkDir = "/dev/shm/legato-itosw-endst"
+	removeForkDir(t, cfg.VM.ForkDir)
 	out := t.TempDir()
 	cfg.EndStates = filepath.Join(out, schema.EndStatesDir)
 	ctx := t.Context()

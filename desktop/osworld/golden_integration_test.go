@@ -356,7 +356,7 @@ func TestIntegrationGoldenFork(t *testing.T) {
 	cfg := itConfig(t, "legato-itosw-fork-")
 	cfg.Golden = GoldenConfig{Max: 1, Fork: true}
 	cfg.VM.ForkDir = "/dev/shm/legato-itosw-fork"
-	t.Cleanup(func() { os.Remove(cfg.VM.ForkDir) })
+	removeForkDir(t, cfg.VM.ForkDir)
 	ctx := t.Context()
 	tk := termEchoTask(t)
 	pool, err := NewPool(ctx, cfg)

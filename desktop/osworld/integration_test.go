@@ -113,6 +113,26 @@ func itBootCache(t *testing.T) string {
 	return dir
 }
 
+// removeForkDir removes the fork directory dir, which a test named, when
+// the test ends. Call it before making the test's desktops: its cleanup
+// then runs after theirs, when their templates and clones must have taken
+// their files with them (a file left is an error).
+func removeForkDir(t *testing.T, dir string) {
+	t.Helper()
+	t.Cleanup(func() {
+		left, err := os.ReadDir(dir)
+		if err == nil && len(left) > 0 {
+			var names []string
+			for _, e := range left {
+				names = append(names, e.Name())
+			}
+			t.Errorf("the fork directory %s keeps %v after every desktop closed", dir, names)
+			return
+		}
+		os.Remove(dir)
+	})
+}
+
 // itConfig is a desktop configuration for the test guest: two or three
 // small VMs fit a 2-core CI machine.
 func itConfig(t *testing.T, prefix string) Config {
