@@ -21,31 +21,23 @@ func TestAppsImagePkill(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/pkill"); err != nil {
 		t.Fatalf("procps' pkill: %v (.ci/test installs procps)", err)
 	}
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := os.ReadFile(sleep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	exited := map[string]chan error{}
+	// ended is closed when its process has ended, with err its Wait's.
+	type child struct {
+		ended chan struct{}
+		err   error
+	}
+	children := map[string]*child{}
 	for _, name := range []string{"chromium", "chrome", "chromix"} {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, body, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(p, "600") // the process is named after its file
+		cmd := exec.Command(sleepNamed(t, name), "600")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		done := make(chan error, 1)
-		exited[name] = done
-		go func() { done <- cmd.Wait() }()
-		t.Cleanup(func() { cmd.Process.Kill(); <-done })
+		c := &child{ended: make(chan struct{})}
+		children[name] = c
+		go func() { c.err = cmd.Wait(); close(c.ended) }()
+		t.Cleanup(func() { cmd.Process.Kill(); <-c.ended })
 	}
 	out, err := exec.CommandContext(ctx, "sh", filepath.Join("testdata", "apps-image", "files", "pkill"),
 		"-P", strconv.Itoa(os.Getpid()), "chrome").CombinedOutput()
@@ -53,13 +45,13 @@ func TestAppsImagePkill(t *testing.T) {
 		t.Fatalf("pkill chrome: %v (%s)", err, out)
 	}
 	for _, name := range []string{"chromium", "chrome"} {
+		c := children[name]
 		select {
-		case err := <-exited[name]:
+		case <-c.ended:
 			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.String() != "signal: terminated" {
-				t.Errorf("%s: %v; want ended by SIGTERM", name, err)
+			if !errors.As(c.err, &exit) || exit.String() != "signal: terminated" {
+				t.Errorf("%s: %v; want ended by SIGTERM", name, c.err)
 			}
-			exited[name] <- err // for the cleanup
 		case <-ctx.Done():
 			t.Fatalf("%s still runs after pkill chrome", name)
 		}
@@ -67,9 +59,28 @@ func TestAppsImagePkill(t *testing.T) {
 	// Its pkill signalled every match before it returned: chromix is
 	// no match if it is still running now.
 	select {
-	case err := <-exited["chromix"]:
-		t.Errorf("chromix ended (%v); pkill chrome must not match it", err)
-		exited["chromix"] <- err
+	case <-children["chromix"].ended:
+		t.Errorf("chromix ended (%v); pkill chrome must not match it", children["chromix"].err)
 	default:
 	}
+}
+
+// sleepNamed is a copy of sleep(1) whose process is named name (a
+// process's name, comm, is its program file's), in a directory of the
+// test's own.
+func sleepNamed(t *testing.T, name string) string {
+	t.Helper()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

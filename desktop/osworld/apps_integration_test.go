@@ -308,12 +308,16 @@ func appsSettings(t *testing.T, d *VMDesktop) {
 	found := 0
 	// grade resets first when reset is set, as the desktop plans it (a
 	// task of domain os goes back to the clean snapshot).
+	resetTo := func(t *testing.T, task desktop.Task) {
+		t.Helper()
+		if err := d.Reset(ctx, task); err != nil {
+			t.Fatalf("reset: %v", err)
+		}
+	}
 	grade := func(t *testing.T, task desktop.Task, reset bool) float64 {
 		t.Helper()
 		if reset {
-			if err := d.Reset(ctx, task); err != nil {
-				t.Fatalf("reset: %v", err)
-			}
+			resetTo(t, task)
 		}
 		if err := d.WaitBeforeEval(ctx); err != nil {
 			t.Fatal(err)
@@ -356,9 +360,7 @@ func appsSettings(t *testing.T, d *VMDesktop) {
 					t.Errorf("after a reset (%s): grade %v, want 0", d.LastReset().Kind, got)
 				}
 			} else {
-				if err := d.Reset(ctx, task); err != nil {
-					t.Fatalf("reset: %v", err)
-				}
+				resetTo(t, task)
 				check(fmt.Sprintf("after a reset (%s)", d.LastReset().Kind), setting.unsolved)
 			}
 			if rep := d.LastReset(); rep.Kind == ResetNone {

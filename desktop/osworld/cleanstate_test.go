@@ -356,18 +356,7 @@ func TestCleanStateToolLetsSystemWorkersComeAndGo(t *testing.T) {
 	}
 	cfg, display := vmToolLayout(t)
 	// A worker is a program whose name (comm) is "(udev-worker)".
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(sleep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	worker := filepath.Join(t.TempDir(), "(udev-worker)")
-	if err := os.WriteFile(worker, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	worker := sleepNamed(t, "(udev-worker)")
 	start := func(secs string) *exec.Cmd {
 		c := exec.Command(worker, secs)
 		c.Env = []string{"DISPLAY=" + display}

@@ -79,7 +79,7 @@ if [ "${REBUILD:-0}" = 1 ] || [ "$(cat "$BASE_ROOT.stamp" 2>/dev/null)" != "$STA
 else
   echo "== root filesystem up to date"
 fi
-tr=$(date +%s)
+t_root=$(date +%s)
 if [ "$(cat "$ROOT.stamp" 2>/dev/null)" != "$STAMP_DEFAULTS" ]; then
   rm -f "$ROOT.stamp" "$OUT/stamp"
   echo "== OSWorld's defaults on a copy of the root filesystem $(date +%T)"
@@ -188,8 +188,8 @@ t4=$(date +%s)
   echo "rootfs_du_mb=$used_mb"
   echo "ext4_size_mb=$fs_mb"
   echo "qcow2_bytes=$(stat -c %s "$OUT/base.qcow2")"
-  echo "rootfs_s=$((tr - t0))"
-  echo "defaults_s=$((t1 - tr))"
+  echo "rootfs_s=$((t_root - t0))"
+  echo "defaults_s=$((t1 - t_root))"
   echo "disk_s=$((t2 - t1))"
   echo "grub_s=$((t3 - t2))"
   echo "qcow2_s=$((t4 - t3))"
